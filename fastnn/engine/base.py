@@ -1,0 +1,116 @@
+"""The seam between `Trainer` and the engines: what an engine is given and what it must do.
+
+`Trainer` validates everything and speaks the user's words; an engine receives clean arrays and a
+frozen `EngineConfig`, owns the parameters while it lives, and trains whole epochs. The NumPy engine
+(`numpy_engine.py`) is the definition of correct; the CUDA engine (`cuda_engine.py`) must match it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import MLP
+from ..optim import Optimizer
+
+__all__ = ["PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batch_slices", "steps_per_epoch"]
+
+#: "mixed": fp16 operands, fp32 accumulation and master weights; "fp16": fp16 weights and compute;
+#: "fp32": fp32 everywhere (no TF32). The NumPy engine computes in float32 whatever is asked.
+PRECISIONS = ("mixed", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine needs to build itself; validated by `Trainer` before any engine sees it."""
+
+    model: MLP
+    optimizer: Optimizer
+    batch_size: int
+    precision: str = "mixed"
+    seed: int = 0
+    drop_last: bool = False
+    normalize: tuple[float, float] | None = None
+
+
+@dataclass
+class EpochStats:
+    """What one finished epoch reports. Loss and accuracy are means over the epoch's training samples,
+    each sample scored in the forward pass of its own step (before that step's update)."""
+
+    epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever)
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float  #: the epoch's own time (device events on the GPU)
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+
+
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    """Steps in one epoch over n samples: the last short batch counts unless drop_last."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def batch_slices(n: int, batch_size: int, drop_last: bool) -> list[tuple[int, int]]:
+    """(start, stop) positions in the epoch's order of every step's batch."""
+    return [(s * batch_size, min(n, (s + 1) * batch_size)) for s in range(steps_per_epoch(n, batch_size, drop_last))]
+
+
+OnEpoch = Callable[[EpochStats], None]
+
+
+class Engine(ABC):
+    """A training engine. Parameters use torch's names and layout ("0.weight" is (out, in))."""
+
+    #: "cpu" or "cuda"
+    device: str
+
+    @abstractmethod
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray]) -> None:
+        """Build for `config`, starting from `state` (parameters, and optimizer state if present)."""
+
+    @abstractmethod
+    def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Keep the training set: x (N, D) uint8 or float32, y (N,) int32, both already validated."""
+
+    @abstractmethod
+    def fit_epochs(
+        self,
+        first_epoch: int,
+        first_step: int,
+        lrs: np.ndarray,
+        eval_data: tuple[np.ndarray, np.ndarray] | None,
+        eval_after: frozenset[int],
+        on_epoch: OnEpoch,
+    ) -> None:
+        """Train len(lrs) // steps_per_epoch epochs; lrs[i] is the rate of step first_step + i.
+
+        Epoch k of this call has absolute index first_epoch + k (it keys the shuffle). After the
+        epochs whose k is in `eval_after`, evaluate on eval_data and fill the stats' eval fields.
+        Call `on_epoch` in order as each epoch's numbers are known. If an epoch's loss is not finite,
+        restore the parameters to the end of the last finite epoch and raise TrainingDiverged
+        naming that epoch's absolute index (on_epoch is not called for it).
+        """
+
+    @abstractmethod
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """(mean loss, accuracy) of the current parameters on validated x, y."""
+
+    @abstractmethod
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        """Softmax probabilities (N, classes) float32 for validated x."""
+
+    @abstractmethod
+    def get_state(self) -> dict[str, np.ndarray]:
+        """float32 copies: parameters by name, optimizer state as "opt.<state>.<param name>"."""
+
+    @abstractmethod
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace parameters (and optimizer state where given) with `state`'s arrays."""
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
+        """Release every resource the engine holds; the engine is unusable afterwards."""

@@ -1,0 +1,33 @@
+"""The exceptions fastnn raises: one base class, one subclass per kind of failure."""
+
+from __future__ import annotations
+
+__all__ = ["FastnnError", "ConfigError", "DataError", "DeviceUnavailable", "TrainingDiverged"]
+
+
+class FastnnError(Exception):
+    """Base class of every error fastnn raises on purpose."""
+
+
+class ConfigError(FastnnError, ValueError):
+    """A constructor or method argument is invalid; the message names the argument and the value."""
+
+
+class DataError(FastnnError, ValueError):
+    """Input arrays or data files are malformed; the message names the argument or file."""
+
+
+class DeviceUnavailable(FastnnError, RuntimeError):
+    """The requested device cannot be used; the message says why and how to fix it."""
+
+
+class TrainingDiverged(FastnnError, ArithmeticError):
+    """The training loss became non-finite; the trainer keeps the last finite epoch's weights."""
+
+    def __init__(self, epoch: int, loss: float) -> None:
+        super().__init__(
+            f"training diverged in epoch {epoch}: loss is {loss}; "
+            f"the trainer keeps the weights from the end of the last finite epoch (lower lr?)"
+        )
+        self.epoch = epoch
+        self.loss = loss

@@ -1,0 +1,88 @@
+"""The model description (`MLP`) and its one initialisation, shared by every engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["ACTIVATIONS", "MLP", "init_parameters", "param_names"]
+
+#: Hidden-layer activations. "gelu" is the tanh approximation, the form cuBLASLt's epilogue computes.
+ACTIVATIONS = ("relu", "gelu")
+
+
+@dataclass(frozen=True)
+class MLP:
+    """A multi-layer perceptron: `sizes[0]` inputs, hidden layers, `sizes[-1]` classes.
+
+    `MLP([784, 10])` is logistic regression; the activation follows every layer but the last.
+    """
+
+    sizes: tuple[int, ...]
+    activation: str = "relu"
+
+    def __init__(self, sizes: Sequence[int], activation: str = "relu") -> None:
+        try:
+            sizes_t = tuple(int(s) for s in sizes)
+            ok = all(int(s) == s for s in sizes)
+        except (TypeError, ValueError):
+            raise ConfigError(f"sizes must be a sequence of positive integers, got {sizes!r}") from None
+        if not ok or len(sizes_t) < 2 or any(s < 1 for s in sizes_t):
+            raise ConfigError(f"sizes must hold at least two positive integers, got {sizes!r}")
+        if sizes_t[-1] < 2:
+            raise ConfigError(f"sizes[-1] (the number of classes) must be >= 2, got {sizes_t[-1]}")
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        object.__setattr__(self, "sizes", sizes_t)
+        object.__setattr__(self, "activation", activation)
+
+    @property
+    def in_features(self) -> int:
+        return self.sizes[0]
+
+    @property
+    def classes(self) -> int:
+        return self.sizes[-1]
+
+    @property
+    def depth(self) -> int:
+        """Number of hidden layers (0 for logistic regression)."""
+        return len(self.sizes) - 2
+
+    @property
+    def layers(self) -> list[tuple[int, int]]:
+        """(in_features, out_features) of each linear layer."""
+        return list(zip(self.sizes[:-1], self.sizes[1:]))
+
+    def num_parameters(self) -> int:
+        return sum(i * o + o for i, o in self.layers)
+
+
+def param_names(model: MLP) -> list[str]:
+    """Parameter names in the order of `torch.nn.Sequential(Linear, act, Linear, ...)`'s state_dict."""
+    names = []
+    for i in range(len(model.layers)):
+        names += [f"{2 * i}.weight", f"{2 * i}.bias"]
+    return names
+
+
+def init_parameters(model: MLP, seed: int) -> dict[str, np.ndarray]:
+    """PyTorch's `nn.Linear` default init, drawn on the host from `Generator(PCG64(seed))`.
+
+    Weights are (out, in) like torch; Kaiming-uniform with a=sqrt(5) reduces to U(-1/sqrt(in), 1/sqrt(in)),
+    and the bias uses the same bound. Layer by layer, weight then bias, so every engine (and a torch
+    model loaded from `state_dict()`) starts from the same numbers.
+    """
+    rng = np.random.Generator(np.random.PCG64(seed))
+    params: dict[str, np.ndarray] = {}
+    names = iter(param_names(model))
+    for fan_in, fan_out in model.layers:
+        bound = 1.0 / math.sqrt(fan_in)
+        params[next(names)] = rng.uniform(-bound, bound, size=(fan_out, fan_in)).astype(np.float32)
+        params[next(names)] = rng.uniform(-bound, bound, size=(fan_out,)).astype(np.float32)
+    return params

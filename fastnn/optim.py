@@ -1,0 +1,117 @@
+"""Optimizer descriptions and their one update rule (PyTorch's SGD and AdamW semantics).
+
+The NumPy engine calls `sgd_step` / `adamw_step`; `native/update.cu` is the same arithmetic on the
+GPU, and the GPU tests compare the two. Weight decay applies to every parameter, biases included,
+as in PyTorch with a single parameter group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["SGD", "AdamW", "Optimizer", "adamw_step", "sgd_step"]
+
+
+def _check_lr(lr: float) -> float:
+    try:
+        lr = float(lr)
+    except (TypeError, ValueError):
+        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}") from None
+    if not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
+    return lr
+
+
+def _check_range(name: str, value: float, lo: float, hi: float, hi_open: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    bad = not math.isfinite(v) or v < lo or (v >= hi if hi_open else v > hi)
+    if bad:
+        raise ConfigError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay."""
+
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _check_lr(self.lr))
+        object.__setattr__(self, "momentum", _check_range("momentum", self.momentum, 0.0, 1.0, True))
+        object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
+        if self.nesterov and self.momentum == 0.0:
+            raise ConfigError("nesterov=True needs momentum > 0, got momentum=0.0")
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum > 0 else ()
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as `torch.optim.AdamW`."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _check_lr(self.lr))
+        try:
+            b1, b2 = self.betas
+        except (TypeError, ValueError):
+            raise ConfigError(f"betas must be a pair of numbers in [0, 1), got {self.betas!r}") from None
+        object.__setattr__(
+            self, "betas", (_check_range("betas[0]", b1, 0.0, 1.0, True), _check_range("betas[1]", b2, 0.0, 1.0, True))
+        )
+        eps = _check_range("eps", self.eps, 0.0, 1.0)
+        if eps <= 0:
+            raise ConfigError(f"eps must be > 0, got {self.eps!r}")
+        object.__setattr__(self, "eps", eps)
+        object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+
+Optimizer = SGD | AdamW
+
+
+def sgd_step(opt: SGD, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float) -> None:
+    """One in-place SGD step on `w` (float32 arrays), as torch.optim.SGD with dampening 0."""
+    if opt.weight_decay:
+        g = g + opt.weight_decay * w
+    if opt.momentum:
+        buf = state["momentum"]
+        buf *= opt.momentum
+        buf += g
+        g = g + opt.momentum * buf if opt.nesterov else buf
+    w -= lr * g
+
+
+def adamw_step(opt: AdamW, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float, t: int) -> None:
+    """One in-place AdamW step; `t` counts steps from 1 (bias correction)."""
+    b1, b2 = opt.betas
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    w *= 1.0 - lr * opt.weight_decay
+    m *= b1
+    m += (1.0 - b1) * g
+    v *= b2
+    v += (1.0 - b2) * g * g
+    c1 = 1.0 - b1**t
+    c2 = 1.0 - b2**t
+    w -= (lr / c1) * m / (np.sqrt(v / c2) + opt.eps)
