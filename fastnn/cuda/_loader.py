@@ -1,0 +1,102 @@
+"""Shared base of the CUDA bindings: finding NVIDIA libraries and the exception every binding raises.
+
+Libraries are found with cuda.pathfinder (the pip wheels, conda, then the system loader), never by a
+hard-coded soname, so the same code runs on the CUDA 12 and CUDA 13 wheels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from ..errors import DeviceUnavailable, FastnnError
+
+__all__ = [
+    "DRIVER_HINT",
+    "INSTALL_HINT",
+    "CudaDriverError",
+    "CudaLibraryError",
+    "NvrtcError",
+    "library_path",
+    "load_library",
+]
+
+#: The fix for a missing toolkit library: the extras pin matching wheels of every library fastnn loads.
+INSTALL_HINT = 'pip install "fastnn[cu12]" (driver for CUDA 12) or "fastnn[cu13]" (driver for CUDA 13)'
+
+#: The fix for a missing driver library: it comes with the display driver, never from pip.
+DRIVER_HINT = "install the NVIDIA display driver (libcuda.so.1 must be on the system loader path)"
+
+# pathfinder's names of the driver-provided libraries; they cannot come from a wheel.
+_DRIVER_LIBS = frozenset({"cuda", "nvml"})
+
+
+class CudaLibraryError(FastnnError, RuntimeError):
+    """A CUDA library call returned a failing status; `.status_name` is the library's own name for it."""
+
+    def __init__(self, status: int, status_name: str, what: str) -> None:
+        self.status = int(status)
+        self.status_name = status_name
+        self.what = what
+        super().__init__(f"{what} failed: {status_name} ({self.status})")
+
+    def __reduce__(self):  # keep pickling (multiprocessing, pytest-xdist) working despite the custom __init__
+        return (type(self), (self.status, self.status_name, self.what))
+
+
+class CudaDriverError(CudaLibraryError):
+    """A CUDA driver API call failed (status names from cuGetErrorName, e.g. CUDA_ERROR_OUT_OF_MEMORY)."""
+
+
+class NvrtcError(CudaLibraryError):
+    """An NVRTC call failed; for a compile error `.log` holds the full program log (also in the message)."""
+
+    def __init__(self, status: int, status_name: str, what: str, log: str = "") -> None:
+        self.log = log
+        super().__init__(status, status_name, what)
+        if log:
+            self.args = (f"{self.args[0]}\n{log.rstrip()}",)
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.status_name, self.what, self.log))
+
+
+@functools.cache
+def _load(libname: str):
+    """pathfinder's LoadedDL for `libname`, or DeviceUnavailable saying why and how to fix it."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError as exc:
+        raise DeviceUnavailable(f"cuda-pathfinder is not importable ({exc}); fix: {INSTALL_HINT}") from exc
+    try:
+        return load_nvidia_dynamic_lib(libname)
+    except Exception as exc:  # pathfinder raises DynamicLibNotFoundError, RuntimeError, OSError...
+        hint = DRIVER_HINT if libname in _DRIVER_LIBS else INSTALL_HINT
+        raise DeviceUnavailable(f"cannot load NVIDIA library {libname!r}: {exc}; fix: {hint}") from exc
+
+
+def library_path(libname: str) -> str:
+    """Absolute path of the NVIDIA library `libname` (pathfinder's short name: "cublasLt", "cudnn", "nvrtc").
+
+    Raises:
+        DeviceUnavailable: the library cannot be found or loaded; the message gives the fix.
+    """
+    return _load(libname).abs_path
+
+
+@functools.cache
+def load_library(libname: str) -> ctypes.CDLL:
+    """The NVIDIA library `libname` as a ctypes.CDLL, loaded once per process.
+
+    Args:
+        libname: pathfinder's short name, e.g. "cublasLt", "cudnn", "nvrtc".
+    Raises:
+        DeviceUnavailable: the library cannot be found or loaded; the message gives the fix.
+    """
+    path = _load(libname).abs_path
+    try:
+        # pathfinder has already dlopen'ed this path, so this returns the same handle (never dlclose it).
+        return ctypes.CDLL(path)
+    except OSError as exc:
+        msg = f"cannot load NVIDIA library {libname!r} from {path}: {exc}; fix: {INSTALL_HINT}"
+        raise DeviceUnavailable(msg) from exc
