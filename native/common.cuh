@@ -1,0 +1,37 @@
+// common.cuh: types and helpers shared by every fastnn kernel.
+// NVRTC compiles these without the CUDA toolkit's headers, so fp16 is carried as its raw bits
+// (unsigned short) and converted with the PTX cvt instructions: no cuda_fp16.h needed.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short half_t;  // IEEE fp16 bits
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Device-resident training state, written by the host before a fit and advanced by the
+// epoch_end kernel at the end of every replayed epoch graph, so the graph never needs re-capture.
+struct EpochState {
+    u32 epoch;         // absolute epoch index: keys the sample order
+    u32 epoch_in_fit;  // epoch index within this fit call: indexes the lr table and history slots
+    u64 step0;         // global step count at the start of this fit (AdamW bias correction)
+    u32 diverged;      // sticky: set once an epoch's loss is not finite; stops snapshots
+    u32 pad;
+};
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float to_f(u8 x) { return (float)x; }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ half_t from_f<half_t>(float x) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+__device__ __forceinline__ bool is_finite_d(double x) { return x - x == 0.0; }
