@@ -1,0 +1,56 @@
+"""Whether this process can use a GPU: the one place that decides, so tests, `info` and `Trainer` agree."""
+
+from __future__ import annotations
+
+import functools
+
+from .errors import DeviceUnavailable
+
+__all__ = ["cuda_status", "require_cuda"]
+
+# pathfinder's names of the libraries every GPU engine needs.
+_LIBRARIES = ("cublasLt", "cudnn", "nvrtc")
+
+
+@functools.cache
+def cuda_status() -> tuple[bool, str]:
+    """(True, device 0's name) if a GPU is usable, else (False, the reason and the fix). Cached; never raises.
+
+    Usable means: cuda-bindings imports, the driver initializes, at least one device is visible, and the
+    cuBLASLt, cuDNN and NVRTC libraries load. No CUDA context is created.
+    """
+    try:
+        return _probe()
+    except Exception as exc:  # anything unforeseen still means "not usable", never a crash
+        return False, f"CUDA probe failed unexpectedly: {type(exc).__name__}: {exc}"
+
+
+def _probe() -> tuple[bool, str]:
+    from .cuda._loader import INSTALL_HINT, load_library
+
+    try:
+        from .cuda import driver
+    except ImportError as exc:
+        return False, f"cuda-bindings is not importable ({exc}); fix: {INSTALL_HINT}"
+    try:
+        count = driver.device_count()
+    except DeviceUnavailable as exc:
+        return False, str(exc)
+    if count == 0:
+        return False, "no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+    for libname in _LIBRARIES:
+        try:
+            load_library(libname)
+        except DeviceUnavailable as exc:
+            return False, str(exc)
+    try:
+        return True, driver.device_name(0)
+    except Exception as exc:
+        return False, f"cannot query CUDA device 0: {exc}"
+
+
+def require_cuda() -> None:
+    """Raise DeviceUnavailable (with the reason and the fix) unless a GPU is usable."""
+    usable, reason = cuda_status()
+    if not usable:
+        raise DeviceUnavailable(reason)
