@@ -1,0 +1,245 @@
+"""The NumPy engine (`device="cpu"`): the definition of correct that the CUDA engine must match.
+
+Forward is `x @ W.T + b` per layer with the activation after every layer but the last; the loss is
+softmax cross-entropy, mean over the batch. The pieces (`forward`, `loss_and_grad`, `backward`) are
+module functions so GPU tests can call them as the reference, in float64 where they need to.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import input_affine, prepare_batch
+from ..errors import TrainingDiverged
+from ..model import MLP, param_names
+from ..optim import AdamW, adamw_step, sgd_step
+from ..shuffle import permutation
+from .base import Engine, EngineConfig, EpochStats, OnEpoch, batch_slices, steps_per_epoch
+
+__all__ = [
+    "Cache",
+    "NumpyEngine",
+    "activation",
+    "activation_grad",
+    "backward",
+    "forward",
+    "log_softmax",
+    "loss_and_grad",
+    "softmax",
+]
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+#: Rows per chunk in evaluate/predict: bounds the (rows, widest layer) temporaries to a few MiB.
+_EVAL_ROWS = 4096
+
+
+def activation(z: np.ndarray, name: str) -> np.ndarray:
+    """relu, or gelu in its tanh form 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z**3)))."""
+    if name == "relu":
+        return np.maximum(z, 0)
+    if name == "gelu":
+        return 0.5 * z * (1.0 + np.tanh(_GELU_C * (z + _GELU_K * z**3)))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def activation_grad(z: np.ndarray, name: str) -> np.ndarray:
+    """d activation(z) / dz, elementwise."""
+    if name == "relu":
+        return (z > 0).astype(z.dtype)
+    if name == "gelu":
+        t = np.tanh(_GELU_C * (z + _GELU_K * z**3))
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * z * z)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+@dataclass
+class Cache:
+    """What backward needs from forward: each layer's input and each hidden layer's pre-activation."""
+
+    inputs: list[np.ndarray]
+    preacts: list[np.ndarray]
+
+
+def forward(params: dict[str, np.ndarray], x: np.ndarray, model: MLP) -> tuple[np.ndarray, Cache]:
+    """Logits (B, classes) of x (B, in_features) already scaled; the dtype follows x and params."""
+    names = param_names(model)
+    cache = Cache(inputs=[], preacts=[])
+    a = x
+    last = len(model.layers) - 1
+    for i in range(len(model.layers)):
+        w, b = params[names[2 * i]], params[names[2 * i + 1]]
+        cache.inputs.append(a)
+        z = a @ w.T + b
+        if i == last:
+            return z, cache
+        cache.preacts.append(z)
+        a = activation(z, model.activation)
+    raise AssertionError("unreachable: a model has at least one layer")
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax, stable: the row max is subtracted before exp."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax probabilities."""
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def loss_and_grad(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample cross-entropy losses (B,) and d(mean loss)/d logits (B, classes)."""
+    logp = log_softmax(logits)
+    rows = np.arange(logits.shape[0])
+    losses = -logp[rows, y]
+    dlogits = np.exp(logp)
+    dlogits[rows, y] -= 1.0
+    dlogits /= logits.shape[0]
+    return losses, dlogits
+
+
+def backward(params: dict[str, np.ndarray], cache: Cache, dlogits: np.ndarray, model: MLP) -> dict[str, np.ndarray]:
+    """Gradients of the loss whose d/d logits is `dlogits`, keyed like params ("0.weight", ...)."""
+    names = param_names(model)
+    grads: dict[str, np.ndarray] = {}
+    dz = dlogits
+    for i in range(len(model.layers) - 1, -1, -1):
+        w = params[names[2 * i]]
+        grads[names[2 * i]] = dz.T @ cache.inputs[i]
+        grads[names[2 * i + 1]] = dz.sum(axis=0)
+        if i == 0:
+            break  # no gradient with respect to the inputs is needed
+        dz = (dz @ w) * activation_grad(cache.preacts[i - 1], model.activation)
+    return grads
+
+
+class NumpyEngine(Engine):
+    """Trains on the CPU with NumPy, float32 by default (`dtype=np.float64` for gradient checks)."""
+
+    device = "cpu"
+
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], dtype: type = np.float32) -> None:
+        self.config = config
+        self.dtype = dtype
+        self._names = param_names(config.model)
+        self.params: dict[str, np.ndarray] = {n: np.array(state[n], dtype=dtype) for n in self._names}
+        self.opt_state: dict[str, dict[str, np.ndarray]] = {
+            n: {s: np.zeros_like(self.params[n]) for s in config.optimizer.state_names} for n in self._names
+        }
+        self.set_state({k: v for k, v in state.items() if k.startswith("opt.")})
+        self._x: np.ndarray | None = None
+        self._y: np.ndarray | None = None
+
+    def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        self._x, self._y = x, y
+
+    def _batch(self, x: np.ndarray) -> np.ndarray:
+        scale, shift = input_affine(x.dtype, self.config.normalize)
+        return prepare_batch(x, scale, shift, self.dtype)
+
+    def _step(self, xb: np.ndarray, yb: np.ndarray, lr: float, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """One forward/backward/update; returns each sample's loss and correctness before the update."""
+        model, opt = self.config.model, self.config.optimizer
+        logits, cache = forward(self.params, xb, model)
+        losses, dlogits = loss_and_grad(logits, yb)
+        grads = backward(self.params, cache, dlogits, model)
+        for n in self._names:
+            if isinstance(opt, AdamW):
+                adamw_step(opt, self.params[n], grads[n], self.opt_state[n], lr, t)
+            else:
+                sgd_step(opt, self.params[n], grads[n], self.opt_state[n], lr)
+        return losses, logits.argmax(axis=1) == yb
+
+    def fit_epochs(
+        self,
+        first_epoch: int,
+        first_step: int,
+        lrs: np.ndarray,
+        eval_data: tuple[np.ndarray, np.ndarray] | None,
+        eval_after: frozenset[int],
+        on_epoch: OnEpoch,
+    ) -> None:
+        if self._x is None or self._y is None:
+            raise RuntimeError("set_train_data must be called before fit_epochs")
+        x, y, cfg = self._x, self._y, self.config
+        n = x.shape[0]
+        slices = batch_slices(n, cfg.batch_size, cfg.drop_last)
+        spe = steps_per_epoch(n, cfg.batch_size, cfg.drop_last)
+        epochs = len(lrs) // spe if spe else 0
+        step = 0
+        for k in range(epochs):
+            epoch = first_epoch + k
+            start = time.perf_counter()
+            snapshot = self._snapshot()
+            order = permutation(cfg.seed, epoch, n)
+            loss_sum, correct, seen = 0.0, 0, 0
+            # Huge rates overflow float32 on purpose in the divergence tests; the loss check reports it.
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                for lo, hi in slices:
+                    idx = order[lo:hi]
+                    losses, ok = self._step(self._batch(x[idx]), y[idx], float(lrs[step]), first_step + step + 1)
+                    step += 1
+                    loss_sum += float(losses.sum(dtype=np.float64))
+                    correct += int(ok.sum())
+                    seen += hi - lo
+                    if not math.isfinite(loss_sum):
+                        break  # the epoch's mean is already non-finite
+            loss = loss_sum / seen
+            if not math.isfinite(loss):
+                self.set_state(snapshot)  # keep the last finite epoch's weights
+                raise TrainingDiverged(epoch, loss)
+            seconds = time.perf_counter() - start
+            stats = EpochStats(epoch=epoch, loss=loss, accuracy=correct / seen, samples=seen, seconds=seconds)
+            if k in eval_after and eval_data is not None:
+                stats.eval_loss, stats.eval_accuracy = self.evaluate(*eval_data)
+            on_epoch(stats)
+
+    def _logits_chunks(self, x: np.ndarray):
+        for lo in range(0, x.shape[0], _EVAL_ROWS):
+            yield lo, forward(self.params, self._batch(x[lo : lo + _EVAL_ROWS]), self.config.model)[0]
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        loss_sum, correct = 0.0, 0
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for lo, logits in self._logits_chunks(x):
+                yb = y[lo : lo + logits.shape[0]]
+                losses, _ = loss_and_grad(logits, yb)
+                loss_sum += float(losses.sum(dtype=np.float64))
+                correct += int((logits.argmax(axis=1) == yb).sum())
+        return loss_sum / x.shape[0], correct / x.shape[0]
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.config.model.classes), dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for lo, logits in self._logits_chunks(x):
+                out[lo : lo + logits.shape[0]] = softmax(logits)
+        return out
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        state = {n: self.params[n].astype(np.float32) for n in self._names}
+        for n in self._names:
+            for s, arr in self.opt_state[n].items():
+                state[f"opt.{s}.{n}"] = arr.astype(np.float32)
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        for key, value in state.items():
+            if key.startswith("opt."):
+                s, n = key[4:].split(".", 1)
+                self.opt_state[n][s][...] = value
+            else:
+                self.params[key][...] = value
+
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        snap = {n: p.copy() for n, p in self.params.items()}
+        for n in self._names:
+            for s, arr in self.opt_state[n].items():
+                snap[f"opt.{s}.{n}"] = arr.copy()
+        return snap
