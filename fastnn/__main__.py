@@ -1,0 +1,27 @@
+"""The `fastnn` command (also `python -m fastnn`): `fastnn info` reports what fastnn finds on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="fastnn", description="fastnn: train neural networks fast on an NVIDIA GPU")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("info", help="print versions, CUDA libraries, driver and GPU (paste it into bug reports)")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        from .info import run_info
+
+        return run_info()
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`python -m fastnn info`: what fastnn finds here (versions, CUDA libraries, driver, GPU), for bug reports."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import platform
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+__all__ = ["format_version", "info_lines", "run_info"]
+
+# (label, pathfinder name, fastnn.cuda module whose version() reads the library's own version number)
+_LIBRARIES = (("cuBLASLt", "cublasLt", "cublaslt"), ("cuDNN", "cudnn", "cudnn"))
+
+
+def format_version(number: int) -> str:
+    """cuBLAS/cuDNN style major*10000 + minor*100 + patch as "major.minor.patch" (120903 -> "12.9.3")."""
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
+def _safe(fn: Callable[[], str], failed: str = "not found") -> str:
+    """fn()'s text, or the failure in words: one broken probe must not hide the rest of the report."""
+    try:
+        return fn()
+    except Exception as exc:
+        return f"{failed}: {exc}"
+
+
+def _package_version(module: str) -> str:
+    return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+
+
+def _library(libname: str, module: str) -> str:
+    from .cuda._loader import library_path
+
+    path = library_path(libname)
+    try:
+        number = importlib.import_module(f"fastnn.cuda.{module}").version()
+        version = format_version(number)
+    except Exception as exc:
+        version = f"version unknown ({exc})"
+    return f"{version} at {path}"
+
+
+def _nvrtc() -> str:
+    from .cuda._loader import library_path
+    from .cuda.nvrtc import nvrtc_version
+
+    major, minor = nvrtc_version()
+    return f"{major}.{minor} at {library_path('nvrtc')}"
+
+
+def _driver() -> str:
+    from .cuda.driver import driver_version
+
+    number = driver_version()
+    return f"CUDA {number // 1000}.{number % 1000 // 10}"
+
+
+def _gpu(usable: bool, reason: str) -> str:
+    if not usable:
+        return f"none: {reason}"
+    from .cuda.driver import get_device
+
+    dev = get_device(0)
+    major, minor = dev.compute_capability
+    memory = f"{dev.total_memory / 2**30:.1f} GiB"
+    return f"{dev.name} (compute capability {major}.{minor}, {dev.arch}, {dev.sm_count} SMs, {memory})"
+
+
+def info_lines() -> tuple[list[str], int]:
+    """The report's lines and the exit code: 0 when it could report, 1 when the GPU self-test failed."""
+    import numpy
+
+    from . import __version__
+    from .device import cuda_status
+
+    rows = [
+        ("fastnn", __version__),
+        ("Python", f"{platform.python_version()} ({sys.executable})"),
+        ("numpy", numpy.__version__),
+        ("cuda-bindings", _safe(lambda: _package_version("cuda.bindings"), "not importable")),
+        ("cuda-pathfinder", _safe(lambda: _package_version("cuda.pathfinder"), "not importable")),
+    ]
+    for label, libname, module in _LIBRARIES:
+        rows.append((label, _safe(lambda libname=libname, module=module: _library(libname, module))))
+    rows.append(("NVRTC", _safe(_nvrtc)))
+    rows.append(("Driver", _safe(_driver, "none")))
+    usable, reason = cuda_status()
+    rows.append(("GPU", _safe(lambda: _gpu(usable, reason), "none")))
+    code = 0
+    if usable and importlib.util.find_spec("fastnn.cuda.selftest") is not None:
+        try:
+            from .cuda.selftest import run_selftest
+
+            rows.append(("Self-test", run_selftest()))
+        except Exception as exc:
+            rows.append(("Self-test", f"FAILED: {type(exc).__name__}: {exc}"))
+            code = 1
+    width = max(len(label) for label, _ in rows) + 1
+    return [f"{label + ':':<{width}} {value}" for label, value in rows], code
+
+
+def run_info(out: TextIO | None = None) -> int:
+    """Print the report to `out` (stdout by default) and return the exit code."""
+    lines, code = info_lines()
+    print("\n".join(lines), file=out or sys.stdout)
+    return code
