@@ -1,32 +1,37 @@
 // loss.cu: the fused softmax cross-entropy step after cuDNN's softmax.
-// For each row r of probs (row-major (rows, c)): loss -log(p[label]) (p clamped to FLT_MIN, so a
-// loss never exceeds ~87.3 unless the probabilities are NaN), a correct-prediction count (argmax,
-// first maximum wins, as numpy.argmax), and, when dlogits is given, the gradient of the batch-mean
-// loss with respect to the logits, (p - onehot) / rows, stored as TG.
+// For each row r (row-major (rows, c) logits and their softmax probs): the loss
+// logsumexp(z) - z[label], computed from the logits as the NumPy engine does (exact for any logit
+// size, and non-finite exactly when the logits are), a correct-prediction count (argmax of the
+// logits, first maximum wins, as numpy.argmax), and, when dlogits is given, the gradient of the
+// batch-mean loss with respect to the logits, (p - onehot) / rows, stored as TG.
 // Sums accumulate on the device into acc[2*slot] (loss) and acc[2*slot+1] (correct), slot being the
 // epoch within the fit read from EpochState (0 without one): no read-back per step.
 // Launch: grid = ceil(rows / LOSS_THREADS), block = LOSS_THREADS (a multiple of 32).
 #include "common.cuh"
 
-#define FLT_MIN_ 1.17549435e-38f
-
 template <typename TP, typename TG>
-__device__ void xent(const TP* __restrict__ probs, const int* __restrict__ labels, int rows, int c,
+__device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs, const int* __restrict__ labels,
+                     int rows, int c,
                      float inv_rows, TG* __restrict__ dlogits, double* __restrict__ acc,
                      const EpochState* __restrict__ st) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     float loss = 0.f, correct = 0.f;
     if (r < rows) {
+        const TP* z = logits + (u64)r * c;
         const TP* p = probs + (u64)r * c;
         int label = labels[r];
         int best = 0;
-        float best_p = to_f(p[0]);
-        for (int j = 0; j < c; ++j) {
-            float pj = to_f(p[j]);
-            if (pj > best_p) { best_p = pj; best = j; }
-            if (dlogits) dlogits[(u64)r * c + j] = from_f<TG>((pj - (j == label ? 1.f : 0.f)) * inv_rows);
+        float zmax = to_f(z[0]);
+        for (int j = 1; j < c; ++j) {
+            float zj = to_f(z[j]);
+            if (zj > zmax) { zmax = zj; best = j; }
         }
-        loss = -logf(fmaxf(to_f(p[label]), FLT_MIN_));
+        float sum = 0.f;
+        for (int j = 0; j < c; ++j) {
+            sum += expf(to_f(z[j]) - zmax);
+            if (dlogits) dlogits[(u64)r * c + j] = from_f<TG>((to_f(p[j]) - (j == label ? 1.f : 0.f)) * inv_rows);
+        }
+        loss = logf(sum) - (to_f(z[label]) - zmax);
         correct = (best == label) ? 1.f : 0.f;
     }
     // Warp sums, then one double atomic per warp: few atomics, and exact counts.
@@ -42,9 +47,9 @@ __device__ void xent(const TP* __restrict__ probs, const int* __restrict__ label
 }
 
 #define XENT(name, TP, TG)                                                                          \
-    extern "C" __global__ void name(const TP* probs, const int* labels, int rows, int c, float inv_rows, \
-                                    TG* dlogits, double* acc, const EpochState* st) {               \
-        xent<TP, TG>(probs, labels, rows, c, inv_rows, dlogits, acc, st);                           \
+    extern "C" __global__ void name(const TP* logits, const TP* probs, const int* labels, int rows, int c, \
+                                    float inv_rows, TG* dlogits, double* acc, const EpochState* st) {     \
+        xent<TP, TG>(logits, probs, labels, rows, c, inv_rows, dlogits, acc, st);                         \
     }
 
 XENT(xent_f32_f16, float, half_t)

@@ -1,0 +1,642 @@
+"""The GPU engine: every step of an epoch recorded once into a CUDA graph, then replayed.
+
+One training step, all on one stream: gather (NVRTC kernel, the shuffle computed on the device) ->
+per layer a cuBLASLt GEMM with bias and activation fused in its epilogue -> cuDNN softmax -> the
+fused loss kernel (loss, accuracy, logits gradient) -> per layer the weight-gradient GEMM (bias
+gradient fused, BGRADB) and the input-gradient GEMM (activation and bias gradients fused) -> one
+fused update kernel over all parameters. The epoch graph ends with a snapshot of the training state
+(while the loss stays finite) and a counter advance, so replays need no host work between them and
+a divergence falls back to the last finite epoch. Everything that can fail or query (plans,
+heuristics, autotuning, kernel loading) happens before capture.
+
+Row-major (rows, d) arrays are used as column-major (d, rows) matrices throughout, so a layer's
+forward is Z^T = W @ H^T with W in torch's (out, in) layout read as transposed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from ctypes import c_float, c_int, c_uint, c_uint64, c_void_p
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data import input_affine
+from ..errors import TrainingDiverged
+from ..shuffle import feistel_bits
+from .base import Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
+from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
+
+__all__ = ["CudaEngine"]
+
+GATHER_THREADS = 256
+LOSS_THREADS = 128
+UPDATE_THREADS = 256
+EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
+INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
+WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
+
+# EpochState of native/common.cuh
+_STATE_DTYPE = np.dtype(
+    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("pad", "<u4")]
+)
+
+_modules_lock = threading.Lock()
+_modules: dict[tuple[int, str], object] = {}  # (device, file) -> driver.Module: loaded once per process
+
+
+def _module(device, filename: str):
+    """native/<filename> compiled (NVRTC, disk-cached) and loaded on `device`, once per process."""
+    from ..cuda import driver, nvrtc
+
+    key = (device.ordinal, filename)
+    with _modules_lock:
+        if key not in _modules:
+            _modules[key] = driver.Module(nvrtc.compile_native(filename, device.arch))
+        return _modules[key]
+
+
+def _p(v: int) -> c_void_p:
+    return c_void_p(int(v))
+
+
+def _round256(n: int) -> int:
+    return -(-int(n) // 256) * 256
+
+
+def _size(t: type) -> int:
+    return np.dtype(t).itemsize
+
+
+class _Owner:
+    """Holds objects with close() and releases them in reverse order of creation."""
+
+    def __init__(self) -> None:
+        self._owned: list = []
+
+    def own(self, obj):
+        self._owned.append(obj)
+        return obj
+
+    def release(self) -> None:
+        while self._owned:
+            self._owned.pop().close()
+
+
+@dataclass
+class _Layer:
+    """Device buffers and plans of one linear layer (plans keyed by batch rows)."""
+
+    out: object  # Z (rows, d_out): post-activation for hidden layers, logits for the last
+    dout: object | None = None  # dL/d(pre-activation) (rows, d_out); training only
+    aux: object | None = None  # ReLU bit-mask or GELU pre-activation of hidden layers; training only
+    fwd: dict = field(default_factory=dict)
+    dw: dict = field(default_factory=dict)
+    dx: dict = field(default_factory=dict)
+
+
+class CudaEngine(Engine):
+    """`device="cuda"`: trains with one CUDA graph per epoch; the NumPy engine's math on the GPU."""
+
+    device = "cuda"
+
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+        from ..cuda import cublaslt, cudnn, driver
+
+        self._drv, self._lt, self._dnn = driver, cublaslt, cudnn
+        self.config = config
+        self.spec: PrecisionSpec = precision_spec(config.precision)
+        self.layout: ParamLayout = param_layout(config.model)
+        self._res = _Owner()
+        self._train: _TrainContext | None = None
+        self._eval: _EvalContext | None = None
+        self._closed = False
+        own = self._res.own
+        try:
+            self.dev = driver.get_device(ordinal)
+            self.dev.make_current()
+            self.stream = own(driver.Stream(self.dev))
+            self.lt = own(cublaslt.Handle())
+            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
+            self.dnn = own(cudnn.Handle(self.stream))
+            self._gather_mod = _module(self.dev, "gather.cu")
+            self._loss_mod = _module(self.dev, "loss.cu")
+            self._update_mod = _module(self.dev, "update.cu")
+            self._opt_names = config.optimizer.state_names
+            total = self.layout.total
+            # Training state: [params | optimizer state 1 | state 2]; one copy of it is the snapshot.
+            self._pbytes = _round256(total * _size(self.spec.param))
+            self._sbytes = _round256(total * 4)
+            self._state_bytes = self._pbytes + len(self._opt_names) * self._sbytes
+            self.train_state = own(driver.DeviceBuffer(self._state_bytes))
+            self.snapshot = own(driver.DeviceBuffer(self._state_bytes))
+            self.w16 = own(driver.DeviceBuffer(total * 2)) if self.spec.half_copy else None
+            self.grads = own(driver.DeviceBuffer(total * _size(self.spec.grad)))
+            self.epoch_state = own(driver.DeviceBuffer(256))
+            self.eval_out = own(driver.PinnedBuffer(16))
+            self.set_state(state)
+        except BaseException:
+            self._res.release()
+            raise
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.stream.synchronize()
+        finally:
+            for ctx in (self._eval, self._train):
+                if ctx is not None:
+                    ctx.release()
+            self._train = self._eval = None
+            self._res.release()
+
+    # ------------------------------------------------------------------ parameters
+    def param_ptr(self, name: str, gemm_type: type) -> int:
+        """Address of parameter `name` in the storage whose type matches a GEMM of `gemm_type`."""
+        off, _ = self.layout.slot(name)
+        if gemm_type == self.spec.param:
+            return self.train_state.ptr + off * _size(self.spec.param)
+        return self.w16.ptr + off * 2  # "mixed": the fp16 copy of the fp32 master
+
+    def grad_ptr(self, name: str) -> int:
+        off, _ = self.layout.slot(name)
+        return self.grads.ptr + off * _size(self.spec.grad)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        self.stream.synchronize()
+        raw = np.empty(self._state_bytes, dtype=np.uint8)
+        self.train_state.download(raw)
+        total = self.layout.total
+        out = self.layout.unpack(raw[: total * _size(self.spec.param)].view(self.spec.param))
+        for i, name in enumerate(self._opt_names):
+            start = self._pbytes + i * self._sbytes
+            out.update(self.layout.unpack(raw[start : start + total * 4].view(np.float32), f"opt.{name}."))
+        return out
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        self.stream.synchronize()
+        raw = np.zeros(self._state_bytes, dtype=np.uint8)
+        params = self.layout.pack(state, self.spec.param).view(np.uint8)
+        raw[: params.size] = params
+        for i, name in enumerate(self._opt_names):
+            prefix = f"opt.{name}."
+            if all(prefix + n in state for n in self.layout.names):
+                flat = self.layout.pack({n: state[prefix + n] for n in self.layout.names}, np.float32)
+                start = self._pbytes + i * self._sbytes
+                raw[start : start + flat.nbytes] = flat.view(np.uint8)
+        self.train_state.upload(raw)
+        self._refresh_half_copy()
+        self.stream.synchronize()
+
+    def _refresh_half_copy(self) -> None:
+        if self.w16 is not None:
+            n = self.layout.total
+            self._launch_elementwise("cast_f32_f16", n, [_p(self.train_state.ptr), _p(self.w16.ptr), c_uint64(n)])
+
+    # ------------------------------------------------------------------ building blocks
+    def _launch_elementwise(self, kernel: str, n: int, args: list) -> None:
+        blocks = max(1, min(-(-n // UPDATE_THREADS), self.dev.sm_count * 8))
+        self._update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args, self.stream)
+
+    def matmul(self, m, n, k, transa, transb, ab, cd, epilogue, lda, ldb, ldc, aux_ld=None):
+        """A cuBLASLt plan for column-major D (m, n) in this precision's compute type."""
+        lt = self._lt
+        return lt.Matmul(
+            self.lt, m, n, k, transa=transa, transb=transb,
+            ab_type=lt.DataType.R_16F if ab == np.float16 else lt.DataType.R_32F,
+            cd_type=lt.DataType.R_16F if cd == np.float16 else lt.DataType.R_32F,
+            compute=lt.ComputeType.COMPUTE_16F if self.spec.compute_16f else lt.ComputeType.COMPUTE_32F,
+            lda=lda, ldb=ldb, ldc=ldc, epilogue=epilogue, aux_ld=aux_ld, workspace=self.workspace,
+        )  # fmt: skip
+
+    def softmax(self, rows: int):
+        return self._dnn.Softmax(self.dnn, rows, self.config.model.classes, _dnn_type(self.spec.logits))
+
+    def forward_plans(self, layers: list[_Layer], rows: int, training: bool) -> None:
+        """Forward plans for `rows`: bias + activation fused (keeping aux when training); bias on the last."""
+        E = self._lt.Epilogue
+        relu = self.config.model.activation == "relu"
+        act = (E.RELU_AUX_BIAS if relu else E.GELU_AUX_BIAS) if training else (E.RELU_BIAS if relu else E.GELU_BIAS)
+        last = len(layers) - 1
+        for i, ((d_in, d_out), layer) in enumerate(zip(self.config.model.layers, layers)):
+            out_t = self.spec.logits if i == last else self.spec.operand
+            aux_ld = self.aux_ld(d_out) if (training and i < last) else None
+            layer.fwd[rows] = self.matmul(
+                d_out, rows, d_in, True, False, self.spec.operand, out_t,
+                act if i < last else E.BIAS, d_in, d_in, d_out, aux_ld,
+            )  # fmt: skip
+
+    def aux_ld(self, rows: int) -> int:
+        return relu_aux_ld(rows) if self.config.model.activation == "relu" else gelu_aux_ld(rows)
+
+    def aux_bytes(self, d_out: int, batch: int) -> int:
+        if self.config.model.activation == "relu":
+            return relu_aux_ld(d_out) // 8 * batch
+        return gelu_aux_ld(d_out) * batch * _size(self.spec.operand)
+
+    def record_gather(self, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
+                      shuffled: bool) -> None:  # fmt: skip
+        """Queue the gather of positions pos0..pos0+rows (shuffled by the epoch's order, or in order)."""
+        seed = self.config.seed
+        scale, shift = input_affine(x_dtype, self.config.normalize)
+        src = "u8" if x_dtype == np.uint8 else "f32"
+        self._gather_mod.function(f"gather_{src}_{self.spec.gather_kernel_suffix}").launch(
+            (rows, 1, 1),
+            (GATHER_THREADS, 1, 1),
+            [
+                _p(x_dev.ptr), _p(y_dev.ptr), c_int(self.config.model.in_features), c_uint(n),
+                c_uint(seed & 0xFFFFFFFF), c_uint((seed >> 32) & 0xFFFFFFFF), c_uint(feistel_bits(n) // 2),
+                _p(self.epoch_state.ptr if shuffled else 0), c_int(pos0), c_float(scale), c_float(shift),
+                _p(out.ptr), _p(out_y),
+            ],
+            self.stream,
+        )  # fmt: skip
+
+    def record_forward(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> None:
+        names = self.layout.names
+        last = len(layers) - 1
+        h = x_ptr
+        for i, layer in enumerate(layers):
+            out_t = self.spec.logits if i == last else self.spec.operand
+            w = self.param_ptr(names[2 * i], self.spec.operand)
+            b = self.param_ptr(names[2 * i + 1], out_t)
+            aux = layer.aux.ptr if layer.aux is not None else 0
+            _run(layer.fwd[rows], autotune, self.stream, w, h, layer.out.ptr, layer.out.ptr, bias=b, aux=aux)
+            h = layer.out.ptr
+
+    def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, acc: int, state: int) -> None:
+        self._loss_mod.function(self.spec.loss_kernel).launch(
+            (-(-rows // LOSS_THREADS), 1, 1),
+            (LOSS_THREADS, 1, 1),
+            [_p(logits), _p(probs), _p(labels), c_int(rows), c_int(self.config.model.classes), c_float(1.0 / rows),
+             _p(dlogits), _p(acc), _p(state)],
+            self.stream,
+        )  # fmt: skip
+
+    def record_update(self, step: int, steps: int, lr_table: int) -> None:
+        opt = self.config.optimizer
+        n = self.layout.total
+        n_state = len(self._opt_names)
+        s1 = self.train_state.ptr + self._pbytes if n_state >= 1 else 0
+        s2 = self.train_state.ptr + self._pbytes + self._sbytes if n_state >= 2 else 0
+        adamw = hasattr(opt, "betas")
+        b1, b2 = opt.betas if adamw else (0.0, 0.0)
+        self._launch_elementwise(
+            self.spec.update_kernel,
+            n,
+            [
+                _p(self.train_state.ptr), _p(self.grads.ptr), _p(s1), _p(s2),
+                _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n), _p(lr_table),
+                _p(self.epoch_state.ptr), c_int(step), c_int(steps), c_int(int(adamw)),
+                c_float(getattr(opt, "momentum", 0.0)), c_float(opt.weight_decay),
+                c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
+                c_float(getattr(opt, "eps", 0.0)),
+            ],
+        )  # fmt: skip
+
+    def record_epoch_end(self, hist: int) -> None:
+        words = self._state_bytes // 4
+        args = [_p(self.train_state.ptr), _p(self.snapshot.ptr), c_uint64(words), _p(hist), _p(self.epoch_state.ptr)]
+        self._launch_elementwise("snapshot", words, args)
+        self._update_mod.function("advance").launch(
+            (1, 1, 1), (1, 1, 1), [_p(self.epoch_state.ptr), _p(hist)], self.stream
+        )
+
+    def write_epoch_state(self, epoch: int, step0: int) -> None:
+        st = np.zeros(1, dtype=_STATE_DTYPE)
+        st["epoch"], st["step0"] = epoch, step0
+        self.epoch_state.upload(st.view(np.uint8))
+
+    def upload(self, dst, array: np.ndarray) -> None:
+        """Host -> device through a pinned staging buffer in chunks (pageable copies are slower)."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        chunk = max(1, min(raw.size, 8 << 20))
+        staging = self._drv.PinnedBuffer(chunk)
+        try:
+            view = staging.view(np.uint8, (chunk,))
+            for start in range(0, raw.size, chunk):
+                part = raw[start : start + chunk]
+                view[: part.size] = part
+                self._drv.copy_htod(dst.ptr + start, staging.ptr, part.size, self.stream)
+                self.stream.synchronize()  # the staging buffer is refilled for the next chunk
+        finally:
+            staging.close()
+
+    def capture(self, record) -> object:
+        """Record `record()` on the stream into a graph and instantiate it."""
+        self.stream.synchronize()
+        self.stream.begin_capture()
+        try:
+            record()
+        finally:
+            graph = self.stream.end_capture()
+        try:
+            return graph.instantiate()
+        finally:
+            graph.close()
+
+    # ------------------------------------------------------------------ Engine API
+    def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        key = _data_key(x, y)
+        ctx = self._train
+        if ctx is not None and ctx.key == key:
+            return  # the very same arrays: already resident
+        if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
+            ctx.load(x, y, key)  # same shape: new values into the same buffers, the graph stays valid
+            return
+        if ctx is not None:
+            ctx.release()
+        self._train = None
+        self._train = _TrainContext(self, x, y, key)
+
+    def fit_epochs(self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch) -> None:
+        ctx = self._train
+        if ctx is None:
+            raise RuntimeError("set_train_data must come before fit_epochs")
+        epochs = len(lrs) // ctx.steps
+        if epochs == 0:
+            return
+        drv = self._drv
+        ctx.prepare(epochs, lrs)
+        self.write_epoch_state(first_epoch, first_step)
+        drv.copy_dtod(self.snapshot.ptr, self.train_state.ptr, self._state_bytes, self.stream)
+        ev = self._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
+        hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
+        ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
+        slots = len(ctx.events)
+        launched = done = 0
+        while done < epochs:
+            while launched < epochs and launched - done < INFLIGHT_EPOCHS:
+                k = launched
+                start, end, finished = ctx.events[k % slots]
+                start.record(self.stream)
+                ctx.graph.launch(self.stream)
+                end.record(self.stream)
+                drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, self.stream)
+                if ev is not None and k in eval_after:
+                    ev.run(ctx.eval_host.ptr + 16 * k)
+                finished.record(self.stream)
+                launched += 1
+            start, end, finished = ctx.events[done % slots]
+            finished.synchronize()  # the queue still holds the epochs launched after this one
+            loss_sum, correct = hist[done]
+            samples = ctx.samples
+            if not math.isfinite(loss_sum):
+                self.stream.synchronize()
+                drv.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self._state_bytes, self.stream)
+                self._refresh_half_copy()
+                self.stream.synchronize()
+                raise TrainingDiverged(first_epoch + done, float(loss_sum / samples))
+            stats = EpochStats(
+                epoch=first_epoch + done,
+                loss=float(loss_sum / samples),
+                accuracy=float(correct / samples),
+                samples=samples,
+                seconds=start.elapsed_ms(end) / 1000.0,
+            )
+            if ev is not None and done in eval_after:
+                stats.eval_loss = float(ev_hist[done, 0] / ev.n)
+                stats.eval_accuracy = float(ev_hist[done, 1] / ev.n)
+            on_epoch(stats)
+            done += 1
+
+    def _eval_context(self, x: np.ndarray, y: np.ndarray | None) -> _EvalContext:
+        key = _data_key(x, y)
+        ctx = self._eval
+        if ctx is not None and ctx.key == key:
+            return ctx
+        if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
+            ctx.load(x, y, key)
+            return ctx
+        if ctx is not None:
+            ctx.release()
+        self._eval = None
+        self._eval = _EvalContext(self, x, y, key)
+        return self._eval
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        ctx = self._eval_context(x, y)
+        ctx.run(self.eval_out.ptr)
+        self.stream.synchronize()
+        loss_sum, correct = self.eval_out.view(np.float64, (2,))
+        return float(loss_sum / ctx.n), float(correct / ctx.n)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        ctx = self._eval_context(x, None)
+        ctx.run(self.eval_out.ptr)
+        self.stream.synchronize()
+        out = np.empty((ctx.n, self.config.model.classes), dtype=self.spec.logits)
+        ctx.probs.download(out)
+        return out.astype(np.float32)
+
+
+class _TrainContext(_Owner):
+    """One resident training set with its batch buffers, plans and the captured epoch graph."""
+
+    def __init__(self, eng: CudaEngine, x: np.ndarray, y: np.ndarray, key) -> None:
+        super().__init__()
+        self.eng = eng
+        drv, spec, cfg = eng._drv, eng.spec, eng.config
+        self.n, self.dtype = x.shape[0], x.dtype
+        B = cfg.batch_size
+        self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
+        self.samples = self.steps * B if cfg.drop_last else self.n
+        self.rows = [min(B, self.n - s * B) for s in range(self.steps)]
+        self.graph = None
+        self.capacity = 0
+        try:
+            buf = lambda nbytes: self.own(drv.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
+            self.x = buf(x.nbytes)
+            self.y = buf(self.n * 4)
+            self.load(x, y, key)
+            R = max(self.rows) if self.rows else 1
+            self.x_batch = buf(R * cfg.model.in_features * _size(spec.operand))
+            self.y_batch = buf(R * 4)
+            last = len(cfg.model.layers) - 1
+            self.layers = [
+                _Layer(
+                    out=buf(R * d_out * _size(spec.logits if i == last else spec.operand)),
+                    dout=buf(R * d_out * _size(spec.operand)),
+                    aux=buf(eng.aux_bytes(d_out, R)) if i < last else None,
+                )
+                for i, (_, d_out) in enumerate(cfg.model.layers)
+            ]
+            self.probs = buf(R * cfg.model.classes * _size(spec.logits))
+            self._build_plans()
+            self.events = [
+                (self.own(drv.Event(timing=True)), self.own(drv.Event(timing=True)), self.own(drv.Event()))
+                for _ in range(INFLIGHT_EPOCHS + 1)
+            ]
+        except BaseException:
+            self.release()
+            raise
+
+    def load(self, x: np.ndarray, y: np.ndarray, key) -> None:
+        self.eng.upload(self.x, x)
+        self.eng.upload(self.y, y)
+        self.key = key
+
+    def _build_plans(self) -> None:
+        eng, spec = self.eng, self.eng.spec
+        E = eng._lt.Epilogue
+        bwd_act = E.DRELU_BGRAD if eng.config.model.activation == "relu" else E.DGELU_BGRAD
+        self.softmax = {}
+        for rows in sorted(set(self.rows)):
+            eng.forward_plans(self.layers, rows, training=True)
+            for i, (d_in, d_out) in enumerate(eng.config.model.layers):
+                layer = self.layers[i]
+                # dW^T (d_in, d_out) = H^T @ dZ; the bias gradient (column sums of dZ) fused as BGRADB.
+                layer.dw[rows] = eng.matmul(
+                    d_in, d_out, rows, False, True, spec.operand, spec.grad, E.BGRADB, d_in, d_out, d_in
+                )
+                if i > 0:
+                    # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (from its
+                    # aux), with the previous layer's bias gradient fused.
+                    layer.dx[rows] = eng.matmul(
+                        d_in, rows, d_out, False, False, spec.operand, spec.operand,
+                        bwd_act, d_in, d_out, d_in, eng.aux_ld(d_in),
+                    )  # fmt: skip
+                for plans in (layer.fwd, layer.dw, layer.dx):
+                    if rows in plans:
+                        self.own(plans[rows])
+            self.softmax[rows] = self.own(eng.softmax(rows))
+
+    def prepare(self, epochs: int, lrs: np.ndarray) -> None:
+        """Size the per-step lr table and per-epoch history for `epochs`, fill them, capture if needed."""
+        eng, drv = self.eng, self.eng._drv
+        if epochs > self.capacity:
+            if self.graph is not None:
+                eng.stream.synchronize()
+                self.graph.close()
+                self.graph = None
+            cap = max(epochs, 2 * self.capacity, 8)
+            self.lr_table = self.own(drv.DeviceBuffer(cap * self.steps * 4))
+            self.hist = self.own(drv.DeviceBuffer(cap * 16))
+            self.hist_host = self.own(drv.PinnedBuffer(cap * 16))
+            self.eval_host = self.own(drv.PinnedBuffer(cap * 16))
+            self.capacity = cap
+        eng.stream.synchronize()
+        self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
+        if self.graph is None:
+            # Autotune each full-batch plan in step order on real data (no update), then capture.
+            eng.write_epoch_state(0, 0)
+            self.hist.memset(0, eng.stream)
+            self._record_step(0, autotune=True, update=False)
+            self.graph = self.own(eng.capture(self._record_epoch))
+        self.hist.memset(0, eng.stream)
+
+    def _record_epoch(self) -> None:
+        for s in range(self.steps):
+            self._record_step(s)
+        self.eng.record_epoch_end(self.hist.ptr)
+
+    def _record_step(self, s: int, autotune: bool = False, update: bool = True) -> None:
+        eng, spec = self.eng, self.eng.spec
+        rows = self.rows[s]
+        pos0 = s * eng.config.batch_size
+        eng.record_gather(self.x, self.y, self.n, self.dtype, pos0, rows, self.x_batch, self.y_batch.ptr, True)
+        eng.record_forward(self.layers, self.x_batch.ptr, rows, autotune)
+        last = self.layers[-1]
+        self.softmax[rows].forward(last.out.ptr, self.probs.ptr)
+        eng.record_loss(
+            last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows, last.dout.ptr, self.hist.ptr, eng.epoch_state.ptr
+        )
+        names = eng.layout.names
+        for i in reversed(range(len(self.layers))):
+            layer = self.layers[i]
+            h_in = self.x_batch.ptr if i == 0 else self.layers[i - 1].out.ptr
+            gw, gb = eng.grad_ptr(names[2 * i]), eng.grad_ptr(names[2 * i + 1])
+            _run(layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr, gw, gw, bias=gb)
+            if i > 0:
+                prev = self.layers[i - 1]
+                w = eng.param_ptr(names[2 * i], spec.operand)
+                _run(layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr, prev.dout.ptr, prev.dout.ptr,
+                     bias=eng.grad_ptr(names[2 * i - 1]), aux=prev.aux.ptr)  # fmt: skip
+        if update:
+            eng.record_update(s, self.steps, self.lr_table.ptr)
+
+
+class _EvalContext(_Owner):
+    """A captured forward-only graph over one evaluation set, in chunks of EVAL_ROWS rows."""
+
+    def __init__(self, eng: CudaEngine, x: np.ndarray, y: np.ndarray | None, key) -> None:
+        super().__init__()
+        self.eng = eng
+        drv, spec, model = eng._drv, eng.spec, eng.config.model
+        self.n, self.dtype = x.shape[0], x.dtype
+        self.rows = [min(EVAL_ROWS, self.n - s) for s in range(0, self.n, EVAL_ROWS)]
+        try:
+            buf = lambda nbytes: self.own(drv.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
+            self.x = buf(x.nbytes)
+            self.y = buf(self.n * 4)
+            self.acc = buf(16)
+            R = max(self.rows)
+            self.x_batch = buf(R * model.in_features * _size(spec.operand))
+            self.probs = buf(self.n * model.classes * _size(spec.logits))
+            last = len(model.layers) - 1
+            self.layers = [
+                _Layer(out=buf(R * d_out * _size(spec.logits if i == last else spec.operand)))
+                for i, (_, d_out) in enumerate(model.layers)
+            ]
+            self.softmax = {}
+            for rows in set(self.rows):
+                eng.forward_plans(self.layers, rows, training=False)
+                for layer in self.layers:
+                    self.own(layer.fwd[rows])
+                self.softmax[rows] = self.own(eng.softmax(rows))
+            self.load(x, y, key)
+            self.graph = self.own(eng.capture(self._record))
+        except BaseException:
+            self.release()
+            raise
+
+    def load(self, x: np.ndarray, y: np.ndarray | None, key) -> None:
+        self.eng.upload(self.x, x)
+        self.eng.upload(self.y, y if y is not None else np.zeros(self.n, dtype=np.int32))
+        self.key = key
+
+    def _record(self) -> None:
+        eng = self.eng
+        classes = eng.config.model.classes
+        for start, rows in zip(range(0, self.n, EVAL_ROWS), self.rows):
+            eng.record_gather(self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
+            eng.record_forward(self.layers, self.x_batch.ptr, rows)
+            probs = self.probs.ptr + start * classes * _size(eng.spec.logits)
+            self.softmax[rows].forward(self.layers[-1].out.ptr, probs)
+            eng.record_loss(self.layers[-1].out.ptr, probs, self.y.ptr + 4 * start, rows, 0, self.acc.ptr, 0)
+
+    def run(self, out_ptr: int) -> None:
+        """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`."""
+        eng = self.eng
+        self.acc.memset(0, eng.stream)
+        self.graph.launch(eng.stream)
+        eng._drv.copy_dtoh(out_ptr, self.acc.ptr, 16, eng.stream)
+
+
+def _run(plan, autotune: bool, stream, a: int, b: int, c: int, d: int, bias: int = 0, aux: int = 0) -> None:
+    if autotune:
+        plan.autotune(a, b, c, d, stream, bias=bias, aux=aux)
+    plan(a, b, c, d, stream, bias=bias, aux=aux)
+
+
+class _DataKey:
+    """Identity of a pair of host arrays, holding them so their ids cannot be reused: the same arrays
+    passed again are not re-uploaded (arrays changed in place since are not noticed; pass a copy)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray | None) -> None:
+        self.x, self.y = x, y
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _DataKey) and other.x is self.x and other.y is self.y
+
+
+def _data_key(x: np.ndarray, y: np.ndarray | None) -> _DataKey:
+    return _DataKey(x, y)
+
+
+def _dnn_type(t: type) -> str:
+    return "fp16" if t == np.float16 else "fp32"

@@ -1,0 +1,123 @@
+"""The GPU engine's plan: pure arithmetic on shapes (no GPU), so it is tested on the CPU.
+
+Parameters live in one flat buffer, each tensor padded to `ALIGN` elements (256 bytes of fp32:
+cuBLASLt wants aligned operand and bias pointers), in `param_names` order; gradients and optimizer
+state use the same layout, so one elementwise kernel updates every parameter at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..model import MLP, param_names
+
+__all__ = ["ALIGN", "ParamLayout", "PrecisionSpec", "gelu_aux_ld", "param_layout", "precision_spec", "relu_aux_ld"]
+
+ALIGN = 64  # elements; 256 bytes of fp32, 128 of fp16
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Where each named parameter sits in the flat buffers (offsets and sizes in elements)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    total: int  # padded element count of one flat buffer
+
+    def slot(self, name: str) -> tuple[int, tuple[int, ...]]:
+        i = self.names.index(name)
+        return self.offsets[i], self.shapes[i]
+
+    def pack(self, arrays: dict[str, np.ndarray], dtype: type) -> np.ndarray:
+        """One flat array of `dtype` holding `arrays` at their offsets, zero padding between."""
+        flat = np.zeros(self.total, dtype=dtype)
+        for name, off, shape in zip(self.names, self.offsets, self.shapes):
+            a = np.asarray(arrays[name])
+            if a.shape != shape:
+                raise ConfigError(f"state[{name!r}] has shape {a.shape}, expected {shape}")
+            flat[off : off + a.size] = a.ravel()
+        return flat
+
+    def unpack(self, flat: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
+        """float32 copies of each tensor in `flat`, keyed `prefix + name`."""
+        out = {}
+        for name, off, shape in zip(self.names, self.offsets, self.shapes):
+            n = int(np.prod(shape))
+            out[prefix + name] = flat[off : off + n].astype(np.float32).reshape(shape)
+        return out
+
+
+def param_layout(model: MLP) -> ParamLayout:
+    shapes: list[tuple[int, ...]] = []
+    for fan_in, fan_out in model.layers:
+        shapes += [(fan_out, fan_in), (fan_out,)]
+    offsets, off = [], 0
+    for shape in shapes:
+        offsets.append(off)
+        off += _round_up(int(np.prod(shape)), ALIGN)
+    return ParamLayout(tuple(param_names(model)), tuple(shapes), tuple(offsets), off)
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """Storage types of one precision mode and the kernel variants that go with them."""
+
+    name: str
+    operand: type  # GEMM A/B operands and hidden activations
+    grad: type  # gradients (what the GEMMs write)
+    param: type  # stored (master) parameters
+    logits: type  # last layer's output, softmax and probabilities
+    half_copy: bool  # an fp16 copy of fp32 master weights feeds the GEMMs
+    compute_16f: bool  # CUBLAS_COMPUTE_16F (fp16 accumulation) instead of COMPUTE_32F
+
+    @property
+    def gather_kernel_suffix(self) -> str:
+        return "f16" if self.operand == np.float16 else "f32"
+
+    @property
+    def update_kernel(self) -> str:
+        return f"update_{_tag(self.param)}_{_tag(self.grad)}"
+
+    @property
+    def loss_kernel(self) -> str:
+        return f"xent_{_tag(self.logits)}_{_tag(self.operand)}"
+
+
+def _tag(t: type) -> str:
+    return "f16" if t == np.float16 else "f32"
+
+
+_SPECS = {
+    # fp16 operands with fp32 accumulation; fp32 master weights and optimizer state; the logits and
+    # the loss in fp32. Gradients are fp16 as the GEMMs write them, as under PyTorch AMP.
+    "mixed": PrecisionSpec("mixed", np.float16, np.float16, np.float32, np.float32, True, False),
+    # fp16 weights, fp16 accumulation (CUBLAS_COMPUTE_16F); the loss kernel still computes in fp32.
+    "fp16": PrecisionSpec("fp16", np.float16, np.float16, np.float16, np.float16, False, True),
+    # fp32 everywhere, true fp32 GEMMs (CUBLAS_COMPUTE_32F, no TF32): the mode tests compare tightly.
+    "fp32": PrecisionSpec("fp32", np.float32, np.float32, np.float32, np.float32, False, False),
+}
+
+
+def precision_spec(precision: str) -> PrecisionSpec:
+    try:
+        return _SPECS[precision]
+    except KeyError:
+        raise ConfigError(f"precision must be one of {tuple(_SPECS)}, got {precision!r}") from None
+
+
+def relu_aux_ld(rows: int) -> int:
+    """Leading dimension of cuBLASLt's ReLU bit-mask, in bits: a multiple of 128, >= rows."""
+    return _round_up(rows, 128)
+
+
+def gelu_aux_ld(rows: int) -> int:
+    """Leading dimension of cuBLASLt's GELU pre-activation buffer, in elements: a multiple of 8."""
+    return _round_up(rows, 8)

@@ -1,0 +1,224 @@
+"""The GPU engine against the NumPy engine (the definition of correct). Run on a GPU machine:
+`PYTHONPATH=$PWD python3 -m pytest -m gpu -q`. Fashion-MNIST checks read $FASTNN_DATA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastnn
+from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn.engine.base import EngineConfig, steps_per_epoch
+from fastnn.model import init_parameters
+from fastnn.shuffle import permutation
+
+pytestmark = pytest.mark.gpu
+
+
+def _data(n: int, d: int, classes: int, seed: int = 0, dtype=np.uint8):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(classes, d))
+    y = rng.integers(0, classes, size=n)
+    x = centers[y] + rng.normal(scale=1.5, size=(n, d))
+    x = np.clip(x * 40 + 128, 0, 255).astype(np.uint8) if dtype == np.uint8 else x.astype(dtype)
+    return x, y
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _pair(model, optimizer, batch, precision="fp32", **kw):
+    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cpu", seed=7, **kw)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7, **kw)
+    return cpu, gpu
+
+
+def _assert_close(cpu: Trainer, gpu: Trainer, tol: float) -> None:
+    a, b = gpu.state_dict(), cpu.state_dict()
+    assert a.keys() == b.keys()
+    for name in b:
+        assert np.isfinite(a[name]).all(), name
+        assert _rel(a[name], b[name]) < tol, (name, _rel(a[name], b[name]))
+
+
+def test_fp32_trajectory_matches_numpy_after_200_steps():
+    model = MLP([64, 37, 10])
+    x, y = _data(32 * 100 + 7, 64, 10)
+    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 32)
+    assert steps_per_epoch(len(x), 32, False) * 2 >= 200
+    hc = cpu.fit(x, y, epochs=2)
+    hg = gpu.fit(x, y, epochs=2)
+    _assert_close(cpu, gpu, 1e-4)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4)
+    np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=1e-9)
+    gpu.close()
+
+
+def test_gathered_order_is_the_shuffle_definition():
+    from fastnn.engine.cuda_engine import CudaEngine
+
+    n, d, B = 1000, 8, 64
+    x = np.zeros((n, d), dtype=np.float32)
+    x[:, 0] = np.arange(n)  # each row carries its own index (exact in fp32)
+    y = (np.arange(n) % 10).astype(np.int32)
+    model = MLP([d, 10])
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=B, precision="fp32", seed=12345678901)
+    eng = CudaEngine(cfg, init_parameters(model, 0))
+    try:
+        eng.set_train_data(x, y)
+        ctx = eng._train
+        orders = []
+        for epoch in (0, 1, 5):
+            eng.write_epoch_state(epoch, 0)
+            seen = []
+            for s, rows in enumerate(ctx.rows):
+                eng.record_gather(ctx.x, ctx.y, n, x.dtype, s * B, rows, ctx.x_batch, ctx.y_batch.ptr, True)
+                xb = np.empty((rows, d), dtype=np.float32)
+                yb = np.empty(rows, dtype=np.int32)
+                eng.stream.synchronize()
+                ctx.x_batch.download(xb)
+                ctx.y_batch.download(yb)
+                idx = xb[:, 0].astype(np.int64)
+                np.testing.assert_array_equal(yb, y[idx])
+                seen.append(idx)
+            order = np.concatenate(seen)
+            np.testing.assert_array_equal(order, permutation(cfg.seed, epoch, n))
+            assert np.array_equal(np.sort(order), np.arange(n))  # every sample exactly once
+            orders.append(order)
+        assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
+    finally:
+        eng.close()
+
+
+CASES = [
+    # (sizes, activation, optimizer, batch, n, classes-from-sizes)
+    ([20, 2], "relu", SGD(lr=0.1), 1, 50),
+    ([20, 37, 2], "relu", SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), 32, 300),
+    ([20, 100, 37, 10], "gelu", AdamW(lr=1e-3), 128, 1000),
+    ([37, 100, 100, 37, 10], "relu", AdamW(lr=1e-3, weight_decay=0.1), 1000, 2500),
+    ([30, 37, 37, 37, 37, 10], "gelu", SGD(lr=0.05, momentum=0.5), 32, 301),
+    ([784, 10], "relu", SGD(lr=0.1, weight_decay=1e-4), 128, 1000),
+]
+
+
+@pytest.mark.parametrize("sizes,activation,optimizer,batch,n", CASES)
+def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n):
+    model = MLP(sizes, activation=activation)
+    x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
+    cpu, gpu = _pair(model, optimizer, batch)
+    cpu.fit(x, y, epochs=2)
+    gpu.fit(x, y, epochs=2)
+    _assert_close(cpu, gpu, 1e-3 if activation == "gelu" else 2e-4)
+    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
+    ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
+    assert abs(ec["loss"] - eg["loss"]) < 1e-3 * max(1.0, abs(ec["loss"]))
+    assert abs(ec["accuracy"] - eg["accuracy"]) <= 1 / 333 + 1e-12
+    pc, pg = cpu.predict_proba(xt), gpu.predict_proba(xt)
+    np.testing.assert_allclose(pg.sum(axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(pg, pc, atol=1e-3)
+    gpu.close()
+
+
+def test_drop_last_and_schedule_match_numpy():
+    model = MLP([16, 24, 3])
+    x, y = _data(250, 16, 3, dtype=np.float32)
+    sched = fastnn.schedules.Cosine(total_steps=30, warmup_steps=5)
+    cpu, gpu = _pair(model, SGD(lr=0.2, momentum=0.9), 16, schedule=sched, drop_last=True, normalize=(0.1, 2.0))
+    cpu.fit(x, y, epochs=2)
+    gpu.fit(x, y, epochs=2)
+    _assert_close(cpu, gpu, 2e-4)
+    gpu.close()
+
+
+def test_second_fit_continues_like_one_long_fit():
+    model = MLP([32, 20, 4])
+    x, y = _data(500, 32, 4)
+    one = Trainer(model, optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1)
+    two = Trainer(model, optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1)
+    one.fit(x, y, epochs=4)
+    two.fit(x, y, epochs=1)
+    two.fit(x, y, epochs=3)  # grows the lr table: re-capture
+    for name, a in one.state_dict().items():
+        np.testing.assert_allclose(two.state_dict()[name], a, rtol=1e-5, atol=1e-6)
+    one.close()
+    two.close()
+
+
+def _fashion():
+    root = os.environ.get("FASTNN_DATA")
+    for cand in [root, Path(__file__).resolve().parents[1] / ".data" / "fashion-mnist"]:
+        if cand and Path(cand).is_dir() and any(Path(cand).glob("train-images*")):
+            return fastnn.datasets.load("fashion-mnist", root=str(cand), download=False)
+    pytest.skip("Fashion-MNIST not found: set FASTNN_DATA to a folder with its four IDX files")
+
+
+def test_mixed_matches_numpy_on_fashion_mnist():
+    x, y, xt, yt = _fashion()
+    model = MLP([784, 10])
+    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed")
+    cpu.fit(x[:25600], y[:25600], epochs=1)  # 200 steps
+    gpu.fit(x[:25600], y[:25600], epochs=1)
+    _assert_close(cpu, gpu, 2e-2)
+    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed")
+    cpu.fit(x, y, epochs=5)
+    gpu.fit(x, y, epochs=5)
+    acc_cpu, acc_gpu = cpu.evaluate(xt, yt)["accuracy"], gpu.evaluate(xt, yt)["accuracy"]
+    assert acc_cpu >= 0.82 and abs(acc_cpu - acc_gpu) <= 0.005, (acc_cpu, acc_gpu)
+    gpu.close()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_other_precisions_train_on_fashion_mnist(precision):
+    x, y, xt, yt = _fashion()
+    model = MLP([784, 128, 10])
+    t = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=128, precision=precision, device="cuda")
+    t.fit(x, y, epochs=3)
+    assert t.evaluate(xt, yt)["accuracy"] >= 0.84
+    t.close()
+
+
+def test_divergence_keeps_last_finite_weights():
+    model = MLP([64, 64, 10])
+    x, y = _data(640, 64, 10)
+    spe = steps_per_epoch(640, 64, False)
+
+    def sched(step):  # a sane first epoch, then an absurd rate
+        return 0.05 if step < spe else 1e6
+
+    ref = Trainer(model, optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3)
+    ref.fit(x, y, epochs=1)
+    t = Trainer(model, optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, schedule=sched)
+    with pytest.raises(fastnn.TrainingDiverged) as info:
+        t.fit(x, y, epochs=6)
+    assert info.value.epoch >= 1
+    if info.value.epoch == 1:
+        for name, a in ref.state_dict().items():
+            np.testing.assert_array_equal(t.state_dict()[name], a)
+    for a in t.state_dict().values():
+        assert np.isfinite(a).all()
+    ref.close()
+    t.close()
+
+
+def test_trainers_closed_in_a_loop_release_device_memory():
+    from fastnn.cuda import driver
+
+    model = MLP([784, 256, 10])
+    x, y = _data(1000, 784, 10)
+    dev = driver.get_device(0)
+
+    def one():
+        with Trainer(model, batch_size=128, device="cuda") as t:
+            t.fit(x, y, epochs=1)
+            t.evaluate(x[:100], y[:100])
+
+    one()  # first use loads kernels and library state that stay for the process
+    free0 = dev.mem_info()[0]
+    for _ in range(100):
+        one()
+    free1 = dev.mem_info()[0]
+    assert free0 - free1 < 8 << 20, (free0 - free1) / 2**20

@@ -1,0 +1,63 @@
+"""The GPU engine's plan arithmetic, checked on the CPU (no GPU needed)."""
+
+import numpy as np
+import pytest
+
+from fastnn import MLP
+from fastnn.engine.plan import ALIGN, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
+from fastnn.errors import ConfigError
+from fastnn.model import init_parameters
+
+
+def test_layout_offsets_are_aligned_and_disjoint():
+    model = MLP([37, 100, 3, 2])
+    lay = param_layout(model)
+    assert lay.names == ("0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias")
+    ends = 0
+    for off, shape in zip(lay.offsets, lay.shapes):
+        assert off % ALIGN == 0 and off >= ends
+        ends = off + int(np.prod(shape))
+    assert lay.total % ALIGN == 0 and lay.total >= ends
+
+
+def test_pack_unpack_round_trip():
+    model = MLP([37, 100, 10])
+    params = init_parameters(model, seed=3)
+    lay = param_layout(model)
+    flat = lay.pack(params, np.float32)
+    back = lay.unpack(flat)
+    for name, a in params.items():
+        np.testing.assert_array_equal(back[name], a)
+    padding = np.ones(lay.total, dtype=bool)
+    for off, shape in zip(lay.offsets, lay.shapes):
+        padding[off : off + int(np.prod(shape))] = False
+    assert not flat[padding].any()
+
+
+def test_pack_rejects_wrong_shape():
+    model = MLP([4, 3])
+    params = init_parameters(model, seed=0)
+    params["0.weight"] = params["0.weight"].T
+    with pytest.raises(ConfigError, match="0.weight"):
+        param_layout(model).pack(params, np.float32)
+
+
+def test_precision_specs_name_existing_kernels():
+    import re
+    from pathlib import Path
+
+    native = Path(__file__).resolve().parents[1] / "native"
+    defined = set(re.findall(r"^(?:UPDATE|XENT|GATHER)\((\w+),", "".join(p.read_text() for p in native.glob("*.cu")), re.M))
+    for name in ("mixed", "fp16", "fp32"):
+        spec = precision_spec(name)
+        assert spec.update_kernel in defined
+        assert spec.loss_kernel in defined
+        for src in ("u8", "f32"):
+            assert f"gather_{src}_{spec.gather_kernel_suffix}" in defined
+    with pytest.raises(ConfigError, match="precision"):
+        precision_spec("bf16")
+
+
+def test_aux_leading_dimensions():
+    assert relu_aux_ld(10) == 128 and relu_aux_ld(128) == 128 and relu_aux_ld(129) == 256
+    assert gelu_aux_ld(37) == 40 and gelu_aux_ld(8) == 8
