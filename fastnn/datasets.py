@@ -1,0 +1,467 @@
+"""MNIST-family datasets: the IDX file format, finding the files on disk, and a checked download.
+
+`load("mnist")` / `load("fashion-mnist")` looks for the four standard IDX files (gzipped or raw) in
+`root`, `$FASTNN_DATA`, `$FASTNN_DATA/<name>`, `~/.cache/fastnn/<name>` and `/usr/share/datasets/<name>`
+(where Debian's `dataset-fashion-mnist` puts Fashion-MNIST), in that order; failing that it downloads
+them into `root` or `~/.cache/fastnn/<name>`, checking each file's size and sha256, and writing each
+through a temporary file in the same folder and `os.replace`, so an interrupted download leaves nothing
+half-written. Mirrors can be replaced with `mirrors=` or `$FASTNN_DATASET_MIRRORS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import http.client
+import math
+import os
+import tempfile
+import urllib.request
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, DataError
+
+__all__ = [
+    "DATASETS",
+    "DatasetSpec",
+    "RemoteFile",
+    "download",
+    "load",
+    "read_idx",
+    "search_dirs",
+    "write_idx",
+]
+
+PathLike = str | os.PathLike
+
+# ---------------------------------------------------------------------------------------------------
+# IDX format: magic 00 00 <type code> <ndim>, then ndim big-endian uint32 dims, then the data, row-major.
+# ---------------------------------------------------------------------------------------------------
+
+_IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_IDX_CODES: dict[np.dtype, int] = {dt.newbyteorder("="): code for code, dt in _IDX_DTYPES.items()}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _hex(data: bytes) -> str:
+    return " ".join(f"{b:02x}" for b in data)
+
+
+def _read_exact(f, n: int, path: Path, what: str) -> bytes:
+    """n bytes of `f`, or DataError naming the file, what was being read and how much was there."""
+    data = f.read(n)
+    if len(data) != n:
+        raise DataError(f"{path}: truncated IDX file: {what} needs {n} bytes but only {len(data)} remain")
+    return data
+
+
+def _read_idx_stream(f, path: Path, raw_size: int | None) -> np.ndarray:
+    head = f.read(4)
+    if len(head) < 4:
+        raise DataError(f"{path}: too short for an IDX file ({len(head)} bytes; the header alone is >= 8)")
+    if head[:2] != b"\0\0":
+        raise DataError(f"{path}: not an IDX file: magic bytes are {_hex(head)}, expected 00 00 <type> <ndim>")
+    code, ndim = head[2], head[3]
+    if code not in _IDX_DTYPES:
+        known = ", ".join(f"0x{c:02x}" for c in _IDX_DTYPES)
+        raise DataError(f"{path}: unknown IDX type code 0x{code:02x} (known: {known}; MNIST images use 0x08)")
+    if ndim == 0:
+        raise DataError(f"{path}: IDX header says 0 dimensions")
+    dims = tuple(int(d) for d in np.frombuffer(_read_exact(f, 4 * ndim, path, f"the {ndim} dims"), dtype=">u4"))
+    dtype = _IDX_DTYPES[code]
+    payload = math.prod(dims) * dtype.itemsize
+    header = 4 + 4 * ndim
+    if raw_size is not None and raw_size != header + payload:
+        # An uncompressed file's size is known up front: no need to read it to know it is wrong.
+        raise DataError(
+            f"{path}: IDX payload length mismatch: dims {dims} of {dtype.name} need {payload} bytes after the "
+            f"{header}-byte header, but the file holds {raw_size - header}"
+            + (" (truncated)" if raw_size < header + payload else " (trailing data)")
+        )
+    data = _read_exact(f, payload, path, f"the data of dims {dims} ({dtype.name})")
+    if f.read(1):
+        raise DataError(f"{path}: IDX payload length mismatch: trailing data after the {payload}-byte payload")
+    return np.frombuffer(data, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def read_idx(path: PathLike) -> np.ndarray:
+    """Read an IDX file (gzipped or raw, told apart by the gzip magic bytes 1f 8b) into a native-endian array.
+
+    Raises:
+        DataError: the file is missing, truncated, not IDX, or its payload length does not match its header.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as raw:
+            if raw.read(2) == _GZIP_MAGIC:
+                raw.seek(0)
+                with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                    return _read_idx_stream(f, path, None)
+            raw.seek(0)
+            return _read_idx_stream(raw, path, os.fstat(raw.fileno()).st_size)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: corrupt or truncated gzip stream: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read IDX file: {e.strerror or e}") from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it: readers never see a partial file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_idx(path: PathLike, array: np.ndarray, compress: bool = True) -> None:
+    """Write `array` as an IDX file (gzipped when `compress`), atomically.
+
+    Raises:
+        DataError: the dtype has no IDX type code (uint8, int8, int16, int32, float32, float64), or the
+            shape does not fit the header (1 to 255 dims, each < 2**32).
+    """
+    array = np.asarray(array)
+    native = array.dtype.newbyteorder("=")
+    if native not in _IDX_CODES:
+        raise DataError(
+            f"write_idx: array dtype {array.dtype} has no IDX type code; use uint8, int8, int16, int32, "
+            f"float32 or float64 (labels: .astype(np.uint8))"
+        )
+    if not 1 <= array.ndim <= 255 or any(d >= 2**32 for d in array.shape):
+        raise DataError(f"write_idx: array shape {array.shape} does not fit an IDX header (1-255 dims, each < 2**32)")
+    code = _IDX_CODES[native]
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    data = header + np.ascontiguousarray(array, dtype=_IDX_DTYPES[code]).tobytes()
+    if compress:
+        data = gzip.compress(data, mtime=0)  # mtime=0: the same array always gives the same bytes
+    _write_atomic(Path(path), data)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The datasets: file names, checksums, mirrors.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One downloadable file: its name on the mirrors (gzipped), sha256 and size in bytes."""
+
+    name: str
+    sha256: str
+    size: int
+
+    @property
+    def stem(self) -> str:
+        """The name without `.gz`: a folder may hold either form."""
+        return self.name.removesuffix(".gz")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """An MNIST-layout dataset: the four files (train images, train labels, test images, test labels)."""
+
+    name: str
+    files: tuple[RemoteFile, RemoteFile, RemoteFile, RemoteFile]
+    mirrors: tuple[str, ...]
+    classes: int = 10
+    apt_package: str | None = None
+
+
+# sha256 and sizes of the MNIST gz files as served by the mirrors below; the same values are published
+# in torchvision-derived code and in many independent projects (checked by hand, not downloaded here).
+_MNIST = DatasetSpec(
+    name="mnist",
+    files=(
+        RemoteFile(
+            "train-images-idx3-ubyte.gz", "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9912422
+        ),
+        RemoteFile(
+            "train-labels-idx1-ubyte.gz", "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28881
+        ),
+        RemoteFile(
+            "t10k-images-idx3-ubyte.gz", "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1648877
+        ),
+        RemoteFile(
+            "t10k-labels-idx1-ubyte.gz", "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6", 4542
+        ),
+    ),
+    mirrors=(
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    ),
+)
+
+# Fashion-MNIST (Zalando Research, MIT licence): the gz files of the GitHub release, identical to what
+# Debian's dataset-fashion-mnist installs.
+_FASHION_MNIST = DatasetSpec(
+    name="fashion-mnist",
+    files=(
+        RemoteFile(
+            "train-images-idx3-ubyte.gz", "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7", 26421856
+        ),
+        RemoteFile(
+            "train-labels-idx1-ubyte.gz", "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056", 29491
+        ),
+        RemoteFile(
+            "t10k-images-idx3-ubyte.gz", "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa", 4422079
+        ),
+        RemoteFile(
+            "t10k-labels-idx1-ubyte.gz", "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05", 5125
+        ),
+    ),
+    mirrors=(
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",  # plain http: the sha256 check guards it
+        "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+    ),
+    apt_package="dataset-fashion-mnist",
+)
+
+#: Known datasets by name.
+DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (_MNIST, _FASHION_MNIST)}
+
+#: Where Debian's dataset packages install their files (a module attribute so tests can move it).
+SYSTEM_DATA_DIR = Path("/usr/share/datasets")
+
+#: Mirror override: base URLs separated by commas or whitespace; `{name}` is replaced by the dataset name.
+MIRRORS_ENV = "FASTNN_DATASET_MIRRORS"
+
+
+def _spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+    return DATASETS[name]
+
+
+def _cache_dir(name: str) -> Path:
+    return Path.home() / ".cache" / "fastnn" / name
+
+
+def _candidates(name: str, root: PathLike | None) -> list[tuple[Path | None, str]]:
+    """(folder, where it came from) in search order; folder None where an env var is unset."""
+    out: list[tuple[Path | None, str]] = []
+    if root is not None:
+        out.append((Path(root).expanduser(), "root argument"))
+    env = os.environ.get("FASTNN_DATA", "")
+    if env:
+        out += [(Path(env).expanduser(), "$FASTNN_DATA"), (Path(env).expanduser() / name, "$FASTNN_DATA/<name>")]
+    else:
+        out.append((None, "$FASTNN_DATA (not set)"))
+    out += [(_cache_dir(name), "cache"), (SYSTEM_DATA_DIR / name, "system (Debian dataset packages)")]
+    return out
+
+
+def search_dirs(name: str, root: PathLike | None = None) -> list[Path]:
+    """The folders `load(name, root)` looks in, in order."""
+    _spec(name)
+    return [d for d, _ in _candidates(name, root) if d is not None]
+
+
+def _find(folder: Path, spec: DatasetSpec) -> tuple[list[Path | None], str]:
+    """Each of the four files in `folder` (the .gz form first, then raw) or None; and a note for errors."""
+    if not folder.is_dir():
+        return [None] * 4, "no such folder" if not folder.exists() else "not a folder"
+    found: list[Path | None] = []
+    for f in spec.files:
+        gz, raw = folder / f.name, folder / f.stem
+        found.append(gz if gz.is_file() else raw if raw.is_file() else None)
+    missing = [f.stem for f, p in zip(spec.files, found) if p is None]
+    note = "all 4 files" if not missing else f"missing {', '.join(missing)} (.gz or raw)"
+    return found, note
+
+
+# ---------------------------------------------------------------------------------------------------
+# Download.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mirrors(spec: DatasetSpec, mirrors: Sequence[str] | None) -> list[str]:
+    if mirrors is None:
+        env = os.environ.get(MIRRORS_ENV, "").replace(",", " ").split()
+        mirrors = env or spec.mirrors
+    elif isinstance(mirrors, str):
+        raise ConfigError(f"mirrors must be a sequence of base URLs, got the string {mirrors!r}")
+    urls = [m.replace("{name}", spec.name) for m in mirrors]
+    return [u if u.endswith("/") else u + "/" for u in urls]
+
+
+def _fetch(url: str, dest: Path, rf: RemoteFile, timeout: float) -> None:
+    """Download `url` into `dest` through a temporary file, checking size and sha256 before the rename."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        digest, got = hashlib.sha256(), 0
+        request = urllib.request.Request(url, headers={"User-Agent": "fastnn"})
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as resp:
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) != rf.size:
+                raise DataError(f"server announces {length} bytes, expected {rf.size}")
+            while got <= rf.size:  # bounded: one chunk past the expected size is enough to say "too large"
+                chunk = resp.read(1 << 20)
+                if not chunk:
+                    break
+                got += len(chunk)
+                digest.update(chunk)
+                out.write(chunk)
+        if got != rf.size:
+            raise DataError(f"received {got} bytes, expected {rf.size}" + (" (interrupted?)" if got < rf.size else ""))
+        if digest.hexdigest() != rf.sha256:
+            raise DataError(f"sha256 mismatch: got {digest.hexdigest()}, expected {rf.sha256}")
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def download(
+    name: str, dest: PathLike | None = None, *, mirrors: Sequence[str] | None = None, timeout: float = 30.0
+) -> Path:
+    """Download the dataset's files missing from `dest` (default `~/.cache/fastnn/<name>`); returns `dest`.
+
+    Each file is tried on each mirror in turn; `timeout` (seconds) bounds every network wait.
+
+    Raises:
+        ConfigError: unknown name, or mirrors given as a single string.
+        DataError: some file could not be had from any mirror (the message lists every attempt).
+    """
+    spec = _spec(name)
+    return _download(spec, Path(dest).expanduser() if dest is not None else _cache_dir(name), mirrors, timeout)
+
+
+def _check_timeout(timeout: float) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ConfigError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+
+
+def _download(spec: DatasetSpec, folder: Path, mirrors: Sequence[str] | None, timeout: float) -> Path:
+    _check_timeout(timeout)
+    urls = _mirrors(spec, mirrors)
+    if not urls:
+        raise DataError(f"no mirrors to download {spec.name} from (mirrors={mirrors!r}, ${MIRRORS_ENV})")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the download folder {folder}: {e.strerror or e}") from None
+    try:
+        _fetch_missing(spec, folder, urls, timeout)
+    except BaseException:
+        if created:  # a failed first download leaves no empty folder behind (rmdir refuses a non-empty one)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    return folder
+
+
+def _fetch_missing(spec: DatasetSpec, folder: Path, urls: list[str], timeout: float) -> None:
+    found, _ = _find(folder, spec)
+    for rf, have in zip(spec.files, found):
+        if have is not None:
+            continue
+        errors = []
+        for base in urls:
+            url = base + rf.name
+            try:
+                _fetch(url, folder / rf.name, rf, timeout)
+                break
+            except (OSError, ValueError, http.client.HTTPException) as e:
+                # OSError: refused connections, socket timeouts, HTTP errors (URLError); ValueError: bad
+                # URLs and our own size/sha256 DataError; HTTPException: broken or incomplete responses.
+                errors.append(f"{url}: {e}")
+        else:
+            raise DataError(f"download of {rf.name} into {folder} failed:\n    " + "\n    ".join(errors))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Load.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _read_split(images_path: Path, labels_path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """One split as x uint8 (N, 784) and y int64 (N,), after the consistency checks."""
+    x, y = read_idx(images_path), read_idx(labels_path)
+    if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != (28, 28):
+        raise DataError(f"{images_path}: expected uint8 images of shape (N, 28, 28), got {x.dtype} {x.shape}")
+    if y.dtype != np.uint8 or y.ndim != 1:
+        raise DataError(f"{labels_path}: expected uint8 labels of shape (N,), got {y.dtype} {y.shape}")
+    if x.shape[0] != y.shape[0]:
+        raise DataError(f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels")
+    if y.size and int(y.max()) >= classes:
+        raise DataError(f"{labels_path}: label {int(y.max())} is outside [0, {classes})")
+    return x.reshape(x.shape[0], 28 * 28), y.astype(np.int64)
+
+
+def load(
+    name: str,
+    root: PathLike | None = None,
+    download: bool = True,
+    *,
+    mirrors: Sequence[str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Load an MNIST-family dataset as (x_train, y_train, x_test, y_test): x uint8 (N, 784), y int64 (N,).
+
+    Args:
+        name: "mnist" or "fashion-mnist".
+        root: a folder to look in first, and to download into (default `~/.cache/fastnn/<name>`).
+        download: fetch the files from the mirrors when no folder holds all four.
+        mirrors: base URLs replacing the built-in mirrors (also `$FASTNN_DATASET_MIRRORS`).
+        timeout: seconds for each network wait.
+
+    Raises:
+        ConfigError: unknown name.
+        DataError: files corrupt or inconsistent; or absent everywhere and not downloadable (one message
+            listing every place looked and how to provide the files).
+    """
+    spec = _spec(name)
+    _check_timeout(timeout)
+    _mirrors(spec, mirrors)  # a bad mirrors argument is an error even when the files are found locally
+    report = []
+    for folder, origin in _candidates(name, root):
+        if folder is None:
+            report.append(f"  {origin}")
+            continue
+        found, note = _find(folder, spec)
+        if all(p is not None for p in found):
+            return (*_read_split(found[0], found[1], spec.classes), *_read_split(found[2], found[3], spec.classes))
+        report.append(f"  {folder} ({origin}): {note}")
+
+    dest = Path(root).expanduser() if root is not None else _cache_dir(name)
+    if download:
+        try:
+            folder = _download(spec, dest, mirrors, timeout)
+        except DataError as e:
+            failure = str(e)
+        else:
+            found, _ = _find(folder, spec)
+            return (*_read_split(found[0], found[1], spec.classes), *_read_split(found[2], found[3], spec.classes))
+    else:
+        failure = "download=False: no download attempted"
+    names = ", ".join(f.name for f in spec.files)
+    ways = [
+        f"put the four files ({names}; gzipped or not) in one folder and pass root=FOLDER "
+        f"(examples: --data FOLDER) or set FASTNN_DATA=FOLDER",
+    ]
+    if spec.apt_package:
+        ways.append(f"on Debian/Ubuntu: apt-get install {spec.apt_package} (installs to {SYSTEM_DATA_DIR / name})")
+    ways.append(f"allow the download (download=True, network access to the mirrors or ${MIRRORS_ENV})")
+    raise DataError(
+        f"dataset {name!r} not found. Looked in:\n"
+        + "\n".join(report)
+        + f"\n{failure}\nTo provide the files:\n"
+        + "\n".join(f"  - {w}" for w in ways)
+    )
