@@ -1,5 +1,5 @@
 // update.cu: the fused optimizer step over every parameter at once, and the epoch-end bookkeeping.
-// All parameters live in one flat buffer (each tensor padded to 64 elements), gradients and
+// All parameters live in one flat buffer (each tensor padded to 128 elements), gradients and
 // optimizer state in flat buffers of the same layout, so one elementwise launch updates them all.
 // The learning rate is read at replay time from lr_table[epoch_in_fit * steps_per_epoch + step],
 // so a schedule never forces a graph re-capture. Arithmetic is fastnn/optim.py's (PyTorch's SGD
