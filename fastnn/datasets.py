@@ -282,7 +282,10 @@ def _find(folder: Path, spec: DatasetSpec) -> tuple[list[Path | None], str]:
         gz, raw = folder / f.name, folder / f.stem
         found.append(gz if gz.is_file() else raw if raw.is_file() else None)
     missing = [f.stem for f, p in zip(spec.files, found) if p is None]
-    note = "all 4 files" if not missing else f"missing {', '.join(missing)} (.gz or raw)"
+    if len(missing) == len(spec.files):
+        note = "none of the 4 files"
+    else:
+        note = "all 4 files" if not missing else f"missing {', '.join(missing)} (.gz or raw)"
     return found, note
 
 
