@@ -23,7 +23,7 @@ from cuda.bindings import __version__ as _bindings_version
 from cuda.bindings import driver as cu
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import DRIVER_HINT, INSTALL_HINT, CudaDriverError
+from ._loader import DRIVER_HINT, CudaDriverError
 
 __all__ = [
     "BINDINGS_MAJOR",
@@ -92,16 +92,24 @@ _initialized = False
 
 
 def _unavailable_reason(exc: CudaDriverError) -> str:
-    """A user-facing reason and fix for a cuInit/cuDeviceGet failure."""
+    """A user-facing reason and fix for a cuInit failure."""
     name = exc.status_name
     if name == "CUDA_ERROR_NO_DEVICE":
         return f"{exc}: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
-    if name == "CUDA_ERROR_INSUFFICIENT_DRIVER":
-        return (
-            f"{exc}: the NVIDIA driver is older than cuda-bindings {_bindings_version} needs; "
-            f"upgrade the driver, or {INSTALL_HINT} to match the driver's CUDA version"
-        )
+    if name == "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH":
+        return f"{exc}: the NVIDIA kernel module and libcuda versions differ; fix: reinstall the driver or reboot"
     return f"{exc}; fix: check the NVIDIA driver (nvidia-smi)"
+
+
+def _check_driver_version() -> None:
+    """cuda-bindings 13 needs a CUDA 13 driver: say so plainly instead of failing later on a missing symbol."""
+    version = int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+    if version // 1000 < BINDINGS_MAJOR:
+        raise DeviceUnavailable(
+            f"the NVIDIA driver supports CUDA {version // 1000}.{version % 1000 // 10} but cuda-bindings "
+            f"{_bindings_version} needs a CUDA {BINDINGS_MAJOR} driver; fix: upgrade the driver, or "
+            f'pip install "fastnn[cu{version // 1000}]" to match it'
+        )
 
 
 def _init() -> None:
@@ -120,6 +128,7 @@ def _init() -> None:
             _check(result, "cuInit")
         except CudaDriverError as exc:
             raise DeviceUnavailable(_unavailable_reason(exc)) from exc
+        _check_driver_version()
         _initialized = True
 
 
@@ -129,7 +138,15 @@ def driver_version() -> int:
     Raises:
         DeviceUnavailable: no usable driver.
     """
-    _init()
+    try:
+        _init()
+    except DeviceUnavailable:
+        # a driver too old for these bindings still reports its version (for `fastnn info`)
+        try:
+            return int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+        except Exception:
+            pass
+        raise
     return int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
 
 

@@ -1,0 +1,501 @@
+"""fastnn.cuda.driver: status mapping, ownership and no-GPU behaviour on the CPU; the real API on a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import pickle
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as cu
+
+from fastnn.cuda import driver
+from fastnn.cuda._loader import CudaDriverError, CudaLibraryError
+from fastnn.device import cuda_status
+from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError
+
+SUCCESS = cu.CUresult.CUDA_SUCCESS
+NO_GPU = not cuda_status()[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: status mapping
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_check_raises_driver_error_with_the_status_name():
+    with pytest.raises(CudaDriverError) as info:
+        driver._check((cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY,), "cuMemAlloc(64 bytes)")
+    err = info.value
+    assert isinstance(err, CudaLibraryError) and isinstance(err, FastnnError)
+    assert err.status == 2
+    assert err.status_name == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert err.what == "cuMemAlloc(64 bytes)"
+    assert str(err) == "cuMemAlloc(64 bytes) failed: CUDA_ERROR_OUT_OF_MEMORY (2)"
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), copy.status, copy.status_name, str(copy)) == (CudaDriverError, 2, err.status_name, str(err))
+
+
+def test_check_failure_with_values_still_raises():
+    with pytest.raises(CudaDriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        driver._check((cu.CUresult.CUDA_ERROR_INVALID_VALUE, None), "cuMemAlloc")
+
+
+def test_check_unwraps_values():
+    assert driver._check((SUCCESS,), "x") is None
+    assert driver._check((SUCCESS, 7), "x") == 7
+    assert driver._check((SUCCESS, 1, 2), "x") == (1, 2)
+
+
+def test_status_name_prefers_cugeterrorname(monkeypatch):
+    monkeypatch.setattr(cu, "cuGetErrorName", lambda err: (SUCCESS, b"NAME_FROM_DRIVER"))
+    with pytest.raises(CudaDriverError) as info:
+        driver._check((cu.CUresult.CUDA_ERROR_LAUNCH_FAILED,), "cuLaunchKernel('k')")
+    assert info.value.status_name == "NAME_FROM_DRIVER"
+    assert info.value.status == int(cu.CUresult.CUDA_ERROR_LAUNCH_FAILED)
+
+
+def test_status_name_falls_back_to_the_enum_name(monkeypatch):
+    def broken(err):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(cu, "cuGetErrorName", broken)
+    assert driver._status_name(cu.CUresult.CUDA_ERROR_NOT_FOUND) == "CUDA_ERROR_NOT_FOUND"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: initialization failures become DeviceUnavailable
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a usable GPU")
+def test_device_without_gpu_is_unavailable_with_a_fix():
+    with pytest.raises(DeviceUnavailable) as info:
+        driver.Device()
+    message = str(info.value)
+    assert "fix" in message or "nvidia-smi" in message
+    with pytest.raises(DeviceUnavailable):
+        driver.get_device(0)
+    with pytest.raises(DeviceUnavailable):
+        driver.driver_version()
+
+
+def _fake_cuinit(monkeypatch, status):
+    monkeypatch.setattr(driver, "_initialized", False)
+    monkeypatch.setattr(cu, "cuInit", lambda flags: (status,))
+
+
+def test_no_device_status_means_zero_devices(monkeypatch):
+    _fake_cuinit(monkeypatch, cu.CUresult.CUDA_ERROR_NO_DEVICE)
+    assert driver.device_count() == 0
+    with pytest.raises(DeviceUnavailable, match="no CUDA device"):
+        driver.Device(0)
+
+
+def test_init_failure_names_status_and_fix(monkeypatch):
+    _fake_cuinit(monkeypatch, cu.CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)
+    with pytest.raises(DeviceUnavailable) as info:
+        driver.device_count()
+    assert "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" in str(info.value)
+    assert "fix:" in str(info.value)
+    assert isinstance(info.value.__cause__, CudaDriverError)
+
+
+def test_driver_older_than_bindings_is_unavailable_with_the_matching_extra(monkeypatch):
+    _fake_cuinit(monkeypatch, SUCCESS)
+    old = (driver.BINDINGS_MAJOR - 1) * 1000 + 80
+    monkeypatch.setattr(cu, "cuDriverGetVersion", lambda: (SUCCESS, old))
+    with pytest.raises(DeviceUnavailable) as info:
+        driver.device_count()
+    assert f"fastnn[cu{driver.BINDINGS_MAJOR - 1}]" in str(info.value)
+    assert driver.driver_version() == old  # still reported, for `fastnn info`
+    assert driver._initialized is False
+
+
+def test_driver_library_missing_is_unavailable(monkeypatch):
+    def missing(flags):
+        raise RuntimeError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(driver, "_initialized", False)
+    monkeypatch.setattr(cu, "cuInit", missing)
+    with pytest.raises(DeviceUnavailable, match="libcuda.so.1"):
+        driver.driver_version()
+
+
+@pytest.mark.parametrize("ordinal", [-1, True, 1.0, "0"])
+def test_bad_ordinal_is_config_error(ordinal):
+    with pytest.raises(ConfigError, match="ordinal"):
+        driver.Device(ordinal)
+
+
+@pytest.mark.parametrize("nbytes", [-1, 2.0, None, True])
+def test_bad_buffer_size_is_config_error(nbytes):
+    with pytest.raises(ConfigError, match="nbytes"):
+        driver.DeviceBuffer(nbytes)
+    with pytest.raises(ConfigError, match="nbytes"):
+        driver.PinnedBuffer(nbytes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: ownership (free exactly once, by close() or by garbage collection)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _FakeDevice:
+    context = object()
+
+
+class _Thing(driver._Owned):
+    def __init__(self, free, handle="h"):
+        self._own(_FakeDevice(), free, handle, "fakeFree")
+
+
+@pytest.fixture
+def ctx_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cu, "cuCtxSetCurrent", lambda ctx: calls.append(ctx) or (SUCCESS,))
+    return calls
+
+
+def test_close_frees_once_with_context_current(ctx_calls):
+    freed = []
+    thing = _Thing(lambda h: freed.append(h) or (SUCCESS,))
+    assert not thing.closed
+    thing.close()
+    thing.close()
+    assert freed == ["h"]
+    assert ctx_calls == [_FakeDevice.context]
+    assert thing.closed
+    with pytest.raises(ConfigError, match="_Thing is closed"):
+        thing._alive()
+
+
+def test_garbage_collection_frees_once(ctx_calls):
+    freed = []
+    thing = _Thing(lambda h: freed.append(h) or (SUCCESS,))
+    finalizer = thing._finalizer
+    assert finalizer.atexit is False  # the process exit frees device resources, not a half-torn-down binding
+    del thing
+    gc.collect()
+    assert freed == ["h"]
+    assert not finalizer.alive
+
+
+def test_context_manager_closes(ctx_calls):
+    freed = []
+    with _Thing(lambda h: freed.append(h) or (SUCCESS,)) as thing:
+        assert not thing.closed
+    assert freed == ["h"] and thing.closed
+
+
+def test_free_failure_raises_but_driver_shutdown_is_ignored(ctx_calls):
+    bad = _Thing(lambda h: (cu.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.raises(CudaDriverError, match="fakeFree failed: CUDA_ERROR_INVALID_VALUE"):
+        bad.close()
+    assert bad.closed
+    gone = _Thing(lambda h: (cu.CUresult.CUDA_ERROR_DEINITIALIZED,))
+    gone.close()
+    assert gone.closed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+
+SAXPY = r"""
+extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+extern "C" __global__ void fill(float* y, float value, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = value;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return driver.get_device(0)
+
+
+@pytest.fixture(scope="module")
+def module(dev):
+    from fastnn.cuda.nvrtc import compile_source
+
+    return driver.Module(compile_source(SAXPY, "saxpy.cu", dev.arch), dev)
+
+
+def _grid(n: int, block: int = 256) -> tuple[int, int, int]:
+    return (-(-n // block), 1, 1)
+
+
+def _saxpy(module, a: float, x: driver.DeviceBuffer, y: driver.DeviceBuffer, n: int, stream: driver.Stream) -> None:
+    args = [ctypes.c_float(a), ctypes.c_void_p(x.ptr), ctypes.c_void_p(y.ptr), ctypes.c_uint(n)]
+    module.function("saxpy").launch(_grid(n), (256, 1, 1), args, stream)
+
+
+@pytest.mark.gpu
+def test_device_properties(dev):
+    assert driver.get_device(0) is dev
+    assert driver.device_count() >= 1
+    assert driver.driver_version() >= 12000
+    assert dev.name and dev.name == driver.device_name(0)
+    major, minor = dev.compute_capability
+    assert major >= 5 and 0 <= minor <= 9
+    assert dev.arch == f"sm_{major}{minor}"
+    assert dev.sm_count > 0
+    assert dev.total_memory > 2**30
+    free, total = dev.mem_info()
+    assert 0 < free <= total
+    assert dev.max_shared_memory_optin >= 48 * 1024
+    dev.make_current()
+    dev.synchronize()
+
+
+@pytest.mark.gpu
+def test_buffer_round_trip_and_offsets(dev):
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(1000).astype(np.float32)
+    with driver.DeviceBuffer(8192) as buf:
+        assert buf.ptr % 256 == 0 and buf.nbytes == 8192
+        buf.upload(data)
+        out = np.full(1000, np.nan, np.float32)
+        assert buf.download(out) is out
+        np.testing.assert_array_equal(out, data)
+        tail = np.arange(16, dtype=np.int32)
+        buf.upload(tail, offset=4096)
+        got = buf.download(np.full(16, -1, np.int32), offset=4096)
+        np.testing.assert_array_equal(got, tail)
+        np.testing.assert_array_equal(buf.download(np.full(1000, np.nan, np.float32)), data)  # untouched
+        with pytest.raises(ConfigError, match="outside"):
+            buf.upload(np.zeros(10, np.float32), offset=8192 - 39)
+        with pytest.raises(ConfigError, match="outside"):
+            buf.download(np.zeros(2049, np.float32))
+        with pytest.raises(ConfigError, match="contiguous"):
+            buf.upload(np.zeros((8, 8), np.float32)[:, 0])
+    with pytest.raises(ConfigError, match="closed"):
+        buf.upload(data)
+    empty = driver.DeviceBuffer(0)
+    assert empty.nbytes == 0 and empty.ptr != 0
+    empty.close()
+
+
+@pytest.mark.gpu
+def test_async_upload_from_pinned_and_copies(dev):
+    stream = driver.Stream(dev)
+    pinned = driver.PinnedBuffer(4096)
+    view = pinned.view(np.float32, (8, 32))
+    assert view.shape == (8, 32) and view.ctypes.data == pinned.ptr
+    view[:] = np.arange(256, dtype=np.float32).reshape(8, 32)
+    a, b = driver.DeviceBuffer(1024), driver.DeviceBuffer(1024)
+    a.upload(view, stream)  # async: view is pinned and alive
+    driver.copy_dtod(b.ptr, a.ptr, 1024, stream)
+    back = driver.PinnedBuffer(1024)
+    back_view = back.view(np.float32, 256)
+    back_view[:] = np.nan
+    driver.copy_dtoh(back.ptr, b.ptr, 1024, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(back_view, np.arange(256, dtype=np.float32))
+    view[:] = -1.0
+    driver.copy_htod(a.ptr, pinned.ptr, 1024, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(a.download(np.zeros(256, np.float32)), -1.0)
+    with pytest.raises(ConfigError, match="needs"):
+        pinned.view(np.float64, 513)
+    for obj in (a, b, back, pinned, stream):
+        obj.close()
+
+
+@pytest.mark.gpu
+def test_memset(dev):
+    stream = driver.Stream(dev)
+    buf = driver.DeviceBuffer(1000)
+    buf.memset(0xAB)
+    assert (buf.download(np.zeros(1000, np.uint8)) == 0xAB).all()
+    buf.memset(0, stream)
+    stream.synchronize()
+    assert (buf.download(np.ones(1000, np.uint8)) == 0).all()
+    bits = int(np.float32(1.5).view(np.uint32))
+    driver.memset_d32(buf.ptr + 8, bits, 100, stream)
+    stream.synchronize()
+    got = buf.download(np.full(250, np.nan, np.float32))
+    assert (got[:2] == 0).all() and (got[2:102] == 1.5).all() and (got[102:] == 0).all()
+    with pytest.raises(ConfigError, match="aligned"):
+        driver.memset_d32(buf.ptr + 2, 0, 1, stream)
+    with pytest.raises(ConfigError, match="0..255"):
+        buf.memset(256)
+    buf.close()
+    stream.close()
+
+
+@pytest.mark.gpu
+def test_nvrtc_kernel_launch_matches_numpy(dev, module):
+    n = 10_001  # not a multiple of the block: the bounds check matters
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    y = rng.uniform(-1, 1, n).astype(np.float32)
+    stream = driver.Stream(dev)
+    xb, yb = driver.DeviceBuffer(x.nbytes), driver.DeviceBuffer(y.nbytes)
+    yb.upload(np.full(n, np.nan, np.float32))  # poison: an unwritten element would stay NaN
+    xb.upload(x)
+    yb.upload(y)
+    _saxpy(module, 2.5, xb, yb, n, stream)
+    stream.synchronize()
+    out = yb.download(np.full(n, np.nan, np.float32))
+    expected = 2.5 * x.astype(np.float64) + y.astype(np.float64)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match="ctypes value"):
+        module.function("saxpy").launch((1, 1, 1), (32, 1, 1), [2.5, xb.ptr, yb.ptr, n], stream)
+    with pytest.raises(ConfigError, match="grid"):
+        module.function("saxpy").launch((0, 1, 1), (32, 1, 1), [], stream)
+    with pytest.raises(CudaDriverError) as info:
+        module.function("no_such_kernel")
+    assert info.value.status_name == "CUDA_ERROR_NOT_FOUND"
+    assert module.function("saxpy") is module.function("saxpy")
+    for obj in (xb, yb, stream):
+        obj.close()
+
+
+def _epoch(module, stream, x, y, z, acc, pinned, n):
+    """Several launches and copies, as an epoch graph would: resets, arithmetic, an accumulator."""
+    driver.memset_d32(y.ptr, 0, n, stream)
+    driver.copy_htod(z.ptr, pinned.ptr, 4 * n, stream)
+    for a in (2.0, -0.5, 0.25):
+        _saxpy(module, a, x, z, n, stream)
+    _saxpy(module, 1.0, z, y, n, stream)
+    _saxpy(module, 0.001, y, acc, n, stream)  # acc keeps growing across replays
+
+
+@pytest.mark.gpu
+def test_graph_capture_replay_equals_eager(dev, module):
+    n = 4096
+    rng = np.random.default_rng(2)
+    stream = driver.Stream(dev)
+    pinned = driver.PinnedBuffer(4 * n)
+    pinned.view(np.float32, n)[:] = rng.uniform(-1, 1, n).astype(np.float32)
+    x_host = rng.uniform(-1, 1, n).astype(np.float32)
+
+    def fresh():
+        bufs = [driver.DeviceBuffer(4 * n) for _ in range(4)]
+        bufs[0].upload(x_host)
+        for b in bufs[1:]:
+            b.upload(np.full(n, np.nan if b is not bufs[3] else 0.0, np.float32))
+        return bufs
+
+    eager = fresh()
+    for _ in range(1000):
+        _epoch(module, stream, *eager, pinned, n)
+    stream.synchronize()
+
+    graphed = fresh()
+    stream.begin_capture()
+    try:
+        _epoch(module, stream, *graphed, pinned, n)
+    finally:
+        graph = stream.end_capture()
+    assert graph.num_nodes() == 7
+    exe = graph.instantiate()
+    graph.close()  # the executable graph does not need it
+    # nothing ran during capture: the accumulator is still zero
+    assert (graphed[3].download(np.full(n, np.nan, np.float32)) == 0).all()
+    for _ in range(1000):
+        exe.launch(stream)
+    stream.synchronize()
+    for e, g in zip(eager[1:], graphed[1:]):
+        want = e.download(np.full(n, np.nan, np.float32))
+        got = g.download(np.full(n, np.nan, np.float32))
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, want)
+    assert np.abs(want).max() > 0
+    for obj in [exe, pinned, stream, *eager, *graphed]:
+        obj.close()
+
+
+@pytest.mark.gpu
+def test_events_time_a_replay(dev, module):
+    n = 1 << 20
+    stream = driver.Stream(dev)
+    x, y = driver.DeviceBuffer(4 * n), driver.DeviceBuffer(4 * n)
+    x.memset(0)
+    y.memset(0)
+    stream.begin_capture()
+    for _ in range(20):
+        _saxpy(module, 1.0, x, y, n, stream)
+    exe = stream.end_capture().instantiate()
+    start, end, marker = driver.Event(timing=True), driver.Event(timing=True), driver.Event()
+    start.record(stream)
+    exe.launch(stream)
+    end.record(stream)
+    marker.record(stream)
+    end.synchronize()
+    assert end.query() and marker.query()
+    ms = start.elapsed_ms(end)
+    assert 0 < ms < 10_000
+    with pytest.raises(ConfigError, match="timing=True"):
+        start.elapsed_ms(marker)
+    for obj in (start, end, marker, exe, x, y, stream):
+        obj.close()
+
+
+@pytest.mark.gpu
+def test_large_dynamic_shared_memory_opt_in(dev):
+    from fastnn.cuda.nvrtc import compile_source
+
+    src = r"""
+    extern "C" __global__ void sum_shared(float* out, unsigned int n) {
+        extern __shared__ float s[];
+        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) s[i] = 1.0f;
+        __syncthreads();
+        if (threadIdx.x == 0) { float t = 0; for (unsigned int i = 0; i < n; ++i) t += s[i]; out[0] = t; }
+    }
+    """
+    mod = driver.Module(compile_source(src, "shared.cu", dev.arch), dev)
+    floats = min(dev.max_shared_memory_optin, 96 * 1024) // 4
+    stream = driver.Stream(dev)
+    out = driver.DeviceBuffer(4)
+    out.upload(np.array([np.nan], np.float32))
+    mod.function("sum_shared").launch(
+        (1, 1, 1), (128, 1, 1), [ctypes.c_void_p(out.ptr), ctypes.c_uint(floats)], stream, shared_mem=4 * floats
+    )
+    stream.synchronize()
+    assert out.download(np.zeros(1, np.float32))[0] == floats
+    for obj in (out, stream, mod):
+        obj.close()
+
+
+def _cycle(module, dev, n, explicit):
+    stream = driver.Stream(dev)
+    bufs = [driver.DeviceBuffer(4 * n) for _ in range(3)]
+    pinned = driver.PinnedBuffer(4 * n)
+    start, end = driver.Event(timing=True), driver.Event(timing=True)
+    stream.begin_capture()
+    driver.memset_d32(bufs[1].ptr, 0, n, stream)
+    _saxpy(module, 1.0, bufs[0], bufs[1], n, stream)
+    driver.copy_dtod(bufs[2].ptr, bufs[1].ptr, 4 * n, stream)
+    graph = stream.end_capture()
+    exe = graph.instantiate()
+    start.record(stream)
+    exe.launch(stream)
+    end.record(stream)
+    stream.synchronize()
+    objs = [exe, graph, start, end, pinned, *bufs, stream]
+    if explicit:
+        for obj in objs:
+            obj.close()
+    del objs, exe, graph, start, end, pinned, bufs, stream
+    gc.collect()
+
+
+@pytest.mark.gpu
+def test_create_free_cycles_do_not_leak(dev, module):
+    n = 1 << 18  # 1 MiB per buffer: a leak of even one buffer per cycle is visible
+    _cycle(module, dev, n, explicit=True)  # warm up lazily allocated driver pools
+    dev.synchronize()
+    free_before, _ = dev.mem_info()
+    for i in range(100):
+        _cycle(module, dev, n, explicit=i % 2 == 0)  # half close(), half garbage collection
+    dev.synchronize()
+    free_after, _ = dev.mem_info()
+    assert abs(free_before - free_after) <= 2**20

@@ -1,0 +1,139 @@
+"""`python -m fastnn info`, fastnn.device.cuda_status, and the rule that nothing above fastnn/cuda uses ctypes."""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import fastnn.device
+from fastnn import info
+from fastnn.__main__ import main
+from fastnn.device import cuda_status, require_cuda
+from fastnn.errors import DeviceUnavailable
+
+REPO = Path(__file__).resolve().parents[1]
+USABLE, REASON = cuda_status()
+
+
+def _lines(text: str) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def test_info_command_runs_and_reports():
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastnn", "info"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {k: v.strip() for k, v in _lines(proc.stdout).items()}
+    for key in ("fastnn", "Python", "numpy", "cuda-bindings", "cuda-pathfinder", "Driver", "GPU"):
+        assert key in rows, proc.stdout
+    assert rows["fastnn"] == fastnn.__version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+", rows["cuda-bindings"])
+    assert re.match(r"\d+\.\d+\.\d+ at /.*libcublasLt", rows["cuBLASLt"]), rows["cuBLASLt"]
+    assert re.match(r"\d+\.\d+\.\d+ at /.*libcudnn", rows["cuDNN"]), rows["cuDNN"]
+    assert re.match(r"\d+\.\d+ at /.*libnvrtc", rows["NVRTC"]), rows["NVRTC"]
+    if USABLE:
+        assert re.match(r"CUDA \d+\.\d+", rows["Driver"])
+        assert "SMs" in rows["GPU"] and "sm_" in rows["GPU"]
+    else:
+        assert rows["GPU"].startswith("none: ")
+        assert "Self-test" not in rows
+
+
+def test_main_without_a_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "info" in capsys.readouterr().out
+
+
+def test_format_version():
+    assert info.format_version(120903) == "12.9.3"
+    assert info.format_version(92800) == "9.28.0"
+    assert info.format_version(130100) == "13.1.0"
+
+
+def _fake_selftest(monkeypatch, run):
+    module = types.ModuleType("fastnn.cuda.selftest")
+    module.__spec__ = importlib.machinery.ModuleSpec("fastnn.cuda.selftest", None)
+    module.run_selftest = run
+    monkeypatch.setitem(sys.modules, "fastnn.cuda.selftest", module)
+    monkeypatch.setattr(fastnn.device, "cuda_status", lambda: (True, "Fake GPU"))
+
+
+def test_selftest_line_is_printed(monkeypatch, capsys):
+    _fake_selftest(monkeypatch, lambda: "GEMM + softmax ok (max error 1e-7)")
+    assert info.run_info() == 0
+    assert _lines(capsys.readouterr().out)["Self-test"].strip() == "GEMM + softmax ok (max error 1e-7)"
+
+
+def test_failed_selftest_exits_1(monkeypatch, capsys):
+    def boom() -> str:
+        raise RuntimeError("softmax mismatch")
+
+    _fake_selftest(monkeypatch, boom)
+    assert info.run_info() == 1
+    line = _lines(capsys.readouterr().out)["Self-test"]
+    assert "FAILED" in line and "softmax mismatch" in line
+
+
+def test_cuda_status_is_cached_and_consistent():
+    assert cuda_status() is cuda_status()
+    usable, reason = cuda_status()
+    assert isinstance(usable, bool) and isinstance(reason, str) and reason
+    if usable:
+        require_cuda()
+    else:
+        with pytest.raises(DeviceUnavailable) as err:
+            require_cuda()
+        assert str(err.value) == reason
+
+
+@pytest.mark.skipif(USABLE, reason="this machine has a usable GPU")
+def test_cuda_status_without_gpu_says_why():
+    assert USABLE is False
+    assert "fix" in REASON or "nvidia-smi" in REASON
+
+
+def test_cuda_status_never_raises(monkeypatch):
+    def broken() -> tuple[bool, str]:
+        raise ZeroDivisionError("unexpected")
+
+    monkeypatch.setattr(fastnn.device, "_probe", broken)
+    fastnn.device.cuda_status.cache_clear()
+    try:
+        usable, reason = fastnn.device.cuda_status()
+        assert usable is False and "ZeroDivisionError" in reason
+    finally:
+        fastnn.device.cuda_status.cache_clear()
+
+
+def test_cuda_status_reports_a_missing_library(monkeypatch):
+    from fastnn.cuda import _loader, driver
+
+    def missing(libname: str):
+        raise DeviceUnavailable(f"cannot load NVIDIA library {libname!r}: gone; fix: {_loader.INSTALL_HINT}")
+
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    monkeypatch.setattr(_loader, "load_library", missing)
+    fastnn.device.cuda_status.cache_clear()
+    try:
+        usable, reason = fastnn.device.cuda_status()
+        assert usable is False and "cublasLt" in reason and "fastnn[cu12]" in reason
+    finally:
+        fastnn.device.cuda_status.cache_clear()
+
+
+@pytest.mark.parametrize("path", ["fastnn/device.py", "fastnn/info.py", "fastnn/__main__.py"])
+def test_layers_above_the_bindings_do_not_use_ctypes(path):
+    tree = ast.parse((REPO / path).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "ctypes" not in imported
