@@ -16,7 +16,7 @@ import hashlib
 import http.client
 import math
 import os
-import tempfile
+import secrets
 import urllib.request
 import zlib
 from collections.abc import Sequence
@@ -62,10 +62,15 @@ def _hex(data: bytes) -> str:
 
 def _read_exact(f, n: int, path: Path, what: str) -> bytes:
     """n bytes of `f`, or DataError naming the file, what was being read and how much was there."""
-    data = f.read(n)
-    if len(data) != n:
-        raise DataError(f"{path}: truncated IDX file: {what} needs {n} bytes but only {len(data)} remain")
-    return data
+    # In chunks: a corrupt header can claim petabytes, and read(n) may allocate n bytes up front.
+    parts, got = [], 0
+    while got < n:
+        part = f.read(min(n - got, 1 << 24))
+        if not part:
+            raise DataError(f"{path}: truncated IDX file: {what} needs {n} bytes but only {got} remain")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _read_idx_stream(f, path: Path, raw_size: int | None) -> np.ndarray:
@@ -118,11 +123,20 @@ def read_idx(path: PathLike) -> np.ndarray:
         raise DataError(f"{path}: cannot read IDX file: {e.strerror or e}") from None
 
 
+def _temp_beside(path: Path) -> Path:
+    """A fresh temporary name in `path`'s folder (same file system, so os.replace is atomic).
+
+    Opened with mode "xb" rather than mkstemp so the file gets the umask's permissions, not 0600:
+    a dataset folder may be shared.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, then rename it: readers never see a partial file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -306,11 +320,11 @@ def _mirrors(spec: DatasetSpec, mirrors: Sequence[str] | None) -> list[str]:
 
 def _fetch(url: str, dest: Path, rf: RemoteFile, timeout: float) -> None:
     """Download `url` into `dest` through a temporary file, checking size and sha256 before the rename."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = _temp_beside(dest)
     try:
         digest, got = hashlib.sha256(), 0
         request = urllib.request.Request(url, headers={"User-Agent": "fastnn"})
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as resp:
+        with open(tmp, "xb") as out, urllib.request.urlopen(request, timeout=timeout) as resp:
             length = resp.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) != rf.size:
                 raise DataError(f"server announces {length} bytes, expected {rf.size}")

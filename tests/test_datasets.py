@@ -209,6 +209,26 @@ def test_corrupt_idx_raises_naming_file(tmp_path, content, what):
     assert what in str(e.value)
 
 
+def test_huge_claimed_dims_fail_fast(tmp_path):
+    """A header claiming (2**32-1)**2 * 28 bytes of data is truncated, not a MemoryError."""
+    head = bytes([0, 0, 8, 3]) + np.array([2**32 - 1, 2**32 - 1, 28], ">u4").tobytes()
+    for compress in (True, False):
+        path = tmp_path / f"huge{int(compress)}"
+        body = head + bytes(1000)
+        path.write_bytes(gzip.compress(body, mtime=0) if compress else body)
+        with pytest.raises(DataError, match="truncated"):
+            datasets.read_idx(path)
+
+
+def test_written_files_follow_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        datasets.write_idx(tmp_path / "x.gz", np.zeros(3, np.uint8))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.gz").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600: data folders are shared
+
+
 def test_missing_file_raises_dataerror(tmp_path):
     with pytest.raises(DataError, match="nope"):
         datasets.read_idx(tmp_path / "nope")
