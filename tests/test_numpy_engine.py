@@ -334,3 +334,25 @@ def test_divergence_restores_the_epoch_before() -> None:
     redo.fit_epochs(1, 4, lrs[:4], None, frozenset(), lambda s: None)
     for k, a in redo.get_state().items():
         np.testing.assert_array_equal(after[k], a, err_msg=k)
+
+
+def test_interrupted_epoch_keeps_the_last_whole_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = MLP([6, 8, 3])
+    engine = NumpyEngine(EngineConfig(model, AdamW(lr=0.01), batch_size=16), init_parameters(model, 0))
+    x, y = _data()
+    engine.set_train_data(x, y)
+    engine.fit_epochs(0, 0, np.full(4, 0.01, np.float32), None, frozenset(), lambda s: None)
+    before = engine.get_state()
+    real_step, calls = engine._step, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step(*args)
+
+    monkeypatch.setattr(engine, "_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.fit_epochs(1, 4, np.full(4, 0.01, np.float32), None, frozenset(), lambda s: None)
+    for k, a in engine.get_state().items():
+        np.testing.assert_array_equal(a, before[k], err_msg=k)
