@@ -1,0 +1,110 @@
+"""The benchmark's two graphs from bench.json: training time vs hidden size, and training loss vs step.
+
+python benchmarks/plots.py results/      # reads results/bench.json, writes time_graph.png and loss_graph.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on the GPU machine
+import matplotlib.pyplot as plt  # noqa: E402
+from workloads import LOSS_WORKLOADS  # noqa: E402
+
+__all__ = ["loss_graph", "time_graph", "write_graphs"]
+
+#: The PyTorch AMP row drawn against fastnn-mixed, first present wins.
+TORCH_AMP = ("torch-eager-amp", "torch-graph-amp", "torch-compile-amp")
+
+
+def _ok(r: dict[str, Any]) -> bool:
+    return r.get("status") == "ok" and r.get("train_seconds") is not None
+
+
+def time_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """Training time of the timed epochs vs hidden size (MLP workloads), one line per contender, log-log."""
+    rows = [r for r in doc["rows"] if _ok(r) and r.get("hidden")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for name in dict.fromkeys(r["contender"] for r in rows):
+        pts = sorted((r["hidden"], r["train_seconds"]) for r in rows if r["contender"] == name)
+        style = "-" if name.startswith("fastnn") else "--"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
+    w = next(doc["workloads"][r["workload"]] for r in rows)
+    ax.set_xscale("log", base=2)
+    hs = sorted({r["hidden"] for r in rows})
+    ax.set_xticks(hs, [str(h) for h in hs])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("hidden width h (MLP 784-h-h-h-10)")
+    ax.set_ylabel("training time (s, timed epochs only)")
+    ax.set_title(f"{w['steps']} SGD steps of batch {w['batch_size']}, {doc['environment'].get('device')}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def loss_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """Train loss vs step: fastnn-mixed's per-epoch mean (History) against PyTorch AMP's per-step loss and means.
+
+    fastnn does not expose per-step losses, so its points are each epoch's mean over its samples, drawn at the
+    epoch's last step; the torch line is every step's batch loss, with its epoch means drawn the same way.
+    """
+    cell = {(r["workload"], r["contender"]): r for r in doc["rows"] if _ok(r)}
+    panels = []
+    for w in LOSS_WORKLOADS:
+        torch_row = next((cell[(w, c)] for c in TORCH_AMP if (w, c) in cell), None)
+        if (w, "fastnn-mixed") in cell or torch_row is not None:
+            panels.append((w, cell.get((w, "fastnn-mixed")), torch_row))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    for ax, (w, fast, tr) in zip(axes[0], panels):
+        spe = doc["workloads"][w]["steps_per_epoch"]
+        if tr is not None and tr.get("step_losses"):
+            steps = range(1, len(tr["step_losses"]) + 1)
+            ax.plot(
+                steps, tr["step_losses"], color="tab:orange", alpha=0.25, lw=0.6, label=f"{tr['contender']}: per step"
+            )
+        for row, color, label in ((tr, "tab:orange", "epoch mean"), (fast, "tab:blue", "epoch mean (History)")):
+            if row is None:
+                continue
+            ends = [spe * (e + 1) for e in range(len(row["epoch_losses"]))]
+            ax.plot(ends, row["epoch_losses"], "o-", color=color, label=f"{row['contender']}: {label}")
+        ax.set_yscale("log")
+        ax.set_xlabel("step of the timed run (epoch means drawn at the epoch's last step)")
+        ax.set_ylabel("training loss (softmax cross-entropy)")
+        ax.set_title(f"{w}: {'-'.join(str(s) for s in doc['workloads'][w]['sizes'])}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_graphs(doc: dict[str, Any], out: Path) -> list[Path]:
+    """Both graphs into `out`; a graph without data is skipped. Returns the paths written."""
+    done = [time_graph(doc, out / "time_graph.png"), loss_graph(doc, out / "loss_graph.png")]
+    return [p for p in done if p is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = Path((argv if argv is not None else sys.argv[1:] or ["results"])[0])
+    doc = json.loads((out / "bench.json").read_text())
+    for p in write_graphs(doc, out):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

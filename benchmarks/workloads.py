@@ -1,0 +1,262 @@
+"""The benchmark's plan: workloads, contenders, the shared protocol, data and environment facts. No torch here.
+
+Protocol, the same for every contender: build from `fastnn.model.init_parameters(model, SEED)`, run one
+warm-up epoch on epoch 0's order (compilation, capture, NVRTC, plans: reported as setup), restore the
+initial weights, then time epochs 1..E, each in `fastnn.shuffle.permutation(SEED, epoch, n)`'s order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import fastnn
+from fastnn.shuffle import permutation
+
+__all__ = [
+    "CONTENDERS",
+    "FIRST_TIMED_EPOCH",
+    "LOSS_WORKLOADS",
+    "SEED",
+    "Contender",
+    "Workload",
+    "build_workloads",
+    "environment",
+    "epoch_orders",
+    "load_data",
+    "select",
+    "write_json",
+]
+
+SEED = 0
+#: Epoch 0 is everybody's warm-up epoch; the timed epochs are 1..E (the shuffle is keyed by the absolute epoch).
+FIRST_TIMED_EPOCH = 1
+HIDDEN_FULL = (128, 256, 512, 1024, 2048, 4096, 8192)
+HIDDEN_QUICK = (128, 1024)
+#: Workloads whose torch rows keep every step's loss (the loss graph draws them).
+LOSS_WORKLOADS = ("logreg", "mlp-128")
+#: MLP: 5,000 steps of batch 32 = 5 epochs over the first 32,000 training samples (no short last batch).
+MLP_SAMPLES = 32_000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training job that every contender runs: model sizes, optimizer, batch, data size, epochs."""
+
+    name: str
+    sizes: tuple[int, ...]
+    lr: float
+    batch_size: int
+    samples: int  #: the first `samples` rows of the training set
+    epochs: int
+    hidden: int | None = None  #: the MLP's hidden width, None for logistic regression
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.samples // self.batch_size)  # fastnn's default drop_last=False: the short batch counts
+
+    @property
+    def steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    def batch_sizes(self) -> list[int]:
+        """Samples in each step of one epoch (the last one may be short)."""
+        return [min(self.batch_size, self.samples - s * self.batch_size) for s in range(self.steps_per_epoch)]
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way of training: a family (fastnn, torch, numpy), a precision and how it runs."""
+
+    name: str
+    family: str  #: "fastnn" (GPU engine), "numpy" (fastnn's NumPy engine on the CPU) or "torch"
+    precision: str  #: fastnn: "mixed" | "fp16" | "fp32"; torch: "fp32" | "amp"
+    kind: str  #: torch: "eager" | "compile" | "graph"; fastnn/numpy: "trainer"
+    description: str
+    logreg_only: bool = False
+
+
+CONTENDERS = (
+    Contender("fastnn-mixed", "fastnn", "mixed", "trainer", "fastnn, fp16 operands, fp32 accumulation and weights"),
+    Contender("fastnn-fp16", "fastnn", "fp16", "trainer", "fastnn, fp16 weights and compute"),
+    Contender("fastnn-fp32", "fastnn", "fp32", "trainer", "fastnn, fp32 everywhere (no TF32)"),
+    Contender("torch-eager-fp32", "torch", "fp32", "eager", "PyTorch eager, fp32, TF32 off"),
+    Contender("torch-eager-amp", "torch", "amp", "eager", "PyTorch eager, fp16 autocast, no GradScaler"),
+    Contender(
+        "torch-compile-amp",
+        "torch",
+        "amp",
+        "compile",
+        'torch.compile(mode="max-autotune", fullgraph=True), fp16 autocast',
+    ),
+    Contender("torch-graph-fp32", "torch", "fp32", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp32"),
+    Contender(
+        "torch-graph-amp", "torch", "amp", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp16 autocast"
+    ),
+    Contender("numpy-cpu", "numpy", "fp32", "trainer", "fastnn's NumPy engine on the CPU", logreg_only=True),
+)
+GROUPS = {
+    "fastnn": [c.name for c in CONTENDERS if c.family == "fastnn"],
+    "torch": [c.name for c in CONTENDERS if c.family == "torch"],
+    "numpy": ["numpy-cpu"],
+}
+
+
+def build_workloads(quick: bool) -> list[Workload]:
+    """Issue 3's workloads; `quick` keeps two hidden sizes, 3 logreg epochs and 1 MLP epoch (1,000 steps)."""
+    logreg = Workload("logreg", (784, 10), lr=0.1, batch_size=128, samples=60_000, epochs=3 if quick else 20)
+    mlps = [
+        Workload(
+            f"mlp-{h}",
+            (784, h, h, h, 10),
+            lr=0.003,
+            batch_size=32,
+            samples=MLP_SAMPLES,
+            epochs=1 if quick else 5,
+            hidden=h,
+        )
+        for h in (HIDDEN_QUICK if quick else HIDDEN_FULL)
+    ]
+    return [logreg, *mlps]
+
+
+def _split(spec: str | None) -> list[str] | None:
+    return None if spec is None else [s.strip() for s in spec.split(",") if s.strip()]
+
+
+def select(
+    only: str | None, only_workload: str | None, skip_compile: bool, quick: bool
+) -> tuple[list[Contender], list[Workload]]:
+    """The contenders and workloads a run covers; `only`/`only_workload` are comma lists (groups and "mlp" allowed).
+
+    Raises:
+        SystemExit: an unknown name, with the known ones.
+    """
+    names = [c.name for c in CONTENDERS]
+    chosen = names
+    if (wanted := _split(only)) is not None:
+        chosen = []
+        for w in wanted:
+            if w not in names and w not in GROUPS:
+                raise SystemExit(f"--only: unknown contender {w!r}; known: {', '.join(names + list(GROUPS))}")
+            chosen += GROUPS.get(w, [w])
+    if skip_compile:
+        chosen = [n for n in chosen if n != "torch-compile-amp"]
+    contenders = [c for c in CONTENDERS if c.name in chosen]
+    workloads = build_workloads(quick)
+    if (wanted := _split(only_workload)) is not None:
+        known = [w.name for w in workloads]
+        keep = set()
+        for w in wanted:
+            if w == "mlp":
+                keep |= {k for k in known if k.startswith("mlp-")}
+            elif w in known:
+                keep.add(w)
+            else:
+                raise SystemExit(f"--only-workload: unknown workload {w!r}; known: {', '.join(known + ['mlp'])}")
+        workloads = [w for w in workloads if w.name in keep]
+    return contenders, workloads
+
+
+def epoch_orders(workload: Workload, first_epoch: int, epochs: int) -> np.ndarray:
+    """(epochs, samples) int64: fastnn's sample order of epochs first_epoch.. (the torch contenders use it too)."""
+    return np.stack([permutation(SEED, first_epoch + e, workload.samples) for e in range(epochs)])
+
+
+def load_data(root: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fashion-MNIST through fastnn.datasets (no download: the GPU machine is offline): x uint8 (N, 784), y int64."""
+    x_train, y_train, x_test, y_test = fastnn.datasets.load("fashion-mnist", root=root, download=False)
+    return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64)
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as e:  # a missing library is a fact to report, not a reason to stop
+        return f"n/a: {type(e).__name__}: {e}"
+
+
+def _pkg(name: str) -> str:
+    return _try(lambda: importlib.metadata.version(name))
+
+
+def environment(with_torch: bool) -> dict[str, Any]:
+    """Device, driver and library versions for bench.json; every probe that fails says why instead of raising."""
+
+    def _driver() -> Any:
+        from fastnn.cuda import driver
+
+        return driver
+
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "fastnn": fastnn.__version__,
+        "cuda_bindings": _pkg("cuda-bindings"),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "driver_version": _try(lambda: _driver().driver_version()),
+        "device": _try(lambda: _driver().get_device(0).name),
+        "compute_capability": _try(lambda: list(_driver().get_device(0).compute_capability)),
+    }
+
+    def _cublaslt() -> int:
+        from fastnn.cuda import cublaslt
+
+        return cublaslt.version()
+
+    def _cudnn() -> int:
+        from fastnn.cuda import cudnn
+
+        return cudnn.version()
+
+    def _nvrtc() -> list[int]:
+        from fastnn.cuda import nvrtc
+
+        return list(nvrtc.nvrtc_version())
+
+    env.update(cublaslt=_try(_cublaslt), cudnn=_try(_cudnn), nvrtc=_try(_nvrtc))
+    if with_torch:
+        import torch
+
+        env.update(
+            torch=torch.__version__,
+            torch_cuda=torch.version.cuda,
+            torch_cudnn=_try(torch.backends.cudnn.version),
+            torch_device=_try(lambda: torch.cuda.get_device_name(0)),
+        )
+    return env
+
+
+def plan_dict(workload: Workload) -> dict[str, Any]:
+    """The workload as JSON (sizes as a list)."""
+    d = asdict(workload)
+    d["sizes"] = list(workload.sizes)
+    d["steps"] = workload.steps
+    d["steps_per_epoch"] = workload.steps_per_epoch
+    return d
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename), so an interrupted run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+
+
+def finite_or_none(v: float | None) -> float | None:
+    """A float for JSON, None where it is missing or not finite."""
+    return None if v is None or not math.isfinite(v) else float(v)
