@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import pickle
 import re
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -115,6 +117,16 @@ def test_every_symbol_of_the_signature_table_resolves():
             assert fn.restype is ctypes.c_int and fn.errcheck is lt._errcheck, name
         else:
             assert fn.restype is restype, name
+
+
+def test_libraries_load_lazily_not_at_import():
+    code = (
+        "import sys, fastnn, fastnn.cuda.cublaslt as lt, fastnn.cuda.cudnn as dnn\n"
+        "assert lt._lib.cache_info().currsize == 0 and dnn._lib.cache_info().currsize == 0\n"
+        "lt.version(); dnn.version()\n"
+        "assert lt._lib.cache_info().currsize == 1 and dnn._lib.cache_info().currsize == 1\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
 def test_version_is_plausible():
