@@ -4,8 +4,29 @@
 // The learning rate is read at replay time from lr_table[epoch_in_fit * steps_per_epoch + step],
 // so a schedule never forces a graph re-capture. Arithmetic is fastnn/optim.py's (PyTorch's SGD
 // with dampening 0 and AdamW), in fp32 whatever the storage type.
-// Launch: a grid-stride loop; any grid, block = UPDATE_THREADS.
+// Launch: a grid-stride loop over groups of 4 elements; any grid, block = UPDATE_THREADS.
 #include "common.cuh"
+
+// 4 elements per access: 16-byte fp32 / 8-byte fp16 loads (the flat layout pads every tensor to
+// 128 elements, so n is a multiple of 4 and every pointer 256-byte aligned).
+__device__ __forceinline__ void load4(const float* p, float v[4]) {
+    float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+}
+__device__ __forceinline__ void load4(const half_t* p, float v[4]) {
+    uint2 t = *reinterpret_cast<const uint2*>(p);
+    v[0] = to_f((half_t)(t.x & 0xffffu)); v[1] = to_f((half_t)(t.x >> 16));
+    v[2] = to_f((half_t)(t.y & 0xffffu)); v[3] = to_f((half_t)(t.y >> 16));
+}
+__device__ __forceinline__ void store4(float* p, const float v[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store4(half_t* p, const float v[4]) {
+    uint2 t;
+    t.x = (u32)from_f<half_t>(v[0]) | ((u32)from_f<half_t>(v[1]) << 16);
+    t.y = (u32)from_f<half_t>(v[2]) | ((u32)from_f<half_t>(v[3]) << 16);
+    *reinterpret_cast<uint2*>(p) = t;
+}
 
 template <typename TP, typename TG>
 __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
@@ -20,27 +41,38 @@ __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __re
         c1 = 1.f - powf(b1, t);
         c2 = 1.f - powf(b2, t);
     }
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        float wi = to_f(w[i]);
-        float gi = to_f(g[i]);
+    for (u64 i = 4 * (blockIdx.x * (u64)blockDim.x + threadIdx.x); i < n; i += 4 * (u64)gridDim.x * blockDim.x) {
+        float wi[4], gi[4], m[4], v[4];
+        load4(w + i, wi);
+        load4(g + i, gi);
         if (adamw) {
-            wi *= 1.f - lr * wd;
-            float m = b1 * s1[i] + (1.f - b1) * gi;
-            float v = b2 * s2[i] + (1.f - b2) * gi * gi;
-            s1[i] = m;
-            s2[i] = v;
-            wi -= (lr / c1) * m / (sqrtf(v / c2) + eps);
-        } else {
-            if (wd != 0.f) gi += wd * wi;
-            if (momentum != 0.f) {
-                float b = momentum * s1[i] + gi;
-                s1[i] = b;
-                gi = nesterov ? gi + momentum * b : b;
+            load4(s1 + i, m);
+            load4(s2 + i, v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                wi[e] *= 1.f - lr * wd;
+                m[e] = b1 * m[e] + (1.f - b1) * gi[e];
+                v[e] = b2 * v[e] + (1.f - b2) * gi[e] * gi[e];
+                wi[e] -= (lr / c1) * m[e] / (sqrtf(v[e] / c2) + eps);
             }
-            wi -= lr * gi;
+            store4(s1 + i, m);
+            store4(s2 + i, v);
+        } else {
+            if (momentum != 0.f) load4(s1 + i, m);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float ge = gi[e];
+                if (wd != 0.f) ge += wd * wi[e];
+                if (momentum != 0.f) {
+                    m[e] = momentum * m[e] + ge;
+                    ge = nesterov ? ge + momentum * m[e] : m[e];
+                }
+                wi[e] -= lr * ge;
+            }
+            if (momentum != 0.f) store4(s1 + i, m);
         }
-        w[i] = from_f<TP>(wi);
-        if (w16) w16[i] = from_f<half_t>(wi);
+        store4(w + i, wi);
+        if (w16) store4(w16 + i, wi);
     }
 }
 

@@ -47,7 +47,8 @@ def test_precision_specs_name_existing_kernels():
     from pathlib import Path
 
     native = Path(__file__).resolve().parents[1] / "native"
-    defined = set(re.findall(r"^(?:UPDATE|XENT|GATHER)\((\w+),", "".join(p.read_text() for p in native.glob("*.cu")), re.M))
+    sources = "".join(p.read_text() for p in native.glob("*.cu"))
+    defined = set(re.findall(r"^(?:UPDATE|XENT|GATHER)\((\w+),", sources, re.M))
     for name in ("mixed", "fp16", "fp32"):
         spec = precision_spec(name)
         assert spec.update_kernel in defined

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from ctypes import c_float, c_int, c_uint, c_uint64, c_void_p
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -31,10 +33,10 @@ from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precisi
 __all__ = ["CudaEngine"]
 
 GATHER_THREADS = 256
-LOSS_THREADS = 128
 UPDATE_THREADS = 256
 EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
+AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
 
 # EpochState of native/common.cuh
@@ -211,6 +213,7 @@ class CudaEngine(Engine):
             cd_type=lt.DataType.R_16F if cd == np.float16 else lt.DataType.R_32F,
             compute=lt.ComputeType.COMPUTE_16F if self.spec.compute_16f else lt.ComputeType.COMPUTE_32F,
             lda=lda, ldb=ldb, ldc=ldc, epilogue=epilogue, aux_ld=aux_ld, workspace=self.workspace,
+            max_algos=AUTOTUNE_ALGOS,
         )  # fmt: skip
 
     def softmax(self, rows: int):
@@ -256,24 +259,32 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
-    def record_forward(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> None:
+    def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
+        """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""
         names = self.layout.names
         last = len(layers) - 1
-        h = x_ptr
+        nodes, h = [], x_ptr
         for i, layer in enumerate(layers):
             out_t = self.spec.logits if i == last else self.spec.operand
             w = self.param_ptr(names[2 * i], self.spec.operand)
             b = self.param_ptr(names[2 * i + 1], out_t)
             aux = layer.aux.ptr if layer.aux is not None else 0
-            _run(layer.fwd[rows], autotune, self.stream, w, h, layer.out.ptr, layer.out.ptr, bias=b, aux=aux)
+            run = partial(
+                _run, layer.fwd[rows], autotune, self.stream, w, h, layer.out.ptr, layer.out.ptr, bias=b, aux=aux
+            )
+            nodes.append((f"forward{i}", run))
             h = layer.out.ptr
+        return nodes
 
-    def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, acc: int, state: int) -> None:
+    def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
+                    state: int) -> None:  # fmt: skip
+        """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0)."""
+        threads = min(1024, max(32, -(-rows // 32) * 32))
         self._loss_mod.function(self.spec.loss_kernel).launch(
-            (-(-rows // LOSS_THREADS), 1, 1),
-            (LOSS_THREADS, 1, 1),
+            (1, 1, 1),
+            (threads, 1, 1),
             [_p(logits), _p(probs), _p(labels), c_int(rows), c_int(self.config.model.classes), c_float(1.0 / rows),
-             _p(dlogits), _p(acc), _p(state)],
+             _p(dlogits), _p(dbias), _p(acc), _p(state)],
             self.stream,
         )  # fmt: skip
 
@@ -404,6 +415,37 @@ class CudaEngine(Engine):
             on_epoch(stats)
             done += 1
 
+    def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
+        """Microseconds per node of the first training step, and of the whole step ("step").
+
+        Each node is captured `repeats` times into a graph of its own and the replay is timed with
+        events, as inside the epoch graph. The nodes run for real (weights change): profile a
+        throwaway trainer after one `fit`.
+        """
+        ctx = self._train
+        if ctx is None or ctx.graph is None:
+            raise RuntimeError("profile_step needs one fit first (it times the captured step's nodes)")
+        nodes = ctx.step_nodes(0)
+        nodes.append(("step", lambda: [queue() for _, queue in ctx.step_nodes(0)]))
+        start, end = self._drv.Event(timing=True), self._drv.Event(timing=True)
+        out = []
+        try:
+            for name, queue in nodes:
+                graph = self.capture(lambda q=queue: [q() for _ in range(repeats)])
+                try:
+                    graph.launch(self.stream)  # warm-up: the first replay uploads the graph
+                    start.record(self.stream)
+                    graph.launch(self.stream)
+                    end.record(self.stream)
+                    end.synchronize()
+                    out.append((name, start.elapsed_ms(end) * 1000.0 / repeats))
+                finally:
+                    graph.close()
+        finally:
+            start.close()
+            end.close()
+        return out
+
     def _eval_context(self, x: np.ndarray, y: np.ndarray | None) -> _EvalContext:
         key = _data_key(x, y)
         ctx = self._eval
@@ -481,21 +523,26 @@ class _TrainContext(_Owner):
         self.key = key
 
     def _build_plans(self) -> None:
+        # Bias gradients, chosen by measurement (benchmarks/bench_kernels.py, H200): the last layer's
+        # comes from the loss kernel (a BGRADB epilogue on logistic regression's skinny wgrad cost 9 us
+        # against ~1 us in the kernel); hidden layers' from BGRADB on their wgrad GEMM (within 0.1 us of
+        # no epilogue there), not DRELU_BGRAD on the dgrad GEMM (~8 us against ~3 us for DRELU alone).
         eng, spec = self.eng, self.eng.spec
         E = eng._lt.Epilogue
-        bwd_act = E.DRELU_BGRAD if eng.config.model.activation == "relu" else E.DGELU_BGRAD
+        bwd_act = E.DRELU if eng.config.model.activation == "relu" else E.DGELU
+        last = len(eng.config.model.layers) - 1
         self.softmax = {}
         for rows in sorted(set(self.rows)):
             eng.forward_plans(self.layers, rows, training=True)
             for i, (d_in, d_out) in enumerate(eng.config.model.layers):
                 layer = self.layers[i]
-                # dW^T (d_in, d_out) = H^T @ dZ; the bias gradient (column sums of dZ) fused as BGRADB.
+                # dW^T (d_in, d_out) = H^T @ dZ; hidden layers' bias gradient (column sums of dZ) as BGRADB.
                 layer.dw[rows] = eng.matmul(
-                    d_in, d_out, rows, False, True, spec.operand, spec.grad, E.BGRADB, d_in, d_out, d_in
-                )
+                    d_in, d_out, rows, False, True, spec.operand, spec.grad,
+                    E.DEFAULT if i == last else E.BGRADB, d_in, d_out, d_in,
+                )  # fmt: skip
                 if i > 0:
-                    # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (from its
-                    # aux), with the previous layer's bias gradient fused.
+                    # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (its aux).
                     layer.dx[rows] = eng.matmul(
                         d_in, rows, d_out, False, False, spec.operand, spec.operand,
                         bwd_act, d_in, d_out, d_in, eng.aux_ld(d_in),
@@ -535,29 +582,38 @@ class _TrainContext(_Owner):
         self.eng.record_epoch_end(self.hist.ptr)
 
     def _record_step(self, s: int, autotune: bool = False, update: bool = True) -> None:
+        for name, queue in self.step_nodes(s, autotune):
+            if update or name != "update":
+                queue()
+
+    def step_nodes(self, s: int, autotune: bool = False) -> list[tuple[str, Callable[[], None]]]:
+        """The operations of step s in stream order, each named and ready to queue (profiling times each)."""
         eng, spec = self.eng, self.eng.spec
         rows = self.rows[s]
         pos0 = s * eng.config.batch_size
-        eng.record_gather(self.x, self.y, self.n, self.dtype, pos0, rows, self.x_batch, self.y_batch.ptr, True)
-        eng.record_forward(self.layers, self.x_batch.ptr, rows, autotune)
+        gather = partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows, self.x_batch,
+                         self.y_batch.ptr, True)  # fmt: skip
+        nodes = [("gather", gather)] + eng.forward_nodes(self.layers, self.x_batch.ptr, rows, autotune)
         last = self.layers[-1]
-        self.softmax[rows].forward(last.out.ptr, self.probs.ptr)
-        eng.record_loss(
-            last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows, last.dout.ptr, self.hist.ptr, eng.epoch_state.ptr
-        )
+        nodes.append(("softmax", partial(self.softmax[rows].forward, last.out.ptr, self.probs.ptr)))
         names = eng.layout.names
+        last_bias = eng.grad_ptr(names[-1])
+        nodes.append(("loss", partial(eng.record_loss, last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows,
+                                      last.dout.ptr, last_bias, self.hist.ptr, eng.epoch_state.ptr)))  # fmt: skip
         for i in reversed(range(len(self.layers))):
             layer = self.layers[i]
             h_in = self.x_batch.ptr if i == 0 else self.layers[i - 1].out.ptr
-            gw, gb = eng.grad_ptr(names[2 * i]), eng.grad_ptr(names[2 * i + 1])
-            _run(layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr, gw, gw, bias=gb)
+            gw = eng.grad_ptr(names[2 * i])
+            gb = 0 if i == len(self.layers) - 1 else eng.grad_ptr(names[2 * i + 1])
+            nodes.append((f"wgrad{i}", partial(_run, layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr,
+                                               gw, gw, bias=gb)))  # fmt: skip
             if i > 0:
                 prev = self.layers[i - 1]
                 w = eng.param_ptr(names[2 * i], spec.operand)
-                _run(layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr, prev.dout.ptr, prev.dout.ptr,
-                     bias=eng.grad_ptr(names[2 * i - 1]), aux=prev.aux.ptr)  # fmt: skip
-        if update:
-            eng.record_update(s, self.steps, self.lr_table.ptr)
+                nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
+                                                   prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
+        nodes.append(("update", partial(eng.record_update, s, self.steps, self.lr_table.ptr)))
+        return nodes
 
 
 class _EvalContext(_Owner):
@@ -604,10 +660,11 @@ class _EvalContext(_Owner):
         classes = eng.config.model.classes
         for start, rows in zip(range(0, self.n, EVAL_ROWS), self.rows):
             eng.record_gather(self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
-            eng.record_forward(self.layers, self.x_batch.ptr, rows)
+            for _, queue in eng.forward_nodes(self.layers, self.x_batch.ptr, rows):
+                queue()
             probs = self.probs.ptr + start * classes * _size(eng.spec.logits)
             self.softmax[rows].forward(self.layers[-1].out.ptr, probs)
-            eng.record_loss(self.layers[-1].out.ptr, probs, self.y.ptr + 4 * start, rows, 0, self.acc.ptr, 0)
+            eng.record_loss(self.layers[-1].out.ptr, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr, 0)
 
     def run(self, out_ptr: int) -> None:
         """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`."""
