@@ -126,6 +126,10 @@ def preflight(contenders: list[Contender]) -> bool:
     return with_torch
 
 
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
 def run_pair(w: Workload, c: Contender, data: Any, args: argparse.Namespace) -> dict[str, Any]:
     """One row's numbers; its family's module is imported only here (torch only for torch rows)."""
     if c.family == "torch":
@@ -150,16 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     with_torch = preflight(contenders)
     data = load_data(args.data)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    pairs = _pairs(contenders, workloads)
     doc: dict[str, Any] = {
         "schema": 1,
         "run": {"run_id": run_id, "started": time.time(), "argv": sys.argv, "args": vars(args), "finished": None},
         "environment": environment(with_torch),
-        "workloads": {w.name: plan_dict(w) for w in workloads},
+        "workloads": {w.name: plan_dict(w) for w in dict.fromkeys(w for w, _ in pairs)},
         "rows": [],
     }
     path = out / PARTIAL_DIR / f"{run_id}.json"
     print(f"device: {doc['environment'].get('device')}; partial results: {path}")
-    pairs = _pairs(contenders, workloads)
     failed = 0
     for i, (w, c) in enumerate(pairs, 1):
         row: dict[str, Any] = {
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"[{i}/{len(pairs)}] {w.name} {c.name}: {row['train_seconds']:.3f} s "
                 f"({row['seconds_per_step'] * 1e3:.4f} ms/step), setup {row['setup_seconds']:.2f} s, "
-                f"loss {row['final_train_loss']}, test acc {row['test_accuracy']}",
+                f"train loss {_num(row['final_train_loss'])}, test acc {_num(row['test_accuracy'])}",
                 flush=True,
             )
         except Exception as e:  # one contender failing must not lose the others' results

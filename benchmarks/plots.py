@@ -5,12 +5,16 @@ python benchmarks/plots.py results/      # reads results/bench.json, writes time
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `pip install -e .`
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only; no display on the GPU machine
 import matplotlib.pyplot as plt  # noqa: E402

@@ -48,7 +48,13 @@ def merge(partials: list[dict[str, Any]]) -> dict[str, Any]:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     workloads: dict[str, Any] = {}
     for doc in partials:
-        workloads.update(doc["workloads"])
+        for name, plan in doc["workloads"].items():
+            if workloads.get(name, plan) != plan:
+                raise SystemExit(
+                    f"run {doc['run']['run_id']} ran workload {name!r} differently from an earlier run "
+                    f"({plan} vs {workloads[name]}): --quick and full runs need separate --out folders"
+                )
+            workloads[name] = plan
         for row in doc["rows"]:
             rows[(row["workload"], row["contender"])] = row
     names = list(workloads)
@@ -79,7 +85,7 @@ def markdown(doc: dict[str, Any]) -> str:
     """bench.md: environment, the time and speedup tables across workloads, and one detail table per workload."""
     env = doc["environment"]
     rows = doc["rows"]
-    wl = doc["workloads"]
+    wl = {w: spec for w, spec in doc["workloads"].items() if any(r["workload"] == w for r in rows)}
     contenders = sorted({r["contender"] for r in rows}, key=lambda c: _ORDER.get(c, 99))
     cell = {(r["workload"], r["contender"]): r for r in rows}
     lines = [

@@ -170,10 +170,17 @@ def test_merge_speedups_and_markdown(tmp_path):
     assert [c for c in ("fastnn-mixed", "torch-eager-amp", "numpy-cpu") if f"`{c}`" not in md] == []
 
 
-def test_merge_without_partials_says_so(tmp_path):
+def test_merge_refuses_quick_and_full_runs_together(tmp_path):
     import report
 
     with pytest.raises(SystemExit, match="no partial results"):
+        report.write_outputs(tmp_path, plots=False)
+    _partial(tmp_path, "r1", 1.0, [_row("logreg", "fastnn-mixed", 1.0, "r1")])
+    full = {w.name: wl.plan_dict(w) for w in wl.build_workloads(quick=False)}
+    doc = json.loads((tmp_path / "partial" / "r1.json").read_text())
+    doc.update(run=dict(doc["run"], run_id="r2", started=2.0), workloads=full)
+    wl.write_json(tmp_path / "partial" / "r2.json", doc)
+    with pytest.raises(SystemExit, match="separate --out"):
         report.write_outputs(tmp_path, plots=False)
 
 
