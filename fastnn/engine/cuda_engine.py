@@ -279,7 +279,8 @@ class CudaEngine(Engine):
     def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
                     state: int) -> None:  # fmt: skip
         """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0)."""
-        threads = min(1024, max(32, -(-rows // 32) * 32))
+        # A thread per row, and at least a warp per class for the bias-gradient column sums.
+        threads = min(1024, max(-(-rows // 32) * 32, 32 * self.config.model.classes))
         self._loss_mod.function(self.spec.loss_kernel).launch(
             (1, 1, 1),
             (threads, 1, 1),
