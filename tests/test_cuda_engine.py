@@ -195,9 +195,9 @@ def test_divergence_keeps_last_finite_weights():
     with pytest.raises(fastnn.TrainingDiverged) as info:
         t.fit(x, y, epochs=6)
     assert info.value.epoch >= 1
-    if info.value.epoch == 1:
+    if info.value.epoch == 1:  # equal to rounding: autotuning may pick other algorithms in another trainer
         for name, a in ref.state_dict().items():
-            np.testing.assert_array_equal(t.state_dict()[name], a)
+            np.testing.assert_allclose(t.state_dict()[name], a, rtol=1e-4, atol=1e-6)
     for a in t.state_dict().values():
         assert np.isfinite(a).all()
     ref.close()
