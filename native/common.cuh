@@ -9,13 +9,16 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 // Device-resident training state, written by the host before a fit and advanced by the
-// epoch_end kernel at the end of every replayed epoch graph, so the graph never needs re-capture.
+// advance kernel at the end of every replayed epoch graph. The lr table and the history live behind
+// pointers held here, so a longer fit can grow them without re-capturing the graph.
 struct EpochState {
     u32 epoch;         // absolute epoch index: keys the sample order
     u32 epoch_in_fit;  // epoch index within this fit call: indexes the lr table and history slots
     u64 step0;         // global step count at the start of this fit (AdamW bias correction)
     u32 diverged;      // sticky: set once an epoch's loss is not finite; stops snapshots
     u32 pad;
+    const float* lr;   // lr[epoch_in_fit * steps_per_epoch + step]: this fit's rate of every step
+    double* hist;      // hist[2 * epoch_in_fit + {0, 1}]: the epoch's loss sum and correct count
 };
 
 __device__ __forceinline__ float to_f(float x) { return x; }

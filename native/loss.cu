@@ -6,9 +6,9 @@
 // batch-mean loss with respect to the logits, (p - onehot) / rows, stored as TG, and the last
 // layer's bias gradient (column sums of that gradient) in dbias: this spares the weight-gradient
 // GEMM a bias-gradient epilogue, which costs more than this whole kernel on skinny shapes.
-// Sums are added to acc[2*slot] (loss) and acc[2*slot+1] (correct) by thread 0, slot being the
-// epoch within the fit read from EpochState (0 without one): no read-back per step, no atomics,
-// and the same sums on every run.
+// Sums are added by thread 0 to the epoch's history slot, st->hist[2 * epoch_in_fit + {0, 1}], or
+// with no EpochState (evaluation) to acc[0], acc[1]: no read-back per step, no atomics, and the
+// same sums on every run.
 // Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
 #include "common.cuh"
 
@@ -49,9 +49,9 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
     if (threadIdx.x == 0) {
         double l = 0.0, k = 0.0;
         for (int w = 0; w < warps; ++w) { l += s_loss[w]; k += s_correct[w]; }
-        u32 slot = st ? st->epoch_in_fit : 0u;
-        acc[2 * slot] += l;
-        acc[2 * slot + 1] += k;
+        double* out = st ? st->hist + 2 * st->epoch_in_fit : acc;
+        out[0] += l;
+        out[1] += k;
     }
     if (dlogits && dbias) {
         for (int j = warp; j < c; j += warps) {  // one warp per class, a fixed summation order

@@ -1,7 +1,7 @@
 // update.cu: the fused optimizer step over every parameter at once, and the epoch-end bookkeeping.
 // All parameters live in one flat buffer (each tensor padded to 128 elements), gradients and
 // optimizer state in flat buffers of the same layout, so one elementwise launch updates them all.
-// The learning rate is read at replay time from lr_table[epoch_in_fit * steps_per_epoch + step],
+// The learning rate is read at replay time from st->lr[epoch_in_fit * steps_per_epoch + step],
 // so a schedule never forces a graph re-capture. Arithmetic is fastnn/optim.py's (PyTorch's SGD
 // with dampening 0 and AdamW), in fp32 whatever the storage type.
 // Launch: a grid-stride loop over groups of 4 elements; any grid, block = UPDATE_THREADS.
@@ -30,11 +30,10 @@ __device__ __forceinline__ void store4(half_t* p, const float v[4]) {
 
 template <typename TP, typename TG>
 __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
-                       half_t* __restrict__ w16, u64 n, const float* __restrict__ lr_table,
-                       const EpochState* __restrict__ st, int step, int steps_per_epoch, int adamw,
+                       half_t* __restrict__ w16, u64 n, const EpochState* __restrict__ st, int step, int steps_per_epoch, int adamw,
                        float momentum, float wd, int nesterov, float b1, float b2, float eps) {
     const u64 k = (u64)st->epoch_in_fit * steps_per_epoch + step;
-    const float lr = lr_table[k];
+    const float lr = st->lr[k];
     float c1 = 1.f, c2 = 1.f;
     if (adamw) {
         const float t = (float)(st->step0 + k + 1);  // Adam counts steps from 1
@@ -78,9 +77,9 @@ __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __re
 
 #define UPDATE(name, TP, TG)                                                                                 \
     extern "C" __global__ void name(TP* w, const TG* g, float* s1, float* s2, half_t* w16, u64 n,            \
-                                    const float* lr_table, const EpochState* st, int step, int spe, int adamw, \
+                                    const EpochState* st, int step, int spe, int adamw,                       \
                                     float momentum, float wd, int nesterov, float b1, float b2, float eps) { \
-        update<TP, TG>(w, g, s1, s2, w16, n, lr_table, st, step, spe, adamw, momentum, wd, nesterov, b1, b2, \
+        update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, adamw, momentum, wd, nesterov, b1, b2, \
                        eps);                                                                                 \
     }
 
@@ -97,16 +96,16 @@ extern "C" __global__ void cast_f32_f16(const float* src, half_t* dst, u64 n) {
 // End of an epoch, part 1: while no epoch has diverged and this epoch's loss is finite, copy the
 // training state (parameters and optimizer state, 4-byte words) to the snapshot: the weights a
 // divergence falls back to. Launch: any grid-stride grid.
-extern "C" __global__ void snapshot(const u32* src, u32* dst, u64 words, const double* acc, const EpochState* st) {
-    if (st->diverged || !is_finite_d(acc[2 * st->epoch_in_fit])) return;
+extern "C" __global__ void snapshot(const u32* src, u32* dst, u64 words, const EpochState* st) {
+    if (st->diverged || !is_finite_d(st->hist[2 * st->epoch_in_fit])) return;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x)
         dst[i] = src[i];
 }
 
 // End of an epoch, part 2 (after part 1 completes): mark divergence and advance the epoch counters.
 // Launch: grid = 1, block = 1.
-extern "C" __global__ void advance(EpochState* st, const double* acc) {
-    if (!is_finite_d(acc[2 * st->epoch_in_fit])) st->diverged = 1u;
+extern "C" __global__ void advance(EpochState* st) {
+    if (!is_finite_d(st->hist[2 * st->epoch_in_fit])) st->diverged = 1u;
     st->epoch += 1u;
     st->epoch_in_fit += 1u;
 }

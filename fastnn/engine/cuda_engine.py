@@ -35,14 +35,18 @@ __all__ = ["CudaEngine"]
 GATHER_THREADS = 256
 UPDATE_THREADS = 256
 EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
+#: Where hidden layers' bias gradients come from: "wgrad" (a BGRADB epilogue on the weight-gradient
+#: GEMM) or "kernel" (a column-sum kernel node). benchmarks/bench_kernels.py --hidden-bgrad compares them.
+HIDDEN_BIAS_GRAD = "wgrad"
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
 
 # EpochState of native/common.cuh
 _STATE_DTYPE = np.dtype(
-    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("pad", "<u4")]
-)
+    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("pad", "<u4"),
+     ("lr", "<u8"), ("hist", "<u8")]
+)  # fmt: skip
 
 _modules_lock = threading.Lock()
 _modules: dict[tuple[int, str], object] = {}  # (device, file) -> driver.Module: loaded once per process
@@ -80,6 +84,11 @@ class _Owner:
     def own(self, obj):
         self._owned.append(obj)
         return obj
+
+    def drop(self, obj) -> None:
+        """Release one owned object now."""
+        self._owned.remove(obj)
+        obj.close()
 
     def release(self) -> None:
         while self._owned:
@@ -289,7 +298,7 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
-    def record_update(self, step: int, steps: int, lr_table: int) -> None:
+    def record_update(self, step: int, steps: int) -> None:
         opt = self.config.optimizer
         n = self.layout.total
         n_state = len(self._opt_names)
@@ -302,7 +311,7 @@ class CudaEngine(Engine):
             n,
             [
                 _p(self.train_state.ptr), _p(self.grads.ptr), _p(s1), _p(s2),
-                _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n), _p(lr_table),
+                _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n),
                 _p(self.epoch_state.ptr), c_int(step), c_int(steps), c_int(int(adamw)),
                 c_float(getattr(opt, "momentum", 0.0)), c_float(opt.weight_decay),
                 c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
@@ -310,17 +319,22 @@ class CudaEngine(Engine):
             ],
         )  # fmt: skip
 
-    def record_epoch_end(self, hist: int) -> None:
-        words = self._state_bytes // 4
-        args = [_p(self.train_state.ptr), _p(self.snapshot.ptr), c_uint64(words), _p(hist), _p(self.epoch_state.ptr)]
-        self._launch_elementwise("snapshot", words, args)
-        self._update_mod.function("advance").launch(
-            (1, 1, 1), (1, 1, 1), [_p(self.epoch_state.ptr), _p(hist)], self.stream
+    def record_colsum(self, m: int, rows: int, cols: int, out: int) -> None:
+        """Queue out[j] = sum over rows of the row-major (rows, cols) matrix m: a bias gradient."""
+        self._loss_mod.function(f"colsum_{_tag(self.spec.grad)}").launch(
+            (-(-cols // 128), 1, 1), (128, 1, 1), [_p(m), c_int(rows), c_int(cols), _p(out)], self.stream
         )
 
-    def write_epoch_state(self, epoch: int, step0: int) -> None:
+    def record_epoch_end(self) -> None:
+        words = self._state_bytes // 4
+        args = [_p(self.train_state.ptr), _p(self.snapshot.ptr), c_uint64(words), _p(self.epoch_state.ptr)]
+        self._launch_elementwise("snapshot", words, args)
+        self._update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [_p(self.epoch_state.ptr)], self.stream)
+
+    def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
+        """Start a fit's device state: epoch counters, step count, and where its lr table and history are."""
         st = np.zeros(1, dtype=_STATE_DTYPE)
-        st["epoch"], st["step0"] = epoch, step0
+        st["epoch"], st["step0"], st["lr"], st["hist"] = epoch, step0, lr, hist
         self.epoch_state.upload(st.view(np.uint8))
 
     def upload(self, dst, array: np.ndarray) -> None:
@@ -374,7 +388,7 @@ class CudaEngine(Engine):
             return
         drv = self._drv
         ctx.prepare(epochs, lrs)
-        self.write_epoch_state(first_epoch, first_step)
+        self.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
         drv.copy_dtod(self.snapshot.ptr, self.train_state.ptr, self._state_bytes, self.stream)
         ev = self._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
         hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
@@ -540,7 +554,7 @@ class _TrainContext(_Owner):
                 # dW^T (d_in, d_out) = H^T @ dZ; hidden layers' bias gradient (column sums of dZ) as BGRADB.
                 layer.dw[rows] = eng.matmul(
                     d_in, d_out, rows, False, True, spec.operand, spec.grad,
-                    E.DEFAULT if i == last else E.BGRADB, d_in, d_out, d_in,
+                    E.BGRADB if (i < last and HIDDEN_BIAS_GRAD == "wgrad") else E.DEFAULT, d_in, d_out, d_in,
                 )  # fmt: skip
                 if i > 0:
                     # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (its aux).
@@ -554,13 +568,16 @@ class _TrainContext(_Owner):
             self.softmax[rows] = self.own(eng.softmax(rows))
 
     def prepare(self, epochs: int, lrs: np.ndarray) -> None:
-        """Size the per-step lr table and per-epoch history for `epochs`, fill them, capture if needed."""
+        """Size and fill the per-step lr table and the per-epoch history for `epochs`; capture once.
+
+        The graph finds both through EpochState, so growing them for a longer fit needs no re-capture.
+        """
         eng, drv = self.eng, self.eng._drv
         if epochs > self.capacity:
-            if self.graph is not None:
-                eng.stream.synchronize()
-                self.graph.close()
-                self.graph = None
+            eng.stream.synchronize()
+            for name in ("lr_table", "hist", "hist_host", "eval_host"):
+                if hasattr(self, name):
+                    self.drop(getattr(self, name))
             cap = max(epochs, 2 * self.capacity, 8)
             self.lr_table = self.own(drv.DeviceBuffer(cap * self.steps * 4))
             self.hist = self.own(drv.DeviceBuffer(cap * 16))
@@ -571,7 +588,7 @@ class _TrainContext(_Owner):
         self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
         if self.graph is None:
             # Autotune each full-batch plan in step order on real data (no update), then capture.
-            eng.write_epoch_state(0, 0)
+            eng.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
             self.hist.memset(0, eng.stream)
             self._record_step(0, autotune=True, update=False)
             self.graph = self.own(eng.capture(self._record_epoch))
@@ -580,7 +597,7 @@ class _TrainContext(_Owner):
     def _record_epoch(self) -> None:
         for s in range(self.steps):
             self._record_step(s)
-        self.eng.record_epoch_end(self.hist.ptr)
+        self.eng.record_epoch_end()
 
     def _record_step(self, s: int, autotune: bool = False, update: bool = True) -> None:
         for name, queue in self.step_nodes(s, autotune):
@@ -600,12 +617,17 @@ class _TrainContext(_Owner):
         names = eng.layout.names
         last_bias = eng.grad_ptr(names[-1])
         nodes.append(("loss", partial(eng.record_loss, last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows,
-                                      last.dout.ptr, last_bias, self.hist.ptr, eng.epoch_state.ptr)))  # fmt: skip
+                                      last.dout.ptr, last_bias, 0, eng.epoch_state.ptr)))  # fmt: skip
         for i in reversed(range(len(self.layers))):
             layer = self.layers[i]
             h_in = self.x_batch.ptr if i == 0 else self.layers[i - 1].out.ptr
             gw = eng.grad_ptr(names[2 * i])
             gb = 0 if i == len(self.layers) - 1 else eng.grad_ptr(names[2 * i + 1])
+            if gb and HIDDEN_BIAS_GRAD == "kernel":
+                nodes.append(
+                    (f"bgrad{i}", partial(eng.record_colsum, layer.dout.ptr, rows, eng.config.model.sizes[i + 1], gb))
+                )
+                gb = 0
             nodes.append((f"wgrad{i}", partial(_run, layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr,
                                                gw, gw, bias=gb)))  # fmt: skip
             if i > 0:
@@ -613,7 +635,7 @@ class _TrainContext(_Owner):
                 w = eng.param_ptr(names[2 * i], spec.operand)
                 nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
                                                    prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
-        nodes.append(("update", partial(eng.record_update, s, self.steps, self.lr_table.ptr)))
+        nodes.append(("update", partial(eng.record_update, s, self.steps)))
         return nodes
 
 
@@ -694,6 +716,10 @@ class _DataKey:
 
 def _data_key(x: np.ndarray, y: np.ndarray | None) -> _DataKey:
     return _DataKey(x, y)
+
+
+def _tag(t: type) -> str:
+    return "f16" if t == np.float16 else "f32"
 
 
 def _dnn_type(t: type) -> str:
