@@ -57,6 +57,8 @@ def make_trainer(contender: Contender, workload: Workload, device: str | None = 
         seed=SEED,
     )
     init = init_parameters(model, SEED)
+    if contender.precision == "fp16" and device == "cuda":  # fp16 mode stores the weights in fp16
+        init = {k: v.astype(np.float16).astype(np.float32) for k, v in init.items()}
     start = trainer.state_dict()
     if any(not np.array_equal(start[k], init[k]) for k in init):
         trainer.close()
@@ -75,7 +77,8 @@ def rewind(trainer: fastnn.Trainer, init: dict[str, np.ndarray], steps_per_epoch
 
 def _graph_id(trainer: fastnn.Trainer) -> int | None:
     """Identity of the engine's captured epoch graph (diagnostic only: tells whether the timed fit re-captured)."""
-    graph = getattr(getattr(trainer, "_engine", None), "_graph", None)
+    ctx = getattr(getattr(trainer, "_engine", None), "_train", None)
+    graph = getattr(ctx, "graph", None)
     return None if graph is None else id(graph)
 
 

@@ -704,14 +704,19 @@ def _run(plan, autotune: bool, stream, a: int, b: int, c: int, d: int, bias: int
 
 
 class _DataKey:
-    """Identity of a pair of host arrays, holding them so their ids cannot be reused: the same arrays
-    passed again are not re-uploaded (arrays changed in place since are not noticed; pass a copy)."""
+    """Identity of the host data last uploaded: the same x array (held, so its id cannot be reused) and
+    equal labels (`Trainer` converts labels to int32 on every call, so they are compared by value) are
+    not uploaded again. An x changed in place since is not noticed: pass a new array."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray | None) -> None:
-        self.x, self.y = x, y
+        self.x, self.y = x, None if y is None else y.copy()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _DataKey) and other.x is self.x and other.y is self.y
+        if not isinstance(other, _DataKey) or other.x is not self.x:
+            return False
+        if self.y is None or other.y is None:
+            return self.y is other.y
+        return self.y.shape == other.y.shape and bool(np.array_equal(self.y, other.y))
 
 
 def _data_key(x: np.ndarray, y: np.ndarray | None) -> _DataKey:
