@@ -7,19 +7,16 @@
 //
 // Layout: h is row-major (rows, k) in TO, w is torch's (c, k) in TO, b has c elements in TL (the
 // logits' type), labels are int32. dlogits is row-major (rows, c) in TO, dbias has c elements in TO.
-// Launch: grid = ceil(rows / HEAD_WARPS) (a warp per row), block = HEAD_WARPS * 32, dynamic shared
-// memory = c * k * sizeof(TO) (the whole W, loaded once per block) + HEAD_WARPS * (c + 2) * 4 bytes.
-// Requires c <= HEAD_CMAX, k <= HEAD_KMAX and k a multiple of 8, so every access is one 16-byte vector
-// and a lane holds its part of the row in registers: every load of a block is in flight at once (the
-// first version looped over scalar loads and was latency-bound: 68 us instead of a few).
-// Cross-block sums are made deterministic by the last-block pattern: every block writes its partial
-// sums, and the last block to finish (counted with an atomic ticket) adds them in block order, then
-// resets the ticket for the next launch.
+// Launch: grid = ceil(rows / HEAD_ROWS), block = HEAD_WARPS * 32, dynamic shared memory =
+// c * k * sizeof(TO) (the whole W, loaded once per block) + HEAD_WARPS * (c + 2) * 4 bytes.
+// Requires c <= HEAD_CMAX. Cross-block sums are made deterministic by the last-block pattern: every
+// block writes its partial sums, and the last block to finish (counted with an atomic ticket) adds
+// them in block order, then resets the ticket for the next launch.
 #include "common.cuh"
 
 #define HEAD_CMAX 32
-#define HEAD_KMAX 1024
 #define HEAD_WARPS 8
+#define HEAD_ROWS 16
 
 __device__ __forceinline__ float warp_all_sum(float v) {
 #pragma unroll
@@ -27,75 +24,31 @@ __device__ __forceinline__ float warp_all_sum(float v) {
     return v;
 }
 
-// 16 bytes of TO as floats: 8 halves or 4 floats.
-template <typename T> struct Vec;
-template <> struct Vec<half_t> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void load(const half_t* p, float v[8]) {
-        uint4 t = *reinterpret_cast<const uint4*>(p);
-        u32 w[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            v[2 * i] = to_f((half_t)(w[i] & 0xffffu));
-            v[2 * i + 1] = to_f((half_t)(w[i] >> 16));
-        }
-    }
-};
-template <> struct Vec<float> {
-    static constexpr int N = 4;
-    static __device__ __forceinline__ void load(const float* p, float v[4]) {
-        float4 t = *reinterpret_cast<const float4*>(p);
-        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
-    }
-};
-
 template <typename TO, typename TL>
 __device__ void head(const TO* __restrict__ h, const TO* __restrict__ w, const TL* __restrict__ b,
                      const int* __restrict__ labels, int rows, int k, int c, float inv_rows, TO* __restrict__ dlogits,
                      TO* __restrict__ dbias, float* __restrict__ partials, u32* __restrict__ ticket,
                      double* __restrict__ acc, const EpochState* __restrict__ st) {
-    constexpr int V = Vec<TO>::N;
-    constexpr int NV = HEAD_KMAX / (32 * V);  // vectors per lane
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ unsigned char smem[];
     TO* sw = reinterpret_cast<TO*>(smem);
     float* wpart = reinterpret_cast<float*>(smem + (((u64)c * k * sizeof(TO) + 15) & ~(u64)15));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * HEAD_WARPS + warp;
-
-    // This warp's row into registers (all loads issued before any is used), W into shared memory.
-    float hv[NV][V];
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-        const int kk = (v * 32 + lane) * V;
-        if (r < rows && kk < k) Vec<TO>::load(h + (u64)r * k + kk, hv[v]);
-        else
-#pragma unroll
-            for (int e = 0; e < V; ++e) hv[v][e] = 0.f;
-    }
-#pragma unroll 8
-    for (int i = threadIdx.x * V; i < c * k; i += blockDim.x * V)
-        *reinterpret_cast<uint4*>(sw + i) = *reinterpret_cast<const uint4*>(w + i);
-    const float bias_j = lane < c ? to_f(b[lane]) : 0.f;
+    for (int i = threadIdx.x; i < c * k; i += blockDim.x) sw[i] = w[i];
     __syncthreads();
 
+    // Per warp: lane j < c accumulates column j of the bias gradient; every lane the loss and count.
     float gb = 0.f, loss = 0.f, correct = 0.f;
-    if (r < rows) {
+    const float bias_j = lane < c ? to_f(b[lane]) : 0.f;
+    for (int r = blockIdx.x * HEAD_ROWS + warp; r < min(rows, (int)(blockIdx.x + 1) * HEAD_ROWS); r += HEAD_WARPS) {
         float z[HEAD_CMAX];
 #pragma unroll
-        for (int j = 0; j < HEAD_CMAX; ++j) {
-            z[j] = 0.f;
-            if (j < c) {
+        for (int j = 0; j < HEAD_CMAX; ++j) z[j] = 0.f;
+        const TO* hr = h + (u64)r * k;
+        for (int kk = lane; kk < k; kk += 32) {
+            const float hv = to_f(hr[kk]);
 #pragma unroll
-                for (int v = 0; v < NV; ++v) {
-                    const int kk = (v * 32 + lane) * V;
-                    if (kk < k) {
-                        float wv[V];
-                        Vec<TO>::load(sw + j * k + kk, wv);
-#pragma unroll
-                        for (int e = 0; e < V; ++e) z[j] += hv[v][e] * wv[e];
-                    }
-                }
-            }
+            for (int j = 0; j < HEAD_CMAX; ++j)
+                if (j < c) z[j] += hv * to_f(sw[j * k + kk]);
         }
         // Every lane ends with every logit (butterfly sums), rounded to the logits' type.
         float zmax = -__int_as_float(0x7f800000), mine = 0.f;  // -inf
@@ -118,11 +71,12 @@ __device__ void head(const TO* __restrict__ h, const TO* __restrict__ w, const T
 #pragma unroll
         for (int j = 0; j < HEAD_CMAX; ++j)
             if (j == label) z_label = z[j];
-        loss = logf(sum) - (z_label - zmax);
-        correct = (best == label) ? 1.f : 0.f;
+        loss += logf(sum) - (z_label - zmax);
+        correct += (best == label) ? 1.f : 0.f;
         if (lane < c) {
-            gb = (expf(mine - zmax) / sum - (lane == label ? 1.f : 0.f)) * inv_rows;
-            dlogits[(u64)r * c + lane] = from_f<TO>(gb);
+            float g = (expf(mine - zmax) / sum - (lane == label ? 1.f : 0.f)) * inv_rows;
+            dlogits[(u64)r * c + lane] = from_f<TO>(g);
+            gb += g;
         }
     }
     // Block partials in warp order, then block order in the last block: the same sums every run.

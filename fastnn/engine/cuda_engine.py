@@ -43,7 +43,7 @@ INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the
 #: kernel in training steps where the classes and the last layer's weights fit it (measured faster on an
 #: H200 for logistic regression and MLP-128; tests also run with it off, through the general path).
 FUSED_HEAD = True
-HEAD_CMAX, HEAD_KMAX, HEAD_WARPS = 32, 1024, 8  # native/head.cu's limits and launch shape (a warp per row)
+HEAD_CMAX, HEAD_WARPS, HEAD_ROWS = 32, 8, 16  # native/head.cu's limits and launch shape
 HEAD_SMEM_MAX = 96 << 10  # the whole last-layer weight in shared memory (opt-in above 48 KiB)
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
@@ -335,8 +335,7 @@ class CudaEngine(Engine):
         """Dynamic shared memory of the fused head kernel over k inputs, or None where it does not apply."""
         c = self.config.model.classes
         smem = -(-c * k * _size(self.spec.operand) // 16) * 16 + HEAD_WARPS * (c + 2) * 4
-        fits = c <= HEAD_CMAX and k <= HEAD_KMAX and k % 8 == 0 and smem <= HEAD_SMEM_MAX
-        return smem if (FUSED_HEAD and fits) else None
+        return smem if (FUSED_HEAD and c <= HEAD_CMAX and smem <= HEAD_SMEM_MAX) else None
 
     def record_head(self, h: int, rows: int, k: int, dlogits: int, dbias: int, labels: int, partials: int,
                     ticket: int) -> None:  # fmt: skip
@@ -345,7 +344,7 @@ class CudaEngine(Engine):
         w = self.param_ptr(names[-2], self.spec.operand)
         b = self.param_ptr(names[-1], self.spec.logits)
         self._head_mod.function(f"head_{_tag(self.spec.operand)}_{_tag(self.spec.logits)}").launch(
-            (-(-rows // HEAD_WARPS), 1, 1),
+            (-(-rows // HEAD_ROWS), 1, 1),
             (HEAD_WARPS * 32, 1, 1),
             [_p(h), _p(w), _p(b), _p(labels), c_int(rows), c_int(k), c_int(c), c_float(1.0 / rows), _p(dlogits),
              _p(dbias), _p(partials), _p(ticket), _p(0), _p(self.epoch_state.ptr)],
@@ -559,7 +558,7 @@ class _TrainContext(_Owner):
             self.probs = buf(R * cfg.model.classes * _size(spec.logits))
             self.fused_head = eng.head_smem(cfg.model.layers[-1][0]) is not None
             if self.fused_head:
-                self.head_partials = buf(-(-R // HEAD_WARPS) * (cfg.model.classes + 2) * 4)
+                self.head_partials = buf(-(-R // HEAD_ROWS) * (cfg.model.classes + 2) * 4)
                 self.head_ticket = buf(256)
                 self.head_ticket.memset(0)
             self._build_plans()
