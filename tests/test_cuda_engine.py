@@ -45,7 +45,7 @@ def _assert_close(cpu: Trainer, gpu: Trainer, tol: float) -> None:
         assert _rel(a[name], b[name]) < tol, (name, _rel(a[name], b[name]))
 
 
-def test_fp32_trajectory_matches_numpy_after_200_steps(fused_head):
+def test_fp32_trajectory_matches_numpy_after_200_steps():
     model = MLP([64, 37, 10])
     x, y = _data(32 * 100 + 7, 64, 10)
     cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 32)
@@ -102,23 +102,11 @@ CASES = [
     ([37, 100, 100, 37, 10], "relu", AdamW(lr=1e-3, weight_decay=0.1), 1000, 2500),
     ([30, 37, 37, 37, 37, 10], "gelu", SGD(lr=0.05, momentum=0.5), 32, 301),
     ([784, 10], "relu", SGD(lr=0.1, weight_decay=1e-4), 128, 1000),
-    ([40, 64, 32], "relu", SGD(lr=0.05), 100, 450),  # the fused head's largest class count
-    ([40, 33], "relu", SGD(lr=0.05), 100, 450),  # one class too many for it: the general path
-    ([20, 3000, 10], "relu", SGD(lr=0.02), 64, 300),  # last-layer weights too big for its shared memory
 ]
 
 
-@pytest.fixture(params=[True, False], ids=["fused-head", "cudnn-softmax"])
-def fused_head(request, monkeypatch):
-    """Run with the fused head kernel where it applies, and with the general path (GEMM, cuDNN, loss kernel)."""
-    from fastnn.engine import cuda_engine
-
-    monkeypatch.setattr(cuda_engine, "FUSED_HEAD", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("sizes,activation,optimizer,batch,n", CASES)
-def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, fused_head):
+def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n):
     model = MLP(sizes, activation=activation)
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
     cpu, gpu = _pair(model, optimizer, batch)
@@ -168,7 +156,7 @@ def _fashion():
     pytest.skip("Fashion-MNIST not found: set FASTNN_DATA to a folder with its four IDX files")
 
 
-def test_mixed_matches_numpy_on_fashion_mnist(fused_head):
+def test_mixed_matches_numpy_on_fashion_mnist():
     x, y, xt, yt = _fashion()
     model = MLP([784, 10])
     cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed")
@@ -184,7 +172,7 @@ def test_mixed_matches_numpy_on_fashion_mnist(fused_head):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
-def test_other_precisions_train_on_fashion_mnist(precision, fused_head):
+def test_other_precisions_train_on_fashion_mnist(precision):
     x, y, xt, yt = _fashion()
     model = MLP([784, 128, 10])
     t = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=128, precision=precision, device="cuda")

@@ -39,12 +39,6 @@ EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few no
 #: GEMM) or "kernel" (a column-sum kernel node). benchmarks/bench_kernels.py --hidden-bgrad compares them.
 HIDDEN_BIAS_GRAD = "wgrad"
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
-#: The fused head kernel (native/head.cu) replaces the last layer's GEMM, cuDNN's softmax and the loss
-#: kernel in training steps where the classes and the last layer's weights fit it (measured faster on an
-#: H200 for logistic regression and MLP-128; tests also run with it off, through the general path).
-FUSED_HEAD = True
-HEAD_CMAX, HEAD_WARPS, HEAD_ROWS = 32, 8, 16  # native/head.cu's limits and launch shape
-HEAD_SMEM_MAX = 96 << 10  # the whole last-layer weight in shared memory (opt-in above 48 KiB)
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
 
@@ -139,7 +133,6 @@ class CudaEngine(Engine):
             self.dnn = own(cudnn.Handle(self.stream))
             self._gather_mod = _module(self.dev, "gather.cu")
             self._loss_mod = _module(self.dev, "loss.cu")
-            self._head_mod = _module(self.dev, "head.cu")
             self._update_mod = _module(self.dev, "update.cu")
             self._opt_names = config.optimizer.state_names
             total = self.layout.total
@@ -235,16 +228,13 @@ class CudaEngine(Engine):
     def softmax(self, rows: int):
         return self._dnn.Softmax(self.dnn, rows, self.config.model.classes, _dnn_type(self.spec.logits))
 
-    def forward_plans(self, layers: list[_Layer], rows: int, training: bool, skip_last: bool = False) -> None:
-        """Forward plans for `rows`: bias + activation fused (keeping aux when training); bias on the last
-        (none for the last layer with `skip_last`: the fused head kernel computes it)."""
+    def forward_plans(self, layers: list[_Layer], rows: int, training: bool) -> None:
+        """Forward plans for `rows`: bias + activation fused (keeping aux when training); bias on the last."""
         E = self._lt.Epilogue
         relu = self.config.model.activation == "relu"
         act = (E.RELU_AUX_BIAS if relu else E.GELU_AUX_BIAS) if training else (E.RELU_BIAS if relu else E.GELU_BIAS)
         last = len(layers) - 1
         for i, ((d_in, d_out), layer) in enumerate(zip(self.config.model.layers, layers)):
-            if skip_last and i == last:
-                break
             out_t = self.spec.logits if i == last else self.spec.operand
             aux_ld = self.aux_ld(d_out) if (training and i < last) else None
             layer.fwd[rows] = self.matmul(
@@ -278,14 +268,12 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
-    def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False,
-                      skip_last: bool = False) -> list:  # fmt: skip
-        """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr (all but the last
-        layer with `skip_last`)."""
+    def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
+        """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""
         names = self.layout.names
         last = len(layers) - 1
         nodes, h = [], x_ptr
-        for i, layer in enumerate(layers[:-1] if skip_last else layers):
+        for i, layer in enumerate(layers):
             out_t = self.spec.logits if i == last else self.spec.operand
             w = self.param_ptr(names[2 * i], self.spec.operand)
             b = self.param_ptr(names[2 * i + 1], out_t)
@@ -329,27 +317,6 @@ class CudaEngine(Engine):
                 c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
                 c_float(getattr(opt, "eps", 0.0)),
             ],
-        )  # fmt: skip
-
-    def head_smem(self, k: int) -> int | None:
-        """Dynamic shared memory of the fused head kernel over k inputs, or None where it does not apply."""
-        c = self.config.model.classes
-        smem = -(-c * k * _size(self.spec.operand) // 16) * 16 + HEAD_WARPS * (c + 2) * 4
-        return smem if (FUSED_HEAD and c <= HEAD_CMAX and smem <= HEAD_SMEM_MAX) else None
-
-    def record_head(self, h: int, rows: int, k: int, dlogits: int, dbias: int, labels: int, partials: int,
-                    ticket: int) -> None:  # fmt: skip
-        """Queue the fused last layer (logits, softmax, loss, logits and bias gradients) of a training step."""
-        names, c = self.layout.names, self.config.model.classes
-        w = self.param_ptr(names[-2], self.spec.operand)
-        b = self.param_ptr(names[-1], self.spec.logits)
-        self._head_mod.function(f"head_{_tag(self.spec.operand)}_{_tag(self.spec.logits)}").launch(
-            (-(-rows // HEAD_ROWS), 1, 1),
-            (HEAD_WARPS * 32, 1, 1),
-            [_p(h), _p(w), _p(b), _p(labels), c_int(rows), c_int(k), c_int(c), c_float(1.0 / rows), _p(dlogits),
-             _p(dbias), _p(partials), _p(ticket), _p(0), _p(self.epoch_state.ptr)],
-            self.stream,
-            shared_mem=self.head_smem(k),
         )  # fmt: skip
 
     def record_colsum(self, m: int, rows: int, cols: int, out: int) -> None:
@@ -556,11 +523,6 @@ class _TrainContext(_Owner):
                 for i, (_, d_out) in enumerate(cfg.model.layers)
             ]
             self.probs = buf(R * cfg.model.classes * _size(spec.logits))
-            self.fused_head = eng.head_smem(cfg.model.layers[-1][0]) is not None
-            if self.fused_head:
-                self.head_partials = buf(-(-R // HEAD_ROWS) * (cfg.model.classes + 2) * 4)
-                self.head_ticket = buf(256)
-                self.head_ticket.memset(0)
             self._build_plans()
             self.events = [
                 (self.own(drv.Event(timing=True)), self.own(drv.Event(timing=True)), self.own(drv.Event()))
@@ -586,7 +548,7 @@ class _TrainContext(_Owner):
         last = len(eng.config.model.layers) - 1
         self.softmax = {}
         for rows in sorted(set(self.rows)):
-            eng.forward_plans(self.layers, rows, training=True, skip_last=self.fused_head)
+            eng.forward_plans(self.layers, rows, training=True)
             for i, (d_in, d_out) in enumerate(eng.config.model.layers):
                 layer = self.layers[i]
                 # dW^T (d_in, d_out) = H^T @ dZ; hidden layers' bias gradient (column sums of dZ) as BGRADB.
@@ -649,20 +611,13 @@ class _TrainContext(_Owner):
         pos0 = s * eng.config.batch_size
         gather = partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows, self.x_batch,
                          self.y_batch.ptr, True)  # fmt: skip
-        nodes = [("gather", gather)]
-        nodes += eng.forward_nodes(self.layers, self.x_batch.ptr, rows, autotune, skip_last=self.fused_head)
+        nodes = [("gather", gather)] + eng.forward_nodes(self.layers, self.x_batch.ptr, rows, autotune)
         last = self.layers[-1]
+        nodes.append(("softmax", partial(self.softmax[rows].forward, last.out.ptr, self.probs.ptr)))
         names = eng.layout.names
         last_bias = eng.grad_ptr(names[-1])
-        if self.fused_head:
-            h_last = self.x_batch.ptr if len(self.layers) == 1 else self.layers[-2].out.ptr
-            k_last = eng.config.model.layers[-1][0]
-            nodes.append(("head", partial(eng.record_head, h_last, rows, k_last, last.dout.ptr, last_bias,
-                                          self.y_batch.ptr, self.head_partials.ptr, self.head_ticket.ptr)))  # fmt: skip
-        else:
-            nodes.append(("softmax", partial(self.softmax[rows].forward, last.out.ptr, self.probs.ptr)))
-            nodes.append(("loss", partial(eng.record_loss, last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows,
-                                          last.dout.ptr, last_bias, 0, eng.epoch_state.ptr)))  # fmt: skip
+        nodes.append(("loss", partial(eng.record_loss, last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows,
+                                      last.dout.ptr, last_bias, 0, eng.epoch_state.ptr)))  # fmt: skip
         for i in reversed(range(len(self.layers))):
             layer = self.layers[i]
             h_in = self.x_batch.ptr if i == 0 else self.layers[i - 1].out.ptr
