@@ -79,11 +79,14 @@ def loss_graph(doc: dict[str, Any], path: Path) -> Path | None:
             ax.plot(
                 steps, tr["step_losses"], color="tab:orange", alpha=0.25, lw=0.6, label=f"{tr['contender']}: per step"
             )
-        for row, color, label in ((tr, "tab:orange", "epoch mean"), (fast, "tab:blue", "epoch mean (History)")):
+        # torch's means as large open circles under fastnn's dots, so both show where they coincide
+        styles = ((tr, "tab:orange", "epoch mean", {"ms": 11, "mfc": "none", "mew": 2}),
+                  (fast, "tab:blue", "epoch mean (History)", {"ms": 5}))  # fmt: skip
+        for row, color, label, marker in styles:
             if row is None:
                 continue
             ends = [spe * (e + 1) for e in range(len(row["epoch_losses"]))]
-            ax.plot(ends, row["epoch_losses"], "o-", color=color, label=f"{row['contender']}: {label}")
+            ax.plot(ends, row["epoch_losses"], "o-", color=color, label=f"{row['contender']}: {label}", **marker)
         ax.set_yscale("log")
         ax.set_xlabel("step of the timed run (epoch means drawn at the epoch's last step)")
         ax.set_ylabel("training loss (softmax cross-entropy)")
