@@ -6,8 +6,12 @@ hard-coded soname, so the same code runs on the CUDA 12 and CUDA 13 wheels.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import DeviceUnavailable, FastnnError
 
@@ -16,9 +20,12 @@ __all__ = [
     "INSTALL_HINT",
     "CudaDriverError",
     "CudaLibraryError",
+    "LibraryObject",
     "NvrtcError",
+    "bind_library",
     "library_path",
     "load_library",
+    "stream_ptr",
 ]
 
 #: The fix for a missing toolkit library: the extras pin matching wheels of every library fastnn loads.
@@ -100,3 +107,75 @@ def load_library(libname: str) -> ctypes.CDLL:
     except OSError as exc:
         msg = f"cannot load NVIDIA library {libname!r} from {path}: {exc}; fix: {INSTALL_HINT}"
         raise DeviceUnavailable(msg) from exc
+
+
+def _destroy_quietly(destroy: Callable[[int], Any], ptr: int) -> None:
+    # Runs from close() or the finalizer, possibly after the CUDA context is gone: a failing destroy has
+    # nothing useful left to report, so it must not raise.
+    with contextlib.suppress(Exception):
+        destroy(ptr)
+
+
+class LibraryObject:
+    """A handle or descriptor a ctypes-bound library created, destroyed exactly once: by close(), at the
+    end of a `with` block, or when garbage-collected. Not at interpreter exit: the process's end frees
+    library state along with the context."""
+
+    def __init__(self, ptr: int, destroy: Callable[[int], Any]) -> None:
+        self.ptr = ptr
+        self._finalizer = weakref.finalize(self, _destroy_quietly, destroy, ptr)
+        self._finalizer.atexit = False
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Destroy it now (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stream_ptr(stream: Any) -> int:
+    """A cudaStream_t value for ctypes: a driver.Stream (its .ptr), a raw int, or None (the legacy stream)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "ptr"):
+        return int(stream.ptr)
+    return int(stream)  # numpy integers
+
+
+def bind_library(libname: str, display: str, version_symbol: str, signatures: dict, status: object,
+                 errcheck: Callable) -> ctypes.CDLL:  # fmt: skip
+    """`libname` loaded with every function of `signatures` ({name: (restype, argtypes)}) declared.
+
+    A restype of `status` marks a function returning the library's status code: it gets `errcheck`, so no
+    call site can forget to check. A missing symbol raises DeviceUnavailable naming the library and version.
+    """
+    lib = load_library(libname)
+    try:
+        getattr(lib, version_symbol).restype = ctypes.c_size_t
+        describe = f"{display} {getattr(lib, version_symbol)()} at {library_path(libname)}"
+    except AttributeError:
+        describe = f"{display} (version unknown) at {library_path(libname)}"
+    for name, (restype, argtypes) in signatures.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError as exc:
+            raise DeviceUnavailable(
+                f"{describe} lacks the symbol {name} that fastnn needs; fix: {INSTALL_HINT}"
+            ) from exc
+        fn.argtypes = argtypes
+        if restype is status:
+            fn.restype = ctypes.c_int
+            fn.errcheck = errcheck
+        else:
+            fn.restype = restype
+    return lib

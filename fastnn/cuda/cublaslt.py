@@ -24,7 +24,6 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import weakref
 from collections.abc import Iterator
 from enum import IntEnum
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import INSTALL_HINT, CudaLibraryError, library_path, load_library
+from ._loader import CudaLibraryError, LibraryObject, bind_library, stream_ptr
 
 __all__ = [
     "ComputeType",
@@ -366,31 +365,10 @@ _SIGNATURES: dict[str, tuple[Any, list]] = {
 }
 
 
-def _bind(lib: ctypes.CDLL, name: str, restype: Any, argtypes: list, describe: str) -> None:
-    try:
-        fn = getattr(lib, name)
-    except AttributeError as exc:
-        raise DeviceUnavailable(f"{describe} lacks the symbol {name} that fastnn needs; fix: {INSTALL_HINT}") from exc
-    fn.argtypes = argtypes
-    if restype is _STATUS:
-        fn.restype = ctypes.c_int
-        fn.errcheck = _errcheck
-    else:
-        fn.restype = restype
-
-
 @functools.cache
 def _lib() -> ctypes.CDLL:
     """libcublasLt, loaded on first use with every function of the signature table bound."""
-    lib = load_library("cublasLt")
-    try:
-        lib.cublasLtGetVersion.restype = ctypes.c_size_t
-        describe = f"cuBLASLt {lib.cublasLtGetVersion()} at {library_path('cublasLt')}"
-    except AttributeError:
-        describe = f"cuBLASLt (version unknown) at {library_path('cublasLt')}"
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        _bind(lib, name, restype, argtypes, describe)
-    return lib
+    return bind_library("cublasLt", "cuBLASLt", "cublasLtGetVersion", _SIGNATURES, _STATUS, _errcheck)
 
 
 def version() -> int:
@@ -403,36 +381,17 @@ def version() -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _release(destroy: str, ptr: int) -> None:
-    # Runs from close() or the finalizer (also at interpreter exit, after the context may be gone):
-    # a failing destroy has nothing useful left to report, so it must not raise.
-    with contextlib.suppress(Exception):
-        getattr(_lib(), destroy)(ptr)
+def _destroy_by_name(name: str, ptr: int) -> None:
+    getattr(_lib(), name)(ptr)
 
 
-class _Owned:
-    """Something cuBLASLt created that must be destroyed exactly once."""
+class _Owned(LibraryObject):
+    """Something cuBLASLt created that must be destroyed exactly once (by its `_destroy` function)."""
 
     _destroy = ""
 
     def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-        self._finalizer = weakref.finalize(self, _release, self._destroy, ptr)
-        self._finalizer.atexit = False  # process exit frees library state with the context; nothing to do then
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """Destroy it now (idempotent)."""
-        self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(ptr, functools.partial(_destroy_by_name, self._destroy))
 
 
 class Handle(_Owned):
@@ -668,15 +627,6 @@ def _leading_dim(name: str, value: int | None, rows: int) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < rows:
         raise ConfigError(f"{name} must be an int >= {rows} (rows of the stored column-major matrix), got {value!r}")
     return int(value)
-
-
-def _stream_ptr(stream: Any) -> int:
-    """A cudaStream_t value for ctypes: a driver.Stream (its .ptr), a raw int, or None (the legacy stream)."""
-    if stream is None:
-        return 0
-    if isinstance(stream, (int, np.integer)):
-        return int(stream)
-    return int(stream.ptr)
 
 
 class _Descriptors:
@@ -961,7 +911,7 @@ class Matmul:
                 ctypes.byref(self._algo),
                 self.workspace.ptr,
                 self.workspace.nbytes,
-                _stream_ptr(stream),
+                stream_ptr(stream),
             )
 
     def autotune(

@@ -9,17 +9,15 @@ from cudnnGetLastErrorString is added to the message.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import weakref
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import INSTALL_HINT, CudaLibraryError, library_path, load_library
+from ._loader import CudaLibraryError, LibraryObject, bind_library, stream_ptr
 
 __all__ = [
     "CudnnError",
@@ -161,26 +159,7 @@ _SIGNATURES: dict[str, tuple[Any, list]] = {
 @functools.cache
 def _lib() -> ctypes.CDLL:
     """libcudnn (the cuDNN 9 front library), loaded on first use with the signature table bound."""
-    lib = load_library("cudnn")
-    try:
-        lib.cudnnGetVersion.restype = ctypes.c_size_t
-        describe = f"cuDNN {lib.cudnnGetVersion()} at {library_path('cudnn')}"
-    except AttributeError:
-        describe = f"cuDNN (version unknown) at {library_path('cudnn')}"
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError as exc:
-            raise DeviceUnavailable(
-                f"{describe} lacks the symbol {name} that fastnn needs; fix: {INSTALL_HINT}"
-            ) from exc
-        fn.argtypes = argtypes
-        if restype is _STATUS:
-            fn.restype = ctypes.c_int
-            fn.errcheck = _errcheck
-        else:
-            fn.restype = restype
-    return lib
+    return bind_library("cudnn", "cuDNN", "cudnnGetVersion", _SIGNATURES, _STATUS, _errcheck)
 
 
 def version() -> int:
@@ -193,43 +172,17 @@ def version() -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _release(destroy: str, ptr: int) -> None:
-    # From close() or the finalizer (possibly at interpreter exit, after the context is gone): never raise.
-    with contextlib.suppress(Exception):
-        getattr(_lib(), destroy)(ptr)
+def _destroy_by_name(name: str, ptr: int) -> None:
+    getattr(_lib(), name)(ptr)
 
 
-def _stream_ptr(stream: Any) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, (int, np.integer)):
-        return int(stream)
-    return int(stream.ptr)
-
-
-class _Owned:
-    """Something cuDNN created that must be destroyed exactly once."""
+class _Owned(LibraryObject):
+    """Something cuDNN created that must be destroyed exactly once (by its `_destroy` function)."""
 
     _destroy = ""
 
     def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-        self._finalizer = weakref.finalize(self, _release, self._destroy, ptr)
-        self._finalizer.atexit = False  # process exit frees library state with the context; nothing to do then
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """Destroy it now (idempotent)."""
-        self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(ptr, functools.partial(_destroy_by_name, self._destroy))
 
 
 class Handle(_Owned):
@@ -264,7 +217,7 @@ class Handle(_Owned):
 
     def set_stream(self, stream: Any) -> None:
         """Run later calls on `stream` (a driver.Stream; keep it alive while the handle uses it)."""
-        _call("binding the cuDNN handle to a stream", _lib().cudnnSetStream, self.ptr, _stream_ptr(stream))
+        _call("binding the cuDNN handle to a stream", _lib().cudnnSetStream, self.ptr, stream_ptr(stream))
         self.stream = stream
 
 
