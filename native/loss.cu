@@ -32,7 +32,7 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         float zmax = to_f(z[0]);
         for (int j = 1; j < c; ++j) {
             float zj = to_f(z[j]);
-            if (zj > zmax) { zmax = zj; best = j; }
+            if (zj > zmax || (zj != zj && zmax == zmax)) { zmax = zj; best = j; }  // the first NaN wins, as numpy
         }
         float sum = 0.f;
         for (int j = 0; j < c; ++j) {

@@ -224,3 +224,47 @@ def test_trainers_closed_in_a_loop_release_device_memory():
         one()
     free1 = dev.mem_info()[0]
     assert free0 - free1 < 8 << 20, (free0 - free1) / 2**20
+
+
+def test_load_state_dict_keeps_optimizer_state_like_numpy():
+    model = MLP([24, 16, 4])
+    x, y = _data(400, 24, 4)
+    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 40)
+    cpu.fit(x, y, epochs=1)
+    gpu.fit(x, y, epochs=1)
+    weights = cpu.state_dict()
+    cpu.load_state_dict(weights)  # weights only: both keep their momentum buffers
+    gpu.load_state_dict(weights)
+    cpu.fit(x, y, epochs=1)
+    gpu.fit(x, y, epochs=1)
+    _assert_close(cpu, gpu, 2e-4)
+    gpu.close()
+
+
+def test_interrupted_fit_reports_every_epoch_that_ran():
+    from fastnn.engine.cuda_engine import CudaEngine
+
+    model = MLP([16, 8, 3])
+    x, y = _data(300, 16, 3)
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.05), batch_size=30, precision="fp32")
+    eng = CudaEngine(cfg, init_parameters(model, 0))
+    try:
+        eng.set_train_data(x, y.astype(np.int32))
+        seen = []
+
+        class Stop(Exception):
+            pass
+
+        def on_epoch(stats):
+            seen.append(stats.epoch)
+            if len(seen) == 1:
+                raise Stop
+
+        with pytest.raises(Stop):
+            eng.fit_epochs(0, 0, np.full(3 * 10, 0.05, dtype=np.float32), None, frozenset(), on_epoch)
+        assert seen == [0, 1, 2]  # the queued epochs ran: they are reported, so counters match the weights
+        done = []
+        eng.fit_epochs(3, 30, np.full(10, 0.05, dtype=np.float32), None, frozenset(), lambda s: done.append(s.epoch))
+        assert done == [3]
+    finally:
+        eng.close()

@@ -15,6 +15,7 @@ forward is Z^T = W @ H^T with W in torch's (out, in) layout read as transposed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -123,6 +124,7 @@ class CudaEngine(Engine):
         self._train: _TrainContext | None = None
         self._eval: _EvalContext | None = None
         self._closed = False
+        self._state_set = False
         own = self._res.own
         try:
             self.dev = driver.get_device(ordinal)
@@ -144,6 +146,7 @@ class CudaEngine(Engine):
             self.snapshot = own(driver.DeviceBuffer(self._state_bytes))
             self.w16 = own(driver.DeviceBuffer(total * 2)) if self.spec.half_copy else None
             self.grads = own(driver.DeviceBuffer(total * _size(self.spec.grad)))
+            self.grads.memset(0)  # the padding between tensors is read by the update, never written
             self.epoch_state = own(driver.DeviceBuffer(256))
             self.eval_out = own(driver.PinnedBuffer(16))
             self.set_state(state)
@@ -157,6 +160,7 @@ class CudaEngine(Engine):
             return
         self._closed = True
         try:
+            self.dev.make_current()
             self.stream.synchronize()
         finally:
             for ctx in (self._eval, self._train):
@@ -178,6 +182,7 @@ class CudaEngine(Engine):
         return self.grads.ptr + off * _size(self.spec.grad)
 
     def get_state(self) -> dict[str, np.ndarray]:
+        self.dev.make_current()
         self.stream.synchronize()
         raw = np.empty(self._state_bytes, dtype=np.uint8)
         self.train_state.download(raw)
@@ -189,8 +194,13 @@ class CudaEngine(Engine):
         return out
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the parameters, and the optimizer state where `state` holds all of it; the rest is kept
+        (zero before the first call), as the NumPy engine does."""
+        self.dev.make_current()
         self.stream.synchronize()
         raw = np.zeros(self._state_bytes, dtype=np.uint8)
+        if self._state_set:
+            self.train_state.download(raw)
         params = self.layout.pack(state, self.spec.param).view(np.uint8)
         raw[: params.size] = params
         for i, name in enumerate(self._opt_names):
@@ -200,6 +210,7 @@ class CudaEngine(Engine):
                 start = self._pbytes + i * self._sbytes
                 raw[start : start + flat.nbytes] = flat.view(np.uint8)
         self.train_state.upload(raw)
+        self._state_set = True
         self._refresh_half_copy()
         self.stream.synchronize()
 
@@ -228,7 +239,7 @@ class CudaEngine(Engine):
     def softmax(self, rows: int):
         return self._dnn.Softmax(self.dnn, rows, self.config.model.classes, _dnn_type(self.spec.logits))
 
-    def forward_plans(self, layers: list[_Layer], rows: int, training: bool) -> None:
+    def forward_plans(self, layers: list[_Layer], rows: int, training: bool, own: Callable) -> None:
         """Forward plans for `rows`: bias + activation fused (keeping aux when training); bias on the last."""
         E = self._lt.Epilogue
         relu = self.config.model.activation == "relu"
@@ -237,10 +248,10 @@ class CudaEngine(Engine):
         for i, ((d_in, d_out), layer) in enumerate(zip(self.config.model.layers, layers)):
             out_t = self.spec.logits if i == last else self.spec.operand
             aux_ld = self.aux_ld(d_out) if (training and i < last) else None
-            layer.fwd[rows] = self.matmul(
+            layer.fwd[rows] = own(self.matmul(
                 d_out, rows, d_in, True, False, self.spec.operand, out_t,
                 act if i < last else E.BIAS, d_in, d_in, d_out, aux_ld,
-            )  # fmt: skip
+            ))  # fmt: skip
 
     def aux_ld(self, rows: int) -> int:
         return relu_aux_ld(rows) if self.config.model.activation == "relu" else gelu_aux_ld(rows)
@@ -358,8 +369,11 @@ class CudaEngine(Engine):
         self.stream.begin_capture()
         try:
             record()
-        finally:
-            graph = self.stream.end_capture()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the recording's error is the one to report
+                self.stream.end_capture().close()
+            raise
+        graph = self.stream.end_capture()
         try:
             return graph.instantiate()
         finally:
@@ -367,6 +381,7 @@ class CudaEngine(Engine):
 
     # ------------------------------------------------------------------ Engine API
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.dev.make_current()
         key = _data_key(x, y)
         ctx = self._train
         if ctx is not None and ctx.key == key:
@@ -375,6 +390,7 @@ class CudaEngine(Engine):
             ctx.load(x, y, key)  # same shape: new values into the same buffers, the graph stays valid
             return
         if ctx is not None:
+            self.stream.synchronize()  # queued work may still read its buffers
             ctx.release()
         self._train = None
         self._train = _TrainContext(self, x, y, key)
@@ -386,6 +402,7 @@ class CudaEngine(Engine):
         epochs = len(lrs) // ctx.steps
         if epochs == 0:
             return
+        self.dev.make_current()
         drv = self._drv
         ctx.prepare(epochs, lrs)
         self.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
@@ -394,41 +411,58 @@ class CudaEngine(Engine):
         hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
         ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
         slots = len(ctx.events)
-        launched = done = 0
-        while done < epochs:
-            while launched < epochs and launched - done < INFLIGHT_EPOCHS:
-                k = launched
-                start, end, finished = ctx.events[k % slots]
-                start.record(self.stream)
-                ctx.graph.launch(self.stream)
-                end.record(self.stream)
-                drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, self.stream)
-                if ev is not None and k in eval_after:
-                    ev.run(ctx.eval_host.ptr + 16 * k)
-                finished.record(self.stream)
-                launched += 1
-            start, end, finished = ctx.events[done % slots]
-            finished.synchronize()  # the queue still holds the epochs launched after this one
-            loss_sum, correct = hist[done]
+
+        def report(k: int) -> None:
+            """Epoch k's numbers (its events have completed): divergence check, then on_epoch."""
+            start, end, _ = ctx.events[k % slots]
+            loss_sum, correct = hist[k]
             samples = ctx.samples
             if not math.isfinite(loss_sum):
                 self.stream.synchronize()
                 drv.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self._state_bytes, self.stream)
                 self._refresh_half_copy()
                 self.stream.synchronize()
-                raise TrainingDiverged(first_epoch + done, float(loss_sum / samples))
+                raise TrainingDiverged(first_epoch + k, float(loss_sum / samples))
             stats = EpochStats(
-                epoch=first_epoch + done,
+                epoch=first_epoch + k,
                 loss=float(loss_sum / samples),
                 accuracy=float(correct / samples),
                 samples=samples,
                 seconds=start.elapsed_ms(end) / 1000.0,
             )
-            if ev is not None and done in eval_after:
-                stats.eval_loss = float(ev_hist[done, 0] / ev.n)
-                stats.eval_accuracy = float(ev_hist[done, 1] / ev.n)
+            if ev is not None and k in eval_after:
+                stats.eval_loss = float(ev_hist[k, 0] / ev.n)
+                stats.eval_accuracy = float(ev_hist[k, 1] / ev.n)
             on_epoch(stats)
-            done += 1
+
+        launched = done = 0
+        try:
+            while done < epochs:
+                while launched < epochs and launched - done < INFLIGHT_EPOCHS:
+                    k = launched
+                    start, end, finished = ctx.events[k % slots]
+                    start.record(self.stream)
+                    ctx.graph.launch(self.stream)
+                    end.record(self.stream)
+                    drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, self.stream)
+                    if ev is not None and k in eval_after:
+                        ev.run(ctx.eval_host.ptr + 16 * k)
+                    finished.record(self.stream)
+                    launched += 1
+                ctx.events[done % slots][2].synchronize()  # the queue still holds the epochs after it
+                done += 1
+                report(done - 1)
+        except TrainingDiverged:
+            raise
+        except BaseException:
+            # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
+            # let them finish and report them, so the trainer's counters match the weights they made.
+            self.stream.synchronize()
+            with contextlib.suppress(Exception):
+                while done < launched:
+                    done += 1
+                    report(done - 1)
+            raise
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         """Microseconds per node of the first training step, and of the whole step ("step").
@@ -440,6 +474,9 @@ class CudaEngine(Engine):
         ctx = self._train
         if ctx is None or ctx.graph is None:
             raise RuntimeError("profile_step needs one fit first (it times the captured step's nodes)")
+        self.dev.make_current()
+        # Counters back to the fit's first epoch: the nodes index the lr table and history by them.
+        self.write_epoch_state(0, 0, ctx.lr_table.ptr, ctx.hist.ptr)
         nodes = ctx.step_nodes(0)
         nodes.append(("step", lambda: [queue() for _, queue in ctx.step_nodes(0)]))
         start, end = self._drv.Event(timing=True), self._drv.Event(timing=True)
@@ -470,12 +507,14 @@ class CudaEngine(Engine):
             ctx.load(x, y, key)
             return ctx
         if ctx is not None:
+            self.stream.synchronize()
             ctx.release()
         self._eval = None
         self._eval = _EvalContext(self, x, y, key)
         return self._eval
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        self.dev.make_current()
         ctx = self._eval_context(x, y)
         ctx.run(self.eval_out.ptr)
         self.stream.synchronize()
@@ -483,6 +522,7 @@ class CudaEngine(Engine):
         return float(loss_sum / ctx.n), float(correct / ctx.n)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        self.dev.make_current()
         ctx = self._eval_context(x, None)
         ctx.run(self.eval_out.ptr)
         self.stream.synchronize()
@@ -548,23 +588,20 @@ class _TrainContext(_Owner):
         last = len(eng.config.model.layers) - 1
         self.softmax = {}
         for rows in sorted(set(self.rows)):
-            eng.forward_plans(self.layers, rows, training=True)
+            eng.forward_plans(self.layers, rows, training=True, own=self.own)
             for i, (d_in, d_out) in enumerate(eng.config.model.layers):
                 layer = self.layers[i]
                 # dW^T (d_in, d_out) = H^T @ dZ; hidden layers' bias gradient (column sums of dZ) as BGRADB.
-                layer.dw[rows] = eng.matmul(
+                layer.dw[rows] = self.own(eng.matmul(
                     d_in, d_out, rows, False, True, spec.operand, spec.grad,
                     E.BGRADB if (i < last and HIDDEN_BIAS_GRAD == "wgrad") else E.DEFAULT, d_in, d_out, d_in,
-                )  # fmt: skip
+                ))  # fmt: skip
                 if i > 0:
                     # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (its aux).
-                    layer.dx[rows] = eng.matmul(
+                    layer.dx[rows] = self.own(eng.matmul(
                         d_in, rows, d_out, False, False, spec.operand, spec.operand,
                         bwd_act, d_in, d_out, d_in, eng.aux_ld(d_in),
-                    )  # fmt: skip
-                for plans in (layer.fwd, layer.dw, layer.dx):
-                    if rows in plans:
-                        self.own(plans[rows])
+                    ))  # fmt: skip
             self.softmax[rows] = self.own(eng.softmax(rows))
 
     def prepare(self, epochs: int, lrs: np.ndarray) -> None:
@@ -575,14 +612,21 @@ class _TrainContext(_Owner):
         eng, drv = self.eng, self.eng._drv
         if epochs > self.capacity:
             eng.stream.synchronize()
-            for name in ("lr_table", "hist", "hist_host", "eval_host"):
+            cap = max(epochs, 2 * self.capacity, 8)
+            new = {}
+            try:  # all four first: a failed allocation leaves the old ones in place
+                new["lr_table"] = drv.DeviceBuffer(cap * self.steps * 4)
+                new["hist"] = drv.DeviceBuffer(cap * 16)
+                new["hist_host"] = drv.PinnedBuffer(cap * 16)
+                new["eval_host"] = drv.PinnedBuffer(cap * 16)
+            except BaseException:
+                for buf in new.values():
+                    buf.close()
+                raise
+            for name, buf in new.items():
                 if hasattr(self, name):
                     self.drop(getattr(self, name))
-            cap = max(epochs, 2 * self.capacity, 8)
-            self.lr_table = self.own(drv.DeviceBuffer(cap * self.steps * 4))
-            self.hist = self.own(drv.DeviceBuffer(cap * 16))
-            self.hist_host = self.own(drv.PinnedBuffer(cap * 16))
-            self.eval_host = self.own(drv.PinnedBuffer(cap * 16))
+                setattr(self, name, self.own(buf))
             self.capacity = cap
         eng.stream.synchronize()
         self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
@@ -663,9 +707,7 @@ class _EvalContext(_Owner):
             ]
             self.softmax = {}
             for rows in set(self.rows):
-                eng.forward_plans(self.layers, rows, training=False)
-                for layer in self.layers:
-                    self.own(layer.fwd[rows])
+                eng.forward_plans(self.layers, rows, training=False, own=self.own)
                 self.softmax[rows] = self.own(eng.softmax(rows))
             self.load(x, y, key)
             self.graph = self.own(eng.capture(self._record))
