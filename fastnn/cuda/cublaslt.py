@@ -930,28 +930,48 @@ class Matmul:
     ) -> float:
         """Time every heuristic candidate on these buffers and keep the fastest; returns its time in ms.
 
+        Each candidate runs `repeats` times inside a captured CUDA graph and one replay is timed: that is how
+        the engine runs GEMMs, and eager back-to-back calls would time the host's launch rate instead (a
+        skinny GEMM takes 2-6 us on the GPU, about what launching it costs), so the choice would be noise.
         The buffers are really written (many times): with beta != 0, C == D, or a backward epilogue writing
         a bias gradient, pass scratch buffers or restore them afterwards. `stream` must be a driver.Stream.
-        Not for use inside stream capture (it synchronizes).
+        Not for use inside stream capture (it captures itself).
         """
         from .driver import Event
 
         repeats = _positive_int("repeats", repeats)
         start, end = Event(timing=True), Event(timing=True)
         best_ms, best_index = float("inf"), self.algo_index
+
+        def run() -> None:
+            self(a, b, c, d, stream, bias=bias, aux=aux, alpha=alpha, beta=beta)
+
         try:
             for index in range(len(self._algos)):
                 self.select(index)
                 try:
-                    for _ in range(2):  # warm-up: first launches load kernels and fill caches
-                        self(a, b, c, d, stream, bias=bias, aux=aux, alpha=alpha, beta=beta)
-                    start.record(stream)
+                    run()  # a candidate that cannot run these buffers fails here, outside capture
+                except CublasError:
+                    continue
+                stream.synchronize()
+                stream.begin_capture()
+                try:
                     for _ in range(repeats):
-                        self(a, b, c, d, stream, bias=bias, aux=aux, alpha=alpha, beta=beta)
+                        run()
+                finally:
+                    graph = stream.end_capture()
+                try:
+                    replay = graph.instantiate()
+                finally:
+                    graph.close()
+                try:
+                    replay.launch(stream)  # warm-up: uploads the graph, loads the kernel, fills caches
+                    start.record(stream)
+                    replay.launch(stream)
                     end.record(stream)
                     end.synchronize()
-                except CublasError:
-                    continue  # a candidate the heuristic offered but that cannot run these buffers
+                finally:
+                    replay.close()
                 ms = start.elapsed_ms(end) / repeats
                 if ms < best_ms:
                     best_ms, best_index = ms, index

@@ -33,7 +33,7 @@ from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precisi
 
 __all__ = ["CudaEngine"]
 
-GATHER_WARPS = 8  # native/gather.cu: a warp per batch row
+GATHER_THREADS = 256  # native/gather.cu: a block per batch row
 UPDATE_THREADS = 256
 EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
 #: Where hidden layers' bias gradients come from: "wgrad" (a BGRADB epilogue on the weight-gradient
@@ -268,13 +268,13 @@ class CudaEngine(Engine):
         scale, shift = input_affine(x_dtype, self.config.normalize)
         src = "u8" if x_dtype == np.uint8 else "f32"
         self._gather_mod.function(f"gather_{src}_{self.spec.gather_kernel_suffix}").launch(
-            (-(-rows // GATHER_WARPS), 1, 1),
-            (GATHER_WARPS * 32, 1, 1),
+            (rows, 1, 1),
+            (GATHER_THREADS, 1, 1),
             [
                 _p(x_dev.ptr), _p(y_dev.ptr), c_int(self.config.model.in_features), c_uint(n),
                 c_uint(seed & 0xFFFFFFFF), c_uint((seed >> 32) & 0xFFFFFFFF), c_uint(feistel_bits(n) // 2),
-                _p(self.epoch_state.ptr if shuffled else 0), c_int(pos0), c_int(rows), c_float(scale),
-                c_float(shift), _p(out.ptr), _p(out_y),
+                _p(self.epoch_state.ptr if shuffled else 0), c_int(pos0), c_float(scale), c_float(shift),
+                _p(out.ptr), _p(out_y),
             ],
             self.stream,
         )  # fmt: skip
