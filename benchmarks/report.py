@@ -17,6 +17,14 @@ MATCHED = {"fp32": "fastnn-fp32", "amp": "fastnn-mixed", "mixed": "fastnn-mixed"
 _ORDER = {c.name: i for i, c in enumerate(CONTENDERS)}
 
 
+def _merged_environment(envs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Later runs' values win; keys a later run lacks (or left empty) keep an earlier run's value."""
+    out: dict[str, Any] = {}
+    for env in envs:
+        out.update({k: v for k, v in env.items() if v not in (None, "", "n/a")})
+    return out
+
+
 def load_partials(out: Path) -> list[dict[str, Any]]:
     """Every partial result file under out/partial, oldest run first."""
     docs = [json.loads(p.read_text()) for p in sorted((out / PARTIAL_DIR).glob("*.json"))]
@@ -62,7 +70,8 @@ def merge(partials: list[dict[str, Any]]) -> dict[str, Any]:
     add_speedups(merged)
     return {
         "schema": SCHEMA,
-        "environment": partials[-1]["environment"],
+        # the latest run's facts, completed by earlier runs' (a fastnn-only run records no torch version)
+        "environment": _merged_environment([d["environment"] for d in partials]),
         "runs": [d["run"] | {"environment": d["environment"]} for d in partials],
         "workloads": workloads,
         "rows": merged,

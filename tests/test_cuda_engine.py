@@ -107,21 +107,33 @@ CASES = [
 ]
 
 
+# Per precision: parameters' relative error (per tensor norm) after two epochs, evaluation loss (relative),
+# accuracy (samples of 333 that may flip) and probabilities (absolute) against the NumPy engine in fp32.
+TOLERANCES = {
+    "fp32": (2e-4, 1e-3, 1, 1e-3),
+    "mixed": (2e-2, 2e-2, 4, 2e-2),  # issue 4's bound for mixed; fp16 operands, activations and gradients
+    "fp16": (5e-2, 5e-2, 8, 5e-2),  # fp16 weights and fp16 accumulation on top of that
+}
+
+
+@pytest.mark.parametrize("precision", list(TOLERANCES))
 @pytest.mark.parametrize("sizes,activation,optimizer,batch,n", CASES)
-def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n):
+def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, precision):
     model = MLP(sizes, activation=activation)
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
-    cpu, gpu = _pair(model, optimizer, batch)
+    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7)
     cpu.fit(x, y, epochs=2)
     gpu.fit(x, y, epochs=2)
-    _assert_close(cpu, gpu, 1e-3 if activation == "gelu" else 2e-4)
+    params, loss, flips, probs = TOLERANCES[precision]
+    _assert_close(cpu, gpu, max(params, 1e-3) if activation == "gelu" else params)
     xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
     ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
-    assert abs(ec["loss"] - eg["loss"]) < 1e-3 * max(1.0, abs(ec["loss"]))
-    assert abs(ec["accuracy"] - eg["accuracy"]) <= 1 / 333 + 1e-12
+    assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
+    assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
     pc, pg = cpu.predict_proba(xt), gpu.predict_proba(xt)
-    np.testing.assert_allclose(pg.sum(axis=1), 1.0, rtol=1e-5)
-    np.testing.assert_allclose(pg, pc, atol=1e-3)
+    np.testing.assert_allclose(pg.sum(axis=1), 1.0, rtol=1e-5 if precision != "fp16" else 1e-2)
+    np.testing.assert_allclose(pg, pc, atol=probs)
     gpu.close()
 
 
@@ -151,8 +163,10 @@ def test_second_fit_continues_like_one_long_fit():
 
 
 def _fashion():
-    root = os.environ.get("FASTNN_DATA")
-    for cand in [root, Path(__file__).resolve().parents[1] / ".data" / "fashion-mnist"]:
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [os.environ.get("FASTNN_DATA"), repo / ".data" / "fashion-mnist", repo.parent / "shared" / "data" /
+                  "fashion-mnist", "/usr/share/datasets/fashion-mnist"]  # fmt: skip
+    for cand in candidates:
         if cand and Path(cand).is_dir() and any(Path(cand).glob("train-images*")):
             return fastnn.datasets.load("fashion-mnist", root=str(cand), download=False)
     pytest.skip("Fashion-MNIST not found: set FASTNN_DATA to a folder with its four IDX files")
@@ -196,10 +210,9 @@ def test_divergence_keeps_last_finite_weights():
     t = Trainer(model, optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, schedule=sched)
     with pytest.raises(fastnn.TrainingDiverged) as info:
         t.fit(x, y, epochs=6)
-    assert info.value.epoch >= 1
-    if info.value.epoch == 1:  # equal to rounding: autotuning may pick other algorithms in another trainer
-        for name, a in ref.state_dict().items():
-            np.testing.assert_allclose(t.state_dict()[name], a, rtol=1e-4, atol=1e-6)
+    assert info.value.epoch == 1  # the first epoch at 1e6 overflows fp16
+    for name, a in ref.state_dict().items():  # equal to rounding: another trainer may autotune differently
+        np.testing.assert_allclose(t.state_dict()[name], a, rtol=1e-4, atol=1e-6)
     for a in t.state_dict().values():
         assert np.isfinite(a).all()
     ref.close()

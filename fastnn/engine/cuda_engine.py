@@ -499,18 +499,17 @@ class CudaEngine(Engine):
         return out
 
     def _eval_context(self, x: np.ndarray, y: np.ndarray | None) -> _EvalContext:
-        key = _data_key(x, y)
+        """The forward graph for x's shape, with x and y uploaded afresh: evaluation data is small, and
+        uploading it on every call (once per `fit`, not per epoch) means an array changed in place is seen."""
         ctx = self._eval
-        if ctx is not None and ctx.key == key:
-            return ctx
         if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
-            ctx.load(x, y, key)
+            ctx.load(x, y)
             return ctx
         if ctx is not None:
             self.stream.synchronize()
             ctx.release()
         self._eval = None
-        self._eval = _EvalContext(self, x, y, key)
+        self._eval = _EvalContext(self, x, y)
         return self._eval
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -686,7 +685,7 @@ class _TrainContext(_Owner):
 class _EvalContext(_Owner):
     """A captured forward-only graph over one evaluation set, in chunks of EVAL_ROWS rows."""
 
-    def __init__(self, eng: CudaEngine, x: np.ndarray, y: np.ndarray | None, key) -> None:
+    def __init__(self, eng: CudaEngine, x: np.ndarray, y: np.ndarray | None) -> None:
         super().__init__()
         self.eng = eng
         drv, spec, model = eng._drv, eng.spec, eng.config.model
@@ -709,16 +708,15 @@ class _EvalContext(_Owner):
             for rows in set(self.rows):
                 eng.forward_plans(self.layers, rows, training=False, own=self.own)
                 self.softmax[rows] = self.own(eng.softmax(rows))
-            self.load(x, y, key)
+            self.load(x, y)
             self.graph = self.own(eng.capture(self._record))
         except BaseException:
             self.release()
             raise
 
-    def load(self, x: np.ndarray, y: np.ndarray | None, key) -> None:
+    def load(self, x: np.ndarray, y: np.ndarray | None) -> None:
         self.eng.upload(self.x, x)
         self.eng.upload(self.y, y if y is not None else np.zeros(self.n, dtype=np.int32))
-        self.key = key
 
     def _record(self) -> None:
         eng = self.eng
