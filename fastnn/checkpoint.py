@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .datasets import _temp_beside
 from .errors import DataError
 
 __all__ = ["FORMAT", "VERSION", "load", "save"]
@@ -32,9 +32,18 @@ _CONFIG_KEY = "__fastnn_config__"
 def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Write `config` (JSON-serialisable) and `arrays` to `path`: a temp file in the same folder, then os.replace.
 
-    A crash or error midway leaves any existing file at `path` untouched and no temp file behind.
+    A crash or error midway leaves any existing file at `path` untouched and no temp file behind. The
+    file gets the umask's permissions (not mkstemp's 0600), like any file the user writes.
+
+    Raises:
+        DataError: `path`'s folder does not exist, or `path` is a folder (nothing is written).
     """
     path = Path(path)
+    parent = path.parent
+    if not parent.is_dir():
+        raise DataError(f"cannot save checkpoint {str(path)!r}: its folder {str(parent)!r} does not exist")
+    if path.is_dir():
+        raise DataError(f"cannot save checkpoint {str(path)!r}: it is a folder")
     payload: dict[str, np.ndarray] = {
         _FORMAT_KEY: np.array(FORMAT),
         _VERSION_KEY: np.array(VERSION, dtype=np.int64),
@@ -44,15 +53,15 @@ def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str,
         if name.startswith("__fastnn_"):
             raise ValueError(f"array name {name!r} is reserved for the checkpoint format")
         payload[name] = np.asarray(arr)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _temp_beside(path)  # same folder, so os.replace is an atomic rename
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             np.savez(f, **payload)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

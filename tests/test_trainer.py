@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -176,6 +178,35 @@ def test_save_load_continues_identically(tmp_path: Path, opt) -> None:
     loaded.fit(x, y, epochs=1)
     _assert_same(loaded.state_dict(), whole.state_dict(), exact=False)
     assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]  # no temp files left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_gets_the_umask_mode_and_replaces_atomically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
+) -> None:
+    # mkstemp would make 0600; a checkpoint is an ordinary file the user may share, like a dataset file.
+    from fastnn import checkpoint
+
+    renames = []
+    real_replace = os.replace
+
+    def spy_replace(src, dst):
+        renames.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", spy_replace)
+    t = _trainer()
+    path = tmp_path / "model.npz"
+    old = os.umask(umask)
+    try:
+        t.save(path)
+        t.save(path)  # over an existing file too
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert len(renames) == 2 and all(src.parent == tmp_path and dst == path for src, dst in renames)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]
+    assert Trainer.load(path, device="cpu").step == t.step
 
 
 def test_load_without_optimizer_state_would_differ(tmp_path: Path) -> None:
