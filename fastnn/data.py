@@ -58,14 +58,21 @@ def check_inputs(x: Any, features: int, name: str = "x") -> np.ndarray:
         raise DataError(f"{name} must be uint8 or floating point, got dtype {x.dtype}")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
-        bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
-        raise DataError(f"{name} holds NaN or inf values (first in row {bad})")
+        row, col = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
+        raise DataError(f"{name} must hold finite values, got {float(x[row, col])} in row {row}, column {col}")
     return x
 
 
 def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
     """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`."""
-    y = np.asarray(y)
+    if not isinstance(y, np.ndarray):
+        try:
+            y = np.asarray(y)
+        except Exception:  # ragged nested lists, objects numpy cannot convert
+            raise DataError(
+                f"{name} must be a 1-D array of {n} integer labels, got a {type(y).__name__} "
+                f"that is not a regular array (ragged?)"
+            ) from None
     if y.ndim != 1:
         raise DataError(f"{name} must be 1-D (N,), got shape {y.shape}")
     if y.shape[0] != n:

@@ -28,9 +28,10 @@ class MLP:
 
     def __init__(self, sizes: Sequence[int], activation: str = "relu") -> None:
         try:
-            sizes_t = tuple(int(s) for s in sizes)
-            ok = all(int(s) == s for s in sizes)
-        except (TypeError, ValueError):
+            given = tuple(sizes)  # once: a generator would be empty on a second pass
+            sizes_t = tuple(int(s) for s in given)
+            ok = all(int(s) == s and not isinstance(s, (bool, np.bool_)) for s in given)
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"sizes must be a sequence of positive integers, got {sizes!r}") from None
         if not ok or len(sizes_t) < 2 or any(s < 1 for s in sizes_t):
             raise ConfigError(f"sizes must hold at least two positive integers, got {sizes!r}")

@@ -8,6 +8,7 @@ as in PyTorch with a single parameter group.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,24 +18,25 @@ from .errors import ConfigError
 __all__ = ["SGD", "AdamW", "Optimizer", "adamw_step", "sgd_step"]
 
 
-def _check_lr(lr: float) -> float:
-    try:
-        lr = float(lr)
-    except (TypeError, ValueError):
-        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}") from None
-    if not math.isfinite(lr) or lr <= 0:
+def _number(name: str, value: object, rule: str) -> float:
+    """`value` as a float; bools and strings are refused so `lr=True` or `lr="0.1"` cannot pass as a number."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+    return float(value)
+
+
+def _check_lr(lr: object) -> float:
+    v = _number("lr", lr, "a finite number > 0")
+    if not math.isfinite(v) or v <= 0:
         raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
-    return lr
+    return v
 
 
-def _check_range(name: str, value: float, lo: float, hi: float, hi_open: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    bad = not math.isfinite(v) or v < lo or (v >= hi if hi_open else v > hi)
-    if bad:
-        raise ConfigError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value!r}")
+def _check_range(name: str, value: object, lo: float, hi: float, hi_open: bool = False) -> float:
+    rule = f"a number in [{lo}, {hi}{')' if hi_open else ']'}"
+    v = _number(name, value, rule)
+    if not math.isfinite(v) or v < lo or (v >= hi if hi_open else v > hi):
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
     return v
 
 
@@ -51,6 +53,9 @@ class SGD:
         object.__setattr__(self, "lr", _check_lr(self.lr))
         object.__setattr__(self, "momentum", _check_range("momentum", self.momentum, 0.0, 1.0, True))
         object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
+        if not isinstance(self.nesterov, (bool, np.bool_)):
+            raise ConfigError(f"nesterov must be True or False, got {self.nesterov!r}")
+        object.__setattr__(self, "nesterov", bool(self.nesterov))
         if self.nesterov and self.momentum == 0.0:
             raise ConfigError("nesterov=True needs momentum > 0, got momentum=0.0")
 

@@ -8,6 +8,7 @@ engines evaluate the schedule on the host into a table of per-step rates before 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,11 +21,45 @@ __all__ = ["Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", 
 Schedule = Callable[[int], float]
 
 
+def _check_int(name: str, value: object, lo: int) -> int:
+    """`value` as an int >= lo; integral floats pass, bools, strings and NaN do not."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        ok = False
+    else:
+        ok = isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
+    if not ok or value < lo:  # type: ignore[operator]
+        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _check_float(name: str, value: object, rule: str, ok: Callable[[float], bool]) -> float:
+    """`value` as a finite float satisfying `ok`; bools and strings are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and ok(v)):
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+    return v
+
+
+def _check_lr(lr: object) -> float | None:
+    return None if lr is None else _check_float("lr", lr, "None or a finite number >= 0", lambda v: v >= 0)
+
+
+def check_schedule(schedule: object) -> None:
+    """Raise ConfigError unless `schedule` is None or callable (step -> lr)."""
+    if schedule is not None and not callable(schedule):
+        raise ConfigError(f"schedule must be callable (step -> lr), got {schedule!r}")
+
+
 @dataclass(frozen=True)
 class Constant:
     """The same rate at every step."""
 
     lr: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:
         return float(self.lr)  # type: ignore[arg-type]
@@ -39,10 +74,9 @@ class StepDecay:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        if int(self.step_size) != self.step_size or self.step_size < 1:
-            raise ConfigError(f"step_size must be an integer >= 1, got {self.step_size!r}")
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ConfigError(f"gamma must be a finite number > 0, got {self.gamma!r}")
+        object.__setattr__(self, "step_size", _check_int("step_size", self.step_size, 1))
+        object.__setattr__(self, "gamma", _check_float("gamma", self.gamma, "a finite number > 0", lambda v: v > 0))
+        object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:
         return float(self.lr) * self.gamma ** (step // self.step_size)  # type: ignore[arg-type]
@@ -58,12 +92,16 @@ class Cosine:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        if int(self.total_steps) != self.total_steps or self.total_steps < 1:
-            raise ConfigError(f"total_steps must be an integer >= 1, got {self.total_steps!r}")
-        if int(self.warmup_steps) != self.warmup_steps or not 0 <= self.warmup_steps < self.total_steps:
-            raise ConfigError(f"warmup_steps must be an integer in [0, total_steps), got {self.warmup_steps!r}")
-        if not (math.isfinite(self.min_lr) and self.min_lr >= 0):
-            raise ConfigError(f"min_lr must be a finite number >= 0, got {self.min_lr!r}")
+        total = _check_int("total_steps", self.total_steps, 1)
+        warmup = _check_int("warmup_steps", self.warmup_steps, 0)
+        if warmup >= total:
+            raise ConfigError(f"warmup_steps must be an integer in [0, total_steps={total}), got {self.warmup_steps!r}")
+        object.__setattr__(self, "total_steps", total)
+        object.__setattr__(self, "warmup_steps", warmup)
+        object.__setattr__(
+            self, "min_lr", _check_float("min_lr", self.min_lr, "a finite number >= 0", lambda v: v >= 0)
+        )
+        object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:
         lr = float(self.lr)  # type: ignore[arg-type]
@@ -86,8 +124,7 @@ def bind(schedule: Schedule | None, base_lr: float) -> Schedule:
         from dataclasses import replace
 
         return replace(schedule, lr=base_lr)
-    if not callable(schedule):
-        raise ConfigError(f"schedule must be callable (step -> lr), got {schedule!r}")
+    check_schedule(schedule)
     return schedule
 
 

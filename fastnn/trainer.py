@@ -7,7 +7,9 @@ the engine owns the parameters and optimizer state. A call that fails validation
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,11 +20,11 @@ from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.select import DEVICES, create_engine
 from .errors import ConfigError, DataError, FastnnError
-from .history import History
+from .history import FIELDS, History
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
 from .progress import print_epoch
-from .schedules import Schedule, bind, lr_table
+from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["Trainer"]
 
@@ -33,6 +35,12 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
         raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
+
+
+def _check_device(device: Any) -> str:
+    if not isinstance(device, str) or device not in DEVICES:
+        raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
+    return device
 
 
 class Trainer:
@@ -67,15 +75,14 @@ class Trainer:
         drop_last: bool = False,
     ) -> None:
         if not isinstance(model, MLP):
-            raise ConfigError(f"model must be a fastnn.MLP, got {type(model).__name__}")
+            raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
         if optimizer is None:
             optimizer = SGD(lr=0.1)
         if not isinstance(optimizer, (SGD, AdamW)):
-            raise ConfigError(f"optimizer must be fastnn.SGD or fastnn.AdamW, got {type(optimizer).__name__}")
+            raise ConfigError(f"optimizer must be fastnn.SGD or fastnn.AdamW, got {reprlib.repr(optimizer)}")
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if device not in DEVICES:
-            raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
+        _check_device(device)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         self._config = EngineConfig(
@@ -189,7 +196,11 @@ class Trainer:
         if eval_data is None:
             return None
         if not isinstance(eval_data, (tuple, list)) or len(eval_data) != 2:
-            raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {type(eval_data).__name__}")
+            if isinstance(eval_data, (tuple, list)):
+                got = f"a {type(eval_data).__name__} of {len(eval_data)} items"
+            else:
+                got = reprlib.repr(eval_data)
+            raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
         ex = check_inputs(eval_data[0], self._config.model.in_features, "eval_data[0]")
         ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
         return ex, ey
@@ -258,6 +269,9 @@ class Trainer:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
         config, arrays = checkpoint.load(path)
+        where = f"checkpoint {str(path)!r}"
+        _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
+        check_schedule(schedule)
         try:
             model = MLP(**config["model"])
             opt_fields = dict(config["optimizer"])
@@ -267,16 +281,24 @@ class Trainer:
             optimizer = opt_class(**opt_fields)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
             epoch, step = _check_int("epoch", config["epoch"], 0), _check_int("step", config["step"], 0)
-            history = History(config.get("history", []))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"checkpoint {str(path)!r} holds an invalid config: {exc!r}") from exc
-        shapes = _param_shapes(model)
-        for name, shape in list(shapes.items()):
-            for s in optimizer.state_names:
-                shapes[f"opt.{s}.{name}"] = shape
-        state = _checked_arrays(arrays, shapes, f"checkpoint {str(path)!r}")
-        trainer = cls(model, optimizer, device=device, schedule=schedule, **kwargs)
-        trainer._engine.set_state(state)
+            history = History(_checked_history(config.get("history", [])))
+            shapes = _param_shapes(model)
+            for name, shape in list(shapes.items()):
+                for s in optimizer.state_names:
+                    shapes[f"opt.{s}.{name}"] = shape
+            state = _checked_arrays(arrays, shapes, where)  # before the engine is built: no work on a bad file
+            trainer = cls(model, optimizer, device=device, schedule=schedule, **kwargs)
+        except DataError:
+            raise  # already names the file and the array
+        except KeyError as exc:
+            raise DataError(f"{where} holds an invalid config: no entry {exc}") from exc
+        except (TypeError, ValueError) as exc:  # ConfigError is a ValueError: a bad value in the saved config
+            raise DataError(f"{where} holds an invalid config: {exc}") from exc
+        try:
+            trainer._engine.set_state(state)
+        except BaseException:
+            trainer.close()
+            raise
         trainer.epoch, trainer.step, trainer.history = epoch, step, history
         return trainer
 
@@ -297,6 +319,26 @@ class Trainer:
     def _check_open(self) -> None:
         if self._closed:
             raise FastnnError("this Trainer is closed")
+
+
+def _checked_history(records: Any) -> list[dict[str, Any]]:
+    """A saved history: a list of records of FIELDS, epoch an int, the rest numbers (eval ones may be None)."""
+    if not isinstance(records, list):
+        raise ValueError(f"history must be a list of records, got {type(records).__name__}")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or set(r) != set(FIELDS):
+            raise ValueError(f"history[{i}] must be a record of the fields {FIELDS}, got {r!r}")
+        for field, value in r.items():
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if field == "epoch":
+                ok, rule = isinstance(value, int) and number and value >= 0, "an integer >= 0"
+            elif field.startswith("eval_"):
+                ok, rule = value is None or number, "None or a number"
+            else:
+                ok, rule = number, "a number"
+            if not ok:
+                raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
+    return records
 
 
 def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,7 @@ from fastnn import (
 )
 from fastnn import checkpoint as ckpt
 from fastnn.model import init_parameters
+from fastnn.schedules import Constant, Cosine, StepDecay
 
 D, C = 10, 3
 
@@ -43,49 +44,81 @@ def trained() -> Trainer:
 
 
 def _fails_cleanly(t: Trainer, call: Callable[[], object], error: type[Exception], *names: str) -> None:
-    """`call` raises `error` whose message names each of `names`; t's weights and counters are unchanged."""
-    before = t.state_dict()
-    counters = (t.epoch, t.step, len(t.history))
+    """`call` raises `error` whose message names each of `names`; t's parameters, optimizer state and counters
+    are unchanged."""
+    before = t._engine.get_state()  # parameters and optimizer state ("opt.<state>.<param>")
+    assert any(k.startswith("opt.") for k in before) or not t.optimizer.state_names
+    counters = (t.epoch, t.step, list(t.history))
     with pytest.raises(error) as info:
         call()
     for name in names:
         assert name in str(info.value), f"{name!r} not named in: {info.value}"
     assert isinstance(info.value, FastnnError)
-    after = t.state_dict()
+    after = t._engine.get_state()
+    assert sorted(after) == sorted(before)
     for k in before:
         np.testing.assert_array_equal(after[k], before[k], err_msg=k)
-    assert (t.epoch, t.step, len(t.history)) == counters
+    assert (t.epoch, t.step, list(t.history)) == counters
 
 
 X, Y = _data()
 XF = X.astype(np.float32)
 
 FIT_CASES = {
-    "y shorter than x": (dict(x=X, y=Y[:-1]), DataError, ["y"]),
-    "y longer than x": (dict(x=X[:10], y=Y), DataError, ["y"]),
-    "x 1-D": (dict(x=X[0], y=Y[:1]), DataError, ["x"]),
-    "x 3-D": (dict(x=X.reshape(64, 2, 5), y=Y), DataError, ["x"]),
-    "y 2-D": (dict(x=X, y=Y.reshape(64, 1)), DataError, ["y"]),
-    "x wider than the model": (dict(x=np.zeros((64, D + 1), np.uint8), y=Y), DataError, ["x", str(D)]),
-    "label == classes": (dict(x=X, y=np.where(Y == 0, C, Y)), DataError, ["y", str(C)]),
-    "negative label": (dict(x=X, y=np.where(Y == 0, -1, Y)), DataError, ["y", "-1"]),
-    "float labels": (dict(x=X, y=Y.astype(np.float64)), DataError, ["y", "integer"]),
-    "fractional labels": (dict(x=X, y=Y + 0.5), DataError, ["y", "integer"]),
-    "string labels": (dict(x=X, y=Y.astype(str)), DataError, ["y"]),
-    "NaN in x": (dict(x=np.where(np.eye(64, D, dtype=bool), np.nan, XF), y=Y), DataError, ["x", "NaN"]),
-    "inf in x": (dict(x=np.where(np.eye(64, D, k=3, dtype=bool), np.inf, XF), y=Y), DataError, ["x", "inf"]),
-    "object x": (dict(x=np.array([["a"] * D] * 64), y=Y), DataError, ["x", "dtype"]),
-    "empty x": (dict(x=np.zeros((0, D), np.uint8), y=np.zeros(0, int)), DataError, ["x", "empty"]),
-    "empty y": (dict(x=X, y=np.zeros(0, int)), DataError, ["y"]),
-    "epochs < 0": (dict(x=X, y=Y, epochs=-1), ConfigError, ["epochs", "-1"]),
-    "epochs float": (dict(x=X, y=Y, epochs=1.5), ConfigError, ["epochs"]),
-    "eval_every 0": (dict(x=X, y=Y, eval_data=(X, Y), eval_every=0), ConfigError, ["eval_every"]),
-    "eval_data not a pair": (dict(x=X, y=Y, eval_data=X), DataError, ["eval_data", "pair"]),
-    "eval_data triple": (dict(x=X, y=Y, eval_data=(X, Y, Y)), DataError, ["eval_data", "pair"]),
-    "eval_data wrong width": (dict(x=X, y=Y, eval_data=(X[:, :5], Y)), DataError, ["eval_data[0]"]),
-    "eval_data lengths": (dict(x=X, y=Y, eval_data=(X, Y[:9])), DataError, ["eval_data[1]"]),
-    "eval_data bad label": (dict(x=X, y=Y, eval_data=(X, Y + C)), DataError, ["eval_data[1]"]),
-    "progress not bool": (dict(x=X, y=Y, progress="yes"), ConfigError, ["progress"]),
+    "y shorter than x": (dict(x=X, y=Y[:-1]), DataError, ["y", "63 labels", "64 rows"]),
+    "y longer than x": (dict(x=X[:10], y=Y), DataError, ["y", "64 labels", "10 rows"]),
+    "x 1-D": (dict(x=X[0], y=Y[:1]), DataError, ["x", "(10,)"]),
+    "x 3-D": (dict(x=X.reshape(64, 2, 5), y=Y), DataError, ["x", "(64, 2, 5)"]),
+    "y 2-D": (dict(x=X, y=Y.reshape(64, 1)), DataError, ["y", "(64, 1)"]),
+    "x wider than the model": (dict(x=np.zeros((64, D + 1), np.uint8), y=Y), DataError, ["x", f"{D + 1} features"]),
+    "label == classes": (dict(x=X, y=np.where(Y == 0, C, Y)), DataError, ["y", f"label {C}"]),
+    "negative label": (dict(x=X, y=np.where(Y == 0, -1, Y)), DataError, ["y", "label -1"]),
+    "float labels": (dict(x=X, y=Y.astype(np.float64)), DataError, ["y", "integer", "float64"]),
+    "fractional labels": (dict(x=X, y=Y + 0.5), DataError, ["y", "integer", "float64"]),
+    "string labels": (dict(x=X, y=Y.astype(str)), DataError, ["y", str(Y.astype(str).dtype)]),
+    "ragged y": (dict(x=X[:2], y=[[0, 1], [2]]), DataError, ["y", "list", "ragged"]),
+    "NaN in x": (
+        dict(x=np.where(np.eye(64, D, k=3, dtype=bool), np.nan, XF), y=Y),
+        DataError,
+        ["x", "nan", "row 0, column 3"],
+    ),
+    "inf in x": (
+        dict(x=np.where(np.eye(64, D, k=-5, dtype=bool), np.inf, XF), y=Y),
+        DataError,
+        ["x", "got inf", "row 5, column 0"],
+    ),
+    "-inf in x": (
+        dict(x=np.where(np.eye(64, D, k=-7, dtype=bool), -np.inf, XF), y=Y),
+        DataError,
+        ["x", "-inf", "row 7"],
+    ),
+    "object x": (dict(x=np.array([["a"] * D] * 64), y=Y), DataError, ["x", "dtype", "<U1"]),
+    "empty x": (dict(x=np.zeros((0, D), np.uint8), y=np.zeros(0, int)), DataError, ["x", "empty", f"(0, {D})"]),
+    "empty y": (dict(x=X, y=np.zeros(0, int)), DataError, ["y", "0 labels"]),
+    "epochs < 0": (dict(x=X, y=Y, epochs=-1), ConfigError, ["epochs", "got -1"]),
+    "epochs float": (dict(x=X, y=Y, epochs=1.5), ConfigError, ["epochs", "got 1.5"]),
+    "eval_every 0": (dict(x=X, y=Y, eval_data=(X, Y), eval_every=0), ConfigError, ["eval_every", "got 0"]),
+    "eval_data not a pair": (dict(x=X, y=Y, eval_data=X), DataError, ["eval_data", "pair", "got array("]),
+    "eval_data triple": (dict(x=X, y=Y, eval_data=(X, Y, Y)), DataError, ["eval_data", "pair", "tuple of 3 items"]),
+    "eval_data wrong width": (dict(x=X, y=Y, eval_data=(X[:, :5], Y)), DataError, ["eval_data[0]", "5 features"]),
+    "eval_data lengths": (dict(x=X, y=Y, eval_data=(X, Y[:9])), DataError, ["eval_data[1]", "9 labels", "64 rows"]),
+    "eval_data bad label": (dict(x=X, y=Y, eval_data=(X, Y + C)), DataError, ["eval_data[1]", f"label {C + 2}"]),
+    "eval_data empty": (
+        dict(x=X, y=Y, eval_data=(np.zeros((0, D), np.uint8), np.zeros(0, int))),
+        DataError,
+        ["eval_data[0]", "empty", f"(0, {D})"],
+    ),
+    "eval_data NaN": (
+        dict(x=X, y=Y, eval_data=(np.where(np.eye(64, D, k=-2, dtype=bool), np.nan, XF), Y)),
+        DataError,
+        ["eval_data[0]", "nan", "row 2, column 0"],
+    ),
+    "eval_data ragged y": (
+        dict(x=X, y=Y, eval_data=(X[:2], [[0], [1, 2]])),
+        DataError,
+        ["eval_data[1]", "list", "ragged"],
+    ),
+    "progress not bool": (dict(x=X, y=Y, progress="yes"), ConfigError, ["progress", "'yes'"]),
 }
 
 
@@ -102,7 +135,7 @@ def test_eval_data_checked_even_when_x_is_good_and_epochs_zero(trained: Trainer)
 
 def test_drop_last_with_too_few_rows() -> None:
     t = Trainer(MLP([D, C]), batch_size=100, drop_last=True, device="cpu")
-    _fails_cleanly(t, lambda: t.fit(X, Y), DataError, "batch_size", "drop_last")
+    _fails_cleanly(t, lambda: t.fit(X, Y), DataError, "batch_size=100", "drop_last", "64 rows")
 
 
 @pytest.mark.parametrize(
@@ -121,27 +154,27 @@ def test_bad_schedule_fails_before_any_step(trained: Trainer, schedule, names) -
 
 
 def test_evaluate_and_predict_reject(trained: Trainer) -> None:
-    _fails_cleanly(trained, lambda: trained.evaluate(X, Y[:5]), DataError, "y")
-    _fails_cleanly(trained, lambda: trained.evaluate(X[:, :4], Y), DataError, "x")
-    _fails_cleanly(trained, lambda: trained.predict(np.zeros((0, D))), DataError, "x")
-    _fails_cleanly(trained, lambda: trained.predict_proba(XF * np.nan), DataError, "x")
+    _fails_cleanly(trained, lambda: trained.evaluate(X, Y[:5]), DataError, "y", "5 labels", "64 rows")
+    _fails_cleanly(trained, lambda: trained.evaluate(X[:, :4], Y), DataError, "x", "4 features")
+    _fails_cleanly(trained, lambda: trained.predict(np.zeros((0, D))), DataError, "x", "empty", f"(0, {D})")
+    _fails_cleanly(trained, lambda: trained.predict_proba(XF * np.nan), DataError, "x", "nan", "row 0, column 0")
 
 
 CONSTRUCTOR_CASES = {
-    "batch_size 0": (dict(batch_size=0), ["batch_size", "0"]),
-    "batch_size negative": (dict(batch_size=-4), ["batch_size", "-4"]),
-    "batch_size float": (dict(batch_size=16.0), ["batch_size"]),
-    "batch_size bool": (dict(batch_size=True), ["batch_size"]),
-    "precision": (dict(precision="bf16"), ["precision", "bf16"]),
-    "device": (dict(device="tpu"), ["device", "tpu"]),
-    "seed negative": (dict(seed=-1), ["seed"]),
-    "seed too big": (dict(seed=2**64), ["seed"]),
-    "normalize std 0": (dict(normalize=(0.5, 0.0)), ["normalize"]),
-    "normalize not a pair": (dict(normalize=0.5), ["normalize"]),
-    "drop_last": (dict(drop_last="no"), ["drop_last"]),
-    "optimizer type": (dict(optimizer="sgd"), ["optimizer"]),
-    "model type": (dict(model=[D, C]), ["model"]),
-    "schedule not callable": (dict(schedule=0.1), ["schedule"]),
+    "batch_size 0": (dict(batch_size=0), ["batch_size", "got 0"]),
+    "batch_size negative": (dict(batch_size=-4), ["batch_size", "got -4"]),
+    "batch_size float": (dict(batch_size=16.0), ["batch_size", "got 16.0"]),
+    "batch_size bool": (dict(batch_size=True), ["batch_size", "got True"]),
+    "precision": (dict(precision="bf16"), ["precision", "'bf16'"]),
+    "device": (dict(device="tpu"), ["device", "'tpu'"]),
+    "seed negative": (dict(seed=-1), ["seed", "got -1"]),
+    "seed too big": (dict(seed=2**64), ["seed", str(2**64)]),
+    "normalize std 0": (dict(normalize=(0.5, 0.0)), ["normalize", "(0.5, 0.0)"]),
+    "normalize not a pair": (dict(normalize=0.5), ["normalize", "got 0.5"]),
+    "drop_last": (dict(drop_last="no"), ["drop_last", "'no'"]),
+    "optimizer type": (dict(optimizer="sgd"), ["optimizer", "'sgd'"]),
+    "model type": (dict(model=[D, C]), ["model", f"[{D}, {C}]"]),
+    "schedule not callable": (dict(schedule=0.1), ["schedule", "got 0.1"]),
 }
 
 
@@ -155,11 +188,98 @@ def test_trainer_rejects(case: str) -> None:
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("lr", [0.0, -0.1, math.nan, math.inf, -math.inf, "fast"])
+@pytest.mark.parametrize("lr", [0.0, -0.1, math.nan, math.inf, -math.inf, "fast", True, "0.1", None])
 @pytest.mark.parametrize("opt", [SGD, AdamW])
 def test_lr_must_be_finite_and_positive(opt, lr) -> None:
-    with pytest.raises(ConfigError, match="lr"):
+    with pytest.raises(ConfigError) as info:
         opt(lr=lr)
+    assert "lr" in str(info.value) and f"got {lr!r}" in str(info.value), info.value
+
+
+OPTIMIZER_CASES = {
+    "nesterov str": (SGD, dict(momentum=0.9, nesterov="no"), "nesterov", "'no'"),
+    "nesterov int": (SGD, dict(momentum=0.9, nesterov=1), "nesterov", "got 1"),
+    "nesterov None": (SGD, dict(momentum=0.9, nesterov=None), "nesterov", "None"),
+    "nesterov without momentum": (SGD, dict(nesterov=True), "nesterov", "momentum=0.0"),
+    "momentum bool": (SGD, dict(momentum=True), "momentum", "True"),
+    "momentum str": (SGD, dict(momentum="0.9"), "momentum", "'0.9'"),
+    "momentum 1": (SGD, dict(momentum=1.0), "momentum", "got 1.0"),
+    "sgd weight_decay bool": (SGD, dict(weight_decay=False), "weight_decay", "False"),
+    "sgd weight_decay str": (SGD, dict(weight_decay="0"), "weight_decay", "'0'"),
+    "adamw weight_decay negative": (AdamW, dict(weight_decay=-0.1), "weight_decay", "-0.1"),
+    "betas bool": (AdamW, dict(betas=(True, 0.999)), "betas[0]", "True"),
+    "betas str": (AdamW, dict(betas=(0.9, "0.999")), "betas[1]", "'0.999'"),
+    "betas one number": (AdamW, dict(betas=0.9), "betas", "0.9"),
+    "betas three": (AdamW, dict(betas=(0.9, 0.99, 0.999)), "betas", "(0.9, 0.99, 0.999)"),
+    "eps bool": (AdamW, dict(eps=True), "eps", "True"),
+    "eps str": (AdamW, dict(eps="1e-8"), "eps", "'1e-8'"),
+    "eps 0": (AdamW, dict(eps=0.0), "eps", "0.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTIMIZER_CASES))
+def test_optimizer_rejects(case: str) -> None:
+    cls, kwargs, name, value = OPTIMIZER_CASES[case]
+    with pytest.raises(ConfigError) as info:
+        cls(**kwargs)
+    assert name in str(info.value) and value in str(info.value), info.value
+
+
+def test_optimizer_accepts_numpy_numbers_and_bools() -> None:
+    opt = SGD(lr=np.float32(0.5), momentum=np.float64(0.9), nesterov=np.bool_(True))
+    assert opt.nesterov is True and isinstance(opt.lr, float) and opt.lr == 0.5
+    assert SGD(momentum=0.9, nesterov=False).nesterov is False
+    assert AdamW(lr=1, betas=[0.8, 0.9], eps=1e-6).betas == (0.8, 0.9)
+
+
+SCHEDULE_CASES = {
+    "total_steps str": (lambda: Cosine(total_steps="a"), "total_steps", "'a'"),
+    "total_steps nan": (lambda: Cosine(total_steps=math.nan), "total_steps", "nan"),
+    "total_steps inf": (lambda: Cosine(total_steps=math.inf), "total_steps", "inf"),
+    "total_steps bool": (lambda: Cosine(total_steps=True), "total_steps", "True"),
+    "total_steps 0": (lambda: Cosine(total_steps=0), "total_steps", "got 0"),
+    "total_steps fraction": (lambda: Cosine(total_steps=2.5), "total_steps", "2.5"),
+    "warmup_steps str": (lambda: Cosine(total_steps=10, warmup_steps="1"), "warmup_steps", "'1'"),
+    "warmup_steps too many": (lambda: Cosine(total_steps=10, warmup_steps=10), "warmup_steps", "got 10"),
+    "min_lr str": (lambda: Cosine(total_steps=10, min_lr="0"), "min_lr", "'0'"),
+    "min_lr nan": (lambda: Cosine(total_steps=10, min_lr=math.nan), "min_lr", "nan"),
+    "cosine lr str": (lambda: Cosine(total_steps=10, lr="0.1"), "lr", "'0.1'"),
+    "gamma str": (lambda: StepDecay(5, gamma="a"), "gamma", "'a'"),
+    "gamma bool": (lambda: StepDecay(5, gamma=True), "gamma", "True"),
+    "gamma 0": (lambda: StepDecay(5, gamma=0.0), "gamma", "0.0"),
+    "gamma inf": (lambda: StepDecay(5, gamma=math.inf), "gamma", "inf"),
+    "step_size str": (lambda: StepDecay("5"), "step_size", "'5'"),
+    "step_size nan": (lambda: StepDecay(math.nan), "step_size", "nan"),
+    "constant lr negative": (lambda: Constant(-1.0), "lr", "-1.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEDULE_CASES))
+def test_schedule_rejects(case: str) -> None:
+    make, name, value = SCHEDULE_CASES[case]
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert name in str(info.value) and value in str(info.value), info.value
+
+
+def test_schedules_accept_integral_floats_and_numpy_ints() -> None:
+    c = Cosine(total_steps=10.0, warmup_steps=np.int64(2))
+    assert (c.total_steps, c.warmup_steps) == (10, 2) and isinstance(c.total_steps, int)
+    assert StepDecay(np.int32(3), gamma=np.float32(0.5)).step_size == 3
+
+
+@pytest.mark.parametrize(
+    "sizes,value",
+    [([True, C], "True"), ([D, False, C], "False"), ([D, np.bool_(True), C], "True"), ([D, "8", C], "'8'")],
+)
+def test_mlp_rejects_bool_and_str_sizes(sizes, value) -> None:
+    with pytest.raises(ConfigError) as info:
+        MLP(sizes)
+    assert "sizes" in str(info.value) and value in str(info.value), info.value
+
+
+def test_mlp_sizes_from_a_generator() -> None:
+    assert MLP(s for s in (D, 8, C)).sizes == (D, 8, C)
 
 
 def test_unknown_activation() -> None:
@@ -289,7 +409,7 @@ def test_load_rejects_newer_or_inconsistent_checkpoints(trained: Trainer, tmp_pa
     def bad_config(config, arrays):
         config["model"]["sizes"] = [D, 0, C]
 
-    _assert_rejected(_rewrite(src, tmp_path / "config.npz", bad_config), "config")
+    _assert_rejected(_rewrite(src, tmp_path / "config.npz", bad_config), "config", "sizes", f"[{D}, 0, {C}]")
 
     def nan_weight(config, arrays):
         arrays["2.bias"] = np.full_like(arrays["2.bias"], np.nan)
@@ -297,17 +417,94 @@ def test_load_rejects_newer_or_inconsistent_checkpoints(trained: Trainer, tmp_pa
     _assert_rejected(_rewrite(src, tmp_path / "nan.npz", nan_weight), "2.bias", "finite")
 
 
+def _set(*keys: str | int, value: object) -> Callable[[dict, dict], None]:
+    """An edit for `_rewrite` that sets config[keys[0]][keys[1]]... to `value`."""
+
+    def edit(config: dict, arrays: dict) -> None:
+        target = config
+        for k in keys[:-1]:
+            target = target[k]
+        target[keys[-1]] = value
+
+    return edit
+
+
+def _drop(key: str) -> Callable[[dict, dict], None]:
+    def edit(config: dict, arrays: dict) -> None:
+        del config[key]
+
+    return edit
+
+
+BAD_CONFIGS = {
+    "precision": (_set("precision", value="bf16"), ["precision", "'bf16'"]),
+    "batch_size 0": (_set("batch_size", value=0), ["batch_size", "got 0"]),
+    "batch_size str": (_set("batch_size", value="16"), ["batch_size", "'16'"]),
+    "seed negative": (_set("seed", value=-3), ["seed", "got -3"]),
+    "normalize": (_set("normalize", value=[0.5, 0.0]), ["normalize", "[0.5, 0.0]"]),
+    "drop_last": (_set("drop_last", value="no"), ["drop_last", "'no'"]),
+    "lr": (_set("optimizer", "lr", value=-1.0), ["lr", "-1.0"]),
+    "nesterov": (_set("optimizer", "nesterov", value="yes"), ["nesterov", "'yes'"]),
+    "optimizer class": (_set("optimizer", "class", value="Adam"), ["'Adam'"]),
+    "activation": (_set("model", "activation", value="swish"), ["activation", "'swish'"]),
+    "epoch": (_set("epoch", value=-1), ["epoch", "got -1"]),
+    "missing batch_size": (_drop("batch_size"), ["batch_size"]),
+    "history not a list": (_set("history", value={"epoch": 0}), ["history", "dict"]),
+    "history record keys": (_set("history", 0, value={"epoch": 0}), ["history[0]", "'epoch': 0"]),
+    "history seconds str": (_set("history", 0, "seconds", value="s"), ["history[0]['seconds']", "'s'"]),
+    "history epoch float": (_set("history", 0, "epoch", value=0.5), ["history[0]['epoch']", "0.5"]),
+    "history loss None": (_set("history", 0, "train_loss", value=None), ["history[0]['train_loss']", "None"]),
+    "history eval bool": (_set("history", 0, "eval_accuracy", value=True), ["history[0]['eval_accuracy']", "True"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_load_rejects_bad_config_values(trained: Trainer, tmp_path: Path, case: str) -> None:
+    src = tmp_path / "good.npz"
+    trained.save(src)
+    str(Trainer.load(src, device="cpu").history)  # the unedited file loads and its history prints
+    edit, words = BAD_CONFIGS[case]
+    _assert_rejected(_rewrite(src, tmp_path / "bad.npz", edit), "invalid config", *words)
+
+
+def test_load_keeps_the_callers_argument_errors_as_config_errors(trained: Trainer, tmp_path: Path) -> None:
+    src = tmp_path / "good.npz"
+    trained.save(src)
+    with pytest.raises(ConfigError, match="device.*'tpu'"):
+        Trainer.load(src, device="tpu")
+    with pytest.raises(ConfigError, match="schedule.*0.1"):
+        Trainer.load(src, device="cpu", schedule=0.1)
+
+
+def test_save_into_a_missing_folder_names_the_target(trained: Trainer, tmp_path: Path) -> None:
+    target = tmp_path / "no-such-folder" / "model.npz"
+    with pytest.raises(DataError) as info:
+        trained.save(target)
+    assert str(target) in str(info.value) and "does not exist" in str(info.value), info.value
+    assert ".tmp" not in str(info.value) and ".part" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DataError, match="is a folder"):
+        trained.save(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_load_state_dict_rejects(trained: Trainer) -> None:
     sd = trained.state_dict()
     _fails_cleanly(
-        trained, lambda: trained.load_state_dict({**sd, "0.weight": sd["0.weight"].T}), DataError, "0.weight"
+        trained,
+        lambda: trained.load_state_dict({**sd, "0.weight": sd["0.weight"].T}),
+        DataError,
+        "0.weight",
+        f"shape {sd['0.weight'].T.shape}",
     )
     missing = {k: v for k, v in sd.items() if k != "2.bias"}
     _fails_cleanly(trained, lambda: trained.load_state_dict(missing), DataError, "2.bias", "missing")
-    _fails_cleanly(trained, lambda: trained.load_state_dict({**sd, "4.weight": sd["0.bias"]}), DataError, "4.weight")
+    _fails_cleanly(
+        trained, lambda: trained.load_state_dict({**sd, "4.weight": sd["0.bias"]}), DataError, "4.weight", "unexpected"
+    )
     bad = {**sd, "0.bias": np.full_like(sd["0.bias"], np.inf)}
-    _fails_cleanly(trained, lambda: trained.load_state_dict(bad), DataError, "0.bias")
-    _fails_cleanly(trained, lambda: trained.load_state_dict([1, 2]), DataError, "state_dict")
+    _fails_cleanly(trained, lambda: trained.load_state_dict(bad), DataError, "0.bias", "finite")
+    _fails_cleanly(trained, lambda: trained.load_state_dict([1, 2]), DataError, "state_dict", "list")
 
 
 def test_save_leaves_no_temp_file_and_keeps_the_name(trained: Trainer, tmp_path: Path) -> None:
