@@ -33,7 +33,7 @@ from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precisi
 
 __all__ = ["CudaEngine"]
 
-GATHER_THREADS = 256  # native/gather.cu: a block per batch row
+GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
 UPDATE_THREADS = 256
 EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
 #: Where hidden layers' bias gradients come from: "wgrad" (a BGRADB epilogue on the weight-gradient
@@ -220,8 +220,11 @@ class CudaEngine(Engine):
             self._launch_elementwise("cast_f32_f16", n, [_p(self.train_state.ptr), _p(self.w16.ptr), c_uint64(n)])
 
     # ------------------------------------------------------------------ building blocks
+    def _elementwise_blocks(self, n: int) -> int:
+        return max(1, min(-(-n // UPDATE_THREADS), self.dev.sm_count * 8))
+
     def _launch_elementwise(self, kernel: str, n: int, args: list) -> None:
-        blocks = max(1, min(-(-n // UPDATE_THREADS), self.dev.sm_count * 8))
+        blocks = self._elementwise_blocks(n)
         self._update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args, self.stream)
 
     def matmul(self, m, n, k, transa, transb, ab, cd, epilogue, lda, ldb, ldc, aux_ld=None):
@@ -264,20 +267,22 @@ class CudaEngine(Engine):
     def record_gather(self, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
                       shuffled: bool) -> None:  # fmt: skip
         """Queue the gather of positions pos0..pos0+rows (shuffled by the epoch's order, or in order)."""
+        src, data, affine, dest = self._gather_args(x_dev, y_dev, n, x_dtype, out, out_y)
+        state = [_p(self.epoch_state.ptr if shuffled else 0)]
+        self._gather_mod.function(f"gather_{src}_{self.spec.gather_kernel_suffix}").launch(
+            (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [c_int(pos0)] + affine + dest, self.stream
+        )
+
+    def _gather_args(self, x_dev, y_dev, n: int, x_dtype: np.dtype, out, out_y: int) -> tuple[str, list, list, list]:
+        """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y)."""
         seed = self.config.seed
         scale, shift = input_affine(x_dtype, self.config.normalize)
+        data = [
+            _p(x_dev.ptr), _p(y_dev.ptr), c_int(self.config.model.in_features), c_uint(n),
+            c_uint(seed & 0xFFFFFFFF), c_uint((seed >> 32) & 0xFFFFFFFF), c_uint(feistel_bits(n) // 2),
+        ]  # fmt: skip
         src = "u8" if x_dtype == np.uint8 else "f32"
-        self._gather_mod.function(f"gather_{src}_{self.spec.gather_kernel_suffix}").launch(
-            (rows, 1, 1),
-            (GATHER_THREADS, 1, 1),
-            [
-                _p(x_dev.ptr), _p(y_dev.ptr), c_int(self.config.model.in_features), c_uint(n),
-                c_uint(seed & 0xFFFFFFFF), c_uint((seed >> 32) & 0xFFFFFFFF), c_uint(feistel_bits(n) // 2),
-                _p(self.epoch_state.ptr if shuffled else 0), c_int(pos0), c_float(scale), c_float(shift),
-                _p(out.ptr), _p(out_y),
-            ],
-            self.stream,
-        )  # fmt: skip
+        return src, data, [c_float(scale), c_float(shift)], [_p(out.ptr), _p(out_y)]
 
     def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
         """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""
@@ -309,7 +314,9 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
-    def record_update(self, step: int, steps: int) -> None:
+    def record_update(self, step: int, steps: int, gather: tuple | None = None) -> None:
+        """Queue step `step`'s update; with `gather` = (x_dev, y_dev, n, x_dtype, pos0, rows, out, out_y), the
+        same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
         opt = self.config.optimizer
         n = self.layout.total
         n_state = len(self._opt_names)
@@ -317,17 +324,23 @@ class CudaEngine(Engine):
         s2 = self.train_state.ptr + self._pbytes + self._sbytes if n_state >= 2 else 0
         adamw = hasattr(opt, "betas")
         b1, b2 = opt.betas if adamw else (0.0, 0.0)
-        self._launch_elementwise(
-            self.spec.update_kernel,
-            n,
-            [
-                _p(self.train_state.ptr), _p(self.grads.ptr), _p(s1), _p(s2),
-                _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n),
-                _p(self.epoch_state.ptr), c_int(step), c_int(steps), c_int(int(adamw)),
-                c_float(getattr(opt, "momentum", 0.0)), c_float(opt.weight_decay),
-                c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
-                c_float(getattr(opt, "eps", 0.0)),
-            ],
+        args = [
+            _p(self.train_state.ptr), _p(self.grads.ptr), _p(s1), _p(s2),
+            _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n),
+            _p(self.epoch_state.ptr), c_int(step), c_int(steps), c_int(int(adamw)),
+            c_float(getattr(opt, "momentum", 0.0)), c_float(opt.weight_decay),
+            c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
+            c_float(getattr(opt, "eps", 0.0)),
+        ]  # fmt: skip
+        if gather is None:
+            self._launch_elementwise(self.spec.update_kernel, n, args)
+            return
+        x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
+        src, data, affine, dest = self._gather_args(x_dev, y_dev, n_data, x_dtype, out, out_y)
+        blocks = rows + self._elementwise_blocks(n)
+        self._update_mod.function(self.spec.update_gather_kernel(src)).launch(
+            (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [c_int(pos0), c_int(rows)] + affine + dest,
+            self.stream,
         )  # fmt: skip
 
     def record_colsum(self, m: int, rows: int, cols: int, out: int) -> None:
@@ -652,9 +665,12 @@ class _TrainContext(_Owner):
         eng, spec = self.eng, self.eng.spec
         rows = self.rows[s]
         pos0 = s * eng.config.batch_size
-        gather = partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows, self.x_batch,
-                         self.y_batch.ptr, True)  # fmt: skip
-        nodes = [("gather", gather)] + eng.forward_nodes(self.layers, self.x_batch.ptr, rows, autotune)
+        # Step 0 gathers its batch; every later step's batch is gathered by the previous step's update kernel.
+        nodes = []
+        if s == 0:
+            nodes.append(("gather", partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows,
+                                            self.x_batch, self.y_batch.ptr, True)))  # fmt: skip
+        nodes += eng.forward_nodes(self.layers, self.x_batch.ptr, rows, autotune)
         last = self.layers[-1]
         nodes.append(("softmax", partial(self.softmax[rows].forward, last.out.ptr, self.probs.ptr)))
         names = eng.layout.names
@@ -678,7 +694,11 @@ class _TrainContext(_Owner):
                 w = eng.param_ptr(names[2 * i], spec.operand)
                 nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
                                                    prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
-        nodes.append(("update", partial(eng.record_update, s, self.steps)))
+        gather_next = None
+        if s + 1 < self.steps:
+            gather_next = (self.x, self.y, self.n, self.dtype, (s + 1) * eng.config.batch_size, self.rows[s + 1],
+                           self.x_batch, self.y_batch.ptr)  # fmt: skip
+        nodes.append(("update", partial(eng.record_update, s, self.steps, gather_next)))
         return nodes
 
 

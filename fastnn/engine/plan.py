@@ -86,6 +86,10 @@ class PrecisionSpec:
     def update_kernel(self) -> str:
         return f"update_{_tag(self.param)}_{_tag(self.grad)}"
 
+    def update_gather_kernel(self, src: str) -> str:
+        """The update fused with the next batch's gather from `src` ("u8" or "f32") data."""
+        return f"{self.update_kernel}_gather_{src}_{self.gather_kernel_suffix}"
+
     @property
     def loss_kernel(self) -> str:
         return f"xent_{_tag(self.logits)}_{_tag(self.operand)}"
