@@ -9,8 +9,7 @@
 // Sums are added by thread 0 to the epoch's history slot, st->hist[2 * epoch_in_fit + {0, 1}], or
 // with no EpochState (evaluation) to acc[0], acc[1]: no read-back per step, no atomics, and the
 // same sums on every run.
-// Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block); with dbias, dynamic
-// shared memory of (block / 32) * c floats and smem_bias = 1 (else the gradient is read back for its sums).
+// Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
 #include "common.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -21,46 +20,27 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename TP, typename TG>
 __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs, const int* __restrict__ labels,
                      int rows, int c, float inv_rows, TG* __restrict__ dlogits, TG* __restrict__ dbias,
-                     double* __restrict__ acc, const EpochState* __restrict__ st, int smem_bias) {
+                     double* __restrict__ acc, const EpochState* __restrict__ st) {
     __shared__ float s_loss[32], s_correct[32];
-    extern __shared__ float s_bias[];  // [warps][c] column sums, when the launch gave that much (smem_bias)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const bool bias_here = dlogits && dbias && smem_bias;
-    if (bias_here)
-        for (int i = threadIdx.x; i < warps * c; i += blockDim.x) s_bias[i] = 0.f;
-    __syncthreads();
     float loss = 0.f, correct = 0.f;
-    for (int base = 0; base < rows; base += blockDim.x) {  // the same trip count in every lane: all join shuffles
-        const int r = base + threadIdx.x;
-        const bool active = r < rows;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         const TP* z = logits + (u64)r * c;
         const TP* p = probs + (u64)r * c;
-        const int label = active ? labels[r] : -1;
-        if (active) {
-            int best = 0;
-            float zmax = to_f(z[0]);
-            for (int j = 1; j < c; ++j) {
-                float zj = to_f(z[j]);
-                if (zj > zmax || (zj != zj && zmax == zmax)) { zmax = zj; best = j; }  // the first NaN wins, as numpy
-            }
-            float sum = 0.f;
-            for (int j = 0; j < c; ++j) sum += expf(to_f(z[j]) - zmax);
-            loss += logf(sum) - (to_f(z[label]) - zmax);
-            correct += (best == label) ? 1.f : 0.f;
+        int label = labels[r];
+        int best = 0;
+        float zmax = to_f(z[0]);
+        for (int j = 1; j < c; ++j) {
+            float zj = to_f(z[j]);
+            if (zj > zmax || (zj != zj && zmax == zmax)) { zmax = zj; best = j; }  // the first NaN wins, as numpy
         }
-        if (dlogits) {
-            for (int j = 0; j < c; ++j) {
-                float g = 0.f;
-                if (active) {
-                    g = (to_f(p[j]) - (j == label ? 1.f : 0.f)) * inv_rows;
-                    dlogits[(u64)r * c + j] = from_f<TG>(g);
-                }
-                if (bias_here) {  // this warp's rows summed by shuffles, added to its own slot: a fixed order
-                    g = warp_sum(g);
-                    if (lane == 0) s_bias[warp * c + j] += g;
-                }
-            }
+        float sum = 0.f;
+        for (int j = 0; j < c; ++j) {
+            sum += expf(to_f(z[j]) - zmax);
+            if (dlogits) dlogits[(u64)r * c + j] = from_f<TG>((to_f(p[j]) - (j == label ? 1.f : 0.f)) * inv_rows);
         }
+        loss += logf(sum) - (to_f(z[label]) - zmax);
+        correct += (best == label) ? 1.f : 0.f;
     }
     loss = warp_sum(loss);
     correct = warp_sum(correct);
@@ -73,13 +53,7 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         out[0] += l;
         out[1] += k;
     }
-    if (bias_here) {
-        for (int j = threadIdx.x; j < c; j += blockDim.x) {
-            float s = 0.f;
-            for (int w = 0; w < warps; ++w) s += s_bias[w * c + j];
-            dbias[j] = from_f<TG>(s);
-        }
-    } else if (dlogits && dbias) {  // too many classes for shared memory: read the gradient back
+    if (dlogits && dbias) {
         for (int j = warp; j < c; j += warps) {  // one warp per class, a fixed summation order
             float s = 0.f;
             for (int r = lane; r < rows; r += 32) s += to_f(dlogits[(u64)r * c + j]);
@@ -91,9 +65,8 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
 
 #define XENT(name, TP, TG)                                                                                    \
     extern "C" __global__ void name(const TP* logits, const TP* probs, const int* labels, int rows, int c,   \
-                                    float inv_rows, TG* dlogits, TG* dbias, double* acc, const EpochState* st, \
-                                    int smem_bias) {                                                          \
-        xent<TP, TG>(logits, probs, labels, rows, c, inv_rows, dlogits, dbias, acc, st, smem_bias);           \
+                                    float inv_rows, TG* dlogits, TG* dbias, double* acc, const EpochState* st) { \
+        xent<TP, TG>(logits, probs, labels, rows, c, inv_rows, dlogits, dbias, acc, st);                      \
     }
 
 XENT(xent_f32_f16, float, half_t)

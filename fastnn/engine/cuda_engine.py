@@ -304,17 +304,14 @@ class CudaEngine(Engine):
     def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
                     state: int) -> None:  # fmt: skip
         """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0)."""
-        c = self.config.model.classes
-        threads = min(1024, -(-rows // 32) * 32)  # a thread per row
-        smem = (threads // 32) * c * 4 if dbias else 0  # per-warp column sums of the logits gradient
-        smem_bias = 0 < smem <= 48 << 10
+        # A thread per row, and at least a warp per class for the bias-gradient column sums.
+        threads = min(1024, max(-(-rows // 32) * 32, 32 * self.config.model.classes))
         self._loss_mod.function(self.spec.loss_kernel).launch(
             (1, 1, 1),
             (threads, 1, 1),
-            [_p(logits), _p(probs), _p(labels), c_int(rows), c_int(c), c_float(1.0 / rows),
-             _p(dlogits), _p(dbias), _p(acc), _p(state), c_int(int(smem_bias))],
+            [_p(logits), _p(probs), _p(labels), c_int(rows), c_int(self.config.model.classes), c_float(1.0 / rows),
+             _p(dlogits), _p(dbias), _p(acc), _p(state)],
             self.stream,
-            shared_mem=smem if smem_bias else 0,
         )  # fmt: skip
 
     def record_update(self, step: int, steps: int, gather: tuple | None = None) -> None:
