@@ -131,7 +131,9 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
         fastnn.device.cuda_status.cache_clear()
 
 
-@pytest.mark.parametrize("path", ["fastnn/device.py", "fastnn/info.py", "fastnn/__main__.py"])
+@pytest.mark.parametrize(
+    "path", ["fastnn/device.py", "fastnn/info.py", "fastnn/__main__.py", "fastnn/engine/cuda_engine.py"]
+)
 def test_layers_above_the_bindings_do_not_use_ctypes(path):
     tree = ast.parse((REPO / path).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}

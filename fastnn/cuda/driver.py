@@ -27,6 +27,11 @@ from ._loader import DRIVER_HINT, CudaDriverError
 
 __all__ = [
     "BINDINGS_MAJOR",
+    "arg_f32",
+    "arg_i32",
+    "arg_ptr",
+    "arg_u32",
+    "arg_u64",
     "Device",
     "DeviceBuffer",
     "Event",
@@ -606,6 +611,28 @@ def _dims(value: Sequence[int], argument: str) -> tuple[int, int, int]:
     if len(dims) != 3 or min(dims) < 1:
         raise ConfigError(f"{argument} must be three positive ints, got {value!r}")
     return dims  # type: ignore[return-value]
+
+
+# Kernel arguments, each typed as the kernel's C parameter (int, unsigned, unsigned long long, float, a
+# pointer), so code above the bindings passes plain Python numbers and never touches ctypes.
+def arg_ptr(address: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(address))
+
+
+def arg_i32(value: int) -> ctypes.c_int32:
+    return ctypes.c_int32(int(value))
+
+
+def arg_u32(value: int) -> ctypes.c_uint32:
+    return ctypes.c_uint32(int(value))
+
+
+def arg_u64(value: int) -> ctypes.c_uint64:
+    return ctypes.c_uint64(int(value))
+
+
+def arg_f32(value: float) -> ctypes.c_float:
+    return ctypes.c_float(float(value))
 
 
 class Kernel:

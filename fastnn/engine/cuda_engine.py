@@ -19,12 +19,12 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable
-from ctypes import c_float, c_int, c_uint, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
+from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
 from ..data import input_affine
 from ..errors import TrainingDiverged
 from ..shuffle import feistel_bits
@@ -62,10 +62,6 @@ def _module(device, filename: str):
         if key not in _modules:
             _modules[key] = driver.Module(nvrtc.compile_native(filename, device.arch))
         return _modules[key]
-
-
-def _p(v: int) -> c_void_p:
-    return c_void_p(int(v))
 
 
 def _round256(n: int) -> int:
@@ -217,7 +213,8 @@ class CudaEngine(Engine):
     def _refresh_half_copy(self) -> None:
         if self.w16 is not None:
             n = self.layout.total
-            self._launch_elementwise("cast_f32_f16", n, [_p(self.train_state.ptr), _p(self.w16.ptr), c_uint64(n)])
+            args = [arg_ptr(self.train_state.ptr), arg_ptr(self.w16.ptr), arg_u64(n)]
+            self._launch_elementwise("cast_f32_f16", n, args)
 
     # ------------------------------------------------------------------ building blocks
     def _elementwise_blocks(self, n: int) -> int:
@@ -268,9 +265,9 @@ class CudaEngine(Engine):
                       shuffled: bool) -> None:  # fmt: skip
         """Queue the gather of positions pos0..pos0+rows (shuffled by the epoch's order, or in order)."""
         src, data, affine, dest = self._gather_args(x_dev, y_dev, n, x_dtype, out, out_y)
-        state = [_p(self.epoch_state.ptr if shuffled else 0)]
+        state = [arg_ptr(self.epoch_state.ptr if shuffled else 0)]
         self._gather_mod.function(f"gather_{src}_{self.spec.gather_kernel_suffix}").launch(
-            (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [c_int(pos0)] + affine + dest, self.stream
+            (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [arg_i32(pos0)] + affine + dest, self.stream
         )
 
     def _gather_args(self, x_dev, y_dev, n: int, x_dtype: np.dtype, out, out_y: int) -> tuple[str, list, list, list]:
@@ -278,11 +275,11 @@ class CudaEngine(Engine):
         seed = self.config.seed
         scale, shift = input_affine(x_dtype, self.config.normalize)
         data = [
-            _p(x_dev.ptr), _p(y_dev.ptr), c_int(self.config.model.in_features), c_uint(n),
-            c_uint(seed & 0xFFFFFFFF), c_uint((seed >> 32) & 0xFFFFFFFF), c_uint(feistel_bits(n) // 2),
+            arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(self.config.model.in_features), arg_u32(n),
+            arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(n) // 2),
         ]  # fmt: skip
         src = "u8" if x_dtype == np.uint8 else "f32"
-        return src, data, [c_float(scale), c_float(shift)], [_p(out.ptr), _p(out_y)]
+        return src, data, [arg_f32(scale), arg_f32(shift)], [arg_ptr(out.ptr), arg_ptr(out_y)]
 
     def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
         """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""
@@ -309,8 +306,8 @@ class CudaEngine(Engine):
         self._loss_mod.function(self.spec.loss_kernel).launch(
             (1, 1, 1),
             (threads, 1, 1),
-            [_p(logits), _p(probs), _p(labels), c_int(rows), c_int(self.config.model.classes), c_float(1.0 / rows),
-             _p(dlogits), _p(dbias), _p(acc), _p(state)],
+            [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(self.config.model.classes),
+             arg_f32(1.0 / rows), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
             self.stream,
         )  # fmt: skip
 
@@ -325,12 +322,12 @@ class CudaEngine(Engine):
         adamw = hasattr(opt, "betas")
         b1, b2 = opt.betas if adamw else (0.0, 0.0)
         args = [
-            _p(self.train_state.ptr), _p(self.grads.ptr), _p(s1), _p(s2),
-            _p(self.w16.ptr if self.w16 is not None else 0), c_uint64(n),
-            _p(self.epoch_state.ptr), c_int(step), c_int(steps), c_int(int(adamw)),
-            c_float(getattr(opt, "momentum", 0.0)), c_float(opt.weight_decay),
-            c_int(int(getattr(opt, "nesterov", False))), c_float(b1), c_float(b2),
-            c_float(getattr(opt, "eps", 0.0)),
+            arg_ptr(self.train_state.ptr), arg_ptr(self.grads.ptr), arg_ptr(s1), arg_ptr(s2),
+            arg_ptr(self.w16.ptr if self.w16 is not None else 0), arg_u64(n),
+            arg_ptr(self.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_i32(int(adamw)),
+            arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
+            arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2),
+            arg_f32(getattr(opt, "eps", 0.0)),
         ]  # fmt: skip
         if gather is None:
             self._launch_elementwise(self.spec.update_kernel, n, args)
@@ -339,21 +336,22 @@ class CudaEngine(Engine):
         src, data, affine, dest = self._gather_args(x_dev, y_dev, n_data, x_dtype, out, out_y)
         blocks = rows + self._elementwise_blocks(n)
         self._update_mod.function(self.spec.update_gather_kernel(src)).launch(
-            (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [c_int(pos0), c_int(rows)] + affine + dest,
+            (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [arg_i32(pos0), arg_i32(rows)] + affine + dest,
             self.stream,
         )  # fmt: skip
 
     def record_colsum(self, m: int, rows: int, cols: int, out: int) -> None:
         """Queue out[j] = sum over rows of the row-major (rows, cols) matrix m: a bias gradient."""
         self._loss_mod.function(f"colsum_{_tag(self.spec.grad)}").launch(
-            (-(-cols // 128), 1, 1), (128, 1, 1), [_p(m), c_int(rows), c_int(cols), _p(out)], self.stream
+            (-(-cols // 128), 1, 1), (128, 1, 1), [arg_ptr(m), arg_i32(rows), arg_i32(cols), arg_ptr(out)], self.stream
         )
 
     def record_epoch_end(self) -> None:
         words = self._state_bytes // 4
-        args = [_p(self.train_state.ptr), _p(self.snapshot.ptr), c_uint64(words), _p(self.epoch_state.ptr)]
+        state = arg_ptr(self.epoch_state.ptr)
+        args = [arg_ptr(self.train_state.ptr), arg_ptr(self.snapshot.ptr), arg_u64(words), state]
         self._launch_elementwise("snapshot", words, args)
-        self._update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [_p(self.epoch_state.ptr)], self.stream)
+        self._update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(self.epoch_state.ptr)], self.stream)
 
     def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
         """Start a fit's device state: epoch counters, step count, and where its lr table and history are."""
