@@ -18,7 +18,7 @@ import numpy as np
 from . import checkpoint
 from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
-from .engine.select import DEVICES, create_engine
+from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .history import FIELDS, History
 from .model import MLP, init_parameters, param_names
@@ -52,13 +52,16 @@ class Trainer:
         batch_size: samples per step; the last short batch of an epoch is a step too unless `drop_last`.
         precision: "mixed" (fp16 operands, fp32 accumulation and weights), "fp16" or "fp32"; the CPU computes fp32.
         device: "cpu", "cuda", or "auto" (the GPU when usable, else the CPU with a warning).
+        engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "graph"
+            (one CUDA graph of library calls per epoch: any model), or "auto" (fused where it holds the model
+            and is faster, else graph). Ignored on the CPU, where only "auto" is accepted.
         seed: keys the initial weights and every epoch's sample order; an integer in [0, 2**64).
         schedule: a callable global step -> lr (see `fastnn.schedules`); None keeps the optimizer's lr.
         normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1].
         drop_last: drop each epoch's last batch when it is short.
 
     Raises:
-        ConfigError: an argument is invalid (the message names it).
+        ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
         DeviceUnavailable: device="cuda" and no usable GPU.
     """
 
@@ -73,6 +76,7 @@ class Trainer:
         schedule: Schedule | None = None,
         normalize: tuple[float, float] | None = None,
         drop_last: bool = False,
+        engine: str = "auto",
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
@@ -83,6 +87,7 @@ class Trainer:
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         _check_device(device)
+        check_engine(device, engine)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         self._config = EngineConfig(
@@ -95,7 +100,9 @@ class Trainer:
             normalize=check_normalize(normalize),
         )
         self._schedule = bind(schedule, optimizer.lr)
-        self._engine = create_engine(device, self._config, init_parameters(model, self._config.seed), stacklevel=2)
+        self._engine = create_engine(
+            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2
+        )
         self._closed = False
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
@@ -107,6 +114,11 @@ class Trainer:
     def device(self) -> str:
         """ "cpu" or "cuda": where training actually runs (what "auto" resolved to)."""
         return self._engine.device
+
+    @property
+    def engine(self) -> str:
+        """ "numpy", "graph" or "fused": the engine that trains (what device and engine "auto" resolved to)."""
+        return self._engine.name
 
     @property
     def model(self) -> MLP:
@@ -125,7 +137,8 @@ class Trainer:
         c = self._config
         return (
             f"Trainer(model={c.model!r}, optimizer={c.optimizer!r}, batch_size={c.batch_size}, "
-            f"precision={c.precision!r}, device={self.device!r}, seed={c.seed}, epoch={self.epoch})"
+            f"precision={c.precision!r}, device={self.device!r}, engine={self.engine!r}, seed={c.seed}, "
+            f"epoch={self.epoch})"
         )
 
     # ---- training ---------------------------------------------------------------------------------------------
@@ -260,7 +273,9 @@ class Trainer:
         checkpoint.save(path, config, self._engine.get_state())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], device: str = "auto", schedule: Schedule | None = None) -> Trainer:
+    def load(
+        cls, path: str | os.PathLike[str], device: str = "auto", schedule: Schedule | None = None, engine: str = "auto"
+    ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
         A schedule is code and is not saved: pass the same `schedule` again to continue with it.
@@ -271,6 +286,7 @@ class Trainer:
         config, arrays = checkpoint.load(path)
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
+        check_engine(device, engine)
         check_schedule(schedule)
         try:
             model = MLP(**config["model"])
@@ -287,9 +303,9 @@ class Trainer:
                 for s in optimizer.state_names:
                     shapes[f"opt.{s}.{name}"] = shape
             state = _checked_arrays(arrays, shapes, where)  # before the engine is built: no work on a bad file
-            trainer = cls(model, optimizer, device=device, schedule=schedule, **kwargs)
-        except DataError:
-            raise  # already names the file and the array
+            trainer = cls(model, optimizer, device=device, schedule=schedule, engine=engine, **kwargs)
+        except (DataError, EngineRefused):
+            raise  # already names the file and the array, or the caller's engine choice
         except KeyError as exc:
             raise DataError(f"{where} holds an invalid config: no entry {exc}") from exc
         except (TypeError, ValueError) as exc:  # ConfigError is a ValueError: a bad value in the saved config

@@ -1,5 +1,9 @@
-"""The GPU engine against the NumPy engine (the definition of correct). Run on a GPU machine:
-`PYTHONPATH=$PWD python3 -m pytest -m gpu -q`. Fashion-MNIST checks read $FASTNN_DATA."""
+"""The GPU engines against the NumPy engine (the definition of correct). Run on a GPU machine:
+`PYTHONPATH=$PWD python3 -m pytest -m gpu -q`. Fashion-MNIST checks read $FASTNN_DATA.
+
+Every comparison runs on both GPU engines (the `engine` fixture): the graph engine and the fused engine,
+with the same tolerances. A case the fused engine cannot hold is checked to be refused with a ConfigError
+naming the limit, and only where the fused engine's requirements allow a refusal (`_fused_must_hold`)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,52 @@ from fastnn.shuffle import permutation
 
 pytestmark = pytest.mark.gpu
 
+GPU_ENGINES = ("graph", "fused")
+
+
+@pytest.fixture(params=GPU_ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _engine_class(engine: str):
+    if engine == "fused":
+        from fastnn.engine.fused_engine import FusedEngine
+
+        return FusedEngine
+    from fastnn.engine.cuda_engine import CudaEngine
+
+    return CudaEngine
+
+
+def _fused_must_hold(model: MLP, precision: str) -> bool:
+    """The models the fused engine is required to hold: logistic regression on up to 784 inputs with up to
+    100 classes, and MLPs of up to 784 inputs, three hidden layers up to 256 wide and up to 10 classes."""
+    sizes = model.sizes
+    if len(sizes) == 2:
+        return sizes[0] <= 784 and sizes[1] <= 100
+    return len(sizes) <= 5 and sizes[0] <= 784 and max(sizes[1:-1]) <= 256 and sizes[-1] <= 10
+
+
+def _refused(engine: str, model: MLP, optimizer, batch: int, precision: str, **kw) -> bool:
+    """True (after checking the refusal) when engine="fused" cannot hold this case; False when it can."""
+    if engine != "fused":
+        return False
+    from fastnn.engine.fused_engine import FusedEngine
+
+    from fastnn.cuda import driver
+
+    cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision, seed=7, **kw)
+    reason = FusedEngine.unsupported_reason(cfg, driver.get_device(0))
+    if reason is None:
+        return False
+    assert not _fused_must_hold(model, precision), f"the fused engine must hold {model}: {reason}"
+    with pytest.raises(fastnn.ConfigError, match="engine='fused'") as info:
+        Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
+                engine="fused", **kw)  # fmt: skip
+    assert reason in str(info.value) and any(ch.isdigit() for ch in reason), reason  # names the limit
+    return True
+
 
 def _data(n: int, d: int, classes: int, seed: int = 0, dtype=np.uint8):
     rng = np.random.default_rng(seed)
@@ -31,9 +81,11 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _pair(model, optimizer, batch, precision="fp32", **kw):
+def _pair(model, optimizer, batch, precision="fp32", engine="graph", **kw):
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cpu", seed=7, **kw)
-    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7, **kw)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
+                  engine=engine, **kw)  # fmt: skip
+    assert gpu.engine == engine
     return cpu, gpu
 
 
@@ -45,10 +97,10 @@ def _assert_close(cpu: Trainer, gpu: Trainer, tol: float) -> None:
         assert _rel(a[name], b[name]) < tol, (name, _rel(a[name], b[name]))
 
 
-def test_fp32_trajectory_matches_numpy_after_200_steps():
+def test_fp32_trajectory_matches_numpy_after_200_steps(engine):
     model = MLP([64, 37, 10])
     x, y = _data(32 * 100 + 7, 64, 10)
-    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 32)
+    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 32, engine=engine)
     assert steps_per_epoch(len(x), 32, False) * 2 >= 200
     hc = cpu.fit(x, y, epochs=2)
     hg = gpu.fit(x, y, epochs=2)
@@ -119,11 +171,15 @@ TOLERANCES = {
 
 @pytest.mark.parametrize("precision", list(TOLERANCES))
 @pytest.mark.parametrize("sizes,activation,optimizer,batch,n", CASES)
-def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, precision):
+def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, precision, engine):
     model = MLP(sizes, activation=activation)
+    if _refused(engine, model, optimizer, batch, precision):
+        return
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7)
-    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
+                  engine=engine)  # fmt: skip
+    assert gpu.engine == engine
     cpu.fit(x, y, epochs=2)
     gpu.fit(x, y, epochs=2)
     params, loss, flips, probs = TOLERANCES[precision]
@@ -138,22 +194,24 @@ def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, preci
     gpu.close()
 
 
-def test_drop_last_and_schedule_match_numpy():
+def test_drop_last_and_schedule_match_numpy(engine):
     model = MLP([16, 24, 3])
     x, y = _data(250, 16, 3, dtype=np.float32)
     sched = fastnn.schedules.Cosine(total_steps=30, warmup_steps=5)
-    cpu, gpu = _pair(model, SGD(lr=0.2, momentum=0.9), 16, schedule=sched, drop_last=True, normalize=(0.1, 2.0))
+    cpu, gpu = _pair(model, SGD(lr=0.2, momentum=0.9), 16, schedule=sched, drop_last=True, normalize=(0.1, 2.0),
+                     engine=engine)  # fmt: skip
     cpu.fit(x, y, epochs=2)
     gpu.fit(x, y, epochs=2)
     _assert_close(cpu, gpu, 2e-4)
     gpu.close()
 
 
-def test_second_fit_continues_like_one_long_fit():
+def test_second_fit_continues_like_one_long_fit(engine):
     model = MLP([32, 20, 4])
     x, y = _data(500, 32, 4)
-    one = Trainer(model, optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1)
-    two = Trainer(model, optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1)
+    kw = dict(optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1, engine=engine)
+    one = Trainer(model, **kw)
+    two = Trainer(model, **kw)
     one.fit(x, y, epochs=4)
     two.fit(x, y, epochs=1)
     two.fit(x, y, epochs=3)  # grows the lr table: re-capture
@@ -173,14 +231,14 @@ def _fashion():
     pytest.skip("Fashion-MNIST not found: set FASTNN_DATA to a folder with its four IDX files")
 
 
-def test_mixed_matches_numpy_on_fashion_mnist():
+def test_mixed_matches_numpy_on_fashion_mnist(engine):
     x, y, xt, yt = _fashion()
     model = MLP([784, 10])
-    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed")
+    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed", engine=engine)
     cpu.fit(x[:25600], y[:25600], epochs=1)  # 200 steps
     gpu.fit(x[:25600], y[:25600], epochs=1)
     _assert_close(cpu, gpu, 2e-2)
-    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed")
+    cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed", engine=engine)
     cpu.fit(x, y, epochs=5)
     gpu.fit(x, y, epochs=5)
     acc_cpu, acc_gpu = cpu.evaluate(xt, yt)["accuracy"], gpu.evaluate(xt, yt)["accuracy"]
@@ -189,16 +247,17 @@ def test_mixed_matches_numpy_on_fashion_mnist():
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
-def test_other_precisions_train_on_fashion_mnist(precision):
+def test_other_precisions_train_on_fashion_mnist(precision, engine):
     x, y, xt, yt = _fashion()
     model = MLP([784, 128, 10])
-    t = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=128, precision=precision, device="cuda")
+    t = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=128, precision=precision, device="cuda",
+                engine=engine)  # fmt: skip
     t.fit(x, y, epochs=3)
     assert t.evaluate(xt, yt)["accuracy"] >= 0.84
     t.close()
 
 
-def test_divergence_keeps_last_finite_weights():
+def test_divergence_keeps_last_finite_weights(engine):
     model = MLP([64, 64, 10])
     x, y = _data(640, 64, 10)
     spe = steps_per_epoch(640, 64, False)
@@ -206,9 +265,10 @@ def test_divergence_keeps_last_finite_weights():
     def sched(step):  # a sane first epoch, then an absurd rate
         return 0.05 if step < spe else 1e6
 
-    ref = Trainer(model, optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3)
+    kw = dict(optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, engine=engine)
+    ref = Trainer(model, **kw)
     ref.fit(x, y, epochs=1)
-    t = Trainer(model, optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, schedule=sched)
+    t = Trainer(model, schedule=sched, **kw)
     with pytest.raises(fastnn.TrainingDiverged) as info:
         t.fit(x, y, epochs=6)
     assert info.value.epoch == 1  # the first epoch at 1e6 overflows fp16
@@ -220,7 +280,7 @@ def test_divergence_keeps_last_finite_weights():
     t.close()
 
 
-def test_trainers_closed_in_a_loop_release_device_memory():
+def test_trainers_closed_in_a_loop_release_device_memory(engine):
     from fastnn.cuda import driver
 
     model = MLP([784, 256, 10])
@@ -228,7 +288,7 @@ def test_trainers_closed_in_a_loop_release_device_memory():
     dev = driver.get_device(0)
 
     def one():
-        with Trainer(model, batch_size=128, device="cuda") as t:
+        with Trainer(model, batch_size=128, device="cuda", engine=engine) as t:
             t.fit(x, y, epochs=1)
             t.evaluate(x[:100], y[:100])
 
@@ -240,10 +300,10 @@ def test_trainers_closed_in_a_loop_release_device_memory():
     assert free0 - free1 < 8 << 20, (free0 - free1) / 2**20
 
 
-def test_load_state_dict_keeps_optimizer_state_like_numpy():
+def test_load_state_dict_keeps_optimizer_state_like_numpy(engine):
     model = MLP([24, 16, 4])
     x, y = _data(400, 24, 4)
-    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 40)
+    cpu, gpu = _pair(model, SGD(lr=0.05, momentum=0.9), 40, engine=engine)
     cpu.fit(x, y, epochs=1)
     gpu.fit(x, y, epochs=1)
     weights = cpu.state_dict()
@@ -255,13 +315,11 @@ def test_load_state_dict_keeps_optimizer_state_like_numpy():
     gpu.close()
 
 
-def test_interrupted_fit_reports_every_epoch_that_ran():
-    from fastnn.engine.cuda_engine import CudaEngine
-
+def test_interrupted_fit_reports_every_epoch_that_ran(engine):
     model = MLP([16, 8, 3])
     x, y = _data(300, 16, 3)
     cfg = EngineConfig(model=model, optimizer=SGD(lr=0.05), batch_size=30, precision="fp32")
-    eng = CudaEngine(cfg, init_parameters(model, 0))
+    eng = _engine_class(engine)(cfg, init_parameters(model, 0))
     try:
         eng.set_train_data(x, y.astype(np.int32))
         seen = []
@@ -282,3 +340,30 @@ def test_interrupted_fit_reports_every_epoch_that_ran():
         assert done == [3]
     finally:
         eng.close()
+
+
+def test_auto_engine_and_the_engine_matrix_agree():
+    """engine="auto" picks one of the two GPU engines by the fused engine's rule; both train the same model."""
+    from fastnn.engine.fused_engine import FusedEngine, prefer_fused
+
+    from fastnn.cuda import driver
+
+    model = MLP([784, 10])
+    t = Trainer(model, batch_size=128, device="cuda")
+    cfg = t.config
+    dev = driver.get_device(0)
+    expect = "fused" if FusedEngine.unsupported_reason(cfg, dev) is None and prefer_fused(cfg, dev) else "graph"
+    assert t.engine == expect
+    t.close()
+
+
+@pytest.mark.parametrize("sizes", [[784, 10], [784, 100], [784, 128, 128, 128, 10], [784, 256, 256, 256, 10]])
+def test_fused_holds_the_models_it_must(sizes):
+    from fastnn.engine.fused_engine import FusedEngine
+
+    from fastnn.cuda import driver
+
+    model = MLP(sizes)
+    for batch in (32, 128):
+        cfg = EngineConfig(model=model, optimizer=SGD(lr=0.01, momentum=0.9), batch_size=batch, precision="mixed")
+        assert FusedEngine.unsupported_reason(cfg, driver.get_device(0)) is None, (sizes, batch)

@@ -68,6 +68,8 @@ class Engine(ABC):
 
     #: "cpu" or "cuda"
     device: str
+    #: which engine this is, as `Trainer.engine` reports it: "numpy", "graph" or "fused"
+    name: str
 
     @abstractmethod
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray]) -> None:

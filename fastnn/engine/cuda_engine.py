@@ -108,6 +108,7 @@ class CudaEngine(Engine):
     """`device="cuda"`: trains with one CUDA graph per epoch; the NumPy engine's math on the GPU."""
 
     device = "cuda"
+    name = "graph"
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
         from ..cuda import cublaslt, cudnn, driver

@@ -124,6 +124,7 @@ class NumpyEngine(Engine):
     """Trains on the CPU with NumPy, float32 by default (`dtype=np.float64` for gradient checks)."""
 
     device = "cpu"
+    name = "numpy"
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], dtype: type = np.float32) -> None:
         self.config = config

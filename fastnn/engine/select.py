@@ -1,6 +1,10 @@
-"""Which engine a `device` string means: "cpu" (NumPy), "cuda" (the CUDA-graph engine) or "auto".
+"""Which engine trains: `device` ("cpu", "cuda" or "auto") and, on a GPU, `engine` ("fused", "graph" or "auto").
 
-The GPU modules are imported only when a GPU is asked for, so CPU training never depends on them.
+The NumPy engine trains on the CPU. On a GPU, the graph engine (`cuda_engine.py`, one CUDA graph of
+library calls per epoch) trains any model; the fused engine (`fused_engine.py`, one persistent kernel per
+epoch with the weights on chip) trains the small models it can hold, faster. "auto" takes the fused engine
+where it holds the model and its measured rule (`fused_engine.prefer_fused`) says it is faster, else the
+graph engine. The GPU modules are imported only when a GPU is asked for, so CPU training never needs them.
 """
 
 from __future__ import annotations
@@ -12,13 +16,52 @@ import numpy as np
 from ..errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
-__all__ = ["DEVICES", "create_engine", "cuda_engine_class"]
+__all__ = [
+    "DEVICES", "ENGINES", "EngineRefused", "check_engine", "choose_gpu_engine", "create_engine", "cuda_engine_class"
+]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("auto", "fused", "graph")
+
+
+class EngineRefused(ConfigError):
+    """engine="fused" was asked for a model it cannot hold; the message names the limit. A ConfigError, so
+    `Trainer.load` can tell the caller's engine choice apart from a bad value in the file."""
+
+
+def check_engine(device: str, engine: object) -> str:
+    """`engine` validated against `device`: a GPU engine cannot be forced on device="cpu".
+
+    Raises:
+        ConfigError: `engine` is not one of ENGINES, or names a GPU engine with device="cpu".
+    """
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if device == "cpu" and engine != "auto":
+        raise ConfigError(f"engine={engine!r} is a GPU engine but device='cpu': use device='cuda' (or 'auto')")
+    return engine
+
+
+def choose_gpu_engine(engine: str, unsupported: str | None, fused_faster: bool) -> str:
+    """"fused" or "graph" for a GPU run.
+
+    `unsupported` is why the fused engine cannot hold the model (None when it can); `fused_faster` is the
+    measured rule's verdict. A forced choice is kept; a forced "fused" that cannot hold the model raises.
+
+    Raises:
+        EngineRefused: engine="fused" and the fused engine cannot hold the model (the message names the limit).
+    """
+    if engine == "graph":
+        return "graph"
+    if engine == "fused":
+        if unsupported is not None:
+            raise EngineRefused(f"engine='fused' cannot train this model: {unsupported}")
+        return "fused"
+    return "fused" if unsupported is None and fused_faster else "graph"
 
 
 def cuda_engine_class() -> type[Engine]:
-    """The CUDA engine class, if this machine can run it.
+    """The graph engine class, if this machine can run it.
 
     Raises:
         DeviceUnavailable: no usable GPU, or the GPU modules cannot be imported; the message says which.
@@ -37,17 +80,39 @@ def cuda_engine_class() -> type[Engine]:
     return CudaEngine
 
 
-def create_engine(device: str, config: EngineConfig, state: dict[str, np.ndarray], *, stacklevel: int = 2) -> Engine:
-    """Build the engine for `device` from `config`, starting from `state`.
+def _gpu_engine(graph_class: type[Engine], config: EngineConfig, state: dict[str, np.ndarray], engine: str) -> Engine:
+    """The GPU engine `engine` resolves to (see `choose_gpu_engine`), built from `config` and `state`."""
+    if engine == "graph":
+        return graph_class(config, state)
+    try:
+        from ..cuda import driver
+        from .fused_engine import FusedEngine, prefer_fused
+    except ImportError as exc:
+        if engine == "fused":
+            raise EngineRefused(f"engine='fused' is unavailable: {exc}") from exc
+        return graph_class(config, state)
+    dev = driver.get_device(0)
+    unsupported = FusedEngine.unsupported_reason(config, dev)
+    fused_faster = unsupported is None and prefer_fused(config, dev)
+    if choose_gpu_engine(engine, unsupported, fused_faster) == "fused":
+        return FusedEngine(config, state)
+    return graph_class(config, state)
 
-    "auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`).
+
+def create_engine(
+    device: str, config: EngineConfig, state: dict[str, np.ndarray], *, engine: str = "auto", stacklevel: int = 2
+) -> Engine:
+    """Build the engine for `device` and `engine` from `config`, starting from `state`.
+
+    device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`).
 
     Raises:
-        ConfigError: `device` is not one of DEVICES.
+        ConfigError: `device` or `engine` is invalid, or engine="fused" cannot hold the model.
         DeviceUnavailable: device="cuda" and no usable GPU.
     """
     if device not in DEVICES:
         raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
+    check_engine(device, engine)
     if device == "cpu":
         from .numpy_engine import NumpyEngine
 
@@ -57,9 +122,9 @@ def create_engine(device: str, config: EngineConfig, state: dict[str, np.ndarray
             engine_class = cuda_engine_class()
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(f"device='cuda': {exc}") from exc
-        return engine_class(config, state)
+        return _gpu_engine(engine_class, config, state, engine)
     try:
-        return cuda_engine_class()(config, state)
+        return _gpu_engine(cuda_engine_class(), config, state, engine)
     except DeviceUnavailable as exc:
         warnings.warn(
             f"device='auto': {exc}; training on the CPU (NumPy engine) instead",

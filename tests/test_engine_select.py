@@ -1,0 +1,142 @@
+"""Engine selection (`engine=` on a GPU) and its errors, tested without a GPU: the GPU modules are faked."""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+from fastnn import MLP, Trainer
+from fastnn.engine import select
+from fastnn.engine.numpy_engine import NumpyEngine
+from fastnn.errors import ConfigError, DeviceUnavailable
+
+
+@pytest.mark.parametrize("engine", ["bogus", "", None, 1, "FUSED"])
+def test_unknown_engine_is_refused_naming_it(engine) -> None:
+    with pytest.raises(ConfigError, match=r"engine must be one of .*got " + repr(engine).replace("(", r"\(")):
+        Trainer(MLP([4, 2]), device="cpu", engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["fused", "graph"])
+def test_gpu_engine_with_cpu_device_is_refused(engine: str) -> None:
+    with pytest.raises(ConfigError, match=f"engine='{engine}' is a GPU engine but device='cpu'"):
+        Trainer(MLP([4, 2]), device="cpu", engine=engine)
+
+
+def test_cpu_trainer_reports_the_numpy_engine() -> None:
+    t = Trainer(MLP([4, 2]), device="cpu")
+    assert t.engine == "numpy" and "engine='numpy'" in repr(t)
+
+
+@pytest.mark.parametrize(
+    "engine,unsupported,faster,expect",
+    [
+        ("graph", None, True, "graph"),
+        ("graph", "too wide", False, "graph"),
+        ("fused", None, False, "fused"),  # forced: kept even where the rule says graph is faster
+        ("auto", None, True, "fused"),
+        ("auto", None, False, "graph"),
+        ("auto", "needs 300000 bytes of shared memory", True, "graph"),
+    ],
+)
+def test_choose_gpu_engine(engine: str, unsupported: str | None, faster: bool, expect: str) -> None:
+    assert select.choose_gpu_engine(engine, unsupported, faster) == expect
+
+
+def test_forced_fused_on_a_model_it_cannot_hold_names_the_limit() -> None:
+    with pytest.raises(select.EngineRefused, match="engine='fused' cannot train this model: needs 300000 bytes"):
+        select.choose_gpu_engine("fused", "needs 300000 bytes of shared memory per CTA", True)
+
+
+# ---- the whole path with the GPU modules faked ------------------------------------------------------------
+
+
+class _FakeGraph(NumpyEngine):
+    device = "cuda"
+    name = "graph"
+
+
+class _FakeFused(NumpyEngine):
+    device = "cuda"
+    name = "fused"
+    built = 0
+    limit = 100  # widest layer the fake holds
+
+    @classmethod
+    def unsupported_reason(cls, config, device) -> str | None:
+        widest = max(config.model.sizes)
+        return None if widest <= cls.limit else f"a layer of {widest} is wider than {cls.limit}"
+
+    def __init__(self, config, state) -> None:
+        type(self).built += 1
+        super().__init__(config, state)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):
+    """A 'GPU' whose graph and fused engines are NumPy engines; the fused one holds layers up to 100 wide
+    and its rule prefers it below 64."""
+    _FakeFused.built = 0
+    monkeypatch.setattr(select, "cuda_engine_class", lambda: _FakeGraph)
+    fused = types.ModuleType("fastnn.engine.fused_engine")
+    fused.FusedEngine = _FakeFused
+    fused.prefer_fused = lambda config, device: max(config.model.sizes[1:]) < 64
+    monkeypatch.setitem(sys.modules, "fastnn.engine.fused_engine", fused)
+    from fastnn.cuda import driver
+
+    monkeypatch.setattr(driver, "get_device", lambda ordinal=0: object())
+    return _FakeFused
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_auto_takes_fused_where_it_holds_the_model_and_is_faster(fake_gpu, device: str) -> None:
+    assert Trainer(MLP([20, 10]), device=device).engine == "fused"
+    assert Trainer(MLP([20, 80, 10]), device=device).engine == "graph"  # held, but the rule says graph
+    assert Trainer(MLP([200, 10]), device=device).engine == "graph"  # not held
+
+
+def test_forced_engines(fake_gpu) -> None:
+    assert Trainer(MLP([20, 80, 10]), device="cuda", engine="fused").engine == "fused"
+    assert Trainer(MLP([20, 10]), device="cuda", engine="graph").engine == "graph"
+
+
+def test_forced_fused_refusal_comes_before_any_work(fake_gpu) -> None:
+    with pytest.raises(ConfigError, match="engine='fused' cannot train this model: a layer of 200 is wider than 100"):
+        Trainer(MLP([200, 10]), device="cuda", engine="fused")
+    assert fake_gpu.built == 0
+
+
+def test_load_with_a_refused_engine_blames_the_engine_not_the_file(fake_gpu, tmp_path) -> None:
+    path = tmp_path / "m.npz"
+    t = Trainer(MLP([200, 10]), device="cpu")
+    t.save(path)
+    with pytest.raises(select.EngineRefused, match="wider than 100"):
+        Trainer.load(path, device="cuda", engine="fused")
+    assert Trainer.load(path, device="cuda", engine="graph").engine == "graph"
+    with pytest.raises(ConfigError, match="engine='graph' is a GPU engine but device='cpu'"):
+        Trainer.load(path, device="cpu", engine="graph")
+
+
+def test_fused_module_that_fails_to_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "cuda_engine_class", lambda: _FakeGraph)
+    monkeypatch.setitem(sys.modules, "fastnn.engine.fused_engine", None)  # import raises ImportError
+    assert Trainer(MLP([20, 10]), device="cuda").engine == "graph"  # auto: the graph engine
+    with pytest.raises(select.EngineRefused, match="engine='fused' is unavailable"):
+        Trainer(MLP([20, 10]), device="cuda", engine="fused")
+
+
+def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable():
+        raise DeviceUnavailable("no usable GPU: test says so")
+
+    monkeypatch.setattr(select, "cuda_engine_class", unavailable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = Trainer(MLP([12, 4]), device="auto", engine="fused")
+    assert t.engine == "numpy" and len(caught) == 1 and "CPU" in str(caught[0].message)
+    t.fit(np.zeros((8, 12), dtype=np.float32), np.zeros(8, dtype=np.int64), epochs=1)
+    assert t.epoch == 1
