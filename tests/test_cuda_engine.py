@@ -52,9 +52,8 @@ def _refused(engine: str, model: MLP, optimizer, batch: int, precision: str, **k
     """True (after checking the refusal) when engine="fused" cannot hold this case; False when it can."""
     if engine != "fused":
         return False
-    from fastnn.engine.fused_engine import FusedEngine
-
     from fastnn.cuda import driver
+    from fastnn.engine.fused_engine import FusedEngine
 
     cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision, seed=7, **kw)
     reason = FusedEngine.unsupported_reason(cfg, driver.get_device(0))
@@ -344,9 +343,8 @@ def test_interrupted_fit_reports_every_epoch_that_ran(engine):
 
 def test_auto_engine_and_the_engine_matrix_agree():
     """engine="auto" picks one of the two GPU engines by the fused engine's rule; both train the same model."""
-    from fastnn.engine.fused_engine import FusedEngine, prefer_fused
-
     from fastnn.cuda import driver
+    from fastnn.engine.fused_engine import FusedEngine, prefer_fused
 
     model = MLP([784, 10])
     t = Trainer(model, batch_size=128, device="cuda")
@@ -359,9 +357,8 @@ def test_auto_engine_and_the_engine_matrix_agree():
 
 @pytest.mark.parametrize("sizes", [[784, 10], [784, 100], [784, 128, 128, 128, 10], [784, 256, 256, 256, 10]])
 def test_fused_holds_the_models_it_must(sizes):
-    from fastnn.engine.fused_engine import FusedEngine
-
     from fastnn.cuda import driver
+    from fastnn.engine.fused_engine import FusedEngine
 
     model = MLP(sizes)
     for batch in (32, 128):

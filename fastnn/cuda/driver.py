@@ -643,9 +643,17 @@ class Kernel:
         self.name = name
         self.handle = handle
         self._shared_optin = _DEFAULT_MAX_SHARED
+        self._non_portable = False
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r})"
+
+    def _opt_in_shared(self, shared_mem: int) -> None:
+        """Above 48 KiB of dynamic shared memory a kernel must opt in (once, up to the device's limit)."""
+        if shared_mem > self._shared_optin:
+            attrib = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(cu.cuFuncSetAttribute(self.handle, attrib, int(shared_mem)), f"cuFuncSetAttribute({self.name!r})")
+            self._shared_optin = int(shared_mem)
 
     def launch(
         self,
@@ -654,6 +662,7 @@ class Kernel:
         args: Sequence[ctypes._SimpleCData],
         stream: Stream,
         shared_mem: int = 0,
+        cluster: int | None = None,
     ) -> None:
         """Queue the kernel on `stream` (also inside stream capture).
 
@@ -662,6 +671,7 @@ class Kernel:
                 (c_void_p(ptr), c_int, c_float, c_uint64...): the driver copies each by its ctypes size.
             shared_mem: dynamic shared memory bytes; above 48 KiB the kernel is opted in once (up to
                 Device.max_shared_memory_optin).
+            cluster: launch in thread-block clusters of this many CTAs along x (sm_90+; grid a multiple).
         """
         self.module._alive()
         grid_dims = _dims(grid, "grid")
@@ -669,16 +679,50 @@ class Kernel:
         for i, arg in enumerate(args):
             if not isinstance(arg, (ctypes._SimpleCData, ctypes.Structure)):
                 raise ConfigError(f"kernel {self.name!r} argument {i} must be a ctypes value, got {type(arg).__name__}")
-        if shared_mem > self._shared_optin:
-            attrib = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(cu.cuFuncSetAttribute(self.handle, attrib, int(shared_mem)), f"cuFuncSetAttribute({self.name!r})")
-            self._shared_optin = int(shared_mem)
+        self._opt_in_shared(shared_mem)
         # kernelParams is a void** of the arguments' addresses; cuLaunchKernel copies the values before
         # returning (into the graph node when capturing), so `args` and `params` need only outlive this call.
         params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+        if cluster is not None:
+            config = self._cluster_config(grid_dims, block_dims, int(shared_mem), stream, cluster)
+            _check(
+                cu.cuLaunchKernelEx(config, self.handle, ctypes.addressof(params), 0),
+                f"cuLaunchKernelEx({self.name!r}, cluster={cluster})",
+            )
+            return
         _check(
             cu.cuLaunchKernel(
                 self.handle, *grid_dims, *block_dims, int(shared_mem), stream.handle, ctypes.addressof(params), 0
             ),
             f"cuLaunchKernel({self.name!r})",
         )
+
+    def _cluster_config(
+        self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Stream | None,
+        cluster: int,
+    ) -> Any:
+        """A CUlaunchConfig for a launch in thread-block clusters of `cluster` CTAs along x (more than 8 CTAs
+        needs the kernel's non-portable cluster size attribute, set here once)."""
+        if cluster > 8 and not self._non_portable:
+            attrib = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            _check(cu.cuFuncSetAttribute(self.handle, attrib, 1), f"cuFuncSetAttribute({self.name!r}, non-portable)")
+            self._non_portable = True
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared_mem
+        config.hStream = stream.handle if stream is not None else 0
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
+
+    def max_active_clusters(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
+                            cluster: int) -> int:  # fmt: skip
+        """How many clusters of `cluster` CTAs with this block and shared memory fit on the device at once
+        (0: such a cluster cannot be launched at all)."""
+        self._opt_in_shared(shared_mem)
+        config = self._cluster_config(_dims(grid, "grid"), _dims(block, "block"), int(shared_mem), None, cluster)
+        return int(_check(cu.cuOccupancyMaxActiveClusters(self.handle, config), "cuOccupancyMaxActiveClusters"))

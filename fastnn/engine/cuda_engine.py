@@ -109,6 +109,8 @@ class CudaEngine(Engine):
 
     device = "cuda"
     name = "graph"
+    #: The training context class: the resident set, its buffers and the captured epoch (fused_engine overrides).
+    _train_context: type[_TrainContext]
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
         from ..cuda import cublaslt, cudnn, driver
@@ -405,7 +407,7 @@ class CudaEngine(Engine):
             self.stream.synchronize()  # queued work may still read its buffers
             ctx.release()
         self._train = None
-        self._train = _TrainContext(self, x, y, key)
+        self._train = self._train_context(self, x, y, key)
 
     def fit_epochs(self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch) -> None:
         ctx = self._train
@@ -548,7 +550,7 @@ class _TrainContext(_Owner):
     def __init__(self, eng: CudaEngine, x: np.ndarray, y: np.ndarray, key) -> None:
         super().__init__()
         self.eng = eng
-        drv, spec, cfg = eng._drv, eng.spec, eng.config
+        drv, cfg = eng._drv, eng.config
         self.n, self.dtype = x.shape[0], x.dtype
         B = cfg.batch_size
         self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
@@ -561,20 +563,7 @@ class _TrainContext(_Owner):
             self.x = buf(x.nbytes)
             self.y = buf(self.n * 4)
             self.load(x, y, key)
-            R = max(self.rows) if self.rows else 1
-            self.x_batch = buf(R * cfg.model.in_features * _size(spec.operand))
-            self.y_batch = buf(R * 4)
-            last = len(cfg.model.layers) - 1
-            self.layers = [
-                _Layer(
-                    out=buf(R * d_out * _size(spec.logits if i == last else spec.operand)),
-                    dout=buf(R * d_out * _size(spec.operand)),
-                    aux=buf(eng.aux_bytes(d_out, R)) if i < last else None,
-                )
-                for i, (_, d_out) in enumerate(cfg.model.layers)
-            ]
-            self.probs = buf(R * cfg.model.classes * _size(spec.logits))
-            self._build_plans()
+            self._build(buf)
             self.events = [
                 (self.own(drv.Event(timing=True)), self.own(drv.Event(timing=True)), self.own(drv.Event()))
                 for _ in range(INFLIGHT_EPOCHS + 1)
@@ -582,6 +571,24 @@ class _TrainContext(_Owner):
         except BaseException:
             self.release()
             raise
+
+    def _build(self, buf: Callable) -> None:
+        """The graph engine's batch buffers, layer buffers and plans for this set's shapes."""
+        eng, spec, cfg = self.eng, self.eng.spec, self.eng.config
+        R = max(self.rows) if self.rows else 1
+        self.x_batch = buf(R * cfg.model.in_features * _size(spec.operand))
+        self.y_batch = buf(R * 4)
+        last = len(cfg.model.layers) - 1
+        self.layers = [
+            _Layer(
+                out=buf(R * d_out * _size(spec.logits if i == last else spec.operand)),
+                dout=buf(R * d_out * _size(spec.operand)),
+                aux=buf(eng.aux_bytes(d_out, R)) if i < last else None,
+            )
+            for i, (_, d_out) in enumerate(cfg.model.layers)
+        ]
+        self.probs = buf(R * cfg.model.classes * _size(spec.logits))
+        self._build_plans()
 
     def load(self, x: np.ndarray, y: np.ndarray, key) -> None:
         self.eng.upload(self.x, x)
@@ -642,12 +649,16 @@ class _TrainContext(_Owner):
         eng.stream.synchronize()
         self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
         if self.graph is None:
-            # Autotune each full-batch plan in step order on real data (no update), then capture.
-            eng.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
-            self.hist.memset(0, eng.stream)
-            self._record_step(0, autotune=True, update=False)
-            self.graph = self.own(eng.capture(self._record_epoch))
+            self.graph = self.own(self._capture_epoch())
         self.hist.memset(0, eng.stream)
+
+    def _capture_epoch(self):
+        """Autotune each full-batch plan in step order on real data (no update), then capture the epoch."""
+        eng = self.eng
+        eng.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
+        self.hist.memset(0, eng.stream)
+        self._record_step(0, autotune=True, update=False)
+        return eng.capture(self._record_epoch)
 
     def _record_epoch(self) -> None:
         for s in range(self.steps):
@@ -788,3 +799,6 @@ def _tag(t: type) -> str:
 
 def _dnn_type(t: type) -> str:
     return "fp16" if t == np.float16 else "fp32"
+
+
+CudaEngine._train_context = _TrainContext

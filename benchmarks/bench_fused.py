@@ -1,0 +1,88 @@
+"""The fused engine against the graph engine: us/step, first-fit setup and test accuracy, per width.
+
+    python benchmarks/bench_fused.py --data DIR [--only logreg,mlp128,sweep] [--precision mixed] [--json F]
+
+Both engines train the same model from the same weights in the same order in one process. Training time is
+the sum of the per-epoch device-event times of a second `fit` (the captured epoch replayed); setup is the
+first `fit` of a fresh trainer (one epoch, kernel cache as found). "sweep" runs 784-h-h-h-10 (batch 32)
+for h in 32..1024 to find the width where the fused engine stops winning (engine="auto"'s rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import fastnn
+
+WORKLOADS = {
+    # name: (sizes, lr, batch, epochs, samples)
+    "logreg": ([784, 10], 0.1, 128, 20, 60000),
+    "mlp128": ([784, 128, 128, 128, 10], 0.003, 32, 5, 32000),
+}
+SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
+
+
+def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str) -> dict:
+    x, y, xt, yt = data
+    x, y = x[:samples], y[:samples]
+    try:
+        t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr), batch_size=batch, precision=precision,
+                           device="cuda", seed=0, engine=engine)  # fmt: skip
+    except fastnn.ConfigError as exc:
+        return {"sizes": sizes, "engine": engine, "refused": str(exc)}
+    t0 = time.perf_counter()
+    t.fit(x, y, epochs=1)
+    setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    h = t.fit(x, y, epochs=epochs)
+    wall = time.perf_counter() - t1
+    device = float(np.sum(h["seconds"]))
+    steps = epochs * -(-len(x) // batch)
+    acc = t.evaluate(xt, yt)["accuracy"]
+    t.close()
+    return {"sizes": sizes, "engine": engine, "precision": precision, "batch": batch, "steps": steps,
+            "device_s": device, "wall_s": wall, "us_per_step": device / steps * 1e6, "first_fit_s": setup,
+            "test_accuracy": acc, "final_train_loss": h[-1]["train_loss"]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--precision", default="mixed")
+    ap.add_argument("--only", default="logreg,mlp128,sweep")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    data = fastnn.datasets.load("fashion-mnist", root=args.data, download=False)
+    jobs = []
+    for name in args.only.split(","):
+        if name == "sweep":
+            jobs += [([784, h, h, h, 10], 0.003, 32, 1, 32000) for h in SWEEP]
+        else:
+            jobs.append(WORKLOADS[name])
+    rows = []
+    for prec in args.precision.split(","):
+        for job in jobs:
+            pair = {}
+            for engine in ("graph", "fused"):
+                r = run(*job, data, prec, engine)
+                rows.append(r)
+                pair[engine] = r
+                if "refused" in r:
+                    print(f"{str(job[0]):28s} {engine:5s} refused: {r['refused']}", flush=True)
+                    continue
+                print(f"{str(job[0]):28s} {engine:5s} {prec:5s} b{job[2]:<4d} {r['us_per_step']:8.2f} us/step  "
+                      f"first fit {r['first_fit_s']:.2f} s  acc {r['test_accuracy']:.4f}  "
+                      f"loss {r['final_train_loss']:.4f}", flush=True)  # fmt: skip
+            if all("us_per_step" in r for r in pair.values()):
+                print(f"{'':28s} graph/fused {pair['graph']['us_per_step'] / pair['fused']['us_per_step']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The fused engine: a small network's whole epoch in one persistent kernel, the weights kept on chip.
+
+It is the graph engine (`cuda_engine.py`) with another training context: the parameters and optimizer
+state stay in the graph engine's flat training state, and evaluation, prediction, snapshots, divergence
+handling, interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library
+nodes per step, its graph is one cluster launch of `native/fused.cu` (which loads the state into shared
+memory, trains every step of the epoch and writes the state back) followed by the graph engine's epoch-end
+nodes. The kernel is compiled per model shape (NVRTC, disk-cached); `fused_plan.py` decides what fits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..shuffle import feistel_bits
+from .base import EngineConfig
+from .cuda_engine import CudaEngine, _TrainContext
+from .fused_plan import MIN_CC, FusedPlan, fused_plan
+
+__all__ = ["FusedEngine", "prefer_fused"]
+
+#: The auto rule (engine="auto"): the fused engine where it holds the model and its widest hidden layer is at
+#: most this wide; -1: never (the first version measured slower than the graph engine on every workload:
+#: benchmarks/NOTES.md). Measured with benchmarks/bench_fused.py.
+AUTO_MAX_HIDDEN = -1
+
+_modules_lock = threading.Lock()
+_modules: dict[tuple[int, tuple[str, ...]], object] = {}
+
+
+def _fused_module(device, options: tuple[str, ...]):
+    """native/fused.cu compiled for one shape (NVRTC, disk-cached) and loaded once per process and device."""
+    from ..cuda import driver, nvrtc
+
+    key = (device.ordinal, options)
+    with _modules_lock:
+        if key not in _modules:
+            _modules[key] = driver.Module(nvrtc.compile_native("fused.cu", device.arch, options))
+        return _modules[key]
+
+
+def _x_dtype_for_plan(config: EngineConfig) -> type:
+    return np.uint8  # the shared-memory plan does not depend on the input type; the kernel is compiled per type
+
+
+def prefer_fused(config: EngineConfig, device) -> bool:
+    """The measured rule for engine="auto": fused where every hidden layer is at most AUTO_MAX_HIDDEN wide."""
+    hidden = config.model.sizes[1:-1]
+    return AUTO_MAX_HIDDEN >= 0 and (not hidden or max(hidden) <= AUTO_MAX_HIDDEN)
+
+
+class FusedEngine(CudaEngine):
+    """engine="fused": one persistent cluster kernel per epoch; the graph engine's math, on chip."""
+
+    name = "fused"
+
+    @staticmethod
+    def unsupported_reason(config: EngineConfig, device) -> str | None:
+        """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
+        cc = device.compute_capability[0] * 10 + device.compute_capability[1]
+        if cc < MIN_CC:
+            return f"it needs thread-block clusters (sm_90 or newer); {device.name} is {device.arch}"
+        plan = fused_plan(config, _x_dtype_for_plan(config), device.max_shared_memory_optin)
+        return plan if isinstance(plan, str) else None
+
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+        from ..cuda import driver
+
+        reason = self.unsupported_reason(config, driver.get_device(ordinal))
+        if reason is not None:
+            raise ConfigError(f"engine='fused' cannot train this model: {reason}")
+        super().__init__(config, state, ordinal)
+
+    def fused_kernel(self, x_dtype: np.dtype) -> tuple[object, FusedPlan]:
+        """The compiled kernel and its plan for training data of `x_dtype`."""
+        plan = fused_plan(self.config, x_dtype, self.dev.max_shared_memory_optin)
+        if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
+            raise ConfigError(f"engine='fused' cannot train this model: {plan}")
+        kernel = _fused_module(self.dev, plan.options).function("fused_epoch_kernel")
+        if kernel.max_active_clusters((plan.cluster, 1, 1), (plan.threads, 1, 1), plan.smem_bytes, plan.cluster) < 1:
+            raise ConfigError(
+                f"engine='fused' cannot train this model: a cluster of {plan.cluster} CTAs with "
+                f"{plan.smem_bytes:,} bytes of shared memory each cannot be scheduled on {self.dev.name}"
+            )
+        return kernel, plan
+
+
+class _FusedTrainContext(_TrainContext):
+    """The resident training set and its epoch graph: one fused kernel launch plus the epoch-end nodes."""
+
+    def _build(self, buf: Callable) -> None:
+        self.kernel, self.plan = self.eng.fused_kernel(self.dtype)
+
+    def _capture_epoch(self):
+        return self.eng.capture(self._record_epoch)
+
+    def _record_epoch(self) -> None:
+        eng = self.eng
+        cfg, opt = eng.config, eng.config.optimizer
+        from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32
+        from ..data import input_affine
+
+        n_state = len(eng._opt_names)
+        s1 = eng.train_state.ptr + eng._pbytes if n_state >= 1 else 0
+        s2 = eng.train_state.ptr + eng._pbytes + eng._sbytes if n_state >= 2 else 0
+        scale, shift = input_affine(self.dtype, cfg.normalize)
+        b1, b2 = getattr(opt, "betas", (0.0, 0.0))
+        seed = cfg.seed
+        args = [
+            arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
+            arg_ptr(self.x.ptr), arg_ptr(self.y.ptr), arg_u32(self.n),
+            arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(self.n) // 2),
+            arg_ptr(eng.epoch_state.ptr), arg_i32(self.steps), arg_i32(cfg.batch_size), arg_f32(scale),
+            arg_f32(shift), arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
+            arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2), arg_f32(getattr(opt, "eps", 0.0)),
+        ]  # fmt: skip
+        p = self.plan
+        self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cluster=p.cluster)
+        eng.record_epoch_end()
+
+
+FusedEngine._train_context = _FusedTrainContext

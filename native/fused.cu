@@ -1,0 +1,671 @@
+// fused.cu: a whole training epoch of a small MLP in ONE persistent kernel, one thread-block cluster.
+//
+// What it computes: the same epoch as the graph engine (and the NumPy engine, the definition): for each step
+// s of the epoch, the batch of positions [s*B, s*B + rows) in the epoch's keyed order (shuffle.cuh), mapped
+// x*scale + shift; the forward pass (Linear + ReLU/GELU-tanh per hidden layer, Linear last); softmax
+// cross-entropy averaged over the batch (log-sum-exp from the logits, argmax first-max-wins, as loss.cu);
+// the backward pass; and the optimizer step of fastnn/optim.py (SGD with momentum/Nesterov/weight decay,
+// or AdamW, as update.cu) at the lr of st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct
+// count are added to st->hist[2 * epoch_in_fit + {0, 1}]. Parameters and optimizer state are read from the
+// engine's flat training state at the start and written back at the end (with the fp16 copy in "mixed"),
+// so evaluation, snapshots and checkpoints are the graph engine's.
+//
+// Launch: grid = one cluster of FUSED_CL CTAs (16 needs the non-portable cluster size attribute), block =
+// FUSED_NT threads, dynamic shared memory = FUSED_SMEM bytes (fastnn/engine/fused_plan.py computes it and
+// the kernel checks it at compile time). sm_90 or newer (cluster barriers, distributed shared memory).
+//
+// Partition over the cluster's CTAs (rank r): every hidden layer is split by output neurons (CTA r owns
+// rows [r*P, r*P + P) of W_l, their bias and optimizer state); the last layer is split by its INPUT
+// columns (the previous layer's slice r, or input columns [r*KP, r*KP + KP) for logistic regression), so
+// its partial logits need no all-gather of the last hidden activation. The last layer's bias is replicated
+// in every CTA and updated identically (the same arithmetic on the same numbers keeps the copies equal).
+//
+// Memory plan (per CTA, all in shared memory, fp32 unless said): owned weights (master), their gradient
+// accumulators and optimizer state (1 or 2 arrays); an fp16 operand copy of the owned weights in
+// "mixed"/"fp16"; the chunk's input rows X (R x D, or R x KP for logistic regression); per hidden layer the
+// pre-activation slice Z (R x P, reused as dZ) and, except for the last hidden layer, the full activation H
+// (R x width) gathered from every CTA; the last hidden layer's activation slice; the partial logits pushed
+// to the row's reducer CTA (CL x ceil(R/CL) x C); the all-gathered dlogits (R x C); two reduce-scatter
+// receive buffers for dH (CL x R x P). Registers: GEMM tiles. Global memory: the training set (read once
+// per chunk), the lr table, the history, the training state at start and end. Row strides are padded to 4
+// floats (16-byte vector loads) and every pad is zero, so padded neurons and columns stay exactly zero
+// under every optimizer.
+//
+// Cluster barriers per chunk of R rows: one per hidden layer but the last (all-gather of H), two for the
+// head (partial logits -> reducers; dlogits -> everyone), one per hidden layer but the first in backward
+// (reduce-scatter of dH): logistic regression 2, 784-h-h-h-10 6. Every buffer written remotely is read
+// before at least one further barrier separates it from its next write (checked in the comments below).
+// Rows of a step are processed in chunks of R with gradients accumulated, so any batch size works.
+#include "common.cuh"
+#include "shuffle.cuh"
+
+// ---- shape, precision and optimizer: compile-time (-D from fused_plan.py); defaults compile a logreg ----
+#ifndef FUSED_NL
+#define FUSED_NL 1
+#define FUSED_SIZES {784, 10}
+#define FUSED_OFFS {0, 7936}
+#define FUSED_CL 16
+#define FUSED_R 128
+#define FUSED_NT 256
+#define FUSED_XIN 0
+#define FUSED_PREC 1
+#define FUSED_ACT 0
+#define FUSED_OPT 1
+#define FUSED_SMEM 232448
+#endif
+
+constexpr int L = FUSED_NL;            // linear layers
+constexpr int NH = L - 1;              // hidden layers
+constexpr int SZ[L + 1] = FUSED_SIZES;  // sizes[0] inputs ... sizes[L] classes
+constexpr int OFF[2 * L] = FUSED_OFFS;  // element offsets of W_l, b_l in the flat parameter layout
+constexpr int CL = FUSED_CL;
+constexpr int R = FUSED_R;
+constexpr int NT = FUSED_NT;
+constexpr int NW = NT / 32;
+constexpr int C = SZ[L];
+constexpr int PREC = FUSED_PREC;  // 0 fp32, 1 mixed (fp16 operands, fp32 master), 2 fp16 (fp16 master)
+constexpr int NS = FUSED_OPT == 0 ? 0 : (FUSED_OPT == 1 ? 1 : 2);  // optimizer state arrays
+constexpr bool ADAMW = FUSED_OPT == 2;
+
+#if FUSED_XIN == 0
+typedef u8 TX;
+#else
+typedef float TX;
+#endif
+
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int up4(int a) { return (a + 3) / 4 * 4; }
+// Neurons of hidden layer l (its output) per CTA, and the last layer's input columns per CTA.
+__host__ __device__ constexpr int per_of(int l) { return up4(cdiv(SZ[l + 1], CL)); }
+constexpr int KP = L == 1 ? up4(cdiv(SZ[0], CL)) : per_of(L - 2);
+constexpr int XLD = L == 1 ? KP : up4(SZ[0]);  // row stride of the staged inputs
+constexpr int RR = cdiv(R, CL);                 // rows each CTA reduces in the head
+__host__ __device__ constexpr int rows_of(int l) { return l < NH ? per_of(l) : C; }   // weight rows held of layer l
+__host__ __device__ constexpr int ld_of(int l) { return l < NH ? up4(SZ[l]) : KP; }   // weight row stride of layer l
+static_assert(R % 4 == 0, "rows per chunk must be a multiple of 4");
+
+// A compile-time loop: f(I<0>{}), f(I<1>{}), ..., f(I<N-1>{}), so each layer's shapes are constants.
+template <int v> struct I { static constexpr int value = v; };
+template <int N, typename F> __device__ __forceinline__ void static_for(F&& f) {
+    if constexpr (N > 0) {
+        static_for<N - 1>(f);
+        f(I<N - 1>{});
+    }
+}
+
+struct Layout {  // offsets in floats into dynamic shared memory
+    int w[L], b[L], g[L], gb[L], s1[L], s1b[L], s2[L], s2b[L], op[L];
+    int z[L], hf[L], hs, xs, lrecv, dzl, rs[2], rs_slot, idx, lab, acc, total;
+};
+
+__host__ __device__ constexpr int rs_width() {  // widest slice a reduce-scatter lands in: layer l-1's neurons for l >= 1
+    int m = 4;
+    for (int l = 1; l < NH; ++l) m = per_of(l - 1) > m ? per_of(l - 1) : m;
+    return m;
+}
+
+__host__ __device__ constexpr Layout make_layout() {
+    Layout y{};
+    int o = 0;
+    for (int l = 0; l < L; ++l) {
+        const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : up4(C);
+        y.w[l] = o; o += n;
+        y.b[l] = o; o += nb;
+        y.g[l] = o; o += n;
+        y.gb[l] = o; o += nb;
+        y.s1[l] = o; o += NS >= 1 ? n : 0;
+        y.s1b[l] = o; o += NS >= 1 ? nb : 0;
+        y.s2[l] = o; o += NS >= 2 ? n : 0;
+        y.s2b[l] = o; o += NS >= 2 ? nb : 0;
+        y.op[l] = o; o += PREC != 0 ? up4(n / 2 + 1) : 0;  // fp16 copy: two per float
+    }
+    y.xs = o; o += R * XLD;
+    for (int l = 0; l < NH; ++l) {
+        y.z[l] = o; o += R * per_of(l);
+        y.hf[l] = o; o += l < NH - 1 ? R * up4(SZ[l + 1]) : 0;
+    }
+    y.hs = o; o += NH >= 1 ? R * KP : 0;
+    y.lrecv = o; o += CL * RR * up4(C);
+    y.dzl = o; o += R * up4(C);
+    y.rs_slot = R * rs_width();
+    y.rs[0] = o; o += NH >= 2 ? CL * y.rs_slot : 0;
+    y.rs[1] = o; o += NH >= 2 ? CL * y.rs_slot : 0;
+    y.idx = o; o += R;
+    y.lab = o; o += R;
+    y.acc = o; o += 2 * NW * 2;  // per warp: loss sum and correct count as doubles
+    y.total = o;
+    return y;
+}
+constexpr Layout LY = make_layout();
+static_assert(LY.total * 4 <= FUSED_SMEM, "fused_plan.py's shared-memory size is smaller than the kernel's layout");
+static_assert(NT % 32 == 0 && NT <= 1024, "block must be whole warps");
+
+// ---- cluster primitives (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// All threads of every CTA of the cluster; orders shared and distributed-shared memory (release/acquire).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ __forceinline__ u32 remote(u32 local, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void st_remote(u32 addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_remote4(u32 addr, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ double ld_remote_d(u32 addr) {
+    double v;
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// ---- numerics shared with the other engines ------------------------------------------------------------------
+// Operand rounding: "mixed" and "fp16" multiply fp16 values (with fp32 accumulation here).
+__device__ __forceinline__ float rnd(float x) {
+    if (PREC == 0) return x;
+    return to_f(from_f<half_t>(x));
+}
+#define GELU_C 0.7978845608028654f
+#define GELU_K 0.044715f
+__device__ __forceinline__ float act(float z) {
+#if FUSED_ACT == 0
+    return z > 0.f ? z : 0.f;
+#else
+    return 0.5f * z * (1.f + tanhf(GELU_C * (z + GELU_K * z * z * z)));
+#endif
+}
+__device__ __forceinline__ float act_grad(float z) {
+#if FUSED_ACT == 0
+    return z > 0.f ? 1.f : 0.f;
+#else
+    const float t = tanhf(GELU_C * (z + GELU_K * z * z * z));
+    return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_K * z * z);
+#endif
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The operand weight of layer l at flat index e (fp16 copy, or the fp32 master in "fp32").
+template <int l>
+__device__ __forceinline__ float wop(const float* sm, int e) {
+    if (PREC == 0) return sm[LY.w[l] + e];
+    return to_f(reinterpret_cast<const half_t*>(sm + LY.op[l])[e]);
+}
+
+// ---- GEMM shapes of a step (scalar FMA, fp32 accumulation) ---------------------------------------------------
+// Forward: out(i, j) = sum_k A[i*lda + k] * W_l[j*ld + k] for i < m, j < N, k < K. A warp takes a tile of
+// TM rows x TN neurons; its lanes split k (lane, lane+32, ...: conflict-free loads); a transposing butterfly
+// leaves output t of the tile in lane t. `emit(i, j, v)` consumes each finished output.
+template <int l, int N, int K, int lda, typename Emit>
+__device__ __forceinline__ void gemm_fwd(const float* sm, const float* A, int m, Emit emit) {
+    constexpr int TN = N < 32 ? N : 32;
+    constexpr int TM = 32 / TN;
+    constexpr int ld = ld_of(l);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tiles_m = (m + TM - 1) / TM;
+    constexpr int tiles_n = cdiv(N, TN);
+    for (int t = warp; t < tiles_m * tiles_n; t += NW) {
+        const int i0 = (t / tiles_n) * TM, j0 = (t % tiles_n) * TN;
+        float v[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = 0.f;
+        for (int k = lane; k < K; k += 32) {
+            float a[TM], w[TN];
+#pragma unroll
+            for (int ii = 0; ii < TM; ++ii) a[ii] = (i0 + ii < m) ? A[(i0 + ii) * lda + k] : 0.f;
+#pragma unroll
+            for (int jj = 0; jj < TN; ++jj) w[jj] = (j0 + jj < N) ? wop<l>(sm, (j0 + jj) * ld + k) : 0.f;
+#pragma unroll
+            for (int ii = 0; ii < TM; ++ii)
+#pragma unroll
+                for (int jj = 0; jj < TN; ++jj) v[ii * TN + jj] += a[ii] * w[jj];
+        }
+        // Transposing butterfly: after it, lane e holds the full sum of tile output e.
+#pragma unroll
+        for (int o = 16, n = 16; o >= 1; o >>= 1, n >>= 1) {
+            const bool upper = lane & o;
+#pragma unroll
+            for (int e = 0; e < n; ++e) {
+                const float send = upper ? v[e] : v[e + n];
+                const float keep = upper ? v[e + n] : v[e];
+                v[e] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        }
+        if (lane < TM * TN) {
+            const int i = i0 + lane / TN, j = j0 + lane % TN;
+            if (i < m && j < N) emit(i, j, v[0]);
+        }
+    }
+}
+
+// Weight gradient: G_l[j*ld + k] += sum_i dZ[i*ldz + j] * A[i*lda + k] for j < N, k < K (K, lda multiples of
+// 4). A thread takes 4 consecutive k (one 16-byte load of A per row) and up to 16 neurons; dZ is broadcast.
+template <int l, int N, int K, int ldz, int lda>
+__device__ __forceinline__ void gemm_wgrad(float* sm, const float* dZ, const float* A, int m) {
+    constexpr int ld = ld_of(l);
+    constexpr int JB = N < 16 ? N : 16;
+    constexpr int KG = K / 4;
+    static_assert(K % 4 == 0 && lda % 4 == 0, "wgrad needs 4-aligned rows");
+    float* G = sm + LY.g[l];
+    for (int u = threadIdx.x; u < KG * cdiv(N, JB); u += NT) {
+        const int k = (u % KG) * 4, j0 = (u / KG) * JB;
+        float acc[JB][4];
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
+        for (int i = 0; i < m; ++i) {
+            const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
+#pragma unroll
+            for (int jj = 0; jj < JB; ++jj) {
+                const float d = (j0 + jj < N) ? dZ[i * ldz + j0 + jj] : 0.f;
+                acc[jj][0] += d * a.x; acc[jj][1] += d * a.y; acc[jj][2] += d * a.z; acc[jj][3] += d * a.w;
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj) {
+            if (j0 + jj < N) {
+                float* g = G + (j0 + jj) * ld + k;
+                g[0] += acc[jj][0]; g[1] += acc[jj][1]; g[2] += acc[jj][2]; g[3] += acc[jj][3];
+            }
+        }
+    }
+}
+
+// Input gradient through layer l: emit(i, k, sum_j dZ[i*ldz + j] * W_l[j*ld + k]) for i < m, k < K (K a
+// multiple of 4), j < N. A thread takes 4 consecutive k of one row.
+template <int l, int N, int K, int ldz, typename Emit>
+__device__ __forceinline__ void gemm_dgrad(const float* sm, const float* dZ, int m, Emit emit) {
+    constexpr int ld = ld_of(l);
+    constexpr int KG = K / 4;
+    for (int u = threadIdx.x; u < m * KG; u += NT) {
+        const int i = u / KG, k = (u % KG) * 4;
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 4
+        for (int j = 0; j < N; ++j) {
+            const float d = dZ[i * ldz + j];
+            a0 += d * wop<l>(sm, j * ld + k);
+            a1 += d * wop<l>(sm, j * ld + k + 1);
+            a2 += d * wop<l>(sm, j * ld + k + 2);
+            a3 += d * wop<l>(sm, j * ld + k + 3);
+        }
+        emit(i, k, make_float4(a0, a1, a2, a3));
+    }
+}
+
+// ---- the optimizer step of one owned tensor (fastnn/optim.py; update.cu's arithmetic) ------------------------
+struct Opt {
+    float lr, momentum, wd, b1, b2, eps, c1, c2;
+    int nesterov;
+};
+__device__ __forceinline__ void opt_step(const Opt& o, float* w, float* g, float* s1, float* s2, half_t* op, int n) {
+    for (int e = threadIdx.x; e < n; e += NT) {
+        float wi = w[e], gi = g[e];
+        if (ADAMW) {
+            wi *= 1.f - o.lr * o.wd;
+            const float m = o.b1 * s1[e] + (1.f - o.b1) * gi;
+            const float v = o.b2 * s2[e] + (1.f - o.b2) * gi * gi;
+            s1[e] = m;
+            s2[e] = v;
+            wi -= (o.lr / o.c1) * m / (sqrtf(v / o.c2) + o.eps);
+        } else {
+            if (o.wd != 0.f) gi += o.wd * wi;
+            if (NS >= 1) {
+                const float m = o.momentum * s1[e] + gi;
+                s1[e] = m;
+                gi = o.nesterov ? gi + o.momentum * m : m;
+            }
+            wi -= o.lr * gi;
+        }
+        if (PREC == 2) wi = rnd(wi);  // "fp16" stores its weights in fp16
+        w[e] = wi;
+        g[e] = 0.f;
+        if (PREC != 0 && op) op[e] = from_f<half_t>(wi);
+    }
+}
+
+// ---- load / store of the owned training state ----------------------------------------------------------------
+// Hidden layer l: rows [r*P, r*P + cnt) of W_l (torch (out, in) layout at OFF[2l]) and their bias. Last layer:
+// columns [k0, k0 + kc) of every row, and the whole bias (replicated). `dir` 0 loads, 1 stores.
+template <typename TP>
+__device__ void move_state(float* sm, TP* params, float* s1g, float* s2g, half_t* w16, u32 r, int dir) {
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const bool hidden = l < NH;
+        const int P = hidden ? per_of(l) : 0;
+        const int rows = hidden ? max(0, min(P, SZ[l + 1] - (int)r * P)) : C;
+        const int row0 = hidden ? (int)r * P : 0;
+        const int kc = hidden ? SZ[l] : max(0, min(KP, SZ[l] - (int)r * KP));
+        const int col0 = hidden ? 0 : (int)r * KP;
+        const int ld = ld_of(l);
+        for (int e = threadIdx.x; e < rows * kc; e += NT) {
+            const int i = e / kc, k = e % kc;
+            const int gi = OFF[2 * l] + (row0 + i) * SZ[l] + col0 + k;
+            const int si = i * ld + k;
+            if (dir == 0) {
+                sm[LY.w[l] + si] = to_f(params[gi]);
+                if (NS >= 1) sm[LY.s1[l] + si] = s1g[gi];
+                if (NS >= 2) sm[LY.s2[l] + si] = s2g[gi];
+                if (PREC != 0) reinterpret_cast<half_t*>(sm + LY.op[l])[si] = from_f<half_t>(sm[LY.w[l] + si]);
+            } else {
+                params[gi] = from_f<TP>(sm[LY.w[l] + si]);
+                if (NS >= 1) s1g[gi] = sm[LY.s1[l] + si];
+                if (NS >= 2) s2g[gi] = sm[LY.s2[l] + si];
+                if (w16) w16[gi] = from_f<half_t>(sm[LY.w[l] + si]);
+            }
+        }
+        // Bias: hidden layers their own slice; the last layer's whole bias (stored by CTA 0 only).
+        const int nb = hidden ? rows : C;
+        const bool store_bias = hidden || r == 0;
+        for (int j = threadIdx.x; j < nb; j += NT) {
+            const int gi = OFF[2 * l + 1] + row0 + j;
+            if (dir == 0) {
+                sm[LY.b[l] + j] = to_f(params[gi]);
+                if (NS >= 1) sm[LY.s1b[l] + j] = s1g[gi];
+                if (NS >= 2) sm[LY.s2b[l] + j] = s2g[gi];
+            } else if (store_bias) {
+                params[gi] = from_f<TP>(sm[LY.b[l] + j]);
+                if (NS >= 1) s1g[gi] = sm[LY.s1b[l] + j];
+                if (NS >= 2) s2g[gi] = sm[LY.s2b[l] + j];
+                if (w16) w16[gi] = from_f<half_t>(sm[LY.b[l] + j]);
+            }
+        }
+    }
+}
+
+
+// ---- one hidden layer's forward and backward for a chunk of m rows (l is a compile-time constant) -------------
+// Forward: Z (the owned neuron slice), H = act(Z) all-gathered into every CTA (the last hidden layer keeps its
+// slice for the last layer's K-split instead).
+template <int l>
+__device__ __forceinline__ void fwd_hidden(float* sm, int m, u32 r) {
+    constexpr int P = per_of(l), Kin = SZ[l], lda = l == 0 ? XLD : up4(SZ[l]);
+    const float* A = l == 0 ? sm + LY.xs : sm + LY.hf[l > 0 ? l - 1 : 0];
+    const int row0 = (int)r * P;
+    const int real = max(0, min(P, SZ[l + 1] - row0));
+    gemm_fwd<l, P, Kin, lda>(sm, A, m, [&](int i, int j, float v) {
+        float z = 0.f, h = 0.f;
+        if (j < real) {
+            z = v + rnd(sm[LY.b[l] + j]);
+            h = rnd(act(z));
+            z = PREC == 0 ? z : rnd(z);
+        }
+        sm[LY.z[l] + i * P + j] = z;
+        if (l == NH - 1) {
+            sm[LY.hs + i * KP + j] = h;
+        } else if (j < real) {
+            const u32 a = smem_addr(sm + LY.hf[l] + i * up4(SZ[l + 1]) + row0 + j);
+            for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), h);
+        }
+    });
+    if (l < NH - 1) cluster_sync();  // H_l gathered everywhere (read below and in its wgrad)
+}
+template <int l>
+__device__ __forceinline__ void fwd_hidden_all(float* sm, int m, u32 r) {
+    if constexpr (l < NH) {
+        fwd_hidden<l>(sm, m, r);
+        fwd_hidden_all<l + 1>(sm, m, r);
+    }
+}
+
+// Backward of hidden layer l, its dZ already in Z: dH of the previous layer reduce-scattered through
+// distributed shared memory (then dZ of layer l-1 into its Z), bias and weight gradients accumulated.
+template <int l>
+__device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur) {
+    const int tid = threadIdx.x;
+    constexpr int P = per_of(l), Kin = SZ[l], lda = l == 0 ? XLD : up4(SZ[l]);
+    const float* dZ = sm + LY.z[l];
+    if constexpr (l >= 1) {
+        // dH_{l-1} partial over this CTA's neurons, pushed to the owner of each column's slice.
+        // rs[rs_cur] is read right after the barrier below; the next write into the same
+        // buffer comes two reduce-scatters later, after another barrier.
+        constexpr int PP = per_of(l - 1);
+        float* rsb = sm + LY.rs[rs_cur];
+        gemm_dgrad<l, P, up4(Kin), P>(sm, dZ, m, [&](int i, int k, float4 v) {
+            const u32 q = (u32)(k / PP), kk = (u32)(k % PP);
+            if (q < CL) {
+                const u32 a = smem_addr(rsb + (int)r * LY.rs_slot + i * PP + kk);
+                st_remote4(remote(a, q), v);
+            }
+        });
+    }
+    // bias and weight gradients of the owned neurons
+    for (int j = tid; j < P; j += NT) {
+        float g = 0.f;
+        for (int i = 0; i < m; ++i) g += dZ[i * P + j];
+        sm[LY.gb[l] + j] += g;
+    }
+    const float* A = l == 0 ? sm + LY.xs : sm + LY.hf[l > 0 ? l - 1 : 0];
+    gemm_wgrad<l, P, up4(Kin), P, lda>(sm, dZ, A, m);
+    if constexpr (l >= 1) {
+        cluster_sync();
+        constexpr int PP = per_of(l - 1);
+        const float* rsb = sm + LY.rs[rs_cur];
+        float* zp = sm + LY.z[l - 1];
+        for (int e = tid; e < m * PP; e += NT) {
+            const int i = e / PP, kk = e % PP;
+            float v = 0.f;
+            for (int q = 0; q < CL; ++q) v += rsb[q * LY.rs_slot + i * PP + kk];
+            zp[i * PP + kk] = rnd(v * act_grad(zp[i * PP + kk]));
+        }
+        rs_cur ^= 1;
+        __syncthreads();
+    }
+}
+template <int l>
+__device__ __forceinline__ void bwd_hidden_all(float* sm, int m, u32 r, int& rs_cur) {
+    if constexpr (l >= 0) {
+        bwd_hidden<l>(sm, m, r, rs_cur);
+        bwd_hidden_all<l - 1>(sm, m, r, rs_cur);
+    }
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------------------
+template <typename TP>
+__device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, const TX* __restrict__ x,
+                            const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
+                            EpochState* st, int steps, int batch, float scale, float shift, float momentum,
+                            float wd, int nesterov, float b1, float b2, float eps) {
+    extern __shared__ __align__(16) float sm[];
+    const u32 r = cluster_rank();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < LY.total; e += NT) sm[e] = 0.f;  // every pad starts (and stays) zero
+    __syncthreads();
+    move_state<TP>(sm, params, s1g, s2g, w16, r, 0);
+    u32 keys[FEISTEL_ROUNDS];
+    round_keys(seed_lo, seed_hi, st->epoch, keys);
+    int* idx = reinterpret_cast<int*>(sm + LY.idx);
+    int* lab = reinterpret_cast<int*>(sm + LY.lab);
+    double loss_acc = 0.0, ok_acc = 0.0;  // lane 0 of each warp: the rows this warp reduced
+    int rs_cur = 0;
+    __syncthreads();
+
+    for (int s = 0; s < steps; ++s) {
+        const int rows = min(batch, (int)n - s * batch);
+        const float inv_rows = 1.f / (float)rows;
+        for (int c0 = 0; c0 < rows; c0 += R) {
+            const int m = min(R, rows - c0);
+            // -- the chunk's rows: sample index and label (every CTA computes them), inputs staged as operands
+            for (int i = tid; i < m; i += NT) {
+                const u32 src = permuted_index(keys, half_bits, n, (u32)(s * batch + c0 + i));
+                idx[i] = (int)src;
+                lab[i] = y[src];
+            }
+            __syncthreads();
+            {
+                constexpr int D = SZ[0];
+                constexpr int W = L == 1 ? KP : D;  // staged columns per row
+                const int col0 = L == 1 ? (int)r * KP : 0;
+                float* xs = sm + LY.xs;
+                for (int e = tid; e < m * W; e += NT) {
+                    const int i = e / W, k = e % W, kk = col0 + k;
+                    float v = 0.f;
+                    if (kk < D) v = rnd(to_f(x[(u64)idx[i] * D + kk]) * scale + shift);
+                    xs[i * XLD + k] = v;
+                }
+            }
+            __syncthreads();
+
+            // -- forward through the hidden layers (neuron slices), all-gathering H but for the last
+            fwd_hidden_all<0>(sm, m, r);
+            __syncthreads();
+
+            // -- last layer, partial logits over this CTA's input columns, pushed to each row's reducer CTA.
+            // lrecv is read only between the next barrier and the one after it, and written again only after
+            // a further barrier of the next chunk: no overlap.
+            {
+                const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
+                constexpr int lda = NH >= 1 ? KP : XLD;
+                gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
+                    const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
+                    const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
+                    st_remote(remote(a, q), v);
+                });
+            }
+            cluster_sync();
+
+            // -- head: each warp reduces one of this CTA's rows (i = r + CL*ii): logits, loss, dlogits to all
+            for (int ii = warp; ii < RR; ii += NW) {
+                const int i = (int)r + CL * ii;
+                if (i >= m) continue;
+                float zmax = __int_as_float(0xff800000);  // -inf
+                int best = 0x7fffffff;
+                for (int c = lane; c < C; c += 32) {
+                    float z = sm[LY.b[L - 1] + c];
+                    for (int q = 0; q < CL; ++q) z += sm[LY.lrecv + (q * RR + ii) * up4(C) + c];
+                    sm[LY.dzl + i * up4(C) + c] = z;  // the logits, until dlogits replace them below
+                }
+                __syncwarp();
+                for (int c = lane; c < C; c += 32) {
+                    const float z = sm[LY.dzl + i * up4(C) + c];
+                    if (z > zmax || (z != z && zmax == zmax)) { zmax = z; best = c; }
+                }
+                // warp argmax, first maximum (and first NaN) wins, as numpy.argmax
+                for (int o = 16; o > 0; o >>= 1) {
+                    const float oz = __shfl_xor_sync(0xffffffffu, zmax, o);
+                    const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+                    const bool take = (oz > zmax) || (oz != oz && zmax == zmax) ||
+                                      ((oz == zmax || (oz != oz && zmax != zmax)) && ob < best);
+                    if (take) { zmax = oz; best = ob; }
+                }
+                float sum = 0.f;
+                for (int c = lane; c < C; c += 32) sum += expf(sm[LY.dzl + i * up4(C) + c] - zmax);
+                sum = warp_sum(sum);
+                const int label = lab[i];
+                const float zl = sm[LY.dzl + i * up4(C) + label];
+                if (lane == 0) {
+                    loss_acc += (double)(logf(sum) - (zl - zmax));
+                    ok_acc += best == label ? 1.0 : 0.0;
+                }
+                __syncwarp();
+                for (int c = lane; c < C; c += 32) {
+                    const float z = sm[LY.dzl + i * up4(C) + c];
+                    const float p = expf(z - zmax) / sum;
+                    const float d = (p - (c == label ? 1.f : 0.f)) * inv_rows;
+                    const u32 a = smem_addr(sm + LY.dzl + i * up4(C) + c);
+                    for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), d);
+                }
+            }
+            cluster_sync();  // dlogits of every row everywhere
+
+            // -- backward. Last layer: bias gradient (replicated, same order everywhere) and weight gradient.
+            {
+                const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
+                constexpr int lda = NH >= 1 ? KP : XLD;
+                for (int c = tid; c < C; c += NT) {
+                    float g = 0.f;
+                    for (int i = 0; i < m; ++i) g += sm[LY.dzl + i * up4(C) + c];
+                    sm[LY.gb[L - 1] + c] += g;
+                }
+                gemm_wgrad<L - 1, C, KP, up4(C), lda>(sm, sm + LY.dzl, A, m);
+            }
+            if constexpr (NH >= 1) {
+                // dH of the last hidden layer's slice through the last layer, times act'(Z), into Z (as dZ).
+                constexpr int P = per_of(NH - 1);
+                gemm_dgrad<L - 1, C, KP, up4(C)>(sm, sm + LY.dzl, m, [&](int i, int k, float4 v) {
+                    float* z = sm + LY.z[NH - 1] + i * P + k;
+                    z[0] = rnd(v.x * act_grad(z[0]));
+                    z[1] = rnd(v.y * act_grad(z[1]));
+                    z[2] = rnd(v.z * act_grad(z[2]));
+                    z[3] = rnd(v.w * act_grad(z[3]));
+                });
+                __syncthreads();
+                bwd_hidden_all<NH - 1>(sm, m, r, rs_cur);
+            }
+            __syncthreads();
+        }
+        // -- the optimizer step of every owned tensor, at this step's rate
+        Opt o;
+        const u64 k = (u64)st->epoch_in_fit * steps + s;
+        o.lr = st->lr[k];
+        o.momentum = momentum; o.wd = wd; o.nesterov = nesterov; o.b1 = b1; o.b2 = b2; o.eps = eps;
+        o.c1 = o.c2 = 1.f;
+        if (ADAMW) {
+            const float t = (float)(st->step0 + k + 1);
+            o.c1 = 1.f - powf(b1, t);
+            o.c2 = 1.f - powf(b2, t);
+        }
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
+            half_t* op = PREC != 0 ? reinterpret_cast<half_t*>(sm + LY.op[l]) : nullptr;
+            opt_step(o, sm + LY.w[l], sm + LY.g[l], sm + LY.s1[l], sm + LY.s2[l], op, n);
+            opt_step(o, sm + LY.b[l], sm + LY.gb[l], sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
+        }
+        __syncthreads();
+    }
+
+    // -- write the training state back, and the epoch's loss and correct count (deterministic order)
+    move_state<TP>(sm, params, s1g, s2g, w16, r, 1);
+    double* acc = reinterpret_cast<double*>(sm + LY.acc);
+    if (lane == 0) { acc[2 * warp] = loss_acc; acc[2 * warp + 1] = ok_acc; }
+    cluster_sync();
+    if (r == 0 && tid == 0) {
+        double l = 0.0, c = 0.0;
+        const u32 base = smem_addr(acc);
+        for (u32 q = 0; q < CL; ++q)
+            for (int w = 0; w < NW; ++w) {
+                l += ld_remote_d(remote(base + 16 * w, q));
+                c += ld_remote_d(remote(base + 16 * w + 8, q));
+            }
+        st->hist[2 * st->epoch_in_fit] += l;
+        st->hist[2 * st->epoch_in_fit + 1] += c;
+    }
+    cluster_sync();  // CTA 0 reads the others' shared memory: they stay until it is done
+}
+
+#if FUSED_PREC == 2
+typedef half_t TParam;
+#else
+typedef float TParam;
+#endif
+
+extern "C" __global__ void __launch_bounds__(FUSED_NT, 1)
+fused_epoch_kernel(TParam* params, float* s1, float* s2, half_t* w16, const TX* x, const int* y, u32 n, u32 seed_lo,
+                   u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
+                   float momentum, float wd, int nesterov, float b1, float b2, float eps) {
+#if __CUDA_ARCH__ >= 900
+    fused_epoch<TParam>(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift,
+                        momentum, wd, nesterov, b1, b2, eps);
+#else
+    __trap();  // clusters need sm_90: fused_plan.py refuses older GPUs
+#endif
+}
