@@ -55,7 +55,21 @@ def main() -> None:
     ap.add_argument("--precision", default="mixed")
     ap.add_argument("--only", default="logreg,mlp128,sweep")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--phases", action="store_true", help="compile the fused kernel with -DFUSED_PROFILE: "
+                    "it prints the cycles per step of each phase (CTA 0), so the next limit is visible")
     args = ap.parse_args()
+    if args.phases:
+        import dataclasses
+
+        from fastnn.engine import fused_engine, fused_plan
+
+        def profiled(*a, **k):
+            plan = fused_plan.fused_plan(*a, **k)
+            if isinstance(plan, str):
+                return plan
+            return dataclasses.replace(plan, options=(*plan.options, "-DFUSED_PROFILE"))
+
+        fused_engine.fused_plan = profiled
     data = fastnn.datasets.load("fashion-mnist", root=args.data, download=False)
     jobs = []
     for name in args.only.split(","):

@@ -79,6 +79,9 @@ __host__ __device__ constexpr int up4(int a) { return (a + 3) / 4 * 4; }
 __host__ __device__ constexpr int per_of(int l) { return up4(cdiv(SZ[l + 1], CL)); }
 constexpr int KP = L == 1 ? up4(cdiv(SZ[0], CL)) : per_of(L - 2);
 constexpr int XLD = L == 1 ? KP : up4(SZ[0]);  // row stride of the staged inputs
+constexpr int XW = L == 1 ? KP : SZ[0];         // input columns each CTA reads per row
+// cp.async moves 4-byte words: rows (and the K-split's column offsets) must start on 4-byte boundaries.
+constexpr bool XASYNC = (SZ[0] * (int)sizeof(TX)) % 4 == 0 && (XW * (int)sizeof(TX)) % 4 == 0;
 constexpr int RR = cdiv(R, CL);                 // rows each CTA reduces in the head
 __host__ __device__ constexpr int rows_of(int l) { return l < NH ? per_of(l) : C; }   // weight rows held of layer l
 __host__ __device__ constexpr int ld_of(int l) { return l < NH ? up4(SZ[l]) : KP; }   // weight row stride of layer l
@@ -95,7 +98,7 @@ template <int N, typename F> __device__ __forceinline__ void static_for(F&& f) {
 
 struct Layout {  // offsets in floats into dynamic shared memory
     int w[L], b[L], g[L], gb[L], s1[L], s1b[L], s2[L], s2b[L], op[L];
-    int z[L], hf[L], hs, xs, lrecv, dzl, rs[2], rs_slot, idx, lab, acc, total;
+    int z[L], hf[L], hs, xs, xr, lrecv, dzl, rs[2], rs_slot, lab, idx_n, lab_n, acc, total;
 };
 
 __host__ __device__ constexpr int rs_width() {  // widest slice a reduce-scatter lands in: layer l-1's neurons for l >= 1
@@ -120,6 +123,7 @@ __host__ __device__ constexpr Layout make_layout() {
         y.op[l] = o; o += PREC != 0 ? up4(n / 2 + 1) : 0;  // fp16 copy: two per float
     }
     y.xs = o; o += R * XLD;
+    y.xr = o; o += up4(cdiv(R * XW * (int)sizeof(TX), 4));  // the next chunk's raw rows (cp.async)
     for (int l = 0; l < NH; ++l) {
         y.z[l] = o; o += R * per_of(l);
         y.hf[l] = o; o += l < NH - 1 ? R * up4(SZ[l + 1]) : 0;
@@ -130,8 +134,9 @@ __host__ __device__ constexpr Layout make_layout() {
     y.rs_slot = R * rs_width();
     y.rs[0] = o; o += NH >= 2 ? CL * y.rs_slot : 0;
     y.rs[1] = o; o += NH >= 2 ? CL * y.rs_slot : 0;
-    y.idx = o; o += R;
     y.lab = o; o += R;
+    y.idx_n = o; o += R;
+    y.lab_n = o; o += R;
     y.acc = o; o += 2 * NW * 2;  // per warp: loss sum and correct count as doubles
     y.total = o;
     return y;
@@ -172,6 +177,28 @@ __device__ __forceinline__ double ld_remote_d(u32 addr) {
     asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory");
     return v;
 }
+
+// cp.async: global -> shared without passing through registers, so the next chunk's rows arrive while the
+// current chunk computes.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Benchmark-only phase timing (benchmarks/bench_fused.py --phases compiles with -DFUSED_PROFILE): CTA 0's
+// thread 0 sums clock64() cycles per phase over the epoch and prints them at the end.
+#ifdef FUSED_PROFILE
+#define PROF_MARK(ph)                          \
+    do {                                       \
+        __syncthreads();                       \
+        const long long t_ = clock64();        \
+        prof[ph] += t_ - prof_t;               \
+        prof_t = t_;                           \
+    } while (0)
+#else
+#define PROF_MARK(ph) do {} while (0)
+#endif
 
 // ---- numerics shared with the other engines ------------------------------------------------------------------
 // Operand rounding: "mixed" and "fp16" multiply fp16 values (with fp32 accumulation here).
@@ -216,10 +243,90 @@ __device__ __forceinline__ float wop(const float* sm, int e) {
 // Forward: out(i, j) = sum_k A[i*lda + k] * W_l[j*ld + k] for i < m, j < N, k < K. A warp takes a tile of
 // TM rows x TN neurons; its lanes split k (lane, lane+32, ...: conflict-free loads); a transposing butterfly
 // leaves output t of the tile in lane t. `emit(i, j, v)` consumes each finished output.
+// One step of the transposing butterfly over 32 per-lane values: lanes with bit n set keep the upper half
+// and send the lower, so after the steps 16, 8, 4, 2, 1 lane e holds the warp's sum of value e. Compile-time
+// n keeps every index constant (a run-time index would put v in local memory).
+template <int n>
+__device__ __forceinline__ void butterfly(float (&v)[32], int lane) {
+    const bool upper = lane & n;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+        const float send = upper ? v[e] : v[e + n];
+        const float keep = upper ? v[e + n] : v[e];
+        v[e] = keep + __shfl_xor_sync(0xffffffffu, send, n);
+    }
+}
+
+// Rows per forward tile: as many as fit 32 outputs, fewer where that leaves warps without a tile.
+__host__ __device__ constexpr int fwd_tm(int tn, int tiles_n) {
+    int tm = 32 / tn;
+    while (tm > 1 && cdiv(R, tm) * tiles_n < NW) --tm;
+    return tm;
+}
+// Forward, many rows and few outputs (logistic regression's K-split): a thread per (row, group of up to 8
+// outputs) runs the whole K loop 4 columns at a time (16-byte loads of A; the weights are broadcast).
+template <int l, int N, int K, int lda, typename Emit>
+__device__ __forceinline__ void gemm_fwd_rows(const float* sm, const float* A, int m, Emit emit) {
+    constexpr int ld = ld_of(l);
+    constexpr int JB = N < 8 ? N : 8;
+    constexpr int NB = cdiv(N, JB);
+    static_assert(K % 4 == 0 && lda % 4 == 0 && ld % 4 == 0, "row-thread forward needs 4-aligned rows");
+    for (int u = threadIdx.x; u < m * NB; u += NT) {
+        const int i = u % m, j0 = (u / m) * JB;
+        float acc[JB];
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj) acc[jj] = 0.f;
+        for (int k = 0; k < K; k += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
+#pragma unroll
+            for (int jj = 0; jj < JB; ++jj) {
+                const int e = (j0 + jj < N ? j0 + jj : 0) * ld + k;
+                acc[jj] += a.x * wop<l>(sm, e) + a.y * wop<l>(sm, e + 1) + a.z * wop<l>(sm, e + 2) +
+                           a.w * wop<l>(sm, e + 3);
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < JB; ++jj)
+            if (j0 + jj < N) emit(i, j0 + jj, acc[jj]);
+    }
+}
+
+// The last layer's partial logits when a thread can hold a whole row (N <= 16): the row is pushed to its
+// reducer CTA (row i goes to CTA i % CL) as 16-byte stores, and rows are dealt so that the lanes of a warp
+// push to few CTAs (scattered 4-byte remote stores cost far more than these).
+template <int N, int K, int lda>
+__device__ __forceinline__ void logits_push_rows(const float* sm, const float* A, int m, u32 r) {
+    constexpr int l = L - 1, ld = ld_of(l), NP = up4(N);
+    static_assert(N <= 16 && K % 4 == 0 && lda % 4 == 0, "row push needs a short, 4-aligned row");
+    for (int u = threadIdx.x; u < m; u += NT) {
+        const int i = (m == R && R % CL == 0) ? (u % RR) * CL + u / RR : u;
+        float acc[NP];
+#pragma unroll
+        for (int c = 0; c < NP; ++c) acc[c] = 0.f;
+        for (int k = 0; k < K; k += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
+#pragma unroll
+            for (int c = 0; c < N; ++c) {
+                const int e = c * ld + k;
+                acc[c] += a.x * wop<l>(sm, e) + a.y * wop<l>(sm, e + 1) + a.z * wop<l>(sm, e + 2) +
+                          a.w * wop<l>(sm, e + 3);
+            }
+        }
+        const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
+        const u32 a = remote(smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * NP), q);
+#pragma unroll
+        for (int c = 0; c < NP; c += 4) st_remote4(a + 4 * c, make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]));
+    }
+}
+
 template <int l, int N, int K, int lda, typename Emit>
 __device__ __forceinline__ void gemm_fwd(const float* sm, const float* A, int m, Emit emit) {
+    if constexpr (K <= 256 && N <= 64 && R * cdiv(N, N < 8 ? N : 8) >= NT / 2 && K % 4 == 0 && lda % 4 == 0) {
+        gemm_fwd_rows<l, N, K, lda>(sm, A, m, emit);
+        return;
+    }
     constexpr int TN = N < 32 ? N : 32;
-    constexpr int TM = 32 / TN;
+    constexpr int TM = fwd_tm(TN, cdiv(N, TN));
     constexpr int ld = ld_of(l);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tiles_m = (m + TM - 1) / TM;
@@ -241,16 +348,11 @@ __device__ __forceinline__ void gemm_fwd(const float* sm, const float* A, int m,
                 for (int jj = 0; jj < TN; ++jj) v[ii * TN + jj] += a[ii] * w[jj];
         }
         // Transposing butterfly: after it, lane e holds the full sum of tile output e.
-#pragma unroll
-        for (int o = 16, n = 16; o >= 1; o >>= 1, n >>= 1) {
-            const bool upper = lane & o;
-#pragma unroll
-            for (int e = 0; e < n; ++e) {
-                const float send = upper ? v[e] : v[e + n];
-                const float keep = upper ? v[e + n] : v[e];
-                v[e] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-            }
-        }
+        butterfly<16>(v, lane);
+        butterfly<8>(v, lane);
+        butterfly<4>(v, lane);
+        butterfly<2>(v, lane);
+        butterfly<1>(v, lane);
         if (lane < TM * TN) {
             const int i = i0 + lane / TN, j = j0 + lane % TN;
             if (i < m && j < N) emit(i, j, v[0]);
@@ -259,32 +361,56 @@ __device__ __forceinline__ void gemm_fwd(const float* sm, const float* A, int m,
 }
 
 // Weight gradient: G_l[j*ld + k] += sum_i dZ[i*ldz + j] * A[i*lda + k] for j < N, k < K (K, lda multiples of
-// 4). A thread takes 4 consecutive k (one 16-byte load of A per row) and up to 16 neurons; dZ is broadcast.
+// 4). A unit is 4 consecutive k (one 16-byte load of A per row) by up to 16 neurons (dZ broadcast); where
+// there are fewer units than threads, S adjacent lanes split the rows of a unit and are summed by shuffles
+// (a fixed order: the same result on every run).
+__host__ __device__ constexpr int wgrad_split(int units) {
+    int s = 32;
+    while (s > 1 && units * s > NT) s >>= 1;
+    return s;
+}
 template <int l, int N, int K, int ldz, int lda>
 __device__ __forceinline__ void gemm_wgrad(float* sm, const float* dZ, const float* A, int m) {
     constexpr int ld = ld_of(l);
     constexpr int JB = N < 16 ? N : 16;
     constexpr int KG = K / 4;
+    constexpr int UNITS = KG * cdiv(N, JB);
+    constexpr int S = wgrad_split(UNITS);
     static_assert(K % 4 == 0 && lda % 4 == 0, "wgrad needs 4-aligned rows");
     float* G = sm + LY.g[l];
-    for (int u = threadIdx.x; u < KG * cdiv(N, JB); u += NT) {
+    const int g = threadIdx.x % S;
+    for (int u0 = 0; u0 < UNITS; u0 += NT / S) {
+        const int u = u0 + threadIdx.x / S;
+        const bool valid = u < UNITS;
         const int k = (u % KG) * 4, j0 = (u / KG) * JB;
         float acc[JB][4];
 #pragma unroll
         for (int jj = 0; jj < JB; ++jj) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
-        for (int i = 0; i < m; ++i) {
-            const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
+        if (valid) {
+            for (int i = g; i < m; i += S) {
+                const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
 #pragma unroll
-            for (int jj = 0; jj < JB; ++jj) {
-                const float d = (j0 + jj < N) ? dZ[i * ldz + j0 + jj] : 0.f;
-                acc[jj][0] += d * a.x; acc[jj][1] += d * a.y; acc[jj][2] += d * a.z; acc[jj][3] += d * a.w;
+                for (int jj = 0; jj < JB; ++jj) {
+                    const float d = (j0 + jj < N) ? dZ[i * ldz + j0 + jj] : 0.f;
+                    acc[jj][0] += d * a.x; acc[jj][1] += d * a.y; acc[jj][2] += d * a.z; acc[jj][3] += d * a.w;
+                }
             }
         }
+        if constexpr (S > 1) {
 #pragma unroll
-        for (int jj = 0; jj < JB; ++jj) {
-            if (j0 + jj < N) {
-                float* g = G + (j0 + jj) * ld + k;
-                g[0] += acc[jj][0]; g[1] += acc[jj][1]; g[2] += acc[jj][2]; g[3] += acc[jj][3];
+            for (int o = S / 2; o >= 1; o >>= 1)
+#pragma unroll
+                for (int jj = 0; jj < JB; ++jj)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[jj][e] += __shfl_xor_sync(0xffffffffu, acc[jj][e], o);
+        }
+        if (valid && g == 0) {
+#pragma unroll
+            for (int jj = 0; jj < JB; ++jj) {
+                if (j0 + jj < N) {
+                    float* gp = G + (j0 + jj) * ld + k;
+                    gp[0] += acc[jj][0]; gp[1] += acc[jj][1]; gp[2] += acc[jj][2]; gp[3] += acc[jj][3];
+                }
             }
         }
     }
@@ -308,6 +434,19 @@ __device__ __forceinline__ void gemm_dgrad(const float* sm, const float* dZ, int
             a3 += d * wop<l>(sm, j * ld + k + 3);
         }
         emit(i, k, make_float4(a0, a1, a2, a3));
+    }
+}
+
+// Bias gradient: gb[j] += sum_i dZ[i*ldz + j] for j < N: a warp per column, lanes over rows, summed by
+// shuffles in a fixed order (the replicated last bias gets the same value in every CTA).
+template <int N, int ldz>
+__device__ __forceinline__ void colsum_add(float* gb, const float* dZ, int m) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = warp; j < N; j += NW) {
+        float v = 0.f;
+        for (int i = lane; i < m; i += 32) v += dZ[i * ldz + j];
+        v = warp_sum(v);
+        if (lane == 0) gb[j] += v;
     }
 }
 
@@ -448,11 +587,7 @@ __device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur)
         });
     }
     // bias and weight gradients of the owned neurons
-    for (int j = tid; j < P; j += NT) {
-        float g = 0.f;
-        for (int i = 0; i < m; ++i) g += dZ[i * P + j];
-        sm[LY.gb[l] + j] += g;
-    }
+    colsum_add<P, P>(sm + LY.gb[l], dZ, m);
     const float* A = l == 0 ? sm + LY.xs : sm + LY.hf[l > 0 ? l - 1 : 0];
     gemm_wgrad<l, P, up4(Kin), P, lda>(sm, dZ, A, m);
     if constexpr (l >= 1) {
@@ -492,39 +627,90 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     move_state<TP>(sm, params, s1g, s2g, w16, r, 0);
     u32 keys[FEISTEL_ROUNDS];
     round_keys(seed_lo, seed_hi, st->epoch, keys);
-    int* idx = reinterpret_cast<int*>(sm + LY.idx);
     int* lab = reinterpret_cast<int*>(sm + LY.lab);
     double loss_acc = 0.0, ok_acc = 0.0;  // lane 0 of each warp: the rows this warp reduced
     int rs_cur = 0;
+    int* idx_n = reinterpret_cast<int*>(sm + LY.idx_n);
+    int* lab_n = reinterpret_cast<int*>(sm + LY.lab_n);
+    // Start fetching the rows at epoch positions [pos0, pos0 + m): sample indices (the keyed order), then
+    // their labels and this CTA's columns of their inputs, by cp.async into lab_n and the raw buffer.
+    auto prefetch = [&](int pos0, int m) {
+        for (int i = tid; i < m; i += NT) idx_n[i] = (int)permuted_index(keys, half_bits, n, (u32)(pos0 + i));
+        __syncthreads();
+        const int col0 = L == 1 ? (int)r * KP : 0;
+        for (int i = tid; i < m; i += NT) cp_async4(smem_addr(lab_n + i), y + idx_n[i]);
+        if constexpr (XASYNC) {
+            constexpr int WORDS = XW * (int)sizeof(TX) / 4;  // 4-byte words per row
+            const int valid = min(XW, SZ[0] - col0) * (int)sizeof(TX) / 4;
+            u8* raw = reinterpret_cast<u8*>(sm + LY.xr);
+            for (int e = tid; e < m * WORDS; e += NT) {
+                const int i = e / WORDS, w = e % WORDS;
+                if (w < valid)
+                    cp_async4(smem_addr(raw + (i * WORDS + w) * 4),
+                              reinterpret_cast<const u8*>(x + (u64)idx_n[i] * SZ[0] + col0) + 4 * w);
+            }
+        } else {
+            TX* raw = reinterpret_cast<TX*>(sm + LY.xr);
+            for (int e = tid; e < m * XW; e += NT) {
+                const int i = e / XW, k = e % XW;
+                if (col0 + k < SZ[0]) raw[i * XW + k] = x[(u64)idx_n[i] * SZ[0] + col0 + k];
+            }
+        }
+        cp_async_commit();
+    };
     __syncthreads();
+    prefetch(0, min(R, min(batch, (int)n)));
+#ifdef FUSED_PROFILE
+    long long prof[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long long prof_t = clock64();
+#endif
+    const u32 epoch_in_fit = st->epoch_in_fit;
+    const u64 step0 = st->step0;
 
+    float lr_next = st->lr[(u64)st->epoch_in_fit * steps];
     for (int s = 0; s < steps; ++s) {
         const int rows = min(batch, (int)n - s * batch);
         const float inv_rows = 1.f / (float)rows;
         for (int c0 = 0; c0 < rows; c0 += R) {
             const int m = min(R, rows - c0);
-            // -- the chunk's rows: sample index and label (every CTA computes them), inputs staged as operands
-            for (int i = tid; i < m; i += NT) {
-                const u32 src = permuted_index(keys, half_bits, n, (u32)(s * batch + c0 + i));
-                idx[i] = (int)src;
-                lab[i] = y[src];
+            // -- the chunk's rows arrived (cp.async, issued during the previous chunk): convert them to
+            // operands, take their labels, then start fetching the next chunk's rows.
+            PROF_MARK(7);
+            cp_async_wait_all();
+            __syncthreads();
+            PROF_MARK(0);  // waiting for the rows
+            {
+                constexpr int D = SZ[0];
+                const int col0 = L == 1 ? (int)r * KP : 0;
+                const TX* raw = reinterpret_cast<const TX*>(sm + LY.xr);
+                float* xs = sm + LY.xs;
+                if constexpr (XW % 4 == 0) {  // 4 elements per thread and access
+                    constexpr int XW4 = XW / 4;
+                    for (int e = tid; e < m * XW4; e += NT) {
+                        const int i = e / XW4, k = (e % XW4) * 4;
+                        float4 v;
+                        v.x = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
+                        v.y = col0 + k + 1 < D ? rnd(to_f(raw[i * XW + k + 1]) * scale + shift) : 0.f;
+                        v.z = col0 + k + 2 < D ? rnd(to_f(raw[i * XW + k + 2]) * scale + shift) : 0.f;
+                        v.w = col0 + k + 3 < D ? rnd(to_f(raw[i * XW + k + 3]) * scale + shift) : 0.f;
+                        *reinterpret_cast<float4*>(xs + i * XLD + k) = v;
+                    }
+                } else {
+                    for (int e = tid; e < m * XW; e += NT) {
+                        const int i = e / XW, k = e % XW;
+                        xs[i * XLD + k] = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
+                    }
+                }
+                for (int i = tid; i < m; i += NT) lab[i] = lab_n[i];
             }
             __syncthreads();
             {
-                constexpr int D = SZ[0];
-                constexpr int W = L == 1 ? KP : D;  // staged columns per row
-                const int col0 = L == 1 ? (int)r * KP : 0;
-                float* xs = sm + LY.xs;
-                for (int e = tid; e < m * W; e += NT) {
-                    const int i = e / W, k = e % W, kk = col0 + k;
-                    float v = 0.f;
-                    if (kk < D) v = rnd(to_f(x[(u64)idx[i] * D + kk]) * scale + shift);
-                    xs[i * XLD + k] = v;
-                }
+                int ns = s, nc = c0 + R;
+                if (nc >= rows) { ns = s + 1; nc = 0; }
+                if (ns < steps) prefetch(ns * batch + nc, min(R, min(batch, (int)n - ns * batch) - nc));
             }
-            __syncthreads();
 
-            // -- forward through the hidden layers (neuron slices), all-gathering H but for the last
+            PROF_MARK(1);  // convert + prefetch issue
             fwd_hidden_all<0>(sm, m, r);
             __syncthreads();
 
@@ -534,13 +720,19 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             {
                 const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
                 constexpr int lda = NH >= 1 ? KP : XLD;
-                gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
-                    const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
-                    const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
-                    st_remote(remote(a, q), v);
-                });
+                if constexpr (C <= 16 && R * 2 >= NT) {
+                    logits_push_rows<C, KP, lda>(sm, A, m, r);
+                } else {
+                    gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
+                        const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
+                        const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
+                        st_remote(remote(a, q), v);
+                    });
+                }
             }
+            PROF_MARK(2);  // forward
             cluster_sync();
+            PROF_MARK(3);  // barrier after the partial logits
 
             // -- head: each warp reduces one of this CTA's rows (i = r + CL*ii): logits, loss, dlogits to all
             for (int ii = warp; ii < RR; ii += NW) {
@@ -585,16 +777,13 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                 }
             }
             cluster_sync();  // dlogits of every row everywhere
+            PROF_MARK(4);  // head + barrier
 
             // -- backward. Last layer: bias gradient (replicated, same order everywhere) and weight gradient.
             {
                 const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
                 constexpr int lda = NH >= 1 ? KP : XLD;
-                for (int c = tid; c < C; c += NT) {
-                    float g = 0.f;
-                    for (int i = 0; i < m; ++i) g += sm[LY.dzl + i * up4(C) + c];
-                    sm[LY.gb[L - 1] + c] += g;
-                }
+                colsum_add<C, up4(C)>(sm + LY.gb[L - 1], sm + LY.dzl, m);
                 gemm_wgrad<L - 1, C, KP, up4(C), lda>(sm, sm + LY.dzl, A, m);
             }
             if constexpr (NH >= 1) {
@@ -613,13 +802,15 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             __syncthreads();
         }
         // -- the optimizer step of every owned tensor, at this step's rate
+        PROF_MARK(5);  // backward
         Opt o;
-        const u64 k = (u64)st->epoch_in_fit * steps + s;
-        o.lr = st->lr[k];
+        const u64 k = (u64)epoch_in_fit * steps + s;
+        o.lr = lr_next;
+        if (s + 1 < steps) lr_next = st->lr[k + 1];  // used a step later: the load's latency is hidden
         o.momentum = momentum; o.wd = wd; o.nesterov = nesterov; o.b1 = b1; o.b2 = b2; o.eps = eps;
         o.c1 = o.c2 = 1.f;
         if (ADAMW) {
-            const float t = (float)(st->step0 + k + 1);
+            const float t = (float)(step0 + k + 1);
             o.c1 = 1.f - powf(b1, t);
             o.c2 = 1.f - powf(b2, t);
         }
@@ -631,7 +822,14 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             opt_step(o, sm + LY.b[l], sm + LY.gb[l], sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
         }
         __syncthreads();
+        PROF_MARK(6);  // update
     }
+#ifdef FUSED_PROFILE
+    if (r == 0 && tid == 0)
+        printf("fused phases (cycles/step): wait %lld convert+issue %lld forward %lld logits-barrier %lld "
+               "head+barrier %lld backward %lld update %lld loop %lld\n", prof[0] / steps, prof[1] / steps,
+               prof[2] / steps, prof[3] / steps, prof[4] / steps, prof[5] / steps, prof[6] / steps, prof[7] / steps);
+#endif
 
     // -- write the training state back, and the epoch's loss and correct count (deterministic order)
     move_state<TP>(sm, params, s1g, s2g, w16, r, 1);

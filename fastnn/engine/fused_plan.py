@@ -40,7 +40,9 @@ def _up4(a: int) -> int:
     return _cdiv(a, 4) * 4
 
 
-def smem_floats(sizes: tuple[int, ...], rows: int, cluster: int, n_state: int, half_copy: bool) -> int:
+def smem_floats(
+    sizes: tuple[int, ...], rows: int, cluster: int, n_state: int, half_copy: bool, x_itemsize: int = 1
+) -> int:
     """Shared memory of one CTA in 4-byte words: the same layout as fused.cu's make_layout()."""
     L = len(sizes) - 1
     NH = L - 1
@@ -60,6 +62,8 @@ def smem_floats(sizes: tuple[int, ...], rows: int, cluster: int, n_state: int, h
         o += n_state * (n + nb)
         o += _up4(n // 2 + 1) if half_copy else 0
     o += rows * XLD
+    XW = KP if L == 1 else sizes[0]
+    o += _up4(_cdiv(rows * XW * x_itemsize, 4))  # the next chunk's raw rows
     for k in range(NH):
         o += rows * per(k)
         o += rows * _up4(sizes[k + 1]) if k < NH - 1 else 0
@@ -68,7 +72,7 @@ def smem_floats(sizes: tuple[int, ...], rows: int, cluster: int, n_state: int, h
     o += rows * _up4(C)
     rs_width = max([4] + [per(k - 1) for k in range(1, NH)])
     o += 2 * cluster * rows * rs_width if NH >= 2 else 0
-    o += 2 * rows  # sample indices and labels
+    o += 3 * rows  # labels, and the next chunk's sample indices and labels
     o += 4 * (THREADS // 32)  # per-warp loss and correct sums (doubles)
     return o
 
@@ -95,7 +99,7 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
     half_copy = config.precision != "fp32"
     first = min(_up4(config.batch_size), CHUNK_ROWS[0])  # a chunk never needs more rows than the batch
     for rows in [first] + [r for r in CHUNK_ROWS if r < first]:
-        need = 4 * smem_floats(sizes, rows, CLUSTER, n_state, half_copy)
+        need = 4 * smem_floats(sizes, rows, CLUSTER, n_state, half_copy, np.dtype(x_dtype).itemsize)
         if need <= smem_limit:
             break
     else:
