@@ -26,7 +26,9 @@ class TrainingDiverged(FastnnError, ArithmeticError):
     trainer keeps the weights and optimizer state of the last finite epoch."""
 
     def __init__(self, epoch: int, loss: float, state: str | None = None) -> None:
-        what = f"loss is {loss}" if state is None else f"loss is {loss} but its last update left {state}"
+        what = f"loss is {loss}"
+        if state is not None:
+            what += f", but the state its last update left is not: {state}"
         super().__init__(
             f"training diverged in epoch {epoch}: {what}; "
             f"the trainer keeps the weights from the end of the last finite epoch (lower lr?)"

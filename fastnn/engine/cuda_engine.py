@@ -447,7 +447,7 @@ class CudaEngine(Engine):
                 drv.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self._state_bytes, self.stream)
                 self._refresh_half_copy()
                 self.stream.synchronize()
-                state = None if not math.isfinite(loss_sum) else "non-finite weights or optimizer state"
+                state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
                 raise TrainingDiverged(first_epoch + k, float(loss_sum / samples), state)
             stats = EpochStats(
                 epoch=first_epoch + k,
