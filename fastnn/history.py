@@ -123,11 +123,10 @@ def check_records(records: Any) -> list[dict[str, Any]]:
                 ok, rule = number and 0.0 <= value <= 1.0, "a number in [0, 1]"
             else:  # losses and seconds
                 ok, rule = number and math.isfinite(value) and value >= 0, "a finite number >= 0"
-            if field.startswith("eval_") and value is None:
-                ok = True
+            if field.startswith("eval_"):
+                ok, rule = ok or value is None, f"None or {rule}"
             if not ok:
-                raise ValueError(f"history[{i}][{field!r}] must be {rule}{' or None' * field.startswith('eval_')}, "
-                                 f"got {value!r}")  # fmt: skip
+                raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
         if (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
             raise ValueError(f"history[{i}] has only one of eval_loss and eval_accuracy: {r!r}")
     return records
