@@ -26,6 +26,16 @@ def check_normalize(normalize: Any) -> tuple[float, float] | None:
         raise ConfigError(f"normalize must be None or (mean, std), got {normalize!r}") from None
     if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
         raise ConfigError(f"normalize must be (finite mean, std > 0), got {normalize!r}")
+    # Engines compute x * scale + shift in float32: both must survive the cast, for uint8 and float inputs.
+    for dtype in (np.uint8, np.float32):
+        scale, shift = input_affine(np.dtype(dtype), (mean, std))
+        with np.errstate(over="ignore", under="ignore"):
+            scale32, shift32 = np.float32(scale), np.float32(shift)
+        if not (np.isfinite(scale32) and np.isfinite(shift32) and scale32 > 0):
+            raise ConfigError(
+                f"normalize={normalize!r} maps {np.dtype(dtype)} inputs to x * {scale:g} + {shift:g}, which float32 "
+                f"(the engines' input type) holds as x * {scale32} + {shift32}: it must stay finite, the scale nonzero"
+            )
     return (mean, std)
 
 

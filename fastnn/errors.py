@@ -22,12 +22,17 @@ class DeviceUnavailable(FastnnError, RuntimeError):
 
 
 class TrainingDiverged(FastnnError, ArithmeticError):
-    """The training loss became non-finite; the trainer keeps the last finite epoch's weights."""
+    """An epoch's loss, or the training state (weights, optimizer state) it ended with, is not finite; the
+    trainer keeps the weights and optimizer state of the last finite epoch."""
 
-    def __init__(self, epoch: int, loss: float) -> None:
+    def __init__(self, epoch: int, loss: float, state: str | None = None) -> None:
+        what = f"loss is {loss}"
+        if state is not None:
+            what += f", but the state its last update left is not: {state}"
         super().__init__(
-            f"training diverged in epoch {epoch}: loss is {loss}; "
+            f"training diverged in epoch {epoch}: {what}; "
             f"the trainer keeps the weights from the end of the last finite epoch (lower lr?)"
         )
         self.epoch = epoch
         self.loss = loss
+        self.state = state  #: None when the loss diverged, else what in the training state is not finite

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["FIELDS", "History"]
+__all__ = ["FIELDS", "History", "check_records"]
 
 #: The fields of every record, in table order; eval fields are None for epochs not evaluated.
 FIELDS = ("epoch", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "seconds")
@@ -99,6 +101,35 @@ class History:
         if path is not None:
             fig.savefig(path)
         return fig
+
+
+def check_records(records: Any) -> list[dict[str, Any]]:
+    """`records` if they are a history fastnn could have written, else ValueError naming the record and field.
+
+    Each record holds exactly FIELDS: epoch an integer in [0, 2**32), losses finite and >= 0, accuracies in
+    [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not evaluated) or both
+    numbers. `Trainer.save` and `Trainer.load` apply this same check.
+    """
+    if not isinstance(records, list):
+        raise ValueError(f"history must be a list of records, got {type(records).__name__}")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or set(r) != set(FIELDS):
+            raise ValueError(f"history[{i}] must be a record of the fields {FIELDS}, got {r!r}")
+        for field, value in r.items():
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if field == "epoch":
+                ok, rule = isinstance(value, int) and number and 0 <= value < 2**32, "an integer in [0, 2**32)"
+            elif field.endswith("accuracy"):
+                ok, rule = number and 0.0 <= value <= 1.0, "a number in [0, 1]"
+            else:  # losses and seconds
+                ok, rule = number and math.isfinite(value) and value >= 0, "a finite number >= 0"
+            if field.startswith("eval_"):
+                ok, rule = ok or value is None, f"None or {rule}"
+            if not ok:
+                raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
+        if (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
+            raise ValueError(f"history[{i}] has only one of eval_loss and eval_accuracy: {r!r}")
+    return records
 
 
 def _num(v: float | None) -> str:

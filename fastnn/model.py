@@ -10,7 +10,11 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["ACTIVATIONS", "MLP", "init_parameters", "param_names"]
+__all__ = ["ACTIVATIONS", "MAX_PARAMETERS", "MLP", "init_parameters", "param_names"]
+
+#: The largest model fastnn builds: 8 GiB of float32 weights, before gradients and optimizer state. It keeps
+#: every layer width below 2**30, so sizes crossing into C as 32-bit ints (kernels, cuBLASLt leading dims) fit.
+MAX_PARAMETERS = 2**31
 
 #: Hidden-layer activations. "gelu" is the tanh approximation, the form cuBLASLt's epilogue computes.
 ACTIVATIONS = ("relu", "gelu")
@@ -39,6 +43,13 @@ class MLP:
             raise ConfigError(f"sizes[-1] (the number of classes) must be >= 2, got {sizes_t[-1]}")
         if activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        params = sum(i * o + o for i, o in zip(sizes_t[:-1], sizes_t[1:]))
+        if params > MAX_PARAMETERS:  # refused before anything is allocated
+            raise ConfigError(
+                f"sizes={list(sizes_t)} make {params:,} parameters, {_bytes(4 * params)} as float32 weights alone "
+                f"(gradients and optimizer state need as much again each): at most 2**31 parameters "
+                f"({_bytes(4 * MAX_PARAMETERS)}) are supported"
+            )
         object.__setattr__(self, "sizes", sizes_t)
         object.__setattr__(self, "activation", activation)
 
@@ -87,3 +98,11 @@ def init_parameters(model: MLP, seed: int) -> dict[str, np.ndarray]:
         params[next(names)] = rng.uniform(-bound, bound, size=(fan_out, fan_in)).astype(np.float32)
         params[next(names)] = rng.uniform(-bound, bound, size=(fan_out,)).astype(np.float32)
     return params
+
+
+def _bytes(n: int) -> str:
+    """n bytes, also in the largest binary unit that keeps the number >= 1."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n:,} bytes ({n / (1 << shift):.1f} {unit})"
+    return f"{n:,} bytes"

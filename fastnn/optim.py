@@ -25,18 +25,28 @@ def _number(name: str, value: object, rule: str) -> float:
     return float(value)
 
 
+def _f32(v: float) -> float:
+    """v as the float32 the update kernels and the lr table use (inf where it overflows, 0 where it underflows)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(v))
+
+
 def _check_lr(lr: object) -> float:
     v = _number("lr", lr, "a finite number > 0")
     if not math.isfinite(v) or v <= 0:
         raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (math.isfinite(_f32(v)) and _f32(v) > 0):  # the rate every step uses is float32
+        raise ConfigError(f"lr must be a number > 0 that is finite and nonzero in float32, got {lr!r}")
     return v
 
 
 def _check_range(name: str, value: object, lo: float, hi: float, hi_open: bool = False) -> float:
+    """A float in [lo, hi] (or [lo, hi)), also after rounding to float32: 0.9999999999 rounds to 1.0."""
     rule = f"a number in [{lo}, {hi}{')' if hi_open else ']'}"
     v = _number(name, value, rule)
-    if not math.isfinite(v) or v < lo or (v >= hi if hi_open else v > hi):
-        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+    for u in (v, _f32(v)):
+        if not math.isfinite(u) or u < lo or (u >= hi if hi_open else u > hi):
+            raise ConfigError(f"{name} must be {rule}, also in float32, got {value!r}")
     return v
 
 
@@ -83,8 +93,8 @@ class AdamW:
             self, "betas", (_check_range("betas[0]", b1, 0.0, 1.0, True), _check_range("betas[1]", b2, 0.0, 1.0, True))
         )
         eps = _check_range("eps", self.eps, 0.0, 1.0)
-        if eps <= 0:
-            raise ConfigError(f"eps must be > 0, got {self.eps!r}")
+        if _f32(eps) <= 0:
+            raise ConfigError(f"eps must be > 0, also in float32, got {self.eps!r}")
         object.__setattr__(self, "eps", eps)
         object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
 

@@ -129,14 +129,18 @@ def bind(schedule: Schedule | None, base_lr: float) -> Schedule:
 
 
 def lr_table(schedule: Schedule, first_step: int, steps: int) -> np.ndarray:
-    """float32 rates for global steps first_step .. first_step+steps-1; each must be finite and >= 0."""
+    """float32 rates for global steps first_step .. first_step+steps-1; each must be >= 0 and finite as the
+    float32 stored (1e300 is finite in Python and inf in the table)."""
     table = np.empty(steps, dtype=np.float32)
     for i in range(steps):
         try:
             lr = float(schedule(first_step + i))
         except Exception as exc:  # a user's callable: report which step broke it
             raise ConfigError(f"schedule({first_step + i}) raised {exc!r}") from exc
-        if not math.isfinite(lr) or lr < 0:
-            raise ConfigError(f"schedule({first_step + i}) returned lr={lr!r}; it must be finite and >= 0")
-        table[i] = lr
+        with np.errstate(over="ignore"):
+            table[i] = lr
+        if not (math.isfinite(table[i]) and lr >= 0):
+            raise ConfigError(
+                f"schedule({first_step + i}) returned lr={lr!r}; it must be >= 0 and finite in float32 (the lr table)"
+            )
     return table

@@ -6,8 +6,9 @@ the engine owns the parameters and optimizer state. A call that fails validation
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import numbers
+import json
 import os
 import reprlib
 from collections.abc import Mapping
@@ -20,13 +21,18 @@ from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
-from .history import FIELDS, History
+from .history import History, check_records
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
 from .progress import print_epoch
 from .schedules import Schedule, bind, check_schedule, lr_table
+from .state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
 
 __all__ = ["Trainer"]
+
+#: `fit` builds the per-step learning-rate table (and trains) in chunks of whole epochs of at most this many
+#: steps (one epoch when an epoch is longer): a fit of any length starts at once and holds a 4 MiB table.
+LR_CHUNK_STEPS = 2**20
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
@@ -156,12 +162,19 @@ class Trainer:
 
         x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels. With eval_data
         = (x_eval, y_eval), evaluate after every `eval_every`-th epoch of this call and after its last.
-        Everything is validated, and the schedule evaluated for every step, before any training.
+        Everything is validated before any training; the schedule is evaluated for every step of a chunk
+        of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
+        at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
+        A trainer counts at most 2**32 epochs (`fastnn.state.MAX_EPOCH`).
+
+        Interrupted (Ctrl-C, an error printing progress), the counters, history and weights all describe
+        the end of the same epoch: the last one whose training finished.
 
         Raises:
             DataError: x, y or eval_data are malformed (the message names which).
             ConfigError: epochs, eval_every, progress or the schedule are invalid.
-            TrainingDiverged: the loss became non-finite; the weights of the last finite epoch are kept.
+            TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
+                non-finite; the weights and optimizer state of the last finite epoch are kept.
         """
         self._check_open()
         model, cfg = self._config.model, self._config
@@ -178,14 +191,25 @@ class Trainer:
                 f"x has {x.shape[0]} rows, fewer than batch_size={cfg.batch_size} with drop_last=True: "
                 f"an epoch would have no steps"
             )
-        lrs = lr_table(self._schedule, self.step, epochs * spe)
+        if self.epoch + epochs > MAX_EPOCH:
+            raise ConfigError(
+                f"epochs must be an integer in [0, {MAX_EPOCH - self.epoch}], got {epochs}: this trainer has done "
+                f"{self.epoch} epochs and counts at most 2**32 (the GPU's epoch counter and the shuffle key are 32-bit)"
+            )
+        if self.step + epochs * spe > MAX_STEP:
+            raise ConfigError(f"epochs={epochs} of {spe} steps take the step counter ({self.step}) past 2**63 - 1")
+        chunk = max(1, LR_CHUNK_STEPS // spe)  # epochs per lr table: at most LR_CHUNK_STEPS steps, or one epoch
+        lrs = lr_table(self._schedule, self.step, min(chunk, epochs) * spe)
         call_history = History()
         if epochs == 0:
             return call_history
-        eval_after = frozenset(k for k in range(epochs) if (k + 1) % eval_every == 0 or k == epochs - 1)
-        last_epoch = self.epoch + epochs - 1
+        epoch0, step0, hist0 = self.epoch, self.step, len(self.history)
+        last_epoch = epoch0 + epochs - 1
+        printed = [-1]
 
-        def on_epoch(stats: EpochStats) -> None:
+        def commit(stats: EpochStats) -> None:
+            """Record epoch stats.epoch, idempotently: run again after an interrupt, it completes what is missing."""
+            k = stats.epoch - epoch0
             record = {
                 "epoch": stats.epoch,
                 "train_loss": float(stats.loss),
@@ -194,15 +218,33 @@ class Trainer:
                 "eval_accuracy": None if stats.eval_accuracy is None else float(stats.eval_accuracy),
                 "seconds": float(stats.seconds),
             }
+            if len(call_history) == k:
+                call_history.append(record)
+            if len(self.history) == hist0 + k:
+                self.history.append(record)
             self.epoch = stats.epoch + 1
-            self.step += spe
-            call_history.append(record)
-            self.history.append(record)
-            if progress:
+            self.step = step0 + (k + 1) * spe
+            if progress and printed[0] < k:
+                printed[0] = k
                 print_epoch(record, last_epoch)
 
         self._engine.set_train_data(x, y)
-        self._engine.fit_epochs(self.epoch, self.step, lrs, eval_set, eval_after if eval_set else frozenset(), on_epoch)
+        try:
+            for first in range(0, epochs, chunk):
+                n = min(chunk, epochs - first)
+                if first:
+                    lrs = lr_table(self._schedule, self.step, n * spe)
+                ks = range(first, first + n)
+                eval_after = frozenset(k - first for k in ks if (k + 1) % eval_every == 0 or k == epochs - 1)
+                self._engine.fit_epochs(self.epoch, self.step, lrs, eval_set, eval_after if eval_set else frozenset(),
+                                        commit)  # fmt: skip
+        except BaseException:
+            # An interrupt may land after the engine counted an epoch as reported and before commit recorded it.
+            done = self._engine.last_reported
+            if done is not None and done.epoch >= epoch0:
+                with contextlib.suppress(Exception):  # the interrupt is the error to report
+                    commit(done)
+            raise
         return call_history
 
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -249,13 +291,22 @@ class Trainer:
         """Replace the parameters (not the optimizer state) with `state_dict`'s, checked against the model.
 
         Raises:
-            DataError: a name is missing or unexpected, or an array has the wrong shape or non-finite values.
+            DataError: a name is missing or unexpected, or an array has the wrong shape or values that are not
+                finite in float32 (or, with precision "fp16"/"mixed", in float16: see `fastnn.state`).
         """
         self._check_open()
-        self._engine.set_state(_checked_arrays(state_dict, _param_shapes(self._config.model), "state_dict"))
+        shapes = _param_shapes(self._config.model)
+        self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write config, epoch/step counters, history, parameters and optimizer state to an .npz, atomically."""
+        """Write config, epoch/step counters, history, parameters and optimizer state to an .npz, atomically.
+
+        What is written passes the checks `load` applies (the same functions) first: a state `load` would
+        refuse is not written, and a file already at `path` is left as it was.
+
+        Raises:
+            DataError: the state, counters or history would not load (the message says which and why).
+        """
         self._check_open()
         c = self._config
         config = {
@@ -270,7 +321,15 @@ class Trainer:
             "step": self.step,
             "history": list(self.history),
         }
-        checkpoint.save(path, config, self._engine.get_state())
+        state = self._engine.get_state()
+        try:
+            _checked_progress(json.loads(json.dumps(config)))  # what load will read back, NaN and all
+            checked_state(state, _state_shapes(c.model, c.optimizer), c.precision, "state")
+        except (DataError, ValueError) as exc:
+            raise DataError(
+                f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
+            ) from exc
+        checkpoint.save(path, config, state)
 
     @classmethod
     def load(
@@ -296,13 +355,11 @@ class Trainer:
                 opt_fields["betas"] = tuple(opt_fields["betas"])
             optimizer = opt_class(**opt_fields)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
-            epoch, step = _check_int("epoch", config["epoch"], 0), _check_int("step", config["step"], 0)
-            history = History(_checked_history(config.get("history", [])))
-            shapes = _param_shapes(model)
-            for name, shape in list(shapes.items()):
-                for s in optimizer.state_names:
-                    shapes[f"opt.{s}.{name}"] = shape
-            state = _checked_arrays(arrays, shapes, where)  # before the engine is built: no work on a bad file
+            if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
+                raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
+            epoch, step, history = _checked_progress(config)
+            # Before the engine is built: no work on a bad file. The same checks as `save`'s.
+            state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
             trainer = cls(model, optimizer, device=device, schedule=schedule, engine=engine, **kwargs)
         except (DataError, EngineRefused):
             raise  # already names the file and the array, or the caller's engine choice
@@ -337,24 +394,10 @@ class Trainer:
             raise FastnnError("this Trainer is closed")
 
 
-def _checked_history(records: Any) -> list[dict[str, Any]]:
-    """A saved history: a list of records of FIELDS, epoch an int, the rest numbers (eval ones may be None)."""
-    if not isinstance(records, list):
-        raise ValueError(f"history must be a list of records, got {type(records).__name__}")
-    for i, r in enumerate(records):
-        if not isinstance(r, dict) or set(r) != set(FIELDS):
-            raise ValueError(f"history[{i}] must be a record of the fields {FIELDS}, got {r!r}")
-        for field, value in r.items():
-            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if field == "epoch":
-                ok, rule = isinstance(value, int) and number and value >= 0, "an integer >= 0"
-            elif field.startswith("eval_"):
-                ok, rule = value is None or number, "None or a number"
-            else:
-                ok, rule = number, "a number"
-            if not ok:
-                raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
-    return records
+def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:
+    """(epoch, step, history) of a checkpoint's config; ValueError names what is wrong. `save` checks with it too."""
+    epoch, step = check_counters(config["epoch"], config["step"])
+    return epoch, step, History(check_records(config.get("history", [])))
 
 
 def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
@@ -367,23 +410,10 @@ def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _checked_arrays(arrays: Mapping[str, Any], shapes: dict[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
-    """float32 copies of `arrays`, which must hold exactly the names of `shapes`, each finite and of its shape."""
-    if not isinstance(arrays, Mapping):
-        raise DataError(f"{what} must be a mapping of names to arrays, got {type(arrays).__name__}")
-    missing = [n for n in shapes if n not in arrays]
-    unexpected = [n for n in arrays if n not in shapes]
-    if missing or unexpected:
-        raise DataError(f"{what} does not match the model: missing {missing}, unexpected {unexpected}")
-    out = {}
-    for name, shape in shapes.items():
-        value = arrays[name]
-        if hasattr(value, "detach"):  # a torch tensor, possibly on a GPU
-            value = value.detach().cpu().numpy()
-        arr = np.asarray(value)
-        if arr.shape != shape:
-            raise DataError(f"{what}[{name!r}] has shape {arr.shape}, the model needs {shape}")
-        if arr.dtype.kind not in "fiu" or not np.isfinite(arr).all():
-            raise DataError(f"{what}[{name!r}] must hold finite numbers (dtype {arr.dtype})")
-        out[name] = arr.astype(np.float32)
-    return out
+def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every array of a checkpoint: parameters, then optimizer state "opt.<state>.<param>"."""
+    shapes = _param_shapes(model)
+    for name, shape in list(shapes.items()):
+        for s in optimizer.state_names:
+            shapes[f"opt.{s}.{name}"] = shape
+    return shapes

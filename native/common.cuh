@@ -15,8 +15,8 @@ struct EpochState {
     u32 epoch;         // absolute epoch index: keys the sample order
     u32 epoch_in_fit;  // epoch index within this fit call: indexes the lr table and history slots
     u64 step0;         // global step count at the start of this fit (AdamW bias correction)
-    u32 diverged;      // sticky: set once an epoch's loss is not finite; stops snapshots
-    u32 pad;
+    u32 diverged;      // sticky: set once an epoch's loss or the state it left is not finite; stops snapshots
+    u32 bad_state;     // sticky: set by check_state when an epoch left a non-finite training state
     const float* lr;   // lr[epoch_in_fit * steps_per_epoch + step]: this fit's rate of every step
     double* hist;      // hist[2 * epoch_in_fit + {0, 1}]: the epoch's loss sum and correct count
 };

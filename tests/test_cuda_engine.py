@@ -364,3 +364,166 @@ def test_fused_holds_the_models_it_must(sizes):
     for batch in (32, 128):
         cfg = EngineConfig(model=model, optimizer=SGD(lr=0.01, momentum=0.9), batch_size=batch, precision="mixed")
         assert FusedEngine.unsupported_reason(cfg, driver.get_device(0)) is None, (sizes, batch)
+
+
+# ---- issue 8: the state an epoch leaves, interrupts, the u32 epoch field ------------------------------------------
+
+
+def _diverging_case(case: str):
+    """(trainer kwargs, x, y) whose one epoch (one step) has a finite loss and leaves a non-finite state."""
+    rng = np.random.default_rng(0)
+    n, d = 64, 4
+    y = rng.integers(0, 3, size=n)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    if case == "fp32 weights inf":  # the issue's reproducer: features * 1e6, SGD(lr=1e34), batch = N
+        return dict(optimizer=SGD(lr=1e34), precision="fp32"), x * np.float32(1e6), y
+    if case == "fp32 exp_avg_sq inf":  # g * g overflows; the weights (m / sqrt(inf) = 0) and the loss stay finite
+        return dict(optimizer=AdamW(lr=1e-3), precision="fp32"), x * np.float32(1e22), y
+    if case == "mixed fp16 copy inf":  # fp32 masters near 1e5 are finite; their fp16 copy for the GEMMs is not
+        return dict(optimizer=SGD(lr=1e7), precision="mixed"), x, y
+    assert case == "fp16 weights inf"
+    return dict(optimizer=SGD(lr=1e7), precision="fp16"), x, y
+
+
+@pytest.mark.parametrize("case", ["fp32 weights inf", "fp32 exp_avg_sq inf", "mixed fp16 copy inf", "fp16 weights inf"])
+def test_epoch_leaving_a_non_finite_state_diverges_and_keeps_the_last_finite_one(case, tmp_path):
+    kw, x, y = _diverging_case(case)
+    model = MLP([4, 8, 3])
+    with Trainer(model, batch_size=len(x), device="cuda", seed=1, **kw) as t:
+        before = t._engine.get_state()
+        with pytest.raises(fastnn.TrainingDiverged) as info:
+            t.fit(x, y, epochs=2)
+        assert info.value.epoch == 0 and np.isfinite(info.value.loss), info.value
+        assert info.value.state is not None  # the loss was finite: the state check caught it
+        after = t._engine.get_state()
+        for k in before:
+            np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+        assert (t.epoch, t.step, len(t.history)) == (0, 0, 0)
+        t.save(tmp_path / "m.npz")  # the kept state is loadable
+    loaded = Trainer.load(tmp_path / "m.npz", device="cpu")
+    for k, v in loaded._engine.get_state().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed", "fp16"])
+@pytest.mark.parametrize("where", ["nowhere", "parameter", "optimizer state"])
+def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
+    from fastnn.cuda import driver
+    from fastnn.engine.cuda_engine import _STATE_DTYPE, CudaEngine
+
+    model = MLP([16, 8, 3])
+    cfg = EngineConfig(model=model, optimizer=AdamW(lr=1e-3), batch_size=8, precision=precision)
+    eng = CudaEngine(cfg, init_parameters(model, 0))
+    hist = driver.DeviceBuffer(256)
+    try:
+        state = eng.get_state()
+        if where == "parameter":  # the last element of the flat buffer's last tensor
+            state["2.bias"][-1] = 1e5 if precision == "mixed" else np.inf  # "mixed": inf only in the fp16 copy
+        elif where == "optimizer state":
+            state["opt.exp_avg_sq.2.bias"][-1] = np.nan
+        eng.set_state(state)
+        hist.memset(0)
+        eng.snapshot.memset(0)
+        eng.write_epoch_state(5, 0, 0, hist.ptr)
+        eng.record_epoch_end()
+        eng.stream.synchronize()
+        st = np.zeros(1, dtype=_STATE_DTYPE)
+        eng.epoch_state.download(st.view(np.uint8))
+        bad = where != "nowhere"
+        assert (int(st["bad_state"][0]), int(st["diverged"][0]), int(st["epoch"][0])) == (bad, bad, 6)
+        live = np.empty(eng._state_bytes, dtype=np.uint8)
+        snap = np.empty_like(live)
+        eng.train_state.download(live)
+        eng.snapshot.download(snap)
+        assert np.array_equal(snap, live) != bad  # snapshotted only when the state is finite
+    finally:
+        hist.close()
+        eng.close()
+
+
+def _cpu_reference(epochs: int, x, y):
+    t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
+                device="cpu", seed=4)  # fmt: skip
+    t.fit(x, y, epochs=epochs)
+    return t._engine.get_state()
+
+
+def _assert_at_epoch(t, epochs: int, x, y, spe: int) -> None:
+    """t's counters, history and weights all describe the end of epoch epochs - 1 (and not of a neighbour)."""
+    assert (t.epoch, t.step) == (epochs, epochs * spe)
+    assert [r["epoch"] for r in t.history] == list(range(epochs))
+    state = t._engine.get_state()
+    for e in (epochs - 1, epochs, epochs + 1):
+        ref = _cpu_reference(e, x, y)
+        worst = max(_rel(state[k], ref[k]) for k in ref)
+        assert worst < 1e-4 if e == epochs else worst > 1e-2, (e, worst)  # neighbours differ by > 20%
+
+
+def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch):
+    from fastnn.engine import cuda_engine
+
+    x, y = _data(300, 16, 3)
+    real, calls = cuda_engine.EpochStats, [0]
+
+    def stats(*args, **kwargs):  # Ctrl-C inside report(1), before the epoch counts as reported
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
+                device="cuda", seed=4)  # fmt: skip
+    monkeypatch.setattr(cuda_engine, "EpochStats", stats)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(x, y, epochs=3)
+    monkeypatch.undo()
+    _assert_at_epoch(t, 3, x, y, 10)  # all three queued epochs ran and are recorded, epoch 1 included
+    t.close()
+
+
+def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch):
+    from fastnn.cuda import driver
+    from fastnn.engine.cuda_engine import INFLIGHT_EPOCHS
+
+    x, y = _data(300, 16, 3)
+    real, calls = driver.Event.synchronize, [0]
+
+    def synchronize(self):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        return real(self)
+
+    t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
+                device="cuda", seed=4)  # fmt: skip
+    t.fit(x, y, epochs=1)  # autotuning and capture (which may wait on events) happen here, not below
+    monkeypatch.setattr(driver.Event, "synchronize", synchronize)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(x, y, epochs=INFLIGHT_EPOCHS + 2)  # Ctrl-C in the first wait, with INFLIGHT_EPOCHS queued
+    monkeypatch.undo()
+    _assert_at_epoch(t, 1 + INFLIGHT_EPOCHS, x, y, 10)
+    t.close()
+
+
+def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path):
+    model = MLP([24, 16, 4])
+    x, y = _data(400, 24, 4)
+    import json
+
+    start = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=40, precision="fp32", device="cpu", seed=7)
+    start.save(tmp_path / "start.npz")
+    with np.load(tmp_path / "start.npz") as npz:
+        files = dict(npz.items())
+    config = json.loads(str(files["__fastnn_config__"]))
+    config["epoch"] = 2**32 - 2  # the device's u32 epoch reaches 2**32 - 1, the last index it holds
+    files["__fastnn_config__"] = np.array(json.dumps(config))
+    np.savez(tmp_path / "top.npz", **files)
+    cpu, gpu = Trainer.load(tmp_path / "top.npz", device="cpu"), Trainer.load(tmp_path / "top.npz", device="cuda")
+    hc, hg = cpu.fit(x, y, epochs=2), gpu.fit(x, y, epochs=2)  # epochs 2**32 - 2 and 2**32 - 1 (shuffle keys)
+    assert hg["epoch"] == hc["epoch"] == [2**32 - 2, 2**32 - 1]
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4)
+    _assert_close(cpu, gpu, 1e-4)
+    with pytest.raises(fastnn.ConfigError, match="epochs"):
+        gpu.fit(x, y, epochs=1)  # a 2**32nd epoch would wrap the u32
+    assert gpu.epoch == 2**32
+    gpu.close()

@@ -7,6 +7,7 @@ frozen `EngineConfig`, owns the parameters while it lives, and trains whole epoc
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ class Engine(ABC):
     device: str
     #: which engine this is, as `Trainer.engine` reports it: "numpy", "graph" or "fused"
     name: str
+    #: The stats of the last epoch reported by the running or last `fit_epochs` (None before its first).
+    last_reported: EpochStats | None = None
 
     @abstractmethod
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray]) -> None:
@@ -93,9 +96,16 @@ class Engine(ABC):
 
         Epoch k of this call has absolute index first_epoch + k (it keys the shuffle). After the
         epochs whose k is in `eval_after`, evaluate on eval_data and fill the stats' eval fields.
-        Call `on_epoch` in order as each epoch's numbers are known. If an epoch's loss is not finite,
-        restore the parameters to the end of the last finite epoch and raise TrainingDiverged
+        Call `on_epoch` in order as each epoch's numbers are known (through `report`). If an epoch's
+        loss or the state it leaves (`fastnn.state.state_problem`) is not finite, restore the
+        parameters and optimizer state to the end of the last finite epoch and raise TrainingDiverged
         naming that epoch's absolute index (on_epoch is not called for it).
+
+        Interrupted (KeyboardInterrupt, an error in evaluation or in on_epoch), the state is the one
+        after the last epoch reported: an epoch whose training finished is reported (without its eval
+        numbers if its evaluation did not finish), one whose training did not is undone. An epoch is
+        reported once `report` has set `last_reported` to its stats, whether or not on_epoch returns;
+        the caller reconciles from `last_reported` if an interrupt lands before on_epoch could act.
         """
 
     @abstractmethod
@@ -113,6 +123,18 @@ class Engine(ABC):
     @abstractmethod
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         """Replace parameters (and optimizer state where given) with `state`'s arrays."""
+
+    def report(self, stats: EpochStats, on_epoch: OnEpoch, quiet: bool = False) -> None:
+        """Report one finished epoch: from `last_reported = stats` on it counts as reported, then on_epoch.
+
+        quiet (reporting after an interrupt, which is re-raised afterwards): on_epoch's errors are dropped.
+        """
+        self.last_reported = stats
+        if not quiet:
+            on_epoch(stats)
+            return
+        with contextlib.suppress(Exception):
+            on_epoch(stats)
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release every resource the engine holds; the engine is unusable afterwards."""

@@ -45,9 +45,10 @@ WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny sha
 
 # EpochState of native/common.cuh
 _STATE_DTYPE = np.dtype(
-    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("pad", "<u4"),
+    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("bad_state", "<u4"),
      ("lr", "<u8"), ("hist", "<u8")]
 )  # fmt: skip
+_BAD_STATE_OFFSET = _STATE_DTYPE.fields["bad_state"][1]  # copied to the host after every epoch
 
 _modules_lock = threading.Lock()
 _modules: dict[tuple[int, str], object] = {}  # (device, file) -> driver.Module: loaded once per process
@@ -350,8 +351,18 @@ class CudaEngine(Engine):
         )
 
     def record_epoch_end(self) -> None:
+        """Queue the epoch-end nodes: check the state the epoch left (native/update.cu's check_state, whose
+        verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
         words = self._state_bytes // 4
         state = arg_ptr(self.epoch_state.ptr)
+        pwords = self._pbytes // 4
+        if self.spec.param == np.float16:  # "fp16": fp16 parameters, then the fp32 optimizer state
+            f32, n32, f16, n16 = self.train_state.ptr + self._pbytes, words - pwords, self.train_state.ptr, pwords
+        else:  # fp32 parameters and optimizer state, and for "mixed" the fp16 copy the GEMMs read
+            f32, n32 = self.train_state.ptr, words
+            f16, n16 = (self.w16.ptr, self.layout.total // 2) if self.w16 is not None else (0, 0)
+        check = [arg_ptr(f32), arg_u64(n32), arg_ptr(f16), arg_u64(n16), state]
+        self._launch_elementwise("check_state", max(n32, n16), check)
         args = [arg_ptr(self.train_state.ptr), arg_ptr(self.snapshot.ptr), arg_u64(words), state]
         self._launch_elementwise("snapshot", words, args)
         self._update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(self.epoch_state.ptr)], self.stream)
@@ -414,6 +425,7 @@ class CudaEngine(Engine):
         if ctx is None:
             raise RuntimeError("set_train_data must come before fit_epochs")
         epochs = len(lrs) // ctx.steps
+        self.last_reported = None
         if epochs == 0:
             return
         self.dev.make_current()
@@ -424,6 +436,7 @@ class CudaEngine(Engine):
         ev = self._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
         hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
         ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
+        bad_state = ctx.flags_host.view(np.uint32, (ctx.capacity,))
         slots = len(ctx.events)
 
         def report(k: int) -> None:
@@ -431,12 +444,14 @@ class CudaEngine(Engine):
             start, end, _ = ctx.events[k % slots]
             loss_sum, correct = hist[k]
             samples = ctx.samples
-            if not math.isfinite(loss_sum):
+            # bad_state is sticky, but epochs are reported in order and the first diverged one raises.
+            if not math.isfinite(loss_sum) or bad_state[k]:
                 self.stream.synchronize()
                 drv.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self._state_bytes, self.stream)
                 self._refresh_half_copy()
                 self.stream.synchronize()
-                raise TrainingDiverged(first_epoch + k, float(loss_sum / samples))
+                state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
+                raise TrainingDiverged(first_epoch + k, float(loss_sum / samples), state)
             stats = EpochStats(
                 epoch=first_epoch + k,
                 loss=float(loss_sum / samples),
@@ -447,35 +462,45 @@ class CudaEngine(Engine):
             if ev is not None and k in eval_after:
                 stats.eval_loss = float(ev_hist[k, 0] / ev.n)
                 stats.eval_accuracy = float(ev_hist[k, 1] / ev.n)
-            on_epoch(stats)
+            self.report(stats, on_epoch)
 
-        launched = done = 0
+        def reported() -> int:
+            """Epochs of this call reported so far: one counts from the moment `report` marks it."""
+            last = self.last_reported
+            return 0 if last is None else last.epoch - first_epoch + 1
+
+        launched = 0
         try:
-            while done < epochs:
-                while launched < epochs and launched - done < INFLIGHT_EPOCHS:
+            while reported() < epochs:
+                while launched < epochs and launched - reported() < INFLIGHT_EPOCHS:
                     k = launched
                     start, end, finished = ctx.events[k % slots]
                     start.record(self.stream)
                     ctx.graph.launch(self.stream)
                     end.record(self.stream)
                     drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, self.stream)
+                    drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, self.epoch_state.ptr + _BAD_STATE_OFFSET, 4, self.stream)
                     if ev is not None and k in eval_after:
                         ev.run(ctx.eval_host.ptr + 16 * k)
                     finished.record(self.stream)
                     launched += 1
-                ctx.events[done % slots][2].synchronize()  # the queue still holds the epochs after it
-                done += 1
-                report(done - 1)
+                k = reported()
+                ctx.events[k % slots][2].synchronize()  # the queue still holds the epochs after it
+                report(k)
         except TrainingDiverged:
             raise
         except BaseException:
             # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
-            # let them finish and report them, so the trainer's counters match the weights they made.
+            # let them finish and report every one not yet reported (an epoch whose report was interrupted
+            # before it counted included), so the trainer's counters match the weights they made.
             self.stream.synchronize()
-            with contextlib.suppress(Exception):
-                while done < launched:
-                    done += 1
-                    report(done - 1)
+            for k in range(reported(), launched):
+                try:
+                    report(k)
+                except TrainingDiverged:
+                    break  # the weights went back to the last finite epoch, already reported
+                except Exception:  # on_epoch failed after the epoch counted: report the next
+                    continue
             raise
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
@@ -632,11 +657,12 @@ class _TrainContext(_Owner):
             eng.stream.synchronize()
             cap = max(epochs, 2 * self.capacity, 8)
             new = {}
-            try:  # all four first: a failed allocation leaves the old ones in place
+            try:  # all five first: a failed allocation leaves the old ones in place
                 new["lr_table"] = drv.DeviceBuffer(cap * self.steps * 4)
                 new["hist"] = drv.DeviceBuffer(cap * 16)
                 new["hist_host"] = drv.PinnedBuffer(cap * 16)
                 new["eval_host"] = drv.PinnedBuffer(cap * 16)
+                new["flags_host"] = drv.PinnedBuffer(cap * 4)  # EpochState.bad_state after each epoch
             except BaseException:
                 for buf in new.values():
                     buf.close()

@@ -7,6 +7,7 @@ module functions so GPU tests can call them as the reference, in float64 where t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from ..errors import TrainingDiverged
 from ..model import MLP, param_names
 from ..optim import AdamW, adamw_step, sgd_step
 from ..shuffle import permutation
+from ..state import state_problem
 from .base import Engine, EngineConfig, EpochStats, OnEpoch, batch_slices, steps_per_epoch
 
 __all__ = [
@@ -175,14 +177,16 @@ class NumpyEngine(Engine):
         spe = steps_per_epoch(n, cfg.batch_size, cfg.drop_last)
         epochs = len(lrs) // spe if spe else 0
         step = 0
+        self.last_reported = None
         for k in range(epochs):
             epoch = first_epoch + k
             start = time.perf_counter()
             snapshot = self._snapshot()
             order = permutation(cfg.seed, epoch, n)
             loss_sum, correct, seen = 0.0, 0, 0
-            # A diverging run overflows float32; the loss check below reports that, so the warnings are noise.
+            stats = None
             try:
+                # A diverging run overflows float32; the checks below report that, so the warnings are noise.
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                     for lo, hi in slices:
                         idx = order[lo:hi]
@@ -194,18 +198,27 @@ class NumpyEngine(Engine):
                         seen += hi - lo
                         if not math.isfinite(loss_sum):
                             break  # the epoch's mean is already non-finite
-            except BaseException:
-                self.set_state(snapshot)  # an interrupted epoch leaves the weights of the last whole one
+                loss = loss_sum / seen
+                # The loss is measured before each update: the epoch's last update is judged by the state it left.
+                bad_state = None if not math.isfinite(loss) else state_problem(self._state_view(), cfg.precision)
+                if not math.isfinite(loss) or bad_state is not None:
+                    self.set_state(snapshot)  # keep the last finite epoch's weights and optimizer state
+                    raise TrainingDiverged(epoch, loss, bad_state)
+                seconds = time.perf_counter() - start
+                # From here the epoch's training is done: an interrupt reports it (below) instead of undoing it.
+                stats = EpochStats(epoch=epoch, loss=loss, accuracy=correct / seen, samples=seen, seconds=seconds)
+                if k in eval_after and eval_data is not None:
+                    eval_loss, eval_accuracy = self.evaluate(*eval_data)
+                    stats = dataclasses.replace(stats, eval_loss=eval_loss, eval_accuracy=eval_accuracy)
+                self.report(stats, on_epoch)
+            except TrainingDiverged:
                 raise
-            loss = loss_sum / seen
-            if not math.isfinite(loss):
-                self.set_state(snapshot)  # keep the last finite epoch's weights
-                raise TrainingDiverged(epoch, loss)
-            seconds = time.perf_counter() - start
-            stats = EpochStats(epoch=epoch, loss=loss, accuracy=correct / seen, samples=seen, seconds=seconds)
-            if k in eval_after and eval_data is not None:
-                stats.eval_loss, stats.eval_accuracy = self.evaluate(*eval_data)
-            on_epoch(stats)
+            except BaseException:
+                if stats is None:
+                    self.set_state(snapshot)  # an interrupted epoch leaves the weights of the last whole one
+                elif self.last_reported is not stats:
+                    self.report(stats, on_epoch, quiet=True)  # trained, but interrupted before it was reported
+                raise
 
     def _logits_chunks(self, x: np.ndarray):
         for lo in range(0, x.shape[0], _EVAL_ROWS):
@@ -242,6 +255,14 @@ class NumpyEngine(Engine):
                 self.opt_state[n][s][...] = value
             else:
                 self.params[key][...] = value
+
+    def _state_view(self) -> dict[str, np.ndarray]:
+        """The live parameters and optimizer state under `get_state`'s names, without copies."""
+        view = dict(self.params)
+        for n in self._names:
+            for s, arr in self.opt_state[n].items():
+                view[f"opt.{s}.{n}"] = arr
+        return view
 
     def _snapshot(self) -> dict[str, np.ndarray]:
         snap = {n: p.copy() for n, p in self.params.items()}
