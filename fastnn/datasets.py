@@ -127,9 +127,10 @@ def _temp_beside(path: Path) -> Path:
     """A fresh temporary name in `path`'s folder (same file system, so os.replace is atomic).
 
     Opened with mode "xb" rather than mkstemp so the file gets the umask's permissions, not 0600:
-    a dataset folder may be shared.
+    a dataset folder may be shared. At most 100 characters of the name are kept, so a target whose name is
+    near the file system's 255-byte limit still has a temporary name that fits.
     """
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    return path.with_name(f".{path.name[:100]}.{os.getpid()}.{secrets.token_hex(4)}.part")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -268,25 +268,18 @@ class Trainer:
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
-        config, arrays = checkpoint.load(path)
+        # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
+        config, arrays = checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_schedule(schedule)
         try:
-            model = MLP(**config["model"])
-            opt_fields = dict(config["optimizer"])
-            opt_class = {"SGD": SGD, "AdamW": AdamW}[opt_fields.pop("class")]
-            if "betas" in opt_fields:
-                opt_fields["betas"] = tuple(opt_fields["betas"])
-            optimizer = opt_class(**opt_fields)
+            model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
             epoch, step = _check_int("epoch", config["epoch"], 0), _check_int("step", config["step"], 0)
             history = History(_checked_history(config.get("history", [])))
-            shapes = _param_shapes(model)
-            for name, shape in list(shapes.items()):
-                for s in optimizer.state_names:
-                    shapes[f"opt.{s}.{name}"] = shape
-            state = _checked_arrays(arrays, shapes, where)  # before the engine is built: no work on a bad file
+            # before the engine is built: no work on a bad file
+            state = _checked_arrays(arrays, _state_shapes(model, optimizer), where)
             trainer = cls(model, optimizer, device=device, schedule=schedule, **kwargs)
         except DataError:
             raise  # already names the file and the array
@@ -339,6 +332,25 @@ def _checked_history(records: Any) -> list[dict[str, Any]]:
             if not ok:
                 raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
     return records
+
+
+def _saved_model(config: Mapping[str, Any]) -> tuple[MLP, Optimizer]:
+    """The model and optimizer a checkpoint's config describes (KeyError, TypeError or ValueError if invalid)."""
+    model = MLP(**config["model"])
+    opt_fields = dict(config["optimizer"])
+    opt_class = {"SGD": SGD, "AdamW": AdamW}[opt_fields.pop("class")]
+    if "betas" in opt_fields:
+        opt_fields["betas"] = tuple(opt_fields["betas"])
+    return model, opt_class(**opt_fields)
+
+
+def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every array of the training state: the parameters, then "opt.<state>.<param>"."""
+    shapes = _param_shapes(model)
+    for name, shape in list(shapes.items()):
+        for s in optimizer.state_names:
+            shapes[f"opt.{s}.{name}"] = shape
+    return shapes
 
 
 def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
