@@ -6,9 +6,10 @@
 The default dataset is Fashion-MNIST: Debian's dataset-fashion-mnist package provides it offline
 (/usr/share/datasets/fashion-mnist), and it is harder than MNIST, so accuracy differences show.
 Data: --data DIR, else $FASTNN_DATA, ~/.cache/fastnn/<name>, /usr/share/datasets/<name>, else a
-checked download (see fastnn.datasets.load). Prints one line per epoch when training 10 epochs or fewer,
-else every 10th (--log-every N changes that; --progress prints every epoch live), then the training
-time and the final test accuracy.
+checked download (see fastnn.datasets.load); the files must be the named dataset's (sha256) unless
+--no-verify (your own MNIST-layout data), and the folder used is printed first. Prints one line per epoch
+when training 10 epochs or fewer, else every 10th (--log-every N changes that; --progress prints every
+epoch live), then the training time and the final test accuracy.
 """
 
 from __future__ import annotations

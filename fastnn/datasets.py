@@ -6,6 +6,11 @@
 them into `root` or `~/.cache/fastnn/<name>`, checking each file's size and sha256, and writing each
 through a temporary file in the same folder and `os.replace`, so an interrupted download leaves nothing
 half-written. Mirrors can be replaced with `mirrors=` or `$FASTNN_DATASET_MIRRORS`.
+
+The two datasets share their file names, so local files are verified too: each file's size (before reading)
+and sha256 (before decompressing) must be the named dataset's, gzipped or not; the result's `folder` says
+which folder was used. `verify=False` reads any MNIST-layout files (your own data) unchecked, with each IDX
+header checked against the expected dims and UNVERIFIED_MAX_ROWS before any data is read.
 """
 
 from __future__ import annotations
@@ -599,7 +604,7 @@ class Loaded(tuple):
 
     folder: Path
 
-    def __new__(cls, arrays: tuple[np.ndarray, ...], folder: Path) -> Loaded:
+    def __new__(cls, arrays: tuple[np.ndarray, ...], folder: Path | None = None) -> Loaded:  # None: unpickling
         self = super().__new__(cls, arrays)
         self.folder = folder
         return self
