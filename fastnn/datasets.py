@@ -659,7 +659,8 @@ def load(
         verify: check every file's size and sha256 against the named dataset's before using it (the two
             datasets share file names); the top of `$FASTNN_DATA` may hold either, and a folder there holding
             the other dataset's files is passed over. False reads any MNIST-layout files (your own data), up to
-            UNVERIFIED_MAX_ROWS rows per file.
+            UNVERIFIED_MAX_ROWS rows per file, and skips the top of `$FASTNN_DATA` (only checksums could tell
+            which dataset it holds).
 
     Raises:
         ConfigError: unknown name, or an argument of the wrong type.
@@ -676,6 +677,10 @@ def load(
     for folder, origin in _candidates(name, root):
         if folder is None:
             report.append(f"  {origin}")
+            continue
+        if origin == _SHARED_ORIGIN and not verify:
+            # This folder may hold either dataset under the same file names: only checksums can tell.
+            report.append(f"  {folder} ({origin}): not searched with verify=False (it may hold either dataset)")
             continue
         found, note = _find(folder, spec)
         if all(p is not None for p in found):
