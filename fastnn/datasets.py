@@ -586,7 +586,9 @@ def _verified_bytes(path: Path, rf: RemoteFile, spec: DatasetSpec) -> bytes:
         return data
     other = _owner(rf, gz, len(data), digest)
     if other is not None:
-        raise _OtherDataset(f"{path} is {other}'s {rf.stem}, not {spec.name}'s (sha256 {digest})", other)
+        raise _OtherDataset(
+            f"{path} is {other}'s {rf.stem}, not {spec.name}'s (sha256 {digest}): load it as {other!r}", other
+        )
     raise _OtherDataset(
         f"{path} is not {spec.name}'s {rf.stem}: sha256 {digest}, expected {sha} (corrupt, or other data: "
         f"verify=False, or --no-verify in the examples, loads your own MNIST-layout files)",
