@@ -279,21 +279,26 @@ def _plan_member(
 
 
 def _read_planned(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str, plan: _Plan) -> np.ndarray:
-    """The member's array: exactly the bytes its checked header declares (zipfile checks the CRC at the end)."""
+    """The member's array: exactly the bytes its checked header declares (zipfile checks the CRC at the end),
+    read in chunks into the array itself, so a large array costs its own size and no copy."""
     shape, fortran, dtype, header = plan
     nbytes = math.prod(shape) * dtype.itemsize
+    try:
+        out = np.empty(nbytes, dtype=np.uint8)
+    except (MemoryError, ValueError) as exc:
+        raise DataError(f"{where} member {info.filename!r} needs {nbytes} bytes, more than this machine has") from exc
+    view, got = memoryview(out), 0
     with zf.open(info) as f:
         f.read(header)
-        try:
-            data = f.read(nbytes)
-        except MemoryError as exc:
-            raise DataError(
-                f"{where} member {info.filename!r} needs {nbytes} bytes, more than this machine has"
-            ) from exc
-        if len(data) != nbytes or f.read(1):
-            raise DataError(f"{where} member {info.filename!r} is truncated: {len(data)} of {nbytes} data bytes")
-    order = "F" if fortran else "C"
-    return np.frombuffer(data, dtype=dtype).reshape(shape, order=order).copy()
+        while got < nbytes:
+            chunk = f.read(min(nbytes - got, 1 << 24))
+            if not chunk:
+                break
+            view[got : got + len(chunk)] = chunk
+            got += len(chunk)
+        if got != nbytes or f.read(1):
+            raise DataError(f"{where} member {info.filename!r} is truncated: {got} of {nbytes} data bytes")
+    return out.view(dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _read_member(
