@@ -33,6 +33,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=sorted(fastnn.datasets.DATASETS), default="fashion-mnist")
     p.add_argument("--data", metavar="DIR", help="folder holding the four IDX files (gz or raw)")
     p.add_argument("--no-download", action="store_true", help="fail instead of downloading missing files")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="read the IDX files unchecked (your own MNIST-layout data); by default each file's sha256 must be "
+        "the named dataset's",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--hidden", type=int, default=128, help="width of each hidden layer")
     p.add_argument("--layers", type=int, default=3, help="number of hidden layers")
@@ -58,7 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        x, y, xt, yt = fastnn.datasets.load(args.dataset, root=args.data, download=not args.no_download)
+        data = fastnn.datasets.load(
+            args.dataset, root=args.data, download=not args.no_download, verify=not args.no_verify
+        )
+        x, y, xt, yt = data
+        check = "unverified: --no-verify" if args.no_verify else "sha256 verified"
+        print(f"data: {args.dataset} from {data.folder} ({check})", flush=True)
         per_epoch = steps_per_epoch(len(x), args.batch_size, drop_last=False)
         if args.epochs is not None:
             epochs = args.epochs

@@ -49,6 +49,11 @@ def input_affine(dtype: np.dtype, normalize: tuple[float, float] | None) -> tupl
     return scale, shift
 
 
+#: Largest number of rows of x (training, evaluation or prediction) on every engine: the shuffle permutes 32-bit
+#: positions and the GPU gather takes u32 positions and an i32 first position.
+MAX_ROWS = 2**31 - 1
+
+
 def check_inputs(x: Any, features: int, name: str = "x") -> np.ndarray:
     """`x` as a C-contiguous (N, features) uint8 or float32 array; raises DataError naming `name`."""
     if not isinstance(x, np.ndarray):
@@ -62,6 +67,11 @@ def check_inputs(x: Any, features: int, name: str = "x") -> np.ndarray:
         raise DataError(f"{name} is empty: shape {x.shape}")
     if x.shape[1] != features:
         raise DataError(f"{name} has {x.shape[1]} features per row but the model takes {features}: shape {x.shape}")
+    if x.shape[0] > MAX_ROWS:
+        raise DataError(
+            f"{name} has {x.shape[0]} rows; fastnn takes at most {MAX_ROWS} (2**31 - 1) rows per array: the shuffle "
+            f"and the GPU kernels index rows with 32-bit integers. Split it into several fits"
+        )
     if x.dtype == np.uint8:
         return np.ascontiguousarray(x)
     if x.dtype.kind != "f":

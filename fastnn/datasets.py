@@ -6,6 +6,11 @@
 them into `root` or `~/.cache/fastnn/<name>`, checking each file's size and sha256, and writing each
 through a temporary file in the same folder and `os.replace`, so an interrupted download leaves nothing
 half-written. Mirrors can be replaced with `mirrors=` or `$FASTNN_DATASET_MIRRORS`.
+
+The two datasets share their file names, so local files are verified too: each file's size (before reading)
+and sha256 (before decompressing) must be the named dataset's, gzipped or not; the result's `folder` says
+which folder was used. `verify=False` reads any MNIST-layout files (your own data) unchecked, with each IDX
+header checked against the expected dims and UNVERIFIED_MAX_ROWS before any data is read.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import gzip
 import hashlib
 import http.client
+import io
 import math
 import os
 import secrets
@@ -60,20 +66,31 @@ def _hex(data: bytes) -> str:
     return " ".join(f"{b:02x}" for b in data)
 
 
+#: Largest payload `read_idx` reads unless told otherwise: a header is 8-1028 bytes, and a gzip stream of a
+#: few megabytes can declare and inflate to gigabytes, so the declared size is checked before any data is read.
+READ_IDX_MAX_BYTES = 1 << 32
+
+
 def _read_exact(f, n: int, path: Path, what: str) -> bytes:
     """n bytes of `f`, or DataError naming the file, what was being read and how much was there."""
-    # In chunks: a corrupt header can claim petabytes, and read(n) may allocate n bytes up front.
-    parts, got = [], 0
-    while got < n:
-        part = f.read(min(n - got, 1 << 24))
+    # Grown chunk by chunk, not allocated at n: a header may claim more than the stream holds.
+    buf = bytearray()
+    while len(buf) < n:
+        part = f.read(min(n - len(buf), 1 << 24))
         if not part:
-            raise DataError(f"{path}: truncated IDX file: {what} needs {n} bytes but only {got} remain")
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
+            raise DataError(f"{path}: truncated IDX file: {what} needs {n} bytes but only {len(buf)} remain")
+        buf += part
+    return buf
 
 
-def _read_idx_stream(f, path: Path, raw_size: int | None) -> np.ndarray:
+def _read_idx_stream(
+    f,
+    path: Path,
+    raw_size: int | None,
+    dtype: np.dtype | None = None,
+    dims: tuple[int | None, ...] | None = None,
+    max_bytes: int | None = READ_IDX_MAX_BYTES,
+) -> np.ndarray:
     head = f.read(4)
     if len(head) < 4:
         raise DataError(f"{path}: too short for an IDX file ({len(head)} bytes; the header alone is >= 8)")
@@ -85,38 +102,70 @@ def _read_idx_stream(f, path: Path, raw_size: int | None) -> np.ndarray:
         raise DataError(f"{path}: unknown IDX type code 0x{code:02x} (known: {known}; MNIST images use 0x08)")
     if ndim == 0:
         raise DataError(f"{path}: IDX header says 0 dimensions")
-    dims = tuple(int(d) for d in np.frombuffer(_read_exact(f, 4 * ndim, path, f"the {ndim} dims"), dtype=">u4"))
-    dtype = _IDX_DTYPES[code]
-    payload = math.prod(dims) * dtype.itemsize
+    got = tuple(int(d) for d in np.frombuffer(_read_exact(f, 4 * ndim, path, f"the {ndim} dims"), dtype=">u4"))
+    file_dtype = _IDX_DTYPES[code]
+    # Everything the header promises is checked against what the caller expects before any data is read.
+    if dtype is not None and file_dtype.newbyteorder("=") != np.dtype(dtype):
+        raise DataError(f"{path}: IDX data type is {file_dtype.name}, expected {np.dtype(dtype).name}")
+    if dims is not None and (len(got) != len(dims) or any(e is not None and e != g for e, g in zip(dims, got))):
+        want = "(" + ", ".join("N" if e is None else str(e) for e in dims) + ("," if len(dims) == 1 else "") + ")"
+        raise DataError(f"{path}: IDX dims are {got}, expected {want}")
+    payload = math.prod(got) * file_dtype.itemsize
+    if max_bytes is not None and payload > max_bytes:
+        raise DataError(
+            f"{path}: IDX header declares dims {got} of {file_dtype.name} = {payload} bytes, more than the "
+            f"{max_bytes} allowed for this file (nothing was read)"
+        )
     header = 4 + 4 * ndim
     if raw_size is not None and raw_size != header + payload:
         # An uncompressed file's size is known up front: no need to read it to know it is wrong.
         raise DataError(
-            f"{path}: IDX payload length mismatch: dims {dims} of {dtype.name} need {payload} bytes after the "
+            f"{path}: IDX payload length mismatch: dims {got} of {file_dtype.name} need {payload} bytes after the "
             f"{header}-byte header, but the file holds {raw_size - header}"
             + (" (truncated)" if raw_size < header + payload else " (trailing data)")
         )
-    data = _read_exact(f, payload, path, f"the data of dims {dims} ({dtype.name})")
+    data = _read_exact(f, payload, path, f"the data of dims {got} ({file_dtype.name})")
     if f.read(1):
         raise DataError(f"{path}: IDX payload length mismatch: trailing data after the {payload}-byte payload")
-    return np.frombuffer(data, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
+    return np.frombuffer(data, dtype=file_dtype).reshape(got).astype(file_dtype.newbyteorder("="), copy=False)
 
 
-def read_idx(path: PathLike) -> np.ndarray:
+def read_idx(
+    path: PathLike,
+    *,
+    dtype: np.dtype | str | None = None,
+    dims: tuple[int | None, ...] | None = None,
+    max_bytes: int | None = READ_IDX_MAX_BYTES,
+) -> np.ndarray:
     """Read an IDX file (gzipped or raw, told apart by the gzip magic bytes 1f 8b) into a native-endian array.
 
+    The header is checked before any data is read: against `dtype` and `dims` when given (None in `dims`
+    accepts any size on that axis), and its declared payload against `max_bytes`; then exactly the declared
+    bytes are read, and a stream that ends early or goes on is refused.
+
     Raises:
-        DataError: the file is missing, truncated, not IDX, or its payload length does not match its header.
+        DataError: the file is missing, truncated, not IDX, longer than its header says, or not as expected.
     """
-    path = Path(path)
+    return _parse_idx(Path(path), None, dtype, dims, max_bytes)
+
+
+def _parse_idx(
+    path: Path,
+    blob: bytes | None,
+    dtype: np.dtype | str | None,
+    dims: tuple[int | None, ...] | None,
+    max_bytes: int | None,
+) -> np.ndarray:
+    """read_idx of `path`, or of `blob` (the file's bytes, already read and verified) when given."""
     try:
-        with open(path, "rb") as raw:
+        with open(path, "rb") if blob is None else contextlib.nullcontext(io.BytesIO(blob)) as raw:
             if raw.read(2) == _GZIP_MAGIC:
                 raw.seek(0)
                 with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                    return _read_idx_stream(f, path, None)
+                    return _read_idx_stream(f, path, None, dtype, dims, max_bytes)
             raw.seek(0)
-            return _read_idx_stream(raw, path, os.fstat(raw.fileno()).st_size)
+            size = len(blob) if blob is not None else os.fstat(raw.fileno()).st_size
+            return _read_idx_stream(raw, path, size, dtype, dims, max_bytes)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise DataError(f"{path}: corrupt or truncated gzip stream: {e}") from None
     except OSError as e:
@@ -127,9 +176,10 @@ def _temp_beside(path: Path) -> Path:
     """A fresh temporary name in `path`'s folder (same file system, so os.replace is atomic).
 
     Opened with mode "xb" rather than mkstemp so the file gets the umask's permissions, not 0600:
-    a dataset folder may be shared.
+    a dataset folder may be shared. At most 100 characters of the name are kept, so a target whose name is
+    near the file system's 255-byte limit still has a temporary name that fits.
     """
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    return path.with_name(f".{path.name[:100]}.{os.getpid()}.{secrets.token_hex(4)}.part")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -175,11 +225,15 @@ def write_idx(path: PathLike, array: np.ndarray, compress: bool = True) -> None:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One downloadable file: its name on the mirrors (gzipped), sha256 and size in bytes."""
+    """One downloadable file: its name on the mirrors (gzipped), sha256 and size in bytes; the same of its
+    uncompressed form where known (a folder may hold either); and its IDX dims where known."""
 
     name: str
     sha256: str
     size: int
+    raw_sha256: str | None = None
+    raw_size: int | None = None
+    dims: tuple[int, ...] | None = None
 
     @property
     def stem(self) -> str:
@@ -200,20 +254,42 @@ class DatasetSpec:
 
 # sha256 and sizes of the MNIST gz files as served by the mirrors below; the same values are published
 # in torchvision-derived code and in many independent projects (checked by hand, not downloaded here).
+# The uncompressed files' sha256 are those published by independent projects that verify raw MNIST (two
+# agreeing sources); Fashion-MNIST's were computed from the gz files whose sha256 are given below.
 _MNIST = DatasetSpec(
     name="mnist",
     files=(
         RemoteFile(
-            "train-images-idx3-ubyte.gz", "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9912422
+            "train-images-idx3-ubyte.gz",
+            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+            9912422,
+            "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            47040016,
+            (60000, 28, 28),
         ),
         RemoteFile(
-            "train-labels-idx1-ubyte.gz", "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28881
+            "train-labels-idx1-ubyte.gz",
+            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+            28881,
+            "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            60008,
+            (60000,),
         ),
         RemoteFile(
-            "t10k-images-idx3-ubyte.gz", "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1648877
+            "t10k-images-idx3-ubyte.gz",
+            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+            1648877,
+            "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            7840016,
+            (10000, 28, 28),
         ),
         RemoteFile(
-            "t10k-labels-idx1-ubyte.gz", "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6", 4542
+            "t10k-labels-idx1-ubyte.gz",
+            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+            4542,
+            "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+            10008,
+            (10000,),
         ),
     ),
     mirrors=(
@@ -228,16 +304,36 @@ _FASHION_MNIST = DatasetSpec(
     name="fashion-mnist",
     files=(
         RemoteFile(
-            "train-images-idx3-ubyte.gz", "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7", 26421856
+            "train-images-idx3-ubyte.gz",
+            "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+            26421856,
+            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            47040016,
+            (60000, 28, 28),
         ),
         RemoteFile(
-            "train-labels-idx1-ubyte.gz", "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056", 29491
+            "train-labels-idx1-ubyte.gz",
+            "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+            29491,
+            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            60008,
+            (60000,),
         ),
         RemoteFile(
-            "t10k-images-idx3-ubyte.gz", "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa", 4422079
+            "t10k-images-idx3-ubyte.gz",
+            "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+            4422079,
+            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            7840016,
+            (10000, 28, 28),
         ),
         RemoteFile(
-            "t10k-labels-idx1-ubyte.gz", "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05", 5125
+            "t10k-labels-idx1-ubyte.gz",
+            "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+            5125,
+            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+            10008,
+            (10000,),
         ),
     ),
     mirrors=(
@@ -257,7 +353,14 @@ SYSTEM_DATA_DIR = Path("/usr/share/datasets")
 MIRRORS_ENV = "FASTNN_DATASET_MIRRORS"
 
 
+#: Largest number of rows an unverified (verify=False) MNIST-layout file may declare: 1,000,000 images are
+#: 784 MB. A header declaring more is refused before any data is read (raise it here for larger data sets).
+UNVERIFIED_MAX_ROWS = 1_000_000
+
+
 def _spec(name: str) -> DatasetSpec:
+    if not isinstance(name, str):
+        raise ConfigError(f"name must be a dataset name (a str), got {name!r}; known: {', '.join(sorted(DATASETS))}")
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
     return DATASETS[name]
@@ -267,8 +370,24 @@ def _cache_dir(name: str) -> Path:
     return Path.home() / ".cache" / "fastnn" / name
 
 
+def _check_root(root: object, what: str = "root") -> None:
+    if root is not None and (isinstance(root, bool) or not isinstance(root, (str, os.PathLike))):
+        raise ConfigError(f"{what} must be a folder (str or os.PathLike) or None, got {root!r}")
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+#: The origin of the one folder searched for every dataset: its files are told apart by their checksums.
+_SHARED_ORIGIN = "$FASTNN_DATA"
+
+
 def _candidates(name: str, root: PathLike | None) -> list[tuple[Path | None, str]]:
     """(folder, where it came from) in search order; folder None where an env var is unset."""
+    _check_root(root)
     out: list[tuple[Path | None, str]] = []
     if root is not None:
         out.append((Path(root).expanduser(), "root argument"))
@@ -314,6 +433,8 @@ def _mirrors(spec: DatasetSpec, mirrors: Sequence[str] | None) -> list[str]:
         mirrors = env or spec.mirrors
     elif isinstance(mirrors, str):
         raise ConfigError(f"mirrors must be a sequence of base URLs, got the string {mirrors!r}")
+    elif not isinstance(mirrors, Sequence) or not all(isinstance(m, str) for m in mirrors):
+        raise ConfigError(f"mirrors must be a sequence of base URLs (str), got {mirrors!r}")
     urls = [m.replace("{name}", spec.name) for m in mirrors]
     return [u if u.endswith("/") else u + "/" for u in urls]
 
@@ -349,13 +470,16 @@ def download(
 ) -> Path:
     """Download the dataset's files missing from `dest` (default `~/.cache/fastnn/<name>`); returns `dest`.
 
-    Each file is tried on each mirror in turn; `timeout` (seconds) bounds every network wait.
+    Each file is tried on each mirror in turn; `timeout` (seconds) bounds every network wait. Files already
+    in `dest` are verified (size and sha256) first: success means all four files are the named dataset's.
 
     Raises:
-        ConfigError: unknown name, or mirrors given as a single string.
-        DataError: some file could not be had from any mirror (the message lists every attempt).
+        ConfigError: unknown name, `dest` not a folder path, or mirrors not a sequence of URLs.
+        DataError: a file already in `dest` is corrupt or another dataset's (it is left for you to remove),
+            or some file could not be had from any mirror (the message lists every attempt).
     """
     spec = _spec(name)
+    _check_root(dest, "dest")
     return _download(spec, Path(dest).expanduser() if dest is not None else _cache_dir(name), mirrors, timeout)
 
 
@@ -388,6 +512,10 @@ def _fetch_missing(spec: DatasetSpec, folder: Path, urls: list[str], timeout: fl
     found, _ = _find(folder, spec)
     for rf, have in zip(spec.files, found):
         if have is not None:
+            try:
+                _verified_bytes(have, rf, spec)
+            except DataError as e:
+                raise DataError(f"{e}\nRemove {have} to download it again.") from None
             continue
         errors = []
         for base in urls:
@@ -404,17 +532,106 @@ def _fetch_missing(spec: DatasetSpec, folder: Path, urls: list[str], timeout: fl
 
 
 # ---------------------------------------------------------------------------------------------------
+# Verification: a local file is the named dataset's file only if its size and sha256 say so.
+# ---------------------------------------------------------------------------------------------------
+
+
+class _OtherDataset(DataError):
+    """A file that is not the named dataset's; `other` names the known dataset it belongs to, if any."""
+
+    def __init__(self, message: str, other: str | None) -> None:
+        super().__init__(message)
+        self.other = other
+
+
+def _expected(path: Path, rf: RemoteFile) -> tuple[str | None, int | None, str]:
+    """(sha256, size, form) the file at `path` must have: the .gz's, or the uncompressed file's."""
+    if path.name == rf.name:
+        return rf.sha256, rf.size, "gzipped"
+    return rf.raw_sha256, rf.raw_size, "uncompressed"
+
+
+def _owner(rf: RemoteFile, gz: bool, size: int, digest: str | None) -> str | None:
+    """The known dataset whose file of `rf`'s name has this size (and digest, when given), if any."""
+    for spec in DATASETS.values():
+        for f in spec.files:
+            want_size, want_sha = (f.size, f.sha256) if gz else (f.raw_size, f.raw_sha256)
+            if f.stem == rf.stem and want_size == size and (digest is None or want_sha == digest):
+                return spec.name
+    return None
+
+
+def _verified_bytes(path: Path, rf: RemoteFile, spec: DatasetSpec) -> bytes:
+    """The bytes of `path` after checking its size (before reading) and sha256 against `spec`'s file."""
+    sha, size, form = _expected(path, rf)
+    if sha is None or size is None:
+        raise DataError(
+            f"{path}: no known sha256 of {spec.name}'s {form} {rf.stem}, so it cannot be verified; use the "
+            f"{rf.name} file, or verify=False (examples: --no-verify) to load it unchecked"
+        )
+    gz = path.name == rf.name
+    try:
+        have = path.stat().st_size
+        if have != size and _owner(rf, gz, have, None) is None:  # not worth reading: no known file has this size
+            raise _OtherDataset(
+                f"{path} is not {spec.name}'s {rf.stem}: {have} bytes, expected {size} (corrupt, truncated, or "
+                f"other data: verify=False, or --no-verify in the examples, loads your own MNIST-layout files)",
+                None,
+            )
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest == sha and len(data) == size:
+        return data
+    other = _owner(rf, gz, len(data), digest)
+    if other is not None:
+        raise _OtherDataset(
+            f"{path} is {other}'s {rf.stem}, not {spec.name}'s (sha256 {digest}): load it as {other!r}", other
+        )
+    raise _OtherDataset(
+        f"{path} is not {spec.name}'s {rf.stem}: sha256 {digest}, expected {sha} (corrupt, or other data: "
+        f"verify=False, or --no-verify in the examples, loads your own MNIST-layout files)",
+        None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
 # Load.
 # ---------------------------------------------------------------------------------------------------
 
 
-def _read_split(images_path: Path, labels_path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One split as x uint8 (N, 784) and y int64 (N,), after the consistency checks."""
-    x, y = read_idx(images_path), read_idx(labels_path)
-    if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1:] != (28, 28):
-        raise DataError(f"{images_path}: expected uint8 images of shape (N, 28, 28), got {x.dtype} {x.shape}")
-    if y.dtype != np.uint8 or y.ndim != 1:
-        raise DataError(f"{labels_path}: expected uint8 labels of shape (N,), got {y.dtype} {y.shape}")
+class Loaded(tuple):
+    """(x_train, y_train, x_test, y_test) as `load` returns them, plus `folder`: where the files were read."""
+
+    folder: Path
+
+    def __new__(cls, arrays: tuple[np.ndarray, ...], folder: Path | None = None) -> Loaded:  # None: unpickling
+        self = super().__new__(cls, arrays)
+        self.folder = folder
+        return self
+
+
+def _read_file(path: Path, rf: RemoteFile, spec: DatasetSpec, blob: bytes | None) -> np.ndarray:
+    """One IDX file: its dims are the known ones when verified (`blob` given), else (N, 28, 28) or (N,) with
+    N at most UNVERIFIED_MAX_ROWS; the header is checked before the data is read."""
+    images = "images" in rf.stem
+    if blob is not None and rf.dims is not None:
+        dims: tuple[int | None, ...] = rf.dims
+    else:
+        dims = (None, 28, 28) if images else (None,)
+    row = 28 * 28 if images else 1
+    return _parse_idx(path, blob, np.uint8, dims, UNVERIFIED_MAX_ROWS * row)
+
+
+def _read_split(
+    spec: DatasetSpec, paths: list[Path], blobs: list[bytes | None], split: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split 0 (train) or 1 (test) as x uint8 (N, 784) and y int64 (N,), after the consistency checks."""
+    images_path, labels_path = paths[2 * split], paths[2 * split + 1]
+    x = _read_file(images_path, spec.files[2 * split], spec, blobs[2 * split])
+    y = _read_file(labels_path, spec.files[2 * split + 1], spec, blobs[2 * split + 1])
+    classes = spec.classes
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels")
     if y.size and int(y.max()) >= classes:
@@ -429,8 +646,11 @@ def load(
     *,
     mirrors: Sequence[str] | None = None,
     timeout: float = 30.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    verify: bool = True,
+) -> Loaded:
     """Load an MNIST-family dataset as (x_train, y_train, x_test, y_test): x uint8 (N, 784), y int64 (N,).
+
+    The result unpacks as that tuple and has a `folder` attribute: where the files were read from.
 
     Args:
         name: "mnist" or "fashion-mnist".
@@ -438,13 +658,21 @@ def load(
         download: fetch the files from the mirrors when no folder holds all four.
         mirrors: base URLs replacing the built-in mirrors (also `$FASTNN_DATASET_MIRRORS`).
         timeout: seconds for each network wait.
+        verify: check every file's size and sha256 against the named dataset's before using it (the two
+            datasets share file names); the top of `$FASTNN_DATA` may hold either, and a folder there holding
+            the other dataset's files is passed over. False reads any MNIST-layout files (your own data), up to
+            UNVERIFIED_MAX_ROWS rows per file, and skips the top of `$FASTNN_DATA` (only checksums could tell
+            which dataset it holds).
 
     Raises:
-        ConfigError: unknown name.
-        DataError: files corrupt or inconsistent; or absent everywhere and not downloadable (one message
-            listing every place looked and how to provide the files).
+        ConfigError: unknown name, or an argument of the wrong type.
+        DataError: files corrupt, inconsistent, or (verify=True) not the named dataset's; or absent everywhere
+            and not downloadable (one message listing every place looked and how to provide the files).
     """
     spec = _spec(name)
+    _check_root(root)
+    download = _check_flag("download", download)
+    verify = _check_flag("verify", verify)
     _check_timeout(timeout)
     _mirrors(spec, mirrors)  # a bad mirrors argument is an error even when the files are found locally
     report = []
@@ -452,9 +680,19 @@ def load(
         if folder is None:
             report.append(f"  {origin}")
             continue
+        if origin == _SHARED_ORIGIN and not verify:
+            # This folder may hold either dataset under the same file names: only checksums can tell.
+            report.append(f"  {folder} ({origin}): not searched with verify=False (it may hold either dataset)")
+            continue
         found, note = _find(folder, spec)
         if all(p is not None for p in found):
-            return (*_read_split(found[0], found[1], spec.classes), *_read_split(found[2], found[3], spec.classes))
+            try:
+                return _load_found(spec, folder, found, verify)
+            except _OtherDataset as e:
+                if origin != _SHARED_ORIGIN or e.other is None:
+                    raise DataError(str(e)) from None
+                report.append(f"  {folder} ({origin}): holds {e.other}'s files, not {name}'s")
+                continue
         report.append(f"  {folder} ({origin}): {note}")
 
     dest = Path(root).expanduser() if root is not None else _cache_dir(name)
@@ -465,7 +703,7 @@ def load(
             failure = str(e)
         else:
             found, _ = _find(folder, spec)
-            return (*_read_split(found[0], found[1], spec.classes), *_read_split(found[2], found[3], spec.classes))
+            return _load_found(spec, folder, found, True)
     else:
         failure = "download=False: no download attempted"
     names = ", ".join(f.name for f in spec.files)
@@ -482,3 +720,13 @@ def load(
         + f"\n{failure}\nTo provide the files:\n"
         + "\n".join(f"  - {w}" for w in ways)
     )
+
+
+def _load_found(spec: DatasetSpec, folder: Path, found: list[Path | None], verify: bool) -> Loaded:
+    """The four files of `folder`, each verified first when `verify` (all four before any is decompressed)."""
+    paths = [p for p in found if p is not None]
+    blobs: list[bytes | None] = [None] * 4
+    if verify:
+        blobs = [_verified_bytes(p, rf, spec) for p, rf in zip(paths, spec.files)]
+    train, test = _read_split(spec, paths, blobs, 0), _read_split(spec, paths, blobs, 1)
+    return Loaded((*train, *test), folder)

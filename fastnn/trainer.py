@@ -342,18 +342,14 @@ class Trainer:
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
-        config, arrays = checkpoint.load(path)
+        # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
+        config, arrays = checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_engine(device, engine)
         check_schedule(schedule)
         try:
-            model = MLP(**config["model"])
-            opt_fields = dict(config["optimizer"])
-            opt_class = {"SGD": SGD, "AdamW": AdamW}[opt_fields.pop("class")]
-            if "betas" in opt_fields:
-                opt_fields["betas"] = tuple(opt_fields["betas"])
-            optimizer = opt_class(**opt_fields)
+            model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
             if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
                 raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
@@ -400,6 +396,25 @@ def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:
     return epoch, step, History(check_records(config.get("history", [])))
 
 
+def _saved_model(config: Mapping[str, Any]) -> tuple[MLP, Optimizer]:
+    """The model and optimizer a checkpoint's config describes (KeyError, TypeError or ValueError if invalid)."""
+    model = MLP(**config["model"])
+    opt_fields = dict(config["optimizer"])
+    opt_class = {"SGD": SGD, "AdamW": AdamW}[opt_fields.pop("class")]
+    if "betas" in opt_fields:
+        opt_fields["betas"] = tuple(opt_fields["betas"])
+    return model, opt_class(**opt_fields)
+
+
+def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every array of the training state: the parameters, then "opt.<state>.<param>"."""
+    shapes = _param_shapes(model)
+    for name, shape in list(shapes.items()):
+        for s in optimizer.state_names:
+            shapes[f"opt.{s}.{name}"] = shape
+    return shapes
+
+
 def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter, torch's layout: weight (out, in), bias (out,)."""
     names = iter(param_names(model))
@@ -409,11 +424,3 @@ def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
         shapes[next(names)] = (fan_out,)
     return shapes
 
-
-def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every array of a checkpoint: parameters, then optimizer state "opt.<state>.<param>"."""
-    shapes = _param_shapes(model)
-    for name, shape in list(shapes.items()):
-        for s in optimizer.state_names:
-            shapes[f"opt.{s}.{name}"] = shape
-    return shapes

@@ -333,15 +333,16 @@ def test_save_is_atomic(trained: Trainer, tmp_path: Path, monkeypatch: pytest.Mo
         raise OSError("disk full")
 
     monkeypatch.setattr(ckpt.np, "savez", broken_savez)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DataError, match="disk full") as info:
         trained.save(path)
+    assert str(path) in str(info.value) and isinstance(info.value.__cause__, OSError)
     monkeypatch.undo()
 
     def broken_replace(src, dst):
         raise OSError("rename failed")
 
     monkeypatch.setattr(ckpt.os, "replace", broken_replace)
-    with pytest.raises(OSError, match="rename failed"):
+    with pytest.raises(DataError, match="rename failed"):
         trained.save(path)
     monkeypatch.undo()
     assert path.read_bytes() == good  # the old checkpoint is intact

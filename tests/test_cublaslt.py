@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastnn.cuda import cublaslt as lt
-from fastnn.cuda._loader import CudaLibraryError, library_path
+from fastnn.cuda._loader import CudaLibraryError, checked_argtype, library_path
 from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError
 
 E = lt.Epilogue
@@ -112,7 +112,7 @@ def test_every_symbol_of_the_signature_table_resolves():
     lib = lt._lib()
     for name, (restype, argtypes) in lt._SIGNATURES.items():
         fn = getattr(lib, name)
-        assert fn.argtypes == argtypes, name
+        assert fn.argtypes == [checked_argtype(t) for t in argtypes], name  # integers range-checked
         if restype is lt._STATUS:
             assert fn.restype is ctypes.c_int and fn.errcheck is lt._errcheck, name
         else:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastnn.cuda import cudnn
-from fastnn.cuda._loader import CudaLibraryError, library_path
+from fastnn.cuda._loader import CudaLibraryError, checked_argtype, library_path
 from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def test_every_symbol_of_the_signature_table_resolves():
     lib = cudnn._lib()
     for name, (restype, argtypes) in cudnn._SIGNATURES.items():
         fn = getattr(lib, name)
-        assert fn.argtypes == argtypes, name
+        assert fn.argtypes == [checked_argtype(t) for t in argtypes], name  # integers range-checked
         if restype is cudnn._STATUS:
             assert fn.restype is ctypes.c_int and fn.errcheck is cudnn._errcheck, name
         else:

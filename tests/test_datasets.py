@@ -210,14 +210,16 @@ def test_corrupt_idx_raises_naming_file(tmp_path, content, what):
 
 
 def test_huge_claimed_dims_fail_fast(tmp_path):
-    """A header claiming (2**32-1)**2 * 28 bytes of data is truncated, not a MemoryError."""
+    """A header claiming (2**32-1)**2 * 28 bytes of data is refused from its header, not a MemoryError."""
     head = bytes([0, 0, 8, 3]) + np.array([2**32 - 1, 2**32 - 1, 28], ">u4").tobytes()
     for compress in (True, False):
         path = tmp_path / f"huge{int(compress)}"
         body = head + bytes(1000)
         path.write_bytes(gzip.compress(body, mtime=0) if compress else body)
-        with pytest.raises(DataError, match="truncated"):
+        with pytest.raises(DataError, match="more than the 4294967296 allowed"):
             datasets.read_idx(path)
+        with pytest.raises(DataError, match="truncated"):
+            datasets.read_idx(path, max_bytes=None)
 
 
 def test_written_files_follow_umask(tmp_path):
@@ -254,7 +256,7 @@ def test_write_idx_rejects_unrepresentable(tmp_path, array):
 def test_load_from_root(isolated, compress):
     root = isolated / "data"
     x, y, xt, yt = make_dataset(root, compress=compress)
-    out = datasets.load("mnist", root=root, download=False)
+    out = datasets.load("mnist", root=root, download=False, verify=False)
     assert [a.shape for a in out] == [(50, 784), (50,), (20, 784), (20,)]
     assert [a.dtype for a in out] == [np.uint8, np.int64, np.uint8, np.int64]
     np.testing.assert_array_equal(out[0], x.reshape(50, 784))
@@ -268,7 +270,7 @@ def test_load_mixed_gz_and_raw(isolated):
     x, y, xt, yt = make_dataset(root, compress=True)
     (root / "t10k-labels-idx1-ubyte.gz").unlink()
     datasets.write_idx(root / "t10k-labels-idx1-ubyte", yt, compress=False)
-    np.testing.assert_array_equal(datasets.load("mnist", root=root, download=False)[3], yt)
+    np.testing.assert_array_equal(datasets.load("mnist", root=root, download=False, verify=False)[3], yt)
 
 
 def test_unknown_name_lists_known(isolated):
@@ -295,7 +297,7 @@ def test_count_mismatch(isolated):
     make_dataset(root)
     datasets.write_idx(root / "train-labels-idx1-ubyte.gz", np.zeros(49, np.uint8))
     with pytest.raises(DataError) as e:
-        datasets.load("mnist", root=root, download=False)
+        datasets.load("mnist", root=root, download=False, verify=False)
     assert "50 images" in str(e.value) and "49 labels" in str(e.value)
     assert "train-labels-idx1-ubyte.gz" in str(e.value)
 
@@ -305,7 +307,7 @@ def test_images_not_28x28(isolated):
     make_dataset(root)
     datasets.write_idx(root / "t10k-images-idx3-ubyte.gz", np.zeros((20, 28, 27), np.uint8))
     with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte\.gz.*28, 28"):
-        datasets.load("mnist", root=root, download=False)
+        datasets.load("mnist", root=root, download=False, verify=False)
 
 
 def test_label_out_of_range(isolated):
@@ -313,7 +315,7 @@ def test_label_out_of_range(isolated):
     make_dataset(root)
     datasets.write_idx(root / "t10k-labels-idx1-ubyte.gz", np.full(20, 10, np.uint8))
     with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\.gz.*label 10"):
-        datasets.load("mnist", root=root, download=False)
+        datasets.load("mnist", root=root, download=False, verify=False)
 
 
 def test_corrupt_file_in_found_folder_is_reported_not_skipped(isolated, monkeypatch):
@@ -324,12 +326,12 @@ def test_corrupt_file_in_found_folder_is_reported_not_skipped(isolated, monkeypa
     path = root / "train-images-idx3-ubyte.gz"
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DataError, match=str(path)):
-        datasets.load("mnist", root=root, download=False)
+        datasets.load("mnist", root=root, download=False, verify=False)
 
 
 def test_search_order(isolated, monkeypatch):
     """root, then $FASTNN_DATA, $FASTNN_DATA/<name>, ~/.cache/fastnn/<name>, /usr/share/datasets/<name>;
-    told apart by each folder's distinct training-set size."""
+    told apart by each folder's distinct training-set size (synthetic files, so read unverified)."""
     env = isolated / "env"
     places = {
         "root": (isolated / "root", 11),
@@ -343,11 +345,15 @@ def test_search_order(isolated, monkeypatch):
     monkeypatch.setenv("FASTNN_DATA", str(env))
 
     def n_train(**kw) -> int:
-        return len(datasets.load("mnist", download=False, **kw)[1])
+        return len(datasets.load("mnist", download=False, verify=False, **kw)[1])
 
     assert datasets.search_dirs("mnist", root=isolated / "root") == [f for f, _ in places.values()]
     assert n_train(root=isolated / "root") == 11
-    assert n_train() == 12
+    # Unverified, the top of $FASTNN_DATA is skipped: it may hold either dataset under the same names.
+    assert n_train() == 13
+    with monkeypatch.context() as m:
+        m.setitem(datasets.DATASETS, "mnist", spec_for(env))
+        assert len(datasets.load("mnist", download=False)[1]) == 12  # verified, it is searched first
     for stem in STEMS:
         (env / (stem + ".gz")).unlink()
     assert n_train() == 13
@@ -578,3 +584,174 @@ def test_real_fashion_mnist():
     # Fashion-MNIST is balanced: 6,000 training and 1,000 test images per class.
     assert np.bincount(y).tolist() == [6000] * 10 and np.bincount(yt).tolist() == [1000] * 10
     assert 0 < x.mean() < 255
+
+
+@pytest.mark.skipif(_real_fashion_mnist() is None, reason="Fashion-MNIST absent (see test_real_fashion_mnist)")
+def test_real_fashion_mnist_is_not_mnist():
+    """The two datasets share file names: asking for MNIST in a Fashion-MNIST folder is refused, naming both."""
+    folder = _real_fashion_mnist()
+    with pytest.raises(DataError, match="is fashion-mnist's train-images-idx3-ubyte, not mnist's"):
+        datasets.load("mnist", root=folder, download=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Issue 8: gzip bombs (item 6), the wrong dataset (item 7), arguments of the wrong type (item 10)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gzip_bytes_read(monkeypatch) -> list[int]:
+    """A running total of the bytes GzipFile inflates and hands out (one element, updated in place)."""
+    total = [0]
+    real = gzip.GzipFile.read
+
+    def counting(self, size=-1):
+        data = real(self, size)
+        total[0] += len(data)
+        return data
+
+    monkeypatch.setattr(gzip.GzipFile, "read", counting)
+    return total
+
+
+def _bomb(rows: int, zeros: int) -> bytes:
+    """A small .gz whose IDX header declares `rows` images, followed by `zeros` bytes that deflate to ~nothing."""
+    return gzip.compress(bytes([0, 0, 8, 3]) + np.array([rows, 28, 28], ">u4").tobytes() + bytes(zeros), mtime=0)
+
+
+def test_gzip_bomb_is_refused_from_its_header(isolated, gzip_bytes_read):
+    root = isolated / "data"
+    make_dataset(root)
+    bomb = root / "train-images-idx3-ubyte.gz"
+    bomb.write_bytes(_bomb(datasets.UNVERIFIED_MAX_ROWS + 1, 64 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(DataError) as e:
+        datasets.load("mnist", root=root, download=False, verify=False)
+    assert str(bomb) in str(e.value) and f"({datasets.UNVERIFIED_MAX_ROWS + 1}, 28, 28)" in str(e.value)
+    assert "nothing was read" in str(e.value)
+    assert gzip_bytes_read[0] < 1 << 16  # the header only, not the 64 MiB behind it
+
+
+def test_gzip_bomb_never_decompressed_when_verifying(isolated, monkeypatch, gzip_bytes_read):
+    root = isolated / "data"
+    make_dataset(root)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", spec_for(root))
+    bomb = root / "train-images-idx3-ubyte.gz"
+    bomb.write_bytes(_bomb(50, 64 << 20))  # declares what the spec's file has, then more data than it says
+    with pytest.raises(DataError, match=f"{bomb} is not mnist's train-images-idx3-ubyte"):
+        datasets.load("mnist", root=root, download=False)
+    assert gzip_bytes_read[0] == 0
+
+
+def test_stream_longer_than_its_header_fails_at_the_declared_end(tmp_path, gzip_bytes_read):
+    path = tmp_path / "x.gz"
+    path.write_bytes(_bomb(2, 64 << 20))  # declares 2 images, holds 64 MiB more
+    with pytest.raises(DataError, match="trailing data"):
+        datasets.read_idx(path)
+    assert gzip_bytes_read[0] < 1 << 16
+
+
+def test_header_checked_against_expected_dims_before_data(tmp_path, gzip_bytes_read):
+    path = tmp_path / "x.gz"
+    path.write_bytes(_bomb(2, 1 << 20))
+    with pytest.raises(DataError, match=r"IDX dims are \(2, 28, 28\), expected \(N, 28, 27\)"):
+        datasets.read_idx(path, dims=(None, 28, 27))
+    with pytest.raises(DataError, match="IDX data type is uint8, expected float32"):
+        datasets.read_idx(path, dtype=np.float32)
+    assert gzip_bytes_read[0] < 64
+
+
+def _two_datasets(isolated, monkeypatch) -> tuple[Path, Path]:
+    """Two synthetic datasets standing in for MNIST and Fashion-MNIST, each with its files' real checksums."""
+    a, b = isolated / "a", isolated / "b"
+    make_dataset(a, n_train=11, seed=0)
+    make_dataset(b, n_train=13, seed=5)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", spec_for(a, "mnist"))
+    monkeypatch.setitem(datasets.DATASETS, "fashion-mnist", spec_for(b, "fashion-mnist"))
+    return a, b
+
+
+def test_the_other_datasets_files_are_refused(isolated, monkeypatch):
+    mnist, _ = _two_datasets(isolated, monkeypatch)
+    with pytest.raises(DataError) as e:
+        datasets.load("fashion-mnist", root=mnist, download=False)
+    assert f"{mnist / 'train-images-idx3-ubyte.gz'} is mnist's train-images-idx3-ubyte, not fashion-mnist's" in str(
+        e.value
+    )
+
+
+def test_top_of_fastnn_data_is_verified_and_the_other_dataset_skipped(isolated, monkeypatch):
+    mnist, fashion = _two_datasets(isolated, monkeypatch)
+    env = isolated / "env"
+    make_dataset(env, n_train=11, seed=0)  # MNIST's files at the top, Fashion-MNIST's under fashion-mnist/
+    make_dataset(env / "fashion-mnist", n_train=13, seed=5)
+    monkeypatch.setenv("FASTNN_DATA", str(env))
+    out = datasets.load("fashion-mnist", download=False)
+    assert out.folder == env / "fashion-mnist" and len(out[1]) == 13
+    out = datasets.load("mnist", download=False)
+    assert out.folder == env and len(out[1]) == 11
+    # With nothing else to fall back on, the message says why the top folder was passed over.
+    for stem in STEMS:
+        (env / "fashion-mnist" / (stem + ".gz")).unlink()
+    with pytest.raises(DataError, match=f"{env} \\(\\$FASTNN_DATA\\): holds mnist's files, not fashion-mnist's"):
+        datasets.load("fashion-mnist", download=False)
+
+
+def test_corrupt_file_of_the_right_size_fails_its_checksum(isolated, monkeypatch):
+    mnist, _ = _two_datasets(isolated, monkeypatch)
+    path = mnist / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(_flip_middle(path.read_bytes()))
+    with pytest.raises(DataError) as e:
+        datasets.load("mnist", root=mnist, download=False)
+    msg = str(e.value)
+    assert f"{path} is not mnist's t10k-labels-idx1-ubyte: sha256" in msg and "verify=False" in msg
+
+
+def test_raw_file_without_a_known_checksum_is_not_trusted(isolated, monkeypatch):
+    mnist, _ = _two_datasets(isolated, monkeypatch)
+    labels = datasets.read_idx(mnist / "t10k-labels-idx1-ubyte.gz")
+    (mnist / "t10k-labels-idx1-ubyte.gz").unlink()
+    datasets.write_idx(mnist / "t10k-labels-idx1-ubyte", labels, compress=False)
+    with pytest.raises(DataError, match="cannot be verified"):
+        datasets.load("mnist", root=mnist, download=False)
+    np.testing.assert_array_equal(datasets.load("mnist", root=mnist, download=False, verify=False)[3], labels)
+
+
+def test_download_does_not_report_success_over_a_corrupt_file(isolated, monkeypatch):
+    mnist, _ = _two_datasets(isolated, monkeypatch)
+    path = mnist / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(DataError) as e:
+        datasets.download("mnist", mnist, mirrors=["http://127.0.0.1:9/"], timeout=5)
+    assert str(path) in str(e.value) and "Remove" in str(e.value)
+
+
+def test_load_says_which_folder_it_used(isolated, monkeypatch):
+    mnist, _ = _two_datasets(isolated, monkeypatch)
+    out = datasets.load("mnist", root=mnist, download=False)
+    assert out.folder == mnist
+    x, y, xt, yt = out  # still unpacks as the 4-tuple
+    assert x.shape == (11, 784)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (dict(name=["mnist"]), ["name", "['mnist']"]),
+        (dict(name="mnist", root=5), ["root", "5"]),
+        (dict(name="mnist", mirrors=5), ["mirrors", "5"]),
+        (dict(name="mnist", mirrors=[5]), ["mirrors", "[5]"]),
+        (dict(name="mnist", download="no"), ["download", "'no'"]),
+        (dict(name="mnist", verify="no"), ["verify", "'no'"]),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_configerrors(isolated, kwargs, words):
+    with pytest.raises(ConfigError) as e:
+        datasets.load(**kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_download_dest_of_the_wrong_type(isolated):
+    with pytest.raises(ConfigError, match="dest must be a folder .* got 5"):
+        datasets.download("mnist", 5)

@@ -30,8 +30,9 @@ def data_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def run_example(script: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """Run examples/<script> with the repo importable, HOME in tmp, no FASTNN_DATA and unreachable mirrors."""
+def run_example(script: str, *args: str, tmp_path: Path, verify: bool = False) -> subprocess.CompletedProcess:
+    """Run examples/<script> with the repo importable, HOME in tmp, no FASTNN_DATA and unreachable mirrors;
+    with --no-verify unless `verify`, since the generated data is neither MNIST nor Fashion-MNIST."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: a download attempt is refused at once
@@ -42,7 +43,7 @@ def run_example(script: str, *args: str, tmp_path: Path) -> subprocess.Completed
         FASTNN_DATASET_MIRRORS=f"http://127.0.0.1:{port}/",
     )
     return subprocess.run(
-        [sys.executable, str(REPO / "examples" / script), *args],
+        [sys.executable, str(REPO / "examples" / script), *args, *([] if verify else ["--no-verify"])],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -59,7 +60,8 @@ def test_logreg_one_epoch(data_dir, tmp_path):
     r = run_example("mnist_logreg.py", "--data", str(data_dir), "--device", "cpu", "--epochs", "1", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.splitlines()[0].startswith(f"fashion-mnist: {N_TRAIN} train / {N_TEST} test images")
+    assert out.splitlines()[0] == f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"
+    assert out.splitlines()[1].startswith(f"fashion-mnist: {N_TRAIN} train / {N_TEST} test images")
     assert "(784, 10)" in out and "on cpu" in out
     (line,) = epoch_lines(out)
     m = re.match(rf"epoch 1/1 .*eval acc {ACC}", line)
@@ -80,7 +82,7 @@ def test_logreg_log_every(data_dir, tmp_path):
         tmp_path=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"mnist: {N_TRAIN} train")
+    assert r.stdout.splitlines()[1].startswith(f"mnist: {N_TRAIN} train")
     lines = epoch_lines(r.stdout)
     assert [line.split()[1] for line in lines] == ["2/3", "3/3"]
     assert "(12 steps)" in r.stdout  # 3 epochs of ceil(64 / 16) = 4 steps
@@ -132,3 +134,14 @@ def test_missing_data_is_one_clear_error(tmp_path, script):
     assert str(empty) in r.stderr and "FASTNN_DATA" in r.stderr
     assert "Traceback" not in r.stderr
     assert list(empty.iterdir()) == []  # the refused download wrote nothing
+
+
+@pytest.mark.parametrize("script", ["mnist_logreg.py", "mnist_mlp.py"])
+def test_data_that_is_not_the_named_dataset_is_refused(data_dir, tmp_path, script):
+    """--dataset mnist --data <other data> must not train on it while printing "mnist"."""
+    r = run_example(
+        script, "--dataset", "mnist", "--data", str(data_dir), "--device", "cpu", tmp_path=tmp_path, verify=True
+    )
+    assert r.returncode == 1, r.stdout
+    assert f"error: {data_dir / 'train-images-idx3-ubyte.gz'} is not mnist's train-images-idx3-ubyte" in r.stderr
+    assert "--no-verify" in r.stderr and "Traceback" not in r.stderr

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,6 +34,11 @@ def cache(tmp_path, monkeypatch) -> Path:
     directory = tmp_path / "cache"
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(directory))
     return directory
+
+
+def _entries(cache: Path) -> list[Path]:
+    """The cache folder's files other than its HMAC key."""
+    return [p for p in cache.iterdir() if p.name != ".key"]
 
 
 @pytest.fixture
@@ -119,7 +130,7 @@ def test_compile_native_caches_on_disk(kernels, cache, compiles):
     first = nvrtc.compile_native("k.cu", "sm_90")
     assert first.startswith(ELF)
     assert len(compiles) == 1
-    entries = list(cache.iterdir())
+    entries = _entries(cache)
     assert len(entries) == 1 and entries[0].suffix == ".cubin"  # no temp files left behind
     second = nvrtc.compile_native("k.cu", "sm_90")
     assert second == first
@@ -152,13 +163,13 @@ def test_changed_options_arch_or_header_recompile(kernels, cache, compiles):
     (kernels / "helper.cuh").write_text(HELPER.replace("2.0f", "3.0f"))
     nvrtc.compile_native("k.cu", "sm_90")
     assert len(compiles) == 4
-    assert len(list(cache.iterdir())) == 4
+    assert len(_entries(cache)) == 4
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
 def test_corrupt_cache_entry_is_recompiled(kernels, cache, compiles, damage):
     good = nvrtc.compile_native("k.cu", "sm_90")
-    (entry,) = cache.iterdir()
+    (entry,) = _entries(cache)
     data = bytearray(entry.read_bytes())
     if damage == "flip":
         data[-100] ^= 0xFF
@@ -196,7 +207,7 @@ def test_compile_native_error_carries_log(kernels, cache):
     with pytest.raises(NvrtcError) as info:
         nvrtc.compile_native("bad.cu", "sm_90")
     assert "nope" in info.value.log
-    assert not cache.exists() or not list(cache.iterdir())  # failures are not cached
+    assert not cache.exists() or not _entries(cache)  # failures are not cached
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,3 +228,94 @@ def test_native_dir_holds_the_kernels():
 def test_every_native_kernel_compiles(path, arch, cache):
     cubin = nvrtc.compile_native(path.name, arch)
     assert cubin.startswith(ELF)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 8: buffers NVRTC writes into (item 9), and a cache that is trusted only when it should be (item 8)
+# ---------------------------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+_EMPTY_LOG = r"""
+from cuda.bindings import nvrtc as nv
+from fastnn.cuda import nvrtc
+prog = nvrtc._call(nv.nvrtcCreateProgram, b'extern "C" __global__ void k(float* y) { y[0] = 1; }', b"k.cu", 0, [], [],
+                   what="create")
+nvrtc._call(nv.nvrtcCompileProgram, prog, 1, [b"--gpu-architecture=sm_90"], what="compile")
+assert nvrtc._program_log(prog) == "", "a clean compile has an empty log"
+print(list(bytes([32])), b"a b".split(bytes([32])))
+"""
+
+
+def test_empty_program_log_does_not_write_into_shared_bytes():
+    """An empty log is one NUL byte; read into b" " * 1 it overwrote CPython's shared b" " (in a subprocess:
+    the failure would corrupt the test process)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", _EMPTY_LOG], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[32] [b'a', b'b']"
+
+
+def test_relative_cache_dir_is_resolved_once(monkeypatch, tmp_path):
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.setenv("FASTNN_CACHE_DIR", "relative-cache-for-this-test")
+    monkeypatch.chdir(first)
+    assert nvrtc.cache_dir() == first / "relative-cache-for-this-test"
+    monkeypatch.chdir(second)
+    assert nvrtc.cache_dir() == first / "relative-cache-for-this-test"  # not moved by the chdir
+    assert nvrtc.cache_dir().is_absolute()
+
+
+def test_new_cache_is_private(kernels, cache, compiles):
+    nvrtc.compile_native("k.cu", "sm_90")
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    key = cache / ".key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 32
+    (entry,) = _entries(cache)
+    assert stat.S_IMODE(entry.stat().st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o757], ids=oct)
+def test_cache_writable_by_others_is_not_used(kernels, cache, compiles, mode):
+    cache.mkdir(mode=0o700)
+    cache.chmod(mode)
+    with pytest.warns(RuntimeWarning, match=f"not using the kernel cache {cache}: it is writable by .*{mode:04o}"):
+        first = nvrtc.compile_native("k.cu", "sm_90")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per folder, not per kernel
+        assert nvrtc.compile_native("k.cu", "sm_90") == first
+    assert len(compiles) == 2  # compiled in memory both times
+    assert list(cache.iterdir()) == []  # nothing read from or written to it, not even a key
+
+
+def test_cache_owned_by_another_user_is_not_used(kernels, cache, compiles, monkeypatch):
+    cache.mkdir(mode=0o700)
+    uid = cache.stat().st_uid
+    monkeypatch.setattr(nvrtc.os, "getuid", lambda: uid + 1)
+    with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}, not by this user"):
+        nvrtc.compile_native("k.cu", "sm_90")
+    assert len(compiles) == 1 and list(cache.iterdir()) == []
+
+
+def test_planted_cubin_with_a_recomputed_digest_is_not_trusted(kernels, cache, compiles):
+    good = nvrtc.compile_native("k.cu", "sm_90")
+    (entry,) = _entries(cache)
+    planted = b"\x7fELF planted machine code" + bytes(100)
+    head = entry.read_bytes().split(b"\n", 1)[0] + b"\n"
+    entry.write_bytes(head + hashlib.sha256(planted).hexdigest().encode() + b"\n" + planted)
+    assert nvrtc.compile_native("k.cu", "sm_90") == good
+    assert len(compiles) == 2  # the planted entry was refused and replaced by a fresh compile
+    assert planted not in entry.read_bytes()
+    # The same attack against the old layout (digest, no key) is refused too.
+    entry.write_bytes(b"FASTNN-CUBIN\n" + hashlib.sha256(planted).hexdigest().encode() + b"\n" + planted)
+    assert nvrtc.compile_native("k.cu", "sm_90") == good and len(compiles) == 3
+
+
+def test_key_file_that_others_can_read_is_not_used(kernels, cache, compiles):
+    nvrtc.compile_native("k.cu", "sm_90")
+    (cache / ".key").chmod(0o644)
+    nvrtc.compile_native("k.cu", "sm_90")
+    nvrtc.compile_native("k.cu", "sm_90")
+    assert len(compiles) == 3  # no trusted key: compiled in memory, the cache neither read nor written

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import DeviceUnavailable, FastnnError
+from ..errors import ConfigError, DeviceUnavailable, FastnnError
 
 __all__ = [
     "DRIVER_HINT",
@@ -22,7 +23,11 @@ __all__ = [
     "CudaLibraryError",
     "LibraryObject",
     "NvrtcError",
+    "argument_error",
     "bind_library",
+    "c_int_value",
+    "checked_argtype",
+    "int_range",
     "library_path",
     "load_library",
     "stream_ptr",
@@ -152,12 +157,66 @@ def stream_ptr(stream: Any) -> int:
     return int(stream)  # numpy integers
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Integers crossing into C: ctypes wraps out-of-range values silently (c_int(2**32 + 8).value == 8), so a
+# cuDNN tensor of 2**32 + 8 rows would be described as 8 rows. Every integer argument is range-checked instead.
+# ---------------------------------------------------------------------------------------------------------------
+
+_INT_CODES = frozenset("bBhHiIlLqQ")  # the struct codes of ctypes' integer types (c_int, c_size_t, c_uint64...)
+
+
+def int_range(ctype: type) -> tuple[int, int] | None:
+    """(lowest, highest) value of a ctypes integer type, or None for other types (pointers, floats)."""
+    code = getattr(ctype, "_type_", None)
+    if not isinstance(code, str) or code not in _INT_CODES:
+        return None
+    bits = 8 * ctypes.sizeof(ctype)
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if code.islower() else (0, (1 << bits) - 1)
+
+
+def _checked_int(ctype: type, value: Any, what: str) -> int:
+    lo, hi = int_range(ctype)  # type: ignore[misc]
+    try:
+        v = operator.index(value)  # ints, IntEnums, numpy integers; not floats (no silent truncation)
+    except TypeError:
+        raise ConfigError(f"{what} must be an integer for C type {ctype.__name__}, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise ConfigError(f"{what} = {v} does not fit C type {ctype.__name__} (range {lo} to {hi})")
+    return v
+
+
+def c_int_value(ctype: type, value: Any, what: str) -> Any:
+    """`ctype(value)` for a ctypes integer type, or ConfigError naming `what` when `value` would wrap."""
+    return ctype(_checked_int(ctype, value, what))
+
+
+@functools.cache
+def checked_argtype(ctype: type) -> type:
+    """`ctype` itself for non-integer types; for integer types a subclass whose from_param refuses values that
+    would wrap (ctypes reports it as ctypes.ArgumentError around the ConfigError; bindings re-raise the latter)."""
+    if int_range(ctype) is None:
+        return ctype
+
+    def from_param(cls: type, value: Any) -> Any:
+        if isinstance(value, (ctypes._SimpleCData, ctypes._Pointer)) or value is None:
+            return ctype.from_param(value)
+        return ctype(_checked_int(ctype, value, "argument"))
+
+    return type(f"checked_{ctype.__name__}", (ctype,), {"from_param": classmethod(from_param)})
+
+
+def argument_error(exc: ctypes.ArgumentError, what: str) -> ConfigError:
+    """The ConfigError for a refused argument of a bound C function (see checked_argtype)."""
+    return ConfigError(f"{what}: {exc}")
+
+
 def bind_library(libname: str, display: str, version_symbol: str, signatures: dict, status: object,
                  errcheck: Callable) -> ctypes.CDLL:  # fmt: skip
     """`libname` loaded with every function of `signatures` ({name: (restype, argtypes)}) declared.
 
     A restype of `status` marks a function returning the library's status code: it gets `errcheck`, so no
-    call site can forget to check. A missing symbol raises DeviceUnavailable naming the library and version.
+    call site can forget to check. Integer arguments are range-checked (checked_argtype), never wrapped.
+    A missing symbol raises DeviceUnavailable naming the library and version.
     """
     lib = load_library(libname)
     try:
@@ -172,7 +231,7 @@ def bind_library(libname: str, display: str, version_symbol: str, signatures: di
             raise DeviceUnavailable(
                 f"{describe} lacks the symbol {name} that fastnn needs; fix: {INSTALL_HINT}"
             ) from exc
-        fn.argtypes = argtypes
+        fn.argtypes = [checked_argtype(t) for t in argtypes]  # integers that would wrap are refused
         if restype is status:
             fn.restype = ctypes.c_int
             fn.errcheck = errcheck

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import CudaLibraryError, LibraryObject, bind_library, stream_ptr
+from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, c_int_value, int_range, stream_ptr
 
 __all__ = [
     "ComputeType",
@@ -281,6 +281,8 @@ def _doing(what: str) -> Iterator[None]:
     token = _activity.set(what)
     try:
         yield
+    except ctypes.ArgumentError as exc:  # an integer that would wrap in C (see _loader.checked_argtype)
+        raise argument_error(exc, what) from exc
     finally:
         _activity.reset(token)
 
@@ -428,7 +430,8 @@ class _Layout(_Owned):
 
     def __init__(self, dtype: DataType, rows: int, cols: int, ld: int) -> None:
         ptr = ctypes.c_void_p()
-        _lib().cublasLtMatrixLayoutCreate(ctypes.byref(ptr), int(dtype), rows, cols, ld)
+        with _doing(f"creating a {dtype.name} layout of {rows} x {cols}, ld {ld}"):
+            _lib().cublasLtMatrixLayoutCreate(ctypes.byref(ptr), int(dtype), rows, cols, ld)
         super().__init__(ptr.value)
 
     def set(self, attr: MatrixLayoutAttribute, value: int) -> None:
@@ -470,7 +473,8 @@ class _Preference(_Owned):
 
 
 def _set_attr(fn: Any, ptr: int, attr: IntEnum, ctype: type, value: Any) -> None:
-    buf = ctype(value)
+    # Integer attributes are range-checked: ctype(value) would wrap a row count of 2**64 + 8 to 8.
+    buf = c_int_value(ctype, value, f"{type(attr).__name__}.{attr.name}") if int_range(ctype) else ctype(value)
     with _doing(f"setting {type(attr).__name__}.{attr.name} = {value}"):
         fn(ptr, int(attr), ctypes.byref(buf), ctypes.sizeof(buf))
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import CudaLibraryError, LibraryObject, bind_library, stream_ptr
+from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, stream_ptr
 
 __all__ = [
     "CudnnError",
@@ -125,6 +125,8 @@ def _call(what: str, fn: Any, *args: Any) -> None:
     """Call a status-returning function; a failure's `.what` says what was being attempted."""
     try:
         fn(*args)
+    except ctypes.ArgumentError as exc:  # an integer that would wrap in C (see _loader.checked_argtype)
+        raise argument_error(exc, what) from exc
     except CudnnError as exc:
         exc.what = f"{exc.what} ({what})"
         exc.args = (exc.args[0].replace(fn.__name__, exc.what, 1),)
@@ -135,6 +137,7 @@ def _call(what: str, fn: Any, *args: Any) -> None:
 # Loading: one signature table, applied once when the library is first used
 # ---------------------------------------------------------------------------------------------------------------
 
+_INT_MAX = (1 << 31) - 1
 _STATUS = object()  # restype marker: returns cudnnStatus_t, checked by _errcheck
 _VP = ctypes.c_void_p
 _INT = ctypes.c_int
@@ -266,8 +269,9 @@ class Softmax:
             ConfigError: bad sizes or types (named).
         """
         for name, value in (("n", n), ("c", c)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Softmax {name} must be an int >= 1, got {value!r}")
+            # cudnnSetTensor4dDescriptor takes C ints: 2**32 + 8 rows would silently become 8.
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 1 <= value <= _INT_MAX:
+                raise ConfigError(f"Softmax {name} must be an int in [1, {_INT_MAX}] (a C int), got {value!r}")
         self.n, self.c = int(n), int(c)
         self.dtype = _data_type("dtype", dtype)
         self.out_dtype = self.dtype if out_dtype is None else _data_type("out_dtype", out_dtype)

@@ -13,6 +13,7 @@ should one ever differ, branch on `BINDINGS_MAJOR` in this module only.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from cuda.bindings import __version__ as _bindings_version
 from cuda.bindings import driver as cu
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import DRIVER_HINT, CudaDriverError
+from ._loader import DRIVER_HINT, CudaDriverError, c_int_value
 
 __all__ = [
     "BINDINGS_MAJOR",
@@ -576,6 +577,8 @@ def memset_d32(ptr: int, value: int, count: int, stream: Stream) -> None:
     """Queue setting `count` 32-bit words at `ptr` (4-byte aligned) to `value` (an unsigned 32-bit pattern)."""
     if ptr % 4:
         raise ConfigError(f"memset_d32 needs a 4-byte aligned pointer, got {ptr:#x}")
+    if not -(1 << 31) <= int(value) <= _U32_MAX:  # a 32-bit pattern: signed or unsigned, never silently masked
+        raise ConfigError(f"memset_d32 value must fit 32 bits, got {value!r}")
     if count:
         _check(cu.cuMemsetD32Async(ptr, int(value) & 0xFFFFFFFF, count, stream.handle), "cuMemsetD32Async")
 
@@ -607,32 +610,43 @@ class Module(_Owned):
 
 
 def _dims(value: Sequence[int], argument: str) -> tuple[int, int, int]:
-    dims = tuple(int(v) for v in value)
-    if len(dims) != 3 or min(dims) < 1:
+    dims = tuple(value)
+    if len(dims) != 3 or any(not isinstance(d, (int, np.integer)) or isinstance(d, bool) for d in dims):
         raise ConfigError(f"{argument} must be three positive ints, got {value!r}")
-    return dims  # type: ignore[return-value]
+    if min(dims) < 1 or max(dims) > _U32_MAX:
+        raise ConfigError(f"{argument} must be three ints in [1, {_U32_MAX}], got {value!r}")
+    return tuple(int(d) for d in dims)  # type: ignore[return-value]
+
+
+_U32_MAX = (1 << 32) - 1
 
 
 # Kernel arguments, each typed as the kernel's C parameter (int, unsigned, unsigned long long, float, a
-# pointer), so code above the bindings passes plain Python numbers and never touches ctypes.
+# pointer), so code above the bindings passes plain Python numbers and never touches ctypes. Integers are
+# range-checked: ctypes would wrap 2**31 to -2**31 silently (ConfigError naming the type and the value).
 def arg_ptr(address: int) -> ctypes.c_void_p:
-    return ctypes.c_void_p(int(address))
+    return ctypes.c_void_p(c_int_value(ctypes.c_uint64, address, "kernel pointer argument").value)
 
 
 def arg_i32(value: int) -> ctypes.c_int32:
-    return ctypes.c_int32(int(value))
+    return c_int_value(ctypes.c_int32, value, "kernel int32 argument")
 
 
 def arg_u32(value: int) -> ctypes.c_uint32:
-    return ctypes.c_uint32(int(value))
+    return c_int_value(ctypes.c_uint32, value, "kernel uint32 argument")
 
 
 def arg_u64(value: int) -> ctypes.c_uint64:
-    return ctypes.c_uint64(int(value))
+    return c_int_value(ctypes.c_uint64, value, "kernel uint64 argument")
 
 
 def arg_f32(value: float) -> ctypes.c_float:
-    return ctypes.c_float(float(value))
+    v = float(value)
+    with np.errstate(over="ignore"):
+        overflows = math.isfinite(v) and not math.isfinite(float(np.float32(v)))
+    if overflows:
+        raise ConfigError(f"kernel float argument {v!r} overflows float32 (largest 3.4028235e+38)")
+    return ctypes.c_float(v)
 
 
 class Kernel:
@@ -679,6 +693,8 @@ class Kernel:
         for i, arg in enumerate(args):
             if not isinstance(arg, (ctypes._SimpleCData, ctypes.Structure)):
                 raise ConfigError(f"kernel {self.name!r} argument {i} must be a ctypes value, got {type(arg).__name__}")
+        if not 0 <= int(shared_mem) <= _U32_MAX:
+            raise ConfigError(f"kernel {self.name!r} shared_mem must be in [0, {_U32_MAX}] bytes, got {shared_mem!r}")
         self._opt_in_shared(shared_mem)
         # kernelParams is a void** of the arguments' addresses; cuLaunchKernel copies the values before
         # returning (into the graph node when capturing), so `args` and `params` need only outlive this call.

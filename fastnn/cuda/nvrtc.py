@@ -8,10 +8,15 @@ CUBIN (SASS) rather than PTX: the driver loads it without a JIT step, and the ca
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib.util
 import os
 import re
+import secrets
+import stat
 import tempfile
+import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,10 +36,12 @@ __all__ = [
 ]
 
 #: Bump when the cache file layout or the compile options fastnn adds change: old entries are then ignored.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _ARCH = re.compile(r"sm_\d{2,3}[af]?")
-_MAGIC = b"FASTNN-CUBIN\n"  # cache file: magic, sha256 hex of the cubin, "\n", the cubin
+_MAGIC = b"FASTNN-CUBIN2\n"  # cache file: magic, HMAC-SHA256 hex of (entry name, cubin), "\n", the cubin
+_KEY_FILE = ".key"  # the per-user HMAC key: 32 random bytes, mode 0600, inside the 0700 cache folder
+_KEY_BYTES = 32
 
 
 def _nvrtc() -> Any:
@@ -109,20 +116,24 @@ def compile_source(
         except NvrtcError as exc:
             raise NvrtcError(exc.status, exc.status_name, exc.what, _program_log(prog)) from None
         size = _call(nvrtc.nvrtcGetCUBINSize, prog, what="nvrtcGetCUBINSize")
-        cubin = b" " * int(size)
+        # NVRTC writes into this buffer: it must be mutable memory of our own, never a bytes object (immutable,
+        # and b" " * n may even be an interpreter-wide shared constant).
+        cubin = bytearray(int(size))
         _call(nvrtc.nvrtcGetCUBIN, prog, cubin, what="nvrtcGetCUBIN")
     finally:
         _call(nvrtc.nvrtcDestroyProgram, prog, what="nvrtcDestroyProgram")
-    return cubin
+    return bytes(cubin)
 
 
 def _program_log(prog: Any) -> str:
     """The compiler's log for `prog` (errors and warnings), without the trailing NUL."""
     nvrtc = _nvrtc()
     size = _call(nvrtc.nvrtcGetProgramLogSize, prog, what="nvrtcGetProgramLogSize")
-    log = b" " * int(size)
+    # A mutable buffer NVRTC may write into: with an empty log (size 1), b" " * 1 would be CPython's shared
+    # one-byte b" " object, and NVRTC's NUL would change every b" " in the process.
+    log = bytearray(int(size))
     _call(nvrtc.nvrtcGetProgramLog, prog, log, what="nvrtcGetProgramLog")
-    return log.rstrip(b"\0").decode(errors="replace")
+    return bytes(log).rstrip(b"\0").decode(errors="replace")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -155,10 +166,115 @@ def native_sources() -> list[Path]:
     return sorted(native_dir().glob("*.cu"))
 
 
+_resolved_dirs: dict[str, Path] = {}  # $FASTNN_CACHE_DIR as set -> the absolute folder it meant at first use
+_warned: set[Path] = set()
+_lock = threading.Lock()
+
+
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: $FASTNN_CACHE_DIR, else ~/.cache/fastnn/kernels."""
+    """Where compiled kernels are kept: $FASTNN_CACHE_DIR, else ~/.cache/fastnn/kernels; always absolute.
+
+    A relative $FASTNN_CACHE_DIR is resolved against the working directory once, at its first use: a later
+    os.chdir does not move the cache (nor make a process read kernels from a folder it did not choose).
+    """
     override = os.environ.get("FASTNN_CACHE_DIR")
-    return Path(override) if override else Path.home() / ".cache" / "fastnn" / "kernels"
+    if not override:
+        return Path.home().absolute() / ".cache" / "fastnn" / "kernels"
+    with _lock:
+        if override not in _resolved_dirs:
+            _resolved_dirs[override] = Path(override).expanduser().absolute()
+        return _resolved_dirs[override]
+
+
+# Threat model of the on-disk cache. A cached CUBIN is machine code the driver loads into this process, so a
+# file planted in the cache is code execution on the GPU with the process's memory mappings, and wrong
+# results at best. The cache is trusted only when
+#   - its folder is owned by the current user and not writable by group or others (else: one warning, and
+#     kernels are compiled in memory, nothing read from or written to it), and
+#   - each entry carries an HMAC-SHA256 of its name and bytes under a per-user random key kept in a 0600
+#     file inside that folder. A plain digest caught corruption but not a planted CUBIN with a recomputed
+#     digest; a MAC needs the key, which a writer who cannot read the folder (a cache restored from a shared
+#     backup, a folder that was group-writable for a while, a copy from another account) does not have.
+# Code running as the same user can read the key; it could equally edit fastnn itself: out of scope.
+
+
+def _refusal(directory: Path) -> str | None:
+    """Why `directory` cannot be trusted as a kernel cache (None when it can): owner and mode checks."""
+    try:
+        st = os.stat(directory)
+    except OSError as exc:
+        return f"cannot stat it ({exc.strerror or exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
+    if writers:
+        mode = stat.S_IMODE(st.st_mode)
+        return f"it is writable by {' and '.join(writers)} (mode {mode:04o}; fix: chmod 700 {directory})"
+    return None
+
+
+def _trusted_dir() -> Path | None:
+    """cache_dir(), created 0700 if absent, when it passes the owner and mode checks; else None (warned once)."""
+    directory = cache_dir()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # parents get the umask's mode, the cache 0700
+    except OSError:
+        return None  # an unwritable location: no cache, as before (nothing to warn about: nothing is trusted)
+    reason = _refusal(directory)
+    if reason is None:
+        return directory
+    with _lock:
+        if directory not in _warned:
+            _warned.add(directory)
+            warnings.warn(
+                f"fastnn: not using the kernel cache {directory}: {reason}; compiling kernels in memory instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return None
+
+
+def _cache_secret(directory: Path) -> bytes | None:
+    """The per-user HMAC key in `directory` (created on first use, 0600); None if it cannot be had safely."""
+    path = directory / _KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    else:
+        try:
+            os.write(fd, secrets.token_bytes(_KEY_BYTES))
+        finally:
+            os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+            or st.st_mode & 0o077
+            or st.st_size != _KEY_BYTES
+        ):
+            return None
+        key = os.read(fd, _KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    return key if len(key) == _KEY_BYTES else None
+
+
+def _mac(secret: bytes, name: str, cubin: bytes) -> bytes:
+    """HMAC-SHA256 (hex) binding a cubin to its entry name, so an entry cannot be swapped for another either."""
+    h = hmac.new(secret, digestmod=hashlib.sha256)
+    h.update(len(name).to_bytes(8, "little") + name.encode())
+    h.update(cubin)
+    return h.hexdigest().encode()
 
 
 def cache_key(
@@ -185,8 +301,8 @@ def cache_key(
     return h.hexdigest()
 
 
-def _read_cache(path: Path) -> bytes | None:
-    """The cached CUBIN at `path` if present and intact (its stored sha256 matches), else None."""
+def _read_cache(path: Path, secret: bytes) -> bytes | None:
+    """The cached CUBIN at `path` if present, intact and written with `secret` (its stored MAC matches), else None."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -194,20 +310,19 @@ def _read_cache(path: Path) -> bytes | None:
     head = len(_MAGIC)
     if not data.startswith(_MAGIC) or len(data) < head + 65 or data[head + 64 : head + 65] != b"\n":
         return None
-    digest, cubin = data[head : head + 64], data[head + 65 :]
-    if not cubin or hashlib.sha256(cubin).hexdigest().encode() != digest:
+    mac, cubin = data[head : head + 64], data[head + 65 :]
+    if not cubin or not hmac.compare_digest(_mac(secret, path.name, cubin), mac):
         return None
     return cubin
 
 
-def _write_cache(path: Path, cubin: bytes) -> None:
-    """Store `cubin` atomically (temp file + os.replace); an unwritable cache is silently skipped."""
+def _write_cache(path: Path, cubin: bytes, secret: bytes) -> None:
+    """Store `cubin` atomically (temp file + os.replace), 0600; an unwritable cache is silently skipped."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + hashlib.sha256(cubin).hexdigest().encode() + b"\n" + cubin)
+                f.write(_MAGIC + _mac(secret, path.name, cubin) + b"\n" + cubin)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -218,6 +333,8 @@ def _write_cache(path: Path, cubin: bytes) -> None:
 
 def compile_native(filename: str, arch: str, options: Sequence[str] = ()) -> bytes:
     """The CUBIN of native/<filename> for `arch`, from the disk cache or compiled (with native/ on the include path).
+
+    The cache is used only when trusted (see the threat model above); otherwise the kernel is compiled in memory.
 
     Raises:
         ConfigError: no such kernel file, or a bad arch.
@@ -233,9 +350,13 @@ def compile_native(filename: str, arch: str, options: Sequence[str] = ()) -> byt
     headers = {p.name: p.read_bytes() for p in sorted(directory.glob("*.cuh"))}
     options = tuple(options)
     key = cache_key(filename, source, headers, arch, options, nvrtc_version())
-    entry = cache_dir() / f"{key}.cubin"
-    cubin = _read_cache(entry)
+    cache = _trusted_dir()
+    secret = _cache_secret(cache) if cache is not None else None
+    if cache is None or secret is None:  # no trustworthy cache: compile in memory
+        return compile_source(source.decode(), filename, arch, options, include_dirs=(directory,))
+    entry = cache / f"{key}.cubin"
+    cubin = _read_cache(entry, secret)
     if cubin is None:
         cubin = compile_source(source.decode(), filename, arch, options, include_dirs=(directory,))
-        _write_cache(entry, cubin)
+        _write_cache(entry, cubin, secret)
     return cubin

@@ -1,0 +1,241 @@
+"""Checkpoint files that are hostile, damaged or written under failing disks (issue 8, items 5, 10 and 14).
+
+The bombs are small on disk; the tests count the bytes zipfile hands out, so a regression that decompresses
+them shows as a failed assertion, not as a machine out of memory."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import stat
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastnn import MLP, SGD, ConfigError, DataError, Trainer
+from fastnn import checkpoint as ckpt
+
+D, C = 6, 3
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, D)).astype(np.float32), rng.integers(0, C, 32)
+    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu")
+    t.fit(x, y, epochs=1)
+    path = tmp_path / "good.npz"
+    t.save(path)
+    return path
+
+
+@pytest.fixture
+def bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A running total of the decompressed bytes zipfile hands out (one element, updated in place)."""
+    total = [0]
+    real = zipfile.ZipExtFile.read
+
+    def counting(self, n=-1):
+        data = real(self, n)
+        total[0] += len(data)
+        return data
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", counting)
+    return total
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+    return f.getvalue()
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def _write(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def _npy(value: np.ndarray) -> bytes:
+    f = io.BytesIO()
+    np.save(f, value)
+    return f.getvalue()
+
+
+def _rejected(path: Path, *words: str) -> DataError:
+    with pytest.raises(DataError) as info:
+        Trainer.load(path, device="cpu")
+    for w in (str(path), *words):
+        assert w in str(info.value), f"{w!r} not in: {info.value}"
+    return info.value
+
+
+# ---- item 5: zip bombs -------------------------------------------------------------------------------------
+
+
+def test_bomb_without_marker_is_refused_before_decompressing(tmp_path: Path, bytes_read: list[int]) -> None:
+    # 64 MiB of zeros deflate to ~64 KiB; today's loader inflated every member before looking for the marker.
+    bomb = _write(tmp_path / "bomb.npz", {"w.npy": _npy_header((16 << 20,)) + bytes(64 << 20)})
+    assert bomb.stat().st_size < 1 << 20
+    _rejected(bomb, "not a fastnn checkpoint", "marker")
+    assert bytes_read[0] < 1 << 16
+
+
+def test_bomb_beside_a_valid_marker_is_refused_from_its_header(
+    good: Path, tmp_path: Path, bytes_read: list[int]
+) -> None:
+    members = _members(good)
+    members["0.weight.npy"] = _npy_header((16 << 20,)) + bytes(64 << 20)
+    bytes_read[0] = 0
+    _rejected(_write(tmp_path / "bomb.npz", members), "'0.weight.npy'", "(16777216,)", "(5, 6)")
+    assert bytes_read[0] < 1 << 16
+
+
+def test_member_declaring_4_tb_is_a_dataerror_not_memoryerror(good: Path, tmp_path: Path) -> None:
+    members = _members(good)
+    members["0.weight.npy"] = _npy_header((1 << 40,)) + bytes(64)  # 4 TiB of float32 declared, 64 bytes present
+    bomb = _write(tmp_path / "4tb.npz", members)
+    _rejected(bomb, "'0.weight.npy'", str((1 << 40,)))
+    # Without a config to compare with, the header still disagrees with the zip entry's declared size.
+    with pytest.raises(DataError, match=r"declares \d+ bytes, but its header .* implies 4398046511\d+"):
+        ckpt.load(bomb)
+
+
+def test_member_whose_zip_size_disagrees_with_its_header(good: Path, tmp_path: Path) -> None:
+    members = _members(good)
+    members["0.bias.npy"] += bytes(1000)  # right shape, trailing bytes the header does not account for
+    _rejected(_write(tmp_path / "trailing.npz", members), "'0.bias.npy'", "declares", "implies")
+
+
+def test_oversized_npy_header_is_not_read(good: Path, tmp_path: Path, bytes_read: list[int]) -> None:
+    members = _members(good)
+    # A format 2.0 header claiming 64 MiB of header text (spaces deflate to almost nothing).
+    members["0.bias.npy"] = b"\x93NUMPY\x02\x00" + (64 << 20).to_bytes(4, "little") + b" " * (64 << 20)
+    bytes_read[0] = 0
+    _rejected(_write(tmp_path / "header.npz", members), "'0.bias.npy'", "header")
+    assert bytes_read[0] < 1 << 20
+
+
+def test_config_member_bomb_is_refused_by_its_declared_size(
+    good: Path, tmp_path: Path, bytes_read: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt, "_CONFIG_MEMBER_BYTES", 1 << 20)  # the real cap is 128 MiB: too slow to build here
+    members = _members(good)
+    members["__fastnn_config__.npy"] = _npy(np.array(" " * (1 << 20)))  # 4 MiB as UTF-32
+    bytes_read[0] = 0
+    _rejected(_write(tmp_path / "config.npz", members), "__fastnn_config__", "declares")
+    assert bytes_read[0] < 1 << 16
+
+
+@pytest.mark.parametrize(
+    "version, words",
+    [(np.array(-1), ["version -1"]), (np.array(1.0), ["__fastnn_version__", "float64"]), (np.array("1"), ["<U1"])],
+)
+def test_version_of_the_wrong_type_or_sign(good: Path, tmp_path: Path, version: np.ndarray, words: list[str]) -> None:
+    members = _members(good)
+    members["__fastnn_version__.npy"] = _npy(version)
+    _rejected(_write(tmp_path / "version.npz", members), *words)
+
+
+def test_deeply_nested_config_is_a_dataerror(good: Path, tmp_path: Path) -> None:
+    members = _members(good)
+    members["__fastnn_config__.npy"] = _npy(np.array("[" * 100000))
+    _rejected(_write(tmp_path / "nested.npz", members), "config", "nested")
+
+
+def test_config_not_an_object(good: Path, tmp_path: Path) -> None:
+    members = _members(good)
+    members["__fastnn_config__.npy"] = _npy(np.array(json.dumps([1, 2])))
+    _rejected(_write(tmp_path / "list.npz", members), "config", "list")
+
+
+def test_good_file_reads_exactly(good: Path) -> None:
+    t = Trainer.load(good, device="cpu")
+    config, arrays = ckpt.load(good)
+    assert config["epoch"] == t.epoch == 1
+    for k, v in t.state_dict().items():
+        np.testing.assert_array_equal(arrays[k], v)
+        assert arrays[k].flags.writeable
+
+
+# ---- item 10: arguments and failing disks ------------------------------------------------------------------
+
+
+def test_save_and_load_of_none_are_configerrors(good: Path) -> None:
+    t = Trainer.load(good, device="cpu")
+    for call in (lambda: t.save(None), lambda: Trainer.load(None, device="cpu"), lambda: t.save(5)):
+        with pytest.raises(ConfigError, match="path must be a str or os.PathLike, got (None|5)"):
+            call()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EIO])
+def test_disk_errors_during_save_name_the_target_and_keep_the_cause(
+    good: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    t = Trainer.load(good, device="cpu")
+    before = good.read_bytes()
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(ckpt.os, "fsync", failing_fsync)
+    with pytest.raises(DataError) as info:
+        t.save(good)
+    assert str(good) in str(info.value) and errno.errorcode[code] in str(info.value)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == code
+    monkeypatch.undo()
+    assert good.read_bytes() == before
+    assert sorted(p.name for p in good.parent.iterdir()) == ["good.npz"]
+
+
+def test_254_character_file_name(good: Path) -> None:
+    t = Trainer.load(good, device="cpu")
+    path = good.parent / ("c" * 250 + ".npz")
+    t.save(path)
+    assert Trainer.load(path, device="cpu").epoch == 1
+    too_long = good.parent / ("c" * 256 + ".npz")
+    with pytest.raises(DataError, match="ENAMETOOLONG") as info:
+        t.save(too_long)
+    assert str(too_long) in str(info.value)
+
+
+# ---- item 14: mode and durability ---------------------------------------------------------------------------
+
+
+def test_resave_keeps_a_private_mode(good: Path) -> None:
+    t = Trainer.load(good, device="cpu")
+    good.chmod(0o600)
+    t.save(good)
+    assert stat.S_IMODE(good.stat().st_mode) == 0o600
+    good.chmod(0o640)
+    t.save(good)
+    assert stat.S_IMODE(good.stat().st_mode) == 0o640
+
+
+def test_folder_is_fsynced_after_the_rename(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = Trainer.load(good, device="cpu")
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def spy_fsync(fd: int) -> None:
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def spy_replace(src, dst) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "fsync", spy_fsync)
+    monkeypatch.setattr(ckpt.os, "replace", spy_replace)
+    t.save(good)
+    assert events == ["fsync file", "replace", "fsync dir"]
