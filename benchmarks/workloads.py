@@ -79,12 +79,21 @@ class Contender:
     """One way of training: a family (fastnn, torch, numpy), a precision and how it runs."""
 
     name: str
-    family: str  #: "fastnn" (GPU engine), "numpy" (fastnn's NumPy engine on the CPU) or "torch"
-    precision: str  #: fastnn: "mixed" | "fp16" | "fp32"; torch: "fp32" | "amp"
-    kind: str  #: torch: "eager" | "compile" | "graph"; fastnn/numpy: "trainer"
+    family: str  #: "fastnn" (GPU engine), "numpy" (fastnn's NumPy engine on the CPU), "torch" or "jax"
+    precision: str  #: fastnn: "mixed" | "fp16" | "fp32"; torch, jax: "fp32" | "amp"
+    kind: str  #: torch: "eager" | "compile" | "graph"; fastnn/numpy: "trainer"; jax: "scan"
     description: str
     logreg_only: bool = False
+    engine: str = "auto"  #: fastnn: Trainer(engine=...) ("auto" | "graph" | "fused")
+    xla_flags: str = ""  #: jax: XLA_FLAGS of its subprocess (set before jax initialises)
 
+
+#: XLA command buffers (CUDA graphs) for every command type, loops (WHILE: the scan) and conditionals included,
+#: down to single-op graphs.
+XLA_CMDBUF = (
+    "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE "
+    "--xla_gpu_graph_min_graph_size=1"
+)
 
 CONTENDERS = (
     Contender("fastnn-mixed", "fastnn", "mixed", "trainer", "fastnn, fp16 operands, fp32 accumulation and weights"),
@@ -104,11 +113,21 @@ CONTENDERS = (
         "torch-graph-amp", "torch", "amp", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp16 autocast"
     ),
     Contender("numpy-cpu", "numpy", "fp32", "trainer", "fastnn's NumPy engine on the CPU", logreg_only=True),
+    Contender("fastnn-graph", "fastnn", "mixed", "trainer", 'fastnn engine="graph" (CUDA graph), mixed', engine="graph"),
+    Contender("fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed',
+              engine="fused"),  # fmt: skip
+    Contender("jax-fp32", "jax", "fp32", "scan", "JAX, one jit(lax.scan) per epoch, fp32 (highest precision)"),
+    Contender("jax-amp", "jax", "amp", "scan", "JAX, one jit(lax.scan) per epoch, fp16 operands, fp32 accumulation"),
+    Contender("jax-fp32-cmdbuf", "jax", "fp32", "scan", "jax-fp32 with XLA command buffers incl. WHILE, min size 1",
+              xla_flags=XLA_CMDBUF),  # fmt: skip
+    Contender("jax-fp32-nocmdbuf", "jax", "fp32", "scan", "jax-fp32 with XLA command buffers off",
+              xla_flags="--xla_gpu_enable_command_buffer="),  # fmt: skip
 )
 GROUPS = {
     "fastnn": [c.name for c in CONTENDERS if c.family == "fastnn"],
     "torch": [c.name for c in CONTENDERS if c.family == "torch"],
     "numpy": ["numpy-cpu"],
+    "jax": [c.name for c in CONTENDERS if c.family == "jax"],
 }
 
 
