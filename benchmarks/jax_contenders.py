@@ -176,12 +176,12 @@ class Job:
         x_train, y_train, x_test, y_test = data
         n = workload.samples
         self.workload, self.amp = workload, amp
-        self.optimizer = optimizer if optimizer is not None else fastnn.SGD(lr=workload.lr)
+        self.optimizer = optimizer if optimizer is not None else workload.fastnn_optimizer()
         self.x = jax.device_put(np.ascontiguousarray(x_train[:n]))  # uint8 stays uint8
         self.y = jax.device_put(np.ascontiguousarray(y_train[:n], dtype=np.int32))
         self.x_test = jax.device_put(np.ascontiguousarray(x_test))
         self.y_test = jax.device_put(np.ascontiguousarray(y_test, dtype=np.int32))
-        self.scale, self.shift = input_affine(np.dtype(np.uint8), None)
+        self.scale, self.shift = input_affine(np.dtype(np.uint8), workload.normalize)
         params = {k: jnp.asarray(v) for k, v in init_parameters(fastnn.MLP(workload.sizes), SEED).items()}
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         opt = (zeros, zeros) if isinstance(self.optimizer, fastnn.AdamW) else ()

@@ -60,6 +60,16 @@ class Workload:
     samples: int  #: the first `samples` rows of the training set
     epochs: int
     hidden: int | None = None  #: the MLP's hidden width, None for logistic regression
+    optimizer: str = "sgd"  #: "sgd" (plain) or "adamw"
+    weight_decay: float = 0.0  #: AdamW's decoupled weight decay
+    normalize: tuple[float, float] | None = None  #: fastnn's `normalize=` (mean, std) after scaling by 1/255
+    target_accuracy: float | None = None  #: time-to-accuracy workloads: the test accuracy to reach
+
+    def fastnn_optimizer(self) -> fastnn.SGD | fastnn.AdamW:
+        """The optimizer every contender mirrors (torch.optim and JAX implement the same rule)."""
+        if self.optimizer == "adamw":
+            return fastnn.AdamW(lr=self.lr, weight_decay=self.weight_decay)
+        return fastnn.SGD(lr=self.lr)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -113,15 +123,30 @@ CONTENDERS = (
         "torch-graph-amp", "torch", "amp", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp16 autocast"
     ),
     Contender("numpy-cpu", "numpy", "fp32", "trainer", "fastnn's NumPy engine on the CPU", logreg_only=True),
-    Contender("fastnn-graph", "fastnn", "mixed", "trainer", 'fastnn engine="graph" (CUDA graph), mixed', engine="graph"),
-    Contender("fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed',
-              engine="fused"),  # fmt: skip
+    Contender(
+        "fastnn-graph", "fastnn", "mixed", "trainer", 'fastnn engine="graph" (CUDA graph), mixed', engine="graph"
+    ),
+    Contender(
+        "fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed', engine="fused"
+    ),  # fmt: skip
     Contender("jax-fp32", "jax", "fp32", "scan", "JAX, one jit(lax.scan) per epoch, fp32 (highest precision)"),
     Contender("jax-amp", "jax", "amp", "scan", "JAX, one jit(lax.scan) per epoch, fp16 operands, fp32 accumulation"),
-    Contender("jax-fp32-cmdbuf", "jax", "fp32", "scan", "jax-fp32 with XLA command buffers incl. WHILE, min size 1",
-              xla_flags=XLA_CMDBUF),  # fmt: skip
-    Contender("jax-fp32-nocmdbuf", "jax", "fp32", "scan", "jax-fp32 with XLA command buffers off",
-              xla_flags="--xla_gpu_enable_command_buffer="),  # fmt: skip
+    Contender(
+        "jax-fp32-cmdbuf",
+        "jax",
+        "fp32",
+        "scan",
+        "jax-fp32 with XLA command buffers incl. WHILE, min size 1",
+        xla_flags=XLA_CMDBUF,
+    ),  # fmt: skip
+    Contender(
+        "jax-fp32-nocmdbuf",
+        "jax",
+        "fp32",
+        "scan",
+        "jax-fp32 with XLA command buffers off",
+        xla_flags="--xla_gpu_enable_command_buffer=",
+    ),  # fmt: skip
 )
 GROUPS = {
     "fastnn": [c.name for c in CONTENDERS if c.family == "fastnn"],
@@ -147,6 +172,22 @@ def build_workloads(quick: bool) -> list[Workload]:
         for h in (HIDDEN_QUICK if quick else HIDDEN_FULL)
     ]
     return [logreg, *mlps]
+
+
+#: Time to accuracy (issue 11): MLP 784-256-256-10, AdamW, on all 60,000 training images; test accuracy checked
+#: at each epoch end; the run stops at the first epoch that reaches the target or after `epochs` epochs.
+TTA_TARGET = 0.89
+TTA_LR = 1e-3
+TTA_BATCH = 64
+TTA_NORMALIZE = (0.2860, 0.3530)  #: Fashion-MNIST's training-set pixel mean and std (of x / 255)
+TTA_MAX_EPOCHS = 15
+
+
+def tta_workload() -> Workload:
+    """The time-to-accuracy job; its settings were checked on the CPU with fastnn's NumPy engine (README)."""
+    return Workload("tta-mlp-256", (784, 256, 256, 10), lr=TTA_LR, batch_size=TTA_BATCH, samples=60_000,
+                    epochs=TTA_MAX_EPOCHS, optimizer="adamw", weight_decay=0.01, normalize=TTA_NORMALIZE,
+                    target_accuracy=TTA_TARGET)  # fmt: skip
 
 
 def _split(spec: str | None) -> list[str] | None:
