@@ -183,7 +183,7 @@ def worker(argv: list[str]) -> int:
     marks["imported"] = time.time() - t0
     data = _fake_data(w.samples) if args.tiny else load_data(args.data)
     marks["data_loaded"] = time.time() - t0
-    adapter = {"fastnn": _Fastnn, "torch": _Torch, "jax": _Jax}[contender.family](contender, w, data)
+    adapter = {"fastnn": _Fastnn, "numpy": _Fastnn, "torch": _Torch, "jax": _Jax}[contender.family](contender, w, data)
     marks["set_up"] = time.time() - t0
     result: dict[str, Any] = {"status": "ok", "marks": marks}
     if tta:

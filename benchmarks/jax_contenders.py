@@ -17,6 +17,7 @@ XLA_FLAGS must be set before jax initialises, so every JAX configuration runs in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -347,7 +348,7 @@ def _tiny(w: Workload) -> Workload:
     """A CPU-sized copy of `w` (tests): a few batches, small hidden layers, the short last batch kept for logreg."""
     sizes = (w.sizes[0], *(min(s, 16) for s in w.sizes[1:-1]), w.sizes[-1])
     samples = 3 * w.batch_size + (5 if w.samples % w.batch_size else 0)
-    return Workload(w.name, sizes, w.lr, w.batch_size, samples, min(w.epochs, 2), w.hidden)
+    return dataclasses.replace(w, sizes=sizes, samples=samples, epochs=min(w.epochs, 2))
 
 
 def _fake_data(n: int) -> Data:

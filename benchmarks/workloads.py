@@ -177,10 +177,13 @@ def build_workloads(quick: bool) -> list[Workload]:
 #: Time to accuracy (issue 11): MLP 784-256-256-10, AdamW, on all 60,000 training images; test accuracy checked
 #: at each epoch end; the run stops at the first epoch that reaches the target or after `epochs` epochs.
 TTA_TARGET = 0.89
+#: Checked on the CPU (fastnn's NumPy engine, README): test accuracy 0.8416, 0.8449, 0.8649, 0.8738, 0.8755, 0.8734,
+#: 0.8769, 0.8757, 0.8875, 0.8843, 0.8922 after epochs 1..11: first at 89% after 11 epochs. (lr 2e-3 batch 256
+#: and lr 1e-3 batch 64 with normalised inputs stayed below 0.8890 for 12 epochs.)
 TTA_LR = 1e-3
-TTA_BATCH = 64
-TTA_NORMALIZE = (0.2860, 0.3530)  #: Fashion-MNIST's training-set pixel mean and std (of x / 255)
-TTA_MAX_EPOCHS = 15
+TTA_BATCH = 128
+TTA_NORMALIZE: tuple[float, float] | None = None
+TTA_MAX_EPOCHS = 20
 
 
 def tta_workload() -> Workload:
