@@ -96,6 +96,7 @@ class Contender:
     logreg_only: bool = False
     engine: str = "auto"  #: fastnn: Trainer(engine=...) ("auto" | "graph" | "fused")
     xla_flags: str = ""  #: jax: XLA_FLAGS of its subprocess (set before jax initialises)
+    workloads: tuple[str, ...] | None = None  #: only these workloads (None: all)
 
 
 #: XLA command buffers (CUDA graphs) for every command type, loops (WHILE: the scan) and conditionals included,
@@ -104,6 +105,9 @@ XLA_CMDBUF = (
     "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE "
     "--xla_gpu_graph_min_graph_size=1"
 )
+
+#: The XLA flag variants run on the widths the closing note quotes (issue 11 found the flags made no difference).
+FLAG_WORKLOADS = ("logreg", "mlp-128", "mlp-1024", "mlp-8192")
 
 CONTENDERS = (
     Contender("fastnn-mixed", "fastnn", "mixed", "trainer", "fastnn, fp16 operands, fp32 accumulation and weights"),
