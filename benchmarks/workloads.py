@@ -132,7 +132,7 @@ CONTENDERS = (
     ),
     Contender(
         "fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed', engine="fused"
-    ),  # fmt: skip
+    ),
     Contender("jax-fp32", "jax", "fp32", "scan", "JAX, one jit(lax.scan) per epoch, fp32 (highest precision)"),
     Contender("jax-amp", "jax", "amp", "scan", "JAX, one jit(lax.scan) per epoch, fp16 operands, fp32 accumulation"),
     Contender(
@@ -142,7 +142,8 @@ CONTENDERS = (
         "scan",
         "jax-fp32 with XLA command buffers incl. WHILE, min size 1",
         xla_flags=XLA_CMDBUF,
-    ),  # fmt: skip
+        workloads=FLAG_WORKLOADS,
+    ),
     Contender(
         "jax-fp32-nocmdbuf",
         "jax",
@@ -150,7 +151,8 @@ CONTENDERS = (
         "scan",
         "jax-fp32 with XLA command buffers off",
         xla_flags="--xla_gpu_enable_command_buffer=",
-    ),  # fmt: skip
+        workloads=FLAG_WORKLOADS,
+    ),
 )
 GROUPS = {
     "fastnn": [c.name for c in CONTENDERS if c.family == "fastnn"],
