@@ -150,14 +150,13 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "Every contender starts from the same weights, reads the samples in the same order and takes the same "
         "SGD steps. Times cover the timed epochs only: compilation, capture and a warm-up are in 'setup'. "
-        "fastnn: `fit()` wall clock with a device sync; PyTorch: CUDA events; NumPy: wall clock"
+        "fastnn: `fit()` wall clock with a device sync; PyTorch: CUDA events; JAX: wall clock of each epoch "
+        "with block_until_ready; NumPy: wall clock"
         + (", scaled from fewer epochs where marked *." if any(r.get("scaled") for r in rows) else "."),
         "",
-        "## Training time (s)",
-        "",
-        "| contender | " + " | ".join(wl) + " |",
-        "|---|" + "---:|" * len(wl),
     ]
+    if rows:
+        lines += ["## Training time (s)", "", "| contender | " + " | ".join(wl) + " |", "|---|" + "---:|" * len(wl)]
     for c in contenders:
         vals = []
         for w in wl:
@@ -165,13 +164,9 @@ def markdown(doc: dict[str, Any]) -> str:
             v = "" if r is None else (_status(r) if not _ok(r) else _f(r["train_seconds"], ".3g"))
             vals.append(v + ("*" if r is not None and r.get("scaled") else ""))
         lines.append(f"| {c} | " + " | ".join(vals) + " |")
-    lines += [
-        "",
-        "## Speedup of fastnn-mixed (contender time / fastnn-mixed time)",
-        "",
-        "| contender | " + " | ".join(wl) + " |",
-        "|---|" + "---:|" * len(wl),
-    ]
+    if rows:
+        lines += ["", "## Speedup of fastnn-mixed (contender time / fastnn-mixed time)", "",
+                  "| contender | " + " | ".join(wl) + " |", "|---|" + "---:|" * len(wl)]  # fmt: skip
     for c in contenders:
         if c == "fastnn-mixed":
             continue

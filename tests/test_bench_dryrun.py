@@ -196,9 +196,15 @@ def test_graphs_are_written(tmp_path):
     rows.append(_row("logreg", "fastnn-mixed", 0.2))
     rows.append(_row("logreg", "torch-eager-amp", 2.0, step_losses=list(np.linspace(2.0, 0.4, 3 * 469))))
     _partial(tmp_path, "r1", 1.0, rows)
+    doc = json.loads((tmp_path / "partial" / "r1.json").read_text())
+    doc["e2e_rows"] = [_e2e_row(w, c, m, t * (2 if m == "cold" else 1), 0.1)
+                       for w in ("logreg", "mlp-128") for m in ("cold", "warm")
+                       for c, t in (("fastnn-mixed", 1.0), ("torch-graph-amp", 4.0), ("jax-fp32", 6.0))]  # fmt: skip
+    doc["e2e_rows"].append({**_e2e_row("logreg", "fastnn-fused", "cold", 0.0, 0.0), "status": "unavailable"})
+    wl.write_json(tmp_path / "partial" / "r1.json", doc)
     report.write_outputs(tmp_path, plots=False)
     assert plots.main([str(tmp_path)]) == 0
-    for name in ("time_graph.png", "loss_graph.png"):
+    for name in ("time_graph.png", "loss_graph.png", "e2e_graph.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
