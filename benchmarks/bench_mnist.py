@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", metavar="DIR", help="Fashion-MNIST IDX files (default: fastnn.datasets' search order)")
     p.add_argument("--out", metavar="DIR", default="results", help="output folder (default: results)")
     p.add_argument("--quick", action="store_true", help="h in 128, 1024; 3 logreg epochs; 1,000 MLP steps")
-    p.add_argument("--only", metavar="C[,C..]", help="contenders or groups (fastnn, torch, numpy) to run")
+    p.add_argument("--only", metavar="C[,C..]", help="contenders or groups (fastnn, torch, numpy, jax) to run")
     p.add_argument("--only-workload", metavar="W[,W..]", help="workloads: logreg, mlp-128, .., or mlp (all MLPs)")
     p.add_argument("--skip-compile", action="store_true", help="leave out torch-compile-amp (slow to compile)")
     p.add_argument("--cpu-budget", type=float, default=60.0, metavar="S", help="seconds for numpy-cpu before scaling")
