@@ -23,7 +23,9 @@ if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `p
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from report import PARTIAL_DIR, write_outputs  # noqa: E402
+from end_to_end import DEFAULT_CACHE, E2E_CONTENDERS, E2E_WORKLOADS, TTA_CONTENDERS  # noqa: E402
+from fastnn_contenders import Unavailable  # noqa: E402
+from report import PARTIAL_DIR, load_partials, write_outputs  # noqa: E402
 from workloads import (  # noqa: E402
     LOSS_WORKLOADS,
     SEED,
@@ -36,6 +38,25 @@ from workloads import (  # noqa: E402
     write_json,
 )
 
+#: The published run in three device calls of at most ~9 minutes each on an H100/H200 (estimates from the
+#: committed H200 logs: README). Later calls repeat fastnn-mixed (and torch-graph-amp) on every width, so each
+#: speedup compares rows of one call and the drift between calls shows. Every JAX configuration runs in call 3,
+#: before the end-to-end and time-to-accuracy tables (whose contenders all run in that call) pick jax-best.
+FINAL: dict[str, tuple[list[str], str]] = {
+    "1": (
+        ["--only", "fastnn,numpy,torch-eager-fp32,torch-eager-amp,torch-graph-fp32,torch-graph-amp"],
+        "fastnn (every precision and engine), NumPy, PyTorch eager and CUDA graph (~7 min)",
+    ),
+    "2": (
+        ["--only", "torch-compile-amp,fastnn-mixed,torch-graph-amp", "--drift", "fastnn-mixed,torch-graph-amp"],
+        "torch.compile max-autotune on every width + the drift repeat (~8 min)",
+    ),
+    "3": (
+        ["--only", "jax,fastnn-mixed", "--drift", "fastnn-mixed", "--e2e", "--tta"],
+        "every JAX configuration + the drift repeat, end to end cold/warm, time to accuracy (~8 min)",
+    ),
+}
+
 #: The dry run trains (a tiny fake epoch on the CPU) only models up to this many parameters; larger: config only.
 DRY_FIT_PARAMS = 2_000_000
 
@@ -45,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", metavar="DIR", help="Fashion-MNIST IDX files (default: fastnn.datasets' search order)")
     p.add_argument("--out", metavar="DIR", default="results", help="output folder (default: results)")
     p.add_argument("--quick", action="store_true", help="h in 128, 1024; 3 logreg epochs; 1,000 MLP steps")
-    p.add_argument("--only", metavar="C[,C..]", help="contenders or groups (fastnn, torch, numpy) to run")
+    p.add_argument("--only", metavar="C[,C..]", help="contenders or groups (fastnn, torch, numpy, jax) to run")
     p.add_argument("--only-workload", metavar="W[,W..]", help="workloads: logreg, mlp-128, .., or mlp (all MLPs)")
     p.add_argument("--skip-compile", action="store_true", help="leave out torch-compile-amp (slow to compile)")
     p.add_argument("--cpu-budget", type=float, default=60.0, metavar="S", help="seconds for numpy-cpu before scaling")
@@ -53,14 +74,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-merge", action="store_true", help="write only this run's partial JSON")
     p.add_argument("--no-plots", action="store_true", help="write no graphs")
     p.add_argument("--dry-run", action="store_true", help="print the plan, build the fastnn trainers on the CPU, exit")
+    p.add_argument("--e2e", action="store_true", help="also end to end: each contender in a fresh process, cold/warm")
+    p.add_argument(
+        "--e2e-only",
+        metavar="C[,C..]",
+        default=",".join(E2E_CONTENDERS),
+        help="end-to-end contenders (jax-best: the fastest JAX configuration of the training rows)",
+    )
+    p.add_argument("--e2e-workload", metavar="W[,W..]", default=",".join(E2E_WORKLOADS), help="end-to-end workloads")
+    p.add_argument("--tta", action="store_true", help="also time to accuracy (MLP 784-256-256-10, AdamW, to 89%%)")
+    p.add_argument(
+        "--tta-only", metavar="C[,C..]", default=",".join(TTA_CONTENDERS), help="time-to-accuracy contenders"
+    )
+    p.add_argument("--no-train", action="store_true", help="no training-table rows (only --e2e/--tta)")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="end-to-end cache folders (emptied for cold runs)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a subprocess is given up")
+    p.add_argument(
+        "--final",
+        metavar="N",
+        choices=sorted(FINAL),
+        help="the published run's call N (README): " + "; ".join(f"{k}: {v[1]}" for k, v in FINAL.items()),
+    )
+    p.add_argument(
+        "--drift",
+        metavar="C[,C..]",
+        default="",
+        help="contenders this run repeats to show the drift "
+        "between calls: merged beside the earlier rows instead of replacing them",
+    )
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: subprocesses on tiny fake data
     args = p.parse_args(argv)
+    if args.final:
+        p.parse_args(FINAL[args.final][0] + (argv if argv is not None else sys.argv[1:]), namespace=args)
     if args.cpu_budget <= 0:
         p.error(f"--cpu-budget must be > 0, got {args.cpu_budget}")
     return args
 
 
 def _pairs(contenders: list[Contender], workloads: list[Workload]) -> list[tuple[Workload, Contender]]:
-    return [(w, c) for w in workloads for c in contenders if not (c.logreg_only and w.name != "logreg")]
+    return [
+        (w, c)
+        for w in workloads
+        for c in contenders
+        if not (c.logreg_only and w.name != "logreg") and (c.workloads is None or w.name in c.workloads)
+    ]
 
 
 def print_plan(contenders: list[Contender], workloads: list[Workload]) -> None:
@@ -77,16 +134,25 @@ def print_plan(contenders: list[Contender], workloads: list[Workload]) -> None:
     print(f"pairs: {len(_pairs(contenders, workloads))}")
 
 
-def dry_run(contenders: list[Contender], workloads: list[Workload]) -> int:
-    """Build every fastnn trainer of the plan on the CPU; fit small ones one epoch on tiny fake data."""
-    from fastnn_contenders import make_trainer, rewind
+def dry_run(contenders: list[Contender], workloads: list[Workload], args: argparse.Namespace) -> int:
+    """Build every fastnn trainer of the plan on the CPU; fit small ones one epoch on tiny fake data; run the JAX
+    configurations on tiny CPU copies of the workloads where jax is installed."""
+    from fastnn_contenders import Unavailable, engine_kwargs, make_trainer, rewind
 
     import fastnn
     from fastnn.model import init_parameters
 
     rng = np.random.default_rng(SEED)
     for w, c in _pairs(contenders, workloads):
-        if c.family == "torch":
+        if c.family in ("torch", "jax"):
+            continue
+        try:
+            engine_kwargs(c, "cuda")
+        except Unavailable as e:
+            print(f"  {w.name:9} {c.name:14} unavailable: {e}")
+            continue
+        if c.engine != "auto":
+            print(f"  {w.name:9} {c.name:14} config ok (engine={c.engine!r} runs on a GPU only)")
             continue
         model = fastnn.MLP(w.sizes)
         if model.num_parameters() > DRY_FIT_PARAMS:
@@ -103,8 +169,38 @@ def dry_run(contenders: list[Contender], workloads: list[Workload]) -> int:
             if not np.isfinite(last["train_loss"]):
                 raise SystemExit(f"dry run: {c.name} on {w.name} gave loss {last['train_loss']}")
         print(f"  {w.name:9} {c.name:14} trainer ok on cpu (fake data, loss {last['train_loss']:.4f})")
+    jax_contenders = [c for c in contenders if c.family == "jax"]
+    if jax_contenders and importlib.util.find_spec("jax") is None:
+        print("jax: not installed, JAX dry run skipped")
+    for c in jax_contenders if importlib.util.find_spec("jax") is not None else []:
+        ws = [w for w, cc in _pairs([c], workloads)]
+        rows = _jax_dry(c, ws)
+        for w, r in zip(ws, rows):
+            if r.get("status") != "ok" or not np.isfinite(r["final_train_loss"] or np.nan):
+                raise SystemExit(f"dry run: {c.name} on {w.name}: {r.get('error', r.get('final_train_loss'))}")
+            print(f"  {w.name:9} {c.name:18} jax ok on cpu (tiny copy, loss {r['final_train_loss']:.4f})")
     print(f"torch imported: {'torch' in sys.modules}")
     return 0
+
+
+def _jax_dry(c: Contender, workloads: list[Workload]) -> list[dict[str, Any]]:
+    """The JAX subprocess of `c` on tiny CPU copies of `workloads` (its XLA_FLAGS included)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from jax_contenders import subprocess_env
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        env = subprocess_env(c) | {"JAX_PLATFORMS": "cpu"}
+        cmd = [sys.executable, str(Path(__file__).with_name("jax_contenders.py")), "--contender", c.name,
+               "--workloads", ",".join(w.name for w in workloads), "--out", str(out), "--cpu"]  # fmt: skip
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if not out.exists():
+            raise SystemExit(f"dry run: {c.name}'s subprocess failed: {(res.stdout + res.stderr)[-1500:]}")
+        rows = json.loads(out.read_text())["rows"]
+    return [rows.get(w.name, {"status": "error", "error": "no row"}) for w in workloads]
 
 
 def preflight(contenders: list[Contender]) -> bool:
@@ -141,6 +237,38 @@ def run_pair(w: Workload, c: Contender, data: Any, args: argparse.Namespace) -> 
     return run_fastnn(c, w, data, cpu_budget_s=args.cpu_budget)
 
 
+def _base_row(w: Workload, c: Contender, run_id: str, drift: set[str]) -> dict[str, Any]:
+    return {
+        "workload": w.name,
+        "contender": c.name,
+        "family": c.family,
+        "precision": c.precision,
+        "kind": c.kind,
+        "description": c.description,
+        "hidden": w.hidden,
+        "epochs": w.epochs,
+        "steps": w.steps,
+        "run_id": run_id,
+        "repeat": c.name in drift,
+        **({"engine_requested": c.engine} if c.family == "fastnn" else {}),
+        **({"xla_flags": c.xla_flags} if c.family == "jax" else {}),
+    }
+
+
+def _finish(row: dict[str, Any], w: Workload, label: str) -> None:
+    """Derived numbers and the log line of one row."""
+    if row.get("status") == "ok":
+        row.update(seconds_per_step=row["train_seconds"] / w.steps, seconds_per_epoch=row["train_seconds"] / w.epochs)
+        print(
+            f"{label} {w.name} {row['contender']}: {row['train_seconds']:.3f} s "
+            f"({row['seconds_per_step'] * 1e3:.4f} ms/step), setup {row['setup_seconds']:.2f} s, "
+            f"train loss {_num(row['final_train_loss'])}, test acc {_num(row['test_accuracy'])}",
+            flush=True,
+        )
+    else:
+        print(f"{label} {w.name} {row['contender']}: {row['status'].upper()} {row.get('error', '')[:300]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -148,57 +276,82 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(out, plots=not args.no_plots)
         return 0
     contenders, workloads = select(args.only, args.only_workload, args.skip_compile, args.quick)
+    if args.no_train:
+        contenders = []
     print_plan(contenders, workloads)
     if args.dry_run:
-        return dry_run(contenders, workloads)
-    with_torch = preflight(contenders)
-    data = load_data(args.data)
+        return dry_run(contenders, workloads, args)
+    with_torch = preflight([c for c in contenders if c.family != "jax"])
+    data = load_data(args.data) if any(c.family != "jax" for c in contenders) else None
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     pairs = _pairs(contenders, workloads)
+    drift = {d for d in args.drift.split(",") if d}
     doc: dict[str, Any] = {
         "schema": 1,
         "run": {"run_id": run_id, "started": time.time(), "argv": sys.argv, "args": vars(args), "finished": None},
         "environment": environment(with_torch),
         "workloads": {w.name: plan_dict(w) for w in dict.fromkeys(w for w, _ in pairs)},
         "rows": [],
+        "e2e_rows": [],
+        "tta_rows": [],
     }
     path = out / PARTIAL_DIR / f"{run_id}.json"
     print(f"device: {doc['environment'].get('device')}; partial results: {path}")
+
+    def save() -> None:
+        doc["run"]["finished"] = time.time()
+        write_json(path, doc)
+
     failed = 0
-    for i, (w, c) in enumerate(pairs, 1):
-        row: dict[str, Any] = {
-            "workload": w.name,
-            "contender": c.name,
-            "family": c.family,
-            "precision": c.precision,
-            "kind": c.kind,
-            "description": c.description,
-            "hidden": w.hidden,
-            "epochs": w.epochs,
-            "steps": w.steps,
-            "run_id": run_id,
-        }
+    in_process = [(w, c) for w, c in pairs if c.family != "jax"]
+    for i, (w, c) in enumerate(in_process, 1):
+        row = _base_row(w, c, run_id, drift)
         try:
             row.update(run_pair(w, c, data, args))
-            row.update(status="ok", seconds_per_step=row["train_seconds"] / w.steps)
-            row["seconds_per_epoch"] = row["train_seconds"] / w.epochs
-            print(
-                f"[{i}/{len(pairs)}] {w.name} {c.name}: {row['train_seconds']:.3f} s "
-                f"({row['seconds_per_step'] * 1e3:.4f} ms/step), setup {row['setup_seconds']:.2f} s, "
-                f"train loss {_num(row['final_train_loss'])}, test acc {_num(row['test_accuracy'])}",
-                flush=True,
-            )
+            row["status"] = "ok"
+        except Unavailable as e:  # an engine this fastnn or device lacks: reported, not timed, not a failure
+            row.update(status="unavailable", error=str(e))
         except Exception as e:  # one contender failing must not lose the others' results
             failed += 1
             traceback.print_exc()
             row.update(status="error", error=f"{type(e).__name__}: {e}")
-            print(f"[{i}/{len(pairs)}] {w.name} {c.name}: FAILED {row['error']}", flush=True)
+        _finish(row, w, f"[{i}/{len(in_process)}]")
         doc["rows"].append(row)
-        doc["run"]["finished"] = time.time()
-        write_json(path, doc)
+        save()
+    # JAX: one fresh process per configuration (XLA_FLAGS are read when jax initialises), all its workloads
+    for c in dict.fromkeys(c for _, c in pairs if c.family == "jax"):
+        from jax_contenders import run_subprocess
+
+        ws = [w for w, cc in pairs if cc is c]
+        results, jax_env = run_subprocess(c, ws, args.data, args.quick, timeout_s=args.timeout * len(ws))
+        doc["environment"].update({k: v for k, v in jax_env.items() if k != "xla_flags"})
+        for w, res in zip(ws, results):
+            row = _base_row(w, c, run_id, drift) | res
+            failed += row.get("status") == "error"
+            _finish(row, w, "[jax]")
+            doc["rows"].append(row)
+        save()
+    if args.e2e or args.tta:
+        from end_to_end import run_e2e, run_tta
+
+        known = [r for d in load_partials(out) for r in d["rows"]] if (out / PARTIAL_DIR).is_dir() else []
+        known += doc["rows"]
+        if args.e2e:
+            doc["e2e_rows"] = [r | {"run_id": run_id} for r in
+                               run_e2e(_names(args.e2e_only), _names(args.e2e_workload), args, known)]  # fmt: skip
+            save()
+        if args.tta:
+            doc["tta_rows"] = [r | {"run_id": run_id} for r in run_tta(_names(args.tta_only), args, known)]
+            save()
+        failed += sum(r["status"] == "error" for r in doc["e2e_rows"] + doc["tta_rows"])
+    save()
     if not args.no_merge:
         write_outputs(out, plots=not args.no_plots)
     return 1 if failed else 0
+
+
+def _names(spec: str) -> list[str]:
+    return [s.strip() for s in spec.split(",") if s.strip()]
 
 
 if __name__ == "__main__":

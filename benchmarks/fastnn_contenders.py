@@ -6,6 +6,7 @@ and History's per-epoch device times ('seconds', CUDA events inside the engine) 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import Any
@@ -16,9 +17,24 @@ from workloads import FIRST_TIMED_EPOCH, SEED, Contender, Workload, finite_or_no
 import fastnn
 from fastnn.model import init_parameters
 
-__all__ = ["device_sync", "free_memory", "make_trainer", "rewind", "run_fastnn"]
+__all__ = ["Unavailable", "device_sync", "engine_kwargs", "free_memory", "make_trainer", "rewind", "run_fastnn"]
 
 Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class Unavailable(Exception):
+    """A contender this fastnn or this device cannot run (reported as unavailable, never as a time)."""
+
+
+def engine_kwargs(contender: Contender, device: str) -> dict[str, str]:
+    """Trainer's `engine=` for `contender`; Unavailable where this Trainer has no engine parameter or no GPU."""
+    if contender.engine == "auto":
+        return {}
+    if "engine" not in inspect.signature(fastnn.Trainer).parameters:
+        raise Unavailable(f"this fastnn's Trainer has no engine parameter (engine={contender.engine!r} needs it)")
+    if device != "cuda":
+        raise Unavailable(f"engine={contender.engine!r} runs on a GPU only")
+    return {"engine": contender.engine}
 
 
 def device_sync() -> None:
@@ -45,17 +61,27 @@ def make_trainer(contender: Contender, workload: Workload, device: str | None = 
     """The trainer of `contender` for `workload`, checked to start from `init_parameters(model, SEED)`.
 
     `device` overrides the contender's ("cuda" for fastnn, "cpu" for numpy): the dry run builds all on the CPU.
+
+    Raises:
+        Unavailable: the contender's engine does not exist in this fastnn, needs a GPU, or refuses the model.
     """
     model = fastnn.MLP(workload.sizes, activation="relu")
     device = device or ("cpu" if contender.family == "numpy" else "cuda")
-    trainer = fastnn.Trainer(
-        model,
-        optimizer=fastnn.SGD(lr=workload.lr),
-        batch_size=workload.batch_size,
-        precision=contender.precision,
-        device=device,
-        seed=SEED,
-    )
+    try:
+        trainer = fastnn.Trainer(
+            model,
+            optimizer=workload.fastnn_optimizer(),
+            batch_size=workload.batch_size,
+            precision=contender.precision,
+            device=device,
+            seed=SEED,
+            normalize=workload.normalize,
+            **engine_kwargs(contender, device),
+        )
+    except fastnn.ConfigError as e:  # engine="fused" refuses a model it cannot hold (EngineRefused)
+        if contender.engine == "auto":
+            raise
+        raise Unavailable(f"{type(e).__name__}: {e}") from e
     init = init_parameters(model, SEED)
     if contender.precision == "fp16" and device == "cuda":  # fp16 mode stores the weights in fp16
         init = {k: v.astype(np.float16).astype(np.float32) for k, v in init.items()}
@@ -111,6 +137,7 @@ def run_fastnn(contender: Contender, workload: Workload, data: Data, cpu_budget_
         graph_after = _graph_id(trainer)
         ev = trainer.evaluate(x_test, y_test)
         free.append(free_memory())
+        engine = getattr(trainer, "engine", "graph")  # before Trainer(engine=...) there was only the graph engine
     finally:
         trainer.close()
     epoch_seconds = [float(s) for s in hist["seconds"]]
@@ -126,6 +153,7 @@ def run_fastnn(contender: Contender, workload: Workload, data: Data, cpu_budget_
             "warmup_epoch_seconds": [float(s) for s in warm["seconds"]],
         },
         "graph_recaptured": None if graph_before is None else graph_before != graph_after,
+        "engine": engine,
         "epoch_losses": [float(v) for v in hist["train_loss"]],
         "final_train_loss": finite_or_none(hist[-1]["train_loss"]),
         "final_train_accuracy": finite_or_none(hist[-1]["train_accuracy"]),

@@ -1,6 +1,6 @@
-"""The benchmark's two graphs from bench.json: training time vs hidden size, and training loss vs step.
+"""The benchmark's graphs from bench.json: training time vs hidden size, training loss vs step, end-to-end time.
 
-python benchmarks/plots.py results/      # reads results/bench.json, writes time_graph.png and loss_graph.png
+python benchmarks/plots.py results/   # reads results/bench.json; writes time_graph, loss_graph and e2e_graph .png
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only; no display on the GPU machine
 import matplotlib.pyplot as plt  # noqa: E402
 from workloads import LOSS_WORKLOADS  # noqa: E402
 
-__all__ = ["loss_graph", "time_graph", "write_graphs"]
+__all__ = ["e2e_graph", "loss_graph", "time_graph", "write_graphs"]
 
 #: The PyTorch AMP row drawn against fastnn-mixed, first present wins.
 TORCH_AMP = ("torch-eager-amp", "torch-graph-amp", "torch-compile-amp")
@@ -99,9 +99,42 @@ def loss_graph(doc: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def e2e_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """End-to-end time per contender per workload (grouped bars, log scale): cold filled, warm hatched."""
+    rows = [r for r in doc.get("e2e_rows", []) if r.get("status") == "ok" and r.get("e2e_seconds")]
+    if not rows:
+        return None
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    names = list(dict.fromkeys(r["contender"] for r in rows))
+    modes = [m for m in ("cold", "warm") if any(r["mode"] == m for r in rows)]
+    cell = {(r["workload"], r["contender"], r["mode"]): r["e2e_seconds"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(workloads) * len(modes)), 5.5))
+    width = 0.8 / len(names)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = [(w, m) for w in workloads for m in modes]
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        ys = [cell.get((w, name, m), 0.0) for w, m in groups]
+        hatch = ["" if m == "cold" else "//" for _, m in groups]
+        bars = ax.bar(xs, ys, width, label=name, color=colors[i % len(colors)])
+        for bar, h in zip(bars, hatch):
+            bar.set_hatch(h)
+    ax.set_xticks(range(len(groups)), [f"{w}\n{m}" for w, m in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds from a fresh process to trained weights")
+    ax.set_title(f"End to end: import, data to the GPU, compile/capture, training ({doc['environment'].get('device')})")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_graphs(doc: dict[str, Any], out: Path) -> list[Path]:
-    """Both graphs into `out`; a graph without data is skipped. Returns the paths written."""
-    done = [time_graph(doc, out / "time_graph.png"), loss_graph(doc, out / "loss_graph.png")]
+    """The graphs into `out`; a graph without data is skipped. Returns the paths written."""
+    done = [time_graph(doc, out / "time_graph.png"), loss_graph(doc, out / "loss_graph.png"),
+            e2e_graph(doc, out / "e2e_graph.png")]  # fmt: skip
     return [p for p in done if p is not None]
 
 

@@ -72,10 +72,11 @@ class _Job:
         self.y = torch.from_numpy(np.ascontiguousarray(y_train[:n], dtype=np.int64)).to(device)
         self.x_test = torch.from_numpy(np.ascontiguousarray(x_test)).to(device)
         self.y_test = torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)).to(device)
-        self.scale, self.shift = input_affine(np.dtype(np.uint8), None)
+        self.scale, self.shift = input_affine(np.dtype(np.uint8), workload.normalize)
         self.model = build_model(workload.sizes, device)
         self.params = list(self.model.parameters())
         self.init = [p.detach().clone() for p in self.params]
+        self.optimizers: list[torch.optim.Optimizer] = []
         b = workload.batch_size
         self.slices = [(s * b, s * b + m) for s, m in enumerate(workload.batch_sizes())]
 
@@ -84,6 +85,23 @@ class _Job:
         with torch.no_grad():
             for p, p0 in zip(self.params, self.init):
                 p.copy_(p0)
+            for opt in self.optimizers:  # AdamW's moments and step counts, zeroed in place
+                for state in opt.state.values():
+                    for v in state.values():
+                        if isinstance(v, torch.Tensor):
+                            v.zero_()
+
+    def make_optimizer(self, capturable: bool = False) -> torch.optim.Optimizer:
+        """The workload's optimizer over the model's parameters (SGD foreach, or AdamW as fastnn.AdamW)."""
+        w = self.workload
+        if w.optimizer == "adamw":
+            o = w.fastnn_optimizer()
+            opt = torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                    foreach=True, capturable=capturable)  # fmt: skip
+        else:
+            opt = torch.optim.SGD(self.params, lr=w.lr)  # foreach on CUDA by default
+        self.optimizers.append(opt)
+        return opt
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -101,7 +119,7 @@ class _Eager:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
-        self.opt = torch.optim.SGD(job.params, lr=job.workload.lr)  # foreach on CUDA by default
+        self.opt = job.make_optimizer()
         self.setup_detail: dict[str, Any] = {"what": "building + one warm-up epoch (cuBLAS init, allocator)"}
 
     def loss(self, idx: torch.Tensor) -> torch.Tensor:
@@ -171,6 +189,8 @@ class _Graphed:
         self.job = job
         w = job.workload
         self.lr = w.lr
+        # AdamW runs torch.optim.AdamW(capturable=True) inside the graph; plain SGD is one foreach add per step
+        self.opt = job.make_optimizer(capturable=True) if w.optimizer == "adamw" else None
         self.static_order = torch.zeros(w.samples, dtype=torch.int64, device=job.device)
         self.static_losses = torch.zeros(w.steps_per_epoch, dtype=torch.float32, device=job.device)
         t0 = time.perf_counter()
@@ -198,6 +218,11 @@ class _Graphed:
     def _step(self, idx: torch.Tensor) -> torch.Tensor:
         loss = _batch_loss(self.job.model, self.job.x, self.job.y, idx, self.job, cache=False)
         grads = torch.autograd.grad(loss, self.job.params)
+        if self.opt is not None:
+            for p, g in zip(self.job.params, grads):
+                p.grad = g
+            self.opt.step()
+            return loss
         with torch.no_grad():
             torch._foreach_add_(self.job.params, grads, alpha=-self.lr)
         return loss

@@ -39,8 +39,8 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     res = run_bench("--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    # 8 workloads x 8 GPU contenders + numpy-cpu on logreg
-    assert "pairs: 65" in out
+    # 8 workloads x 14 GPU contenders (fastnn x5, torch x5, jax x4) + numpy-cpu on logreg
+    assert "pairs: 105" in out  # the two XLA flag variants run on 4 of the 8 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:
         assert f"mlp-{h} " in out
@@ -196,9 +196,15 @@ def test_graphs_are_written(tmp_path):
     rows.append(_row("logreg", "fastnn-mixed", 0.2))
     rows.append(_row("logreg", "torch-eager-amp", 2.0, step_losses=list(np.linspace(2.0, 0.4, 3 * 469))))
     _partial(tmp_path, "r1", 1.0, rows)
+    doc = json.loads((tmp_path / "partial" / "r1.json").read_text())
+    doc["e2e_rows"] = [_e2e_row(w, c, m, t * (2 if m == "cold" else 1), 0.1)
+                       for w in ("logreg", "mlp-128") for m in ("cold", "warm")
+                       for c, t in (("fastnn-mixed", 1.0), ("torch-graph-amp", 4.0), ("jax-fp32", 6.0))]  # fmt: skip
+    doc["e2e_rows"].append({**_e2e_row("logreg", "fastnn-fused", "cold", 0.0, 0.0), "status": "unavailable"})
+    wl.write_json(tmp_path / "partial" / "r1.json", doc)
     report.write_outputs(tmp_path, plots=False)
     assert plots.main([str(tmp_path)]) == 0
-    for name in ("time_graph.png", "loss_graph.png"):
+    for name in ("time_graph.png", "loss_graph.png", "e2e_graph.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
@@ -252,3 +258,209 @@ def test_torch_model_names_match_fastnn():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         contender = next(c for c in wl.CONTENDERS if c.name == "torch-graph-amp")
         torch_contenders.run_torch(contender, wl.build_workloads(True)[0], None, device="cpu")
+
+
+# ---- issue 11: JAX, fastnn's engines, end to end, time to accuracy, drift -------------------------------------
+
+
+def _tiny_data(n: int = 100) -> tuple:
+    rng = np.random.default_rng(1)
+    return (
+        rng.integers(0, 256, size=(n, 784), dtype=np.uint8),
+        rng.integers(0, 10, size=n).astype(np.int64),
+        rng.integers(0, 256, size=(40, 784), dtype=np.uint8),
+        rng.integers(0, 10, size=40).astype(np.int64),
+    )
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_jax_scan_matches_the_numpy_engine(optimizer, monkeypatch):
+    """The JAX epoch (scan + short last batch) from fastnn's weights in fastnn's order: the NumPy engine's losses."""
+    pytest.importorskip("jax", reason="jax is not installed (pip install jax to run this)")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    import fastnn_contenders
+    import jax_contenders
+
+    data = _tiny_data()
+    lr = 0.05 if optimizer == "sgd" else 0.01
+    w = wl.Workload("t", (784, 24, 16, 10), lr=lr, batch_size=32, samples=100, epochs=2, optimizer=optimizer,
+                    weight_decay=0.01 if optimizer == "adamw" else 0.0)  # fmt: skip
+    contenders = {c.name: c for c in wl.CONTENDERS}
+    # a fresh NumPy trainer on the timed epochs (1, 2): AdamW's moments and step count start from zero, as JAX's do
+    with fastnn_contenders.make_trainer(contenders["numpy-cpu"], w) as trainer:
+        trainer.epoch = wl.FIRST_TIMED_EPOCH
+        hist = trainer.fit(data[0], data[1], epochs=w.epochs)
+        ref = {"epoch_losses": list(hist["train_loss"]), "test_loss": trainer.evaluate(data[2], data[3])["loss"]}
+    got = jax_contenders.run_jax(contenders["jax-fp32"], w, data)
+    np.testing.assert_allclose(got["epoch_losses"], ref["epoch_losses"], rtol=2e-5)
+    assert got["test_loss"] == pytest.approx(ref["test_loss"], rel=2e-5)
+    assert got["epoch_losses"][1] < got["epoch_losses"][0]
+    amp = jax_contenders.run_jax(contenders["jax-amp"], w, data)  # fp16 operands: close, not equal
+    np.testing.assert_allclose(amp["epoch_losses"], ref["epoch_losses"], rtol=5e-3)
+    # another order gives other losses: the comparison above can fail
+    job = jax_contenders.Job(w, data, amp=False)
+    _, losses = job.epoch_fn(job.init, job.x, job.y, job.order(0))
+    sizes = np.array(w.batch_sizes(), dtype=np.float64)
+    assert float((np.asarray(losses) * sizes).sum() / w.samples) != pytest.approx(got["epoch_losses"][0], rel=1e-6)
+
+
+def test_jax_dry_run_runs_each_configuration_in_its_subprocess():
+    pytest.importorskip("jax", reason="jax is not installed")
+    res = run_bench("--dry-run", "--quick", "--only", "jax", "--only-workload", "logreg,mlp-128,mlp-1024")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for c in ("jax-fp32", "jax-amp", "jax-fp32-cmdbuf", "jax-fp32-nocmdbuf"):
+        assert f"logreg    {c}" in res.stdout and f"mlp-128   {c}" in res.stdout
+    assert res.stdout.count("jax ok on cpu") == 12
+    assert "mlp-1024  jax-fp32 " in res.stdout and "mlp-1024  jax-fp32-cmdbuf" in res.stdout
+
+
+def test_jax_subprocess_env_carries_the_flags():
+    import jax_contenders
+
+    c = next(c for c in wl.CONTENDERS if c.name == "jax-fp32-cmdbuf")
+    env = jax_contenders.subprocess_env(c, {"PATH": "/bin"})
+    assert "WHILE" in env["XLA_FLAGS"] and "--xla_gpu_graph_min_graph_size=1" in env["XLA_FLAGS"]
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and str(REPO) in env["PYTHONPATH"]
+
+
+def test_engine_rows_are_unavailable_not_faked(monkeypatch):
+    import fastnn_contenders
+
+    import fastnn
+
+    fused = next(c for c in wl.CONTENDERS if c.name == "fastnn-fused")
+    mixed = next(c for c in wl.CONTENDERS if c.name == "fastnn-mixed")
+    assert fastnn_contenders.engine_kwargs(mixed, "cpu") == {}
+
+    class OldTrainer:  # a Trainer from before the engine parameter
+        def __init__(self, model, optimizer=None, batch_size=128, device="auto"): ...
+
+    monkeypatch.setattr(fastnn, "Trainer", OldTrainer)
+    with pytest.raises(fastnn_contenders.Unavailable, match="no engine parameter"):
+        fastnn_contenders.engine_kwargs(fused, "cuda")
+
+    class NewTrainer:
+        def __init__(self, model, engine="auto"): ...
+
+    monkeypatch.setattr(fastnn, "Trainer", NewTrainer)
+    assert fastnn_contenders.engine_kwargs(fused, "cuda") == {"engine": "fused"}
+    with pytest.raises(fastnn_contenders.Unavailable, match="GPU only"):
+        fastnn_contenders.engine_kwargs(fused, "cpu")
+
+
+def test_tta_summary_bookkeeping():
+    import end_to_end
+
+    epochs = [
+        {"epoch": 1, "train_seconds": 0.5, "trained_at": 3.0, "evaluated_at": 3.1, "test_accuracy": 0.85},
+        {"epoch": 2, "train_seconds": 0.25, "trained_at": 3.4, "evaluated_at": 3.5, "test_accuracy": 0.891},
+    ]
+    s = end_to_end.tta_summary(epochs, 0.89)
+    assert s["reached"] and s["epochs_to_target"] == 2
+    assert s["e2e_seconds"] == 3.5 and s["train_seconds"] == pytest.approx(0.75) and s["best_accuracy"] == 0.891
+    s = end_to_end.tta_summary(epochs[:1], 0.89)
+    assert not s["reached"] and s["e2e_seconds"] is None and s["train_seconds"] is None
+    w = wl.tta_workload()
+    assert w.sizes == (784, 256, 256, 10) and w.optimizer == "adamw" and w.target_accuracy == 0.89
+    assert w.fastnn_optimizer().lr == w.lr and w.steps_per_epoch == 469
+
+
+def test_best_jax_configuration():
+    import end_to_end
+
+    rows = [_row("logreg", "fastnn-mixed", 0.1)]
+    assert end_to_end.best_jax(rows)[0] == "jax-fp32"  # no JAX rows: the default
+    for c, t in (("jax-fp32", 1.0), ("jax-amp", 1.2), ("jax-fp32-cmdbuf", 0.9)):
+        rows += [_row("logreg", c, t), _row("mlp-128", c, t)]
+    rows.append(_row("mlp-1024", "jax-amp", 0.01))  # a workload the others lack does not count
+    name, why = end_to_end.best_jax(rows)
+    assert name == "jax-fp32-cmdbuf" and "logreg, mlp-128" in why
+
+
+def test_end_to_end_and_tta_subprocesses(tmp_path):
+    """The fresh-process harness on the CPU (NumPy engine, tiny fake data): cold then warm, marks in order."""
+    res = run_bench("--no-train", "--e2e", "--e2e-only", "numpy-cpu", "--e2e-workload", "logreg,mlp-128", "--tta",
+                    "--tta-only", "numpy-cpu", "--tiny", "--out", str(tmp_path), "--cache-dir",
+                    str(tmp_path / "cache"), "--no-plots")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    e2e = {(r["workload"], r["mode"]): r for r in doc["e2e_rows"]}
+    assert set(e2e) == {("logreg", "cold"), ("logreg", "warm"), ("mlp-128", "cold"), ("mlp-128", "warm")}
+    for r in e2e.values():
+        assert r["status"] == "ok", r
+        m = r["marks"]
+        assert 0 < m["process_start"] < m["imported"] <= m["data_loaded"] <= m["set_up"] <= m["trained"]
+        assert r["e2e_seconds"] == m["trained"] and 0 < r["train_seconds"] < r["e2e_seconds"]
+        assert len(r["epoch_seconds"]) == 2 and r["speedup_e2e"] is None  # no fastnn-mixed row to compare with
+    (tta,) = doc["tta_rows"]
+    assert tta["status"] == "ok" and tta["target_accuracy"] == 0.89 and len(tta["epochs"]) == 2
+    assert not tta["reached"] and tta["e2e_seconds"] is None  # fake labels: never 89%
+    assert [e["epoch"] for e in tta["epochs"]] == [1, 2]
+    md = (tmp_path / "bench.md").read_text()
+    assert "## End to end" in md and "| numpy-cpu |" in md and "not reached" in md
+
+
+def _e2e_row(workload, contender, mode, seconds, train, run_id="r1", **extra):
+    return {"table": "e2e", "workload": workload, "contender": contender, "mode": mode, "run_id": run_id,
+            "status": "ok", "e2e_seconds": seconds, "train_seconds": train, "chosen": "", **extra}  # fmt: skip
+
+
+def test_merge_drift_repeats_engines_e2e_and_tta(tmp_path):
+    import report
+
+    _partial(tmp_path, "r1", 1.0, [
+        _row("logreg", "fastnn-mixed", 1.0, "r1"),
+        _row("logreg", "torch-eager-amp", 5.0, "r1"),
+        _row("logreg", "jax-fp32", 2.0, "r1", xla_flags=""),
+        {**_row("logreg", "fastnn-fused", 0.0, "r1"), "status": "unavailable", "error": "no engine parameter"},
+    ])  # fmt: skip
+    _partial(tmp_path, "r2", 2.0, [
+        _row("logreg", "fastnn-mixed", 1.25, "r2", repeat=True),  # the drift repeat: beside r1's row
+        _row("logreg", "torch-compile-amp", 5.0, "r2"),
+    ])  # fmt: skip
+    doc = json.loads((tmp_path / "partial" / "r2.json").read_text())
+    doc["e2e_rows"] = [_e2e_row("logreg", "fastnn-mixed", "cold", 2.0, 0.2, "r2"),
+                       _e2e_row("logreg", "jax-fp32", "cold", 8.0, 0.4, "r2"),
+                       _e2e_row("logreg", "fastnn-mixed", "warm", 1.0, 0.2, "r2"),
+                       _e2e_row("logreg", "jax-fp32", "warm", 3.0, 0.4, "r2")]  # fmt: skip
+    doc["tta_rows"] = [
+        {"workload": "tta-mlp-256", "contender": c, "mode": "cold", "run_id": "r2", "status": "ok",
+         "target_accuracy": 0.89, "reached": True, "epochs_to_target": 11, "e2e_seconds": e, "train_seconds": t,
+         "best_accuracy": 0.892} for c, e, t in (("fastnn-mixed", 3.0, 1.0), ("torch-graph-amp", 9.0, 3.0))
+    ]  # fmt: skip
+    wl.write_json(tmp_path / "partial" / "r2.json", doc)
+    doc = report.write_outputs(tmp_path, plots=False)
+    rows = {(r["workload"], r["contender"]): r for r in doc["rows"]}
+    mixed = rows[("logreg", "fastnn-mixed")]
+    assert mixed["train_seconds"] == 1.0 and mixed["repeats"][0]["drift"] == pytest.approx(0.25)
+    # same-run reference: compile (r2) against r2's repeat, eager (r1) against r1's row
+    assert rows[("logreg", "torch-compile-amp")]["speedup_fastnn_mixed"] == pytest.approx(4.0)
+    assert rows[("logreg", "torch-eager-amp")]["speedup_fastnn_mixed"] == pytest.approx(5.0)
+    e2e = {(r["contender"], r["mode"]): r for r in doc["e2e_rows"]}
+    assert e2e[("jax-fp32", "cold")]["speedup_e2e"] == pytest.approx(4.0)
+    assert e2e[("jax-fp32", "warm")]["speedup_e2e"] == pytest.approx(3.0)
+    assert e2e[("jax-fp32", "warm")]["speedup_train"] == pytest.approx(2.0)
+    tta = {r["contender"]: r for r in doc["tta_rows"]}
+    assert tta["torch-graph-amp"]["speedup_e2e"] == pytest.approx(3.0)
+    assert tta["torch-graph-amp"]["speedup_train"] == pytest.approx(3.0)
+    md = (tmp_path / "bench.md").read_text()
+    assert "| fastnn-fused | n/a |" in md  # unavailable, not a time and not "failed"
+    assert "## Drift between device calls" in md and "+25.0%" in md
+    assert "## Best JAX configuration" in md and "`jax-fp32`" in md
+    assert "| jax-fp32 | 8.00 | 3.00 |" in md and "| jax-fp32 | 4.00x | 3.00x |" in md
+    assert "## Time to 89% test accuracy" in md
+    assert "| torch-graph-amp | 11 | 9.00 | 3.00 | 0.8920 | 3.00 | 3.00 |" in md
+
+
+def test_final_preset_covers_every_published_contender():
+    import bench_mnist
+
+    seen = set()
+    for args, _ in bench_mnist.FINAL.values():
+        ns = bench_mnist.parse_args(args)
+        contenders, _ = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
+        seen |= {c.name for c in contenders}
+    assert seen == {c.name for c in wl.CONTENDERS}
+    ns = bench_mnist.parse_args(["--final", "3", "--out", "x"])
+    assert ns.e2e and ns.tta and ns.out == "x" and ns.drift == "fastnn-mixed"
+    assert bench_mnist.parse_args(["--final", "2"]).drift == "fastnn-mixed,torch-graph-amp"
