@@ -297,25 +297,37 @@ __device__ __forceinline__ void gemm_fwd_rows(const float* sm, const float* A, i
 template <int N, int K, int lda>
 __device__ __forceinline__ void logits_push_rows(const float* sm, const float* A, int m, u32 r) {
     constexpr int l = L - 1, ld = ld_of(l), NP = up4(N);
+    constexpr int K4 = K / 4, KH = cdiv(K4, 2);  // a pair of lanes splits a row's K, then sums by a shuffle
     static_assert(N <= 16 && K % 4 == 0 && lda % 4 == 0, "row push needs a short, 4-aligned row");
-    for (int u = threadIdx.x; u < m; u += NT) {
-        const int i = (m == R && R % CL == 0) ? (u % RR) * CL + u / RR : u;
+    const int half = threadIdx.x & 1;
+    for (int u0 = 0; u0 < m; u0 += NT / 2) {
+        const int u = u0 + (int)(threadIdx.x >> 1);
+        const bool valid = u < m;
+        const int i = !valid ? 0 : (m == R && R % CL == 0) ? (u % RR) * CL + u / RR : u;
         float acc[NP];
 #pragma unroll
         for (int c = 0; c < NP; ++c) acc[c] = 0.f;
-        for (int k = 0; k < K; k += 4) {
-            const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
+        if (valid) {
+            for (int k4 = half * KH; k4 < min(K4, (half + 1) * KH); ++k4) {
+                const int k = 4 * k4;
+                const float4 a = *reinterpret_cast<const float4*>(A + i * lda + k);
 #pragma unroll
-            for (int c = 0; c < N; ++c) {
-                const int e = c * ld + k;
-                acc[c] += a.x * wop<l>(sm, e) + a.y * wop<l>(sm, e + 1) + a.z * wop<l>(sm, e + 2) +
-                          a.w * wop<l>(sm, e + 3);
+                for (int c = 0; c < N; ++c) {
+                    const int e = c * ld + k;
+                    acc[c] += a.x * wop<l>(sm, e) + a.y * wop<l>(sm, e + 1) + a.z * wop<l>(sm, e + 2) +
+                              a.w * wop<l>(sm, e + 3);
+                }
             }
         }
-        const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
-        const u32 a = remote(smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * NP), q);
 #pragma unroll
-        for (int c = 0; c < NP; c += 4) st_remote4(a + 4 * c, make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]));
+        for (int c = 0; c < NP; ++c) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], 1);
+        if (valid) {
+            const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
+            const u32 a = remote(smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * NP), q);
+#pragma unroll
+            for (int c = 0; c < NP; c += 4)
+                if ((c / 4) % 2 == half) st_remote4(a + 4 * c, make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]));
+        }
     }
 }
 
@@ -551,11 +563,24 @@ __device__ __forceinline__ void fwd_hidden(float* sm, int m, u32 r) {
         if (l == NH - 1) {
             sm[LY.hs + i * KP + j] = h;
         } else if (j < real) {
-            const u32 a = smem_addr(sm + LY.hf[l] + i * up4(SZ[l + 1]) + row0 + j);
-            for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), h);
+            sm[LY.hf[l] + i * up4(SZ[l + 1]) + row0 + j] = h;  // own slice in place; pushed below
         }
     });
-    if (l < NH - 1) cluster_sync();  // H_l gathered everywhere (read below and in its wgrad)
+    if constexpr (l < NH - 1) {
+        // All-gather: the slice goes to the same place in every other CTA as 16-byte stores (P and the row
+        // stride are multiples of 4: pads are zeros), then one barrier.
+        constexpr int HLD = up4(SZ[l + 1]), P4 = P / 4;
+        __syncthreads();
+        if (row0 < HLD) {
+            for (int e = threadIdx.x; e < m * P4 * CL; e += NT) {
+                const int q = e % CL, g = (e / CL) % P4, i = e / (CL * P4);
+                if (q == (int)r || row0 + 4 * g >= HLD) continue;  // a slice may end past the layer's width
+                float* src = sm + LY.hf[l] + i * HLD + row0 + 4 * g;
+                st_remote4(remote(smem_addr(src), (u32)q), *reinterpret_cast<const float4*>(src));
+            }
+        }
+        cluster_sync();  // H_l gathered everywhere (read below and in its wgrad)
+    }
 }
 template <int l>
 __device__ __forceinline__ void fwd_hidden_all(float* sm, int m, u32 r) {
@@ -720,7 +745,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             {
                 const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
                 constexpr int lda = NH >= 1 ? KP : XLD;
-                if constexpr (C <= 16 && R * 2 >= NT) {
+                if constexpr (C <= 16 && R >= NT / 2) {
                     logits_push_rows<C, KP, lda>(sm, A, m, r);
                 } else {
                     gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
