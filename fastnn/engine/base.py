@@ -91,6 +91,8 @@ class Engine(ABC):
         eval_data: tuple[np.ndarray, np.ndarray] | None,
         eval_after: frozenset[int],
         on_epoch: OnEpoch,
+        stoppable: bool = False,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         """Train len(lrs) // steps_per_epoch epochs; lrs[i] is the rate of step first_step + i.
 
@@ -106,6 +108,12 @@ class Engine(ABC):
         numbers if its evaluation did not finish), one whose training did not is undone. An epoch is
         reported once `report` has set `last_reported` to its stats, whether or not on_epoch returns;
         the caller reconciles from `last_reported` if an interrupt lands before on_epoch could act.
+
+        stoppable: on_epoch may raise to stop after the epoch it reports (fastnn.control's StopTraining), and
+        no epoch after it may have trained then: the GPU engines queue no epoch ahead of the one reported
+        (an idle gap of a host round trip per epoch instead of up to INFLIGHT_EPOCHS queued).
+        on_step: called after every training step by engines that run steps from the host (the NumPy
+        engine, for a progress bar); the GPU engines run an epoch as one graph and never call it.
         """
 
     @abstractmethod
