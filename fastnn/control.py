@@ -12,6 +12,7 @@ import numbers
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -164,7 +165,7 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
     Raises:
         DataError: either part would be empty.
     """
-    n_val = math.ceil(n * fraction)
+    n_val = math.ceil(Decimal(repr(fraction)) * n)  # as written: 0.07 of 100 rows is 7, not ceil(7.000000000000001)
     if n_val < 1 or n - n_val < 1:
         raise DataError(
             f"validation_split={fraction} of x's {n} rows leaves {n - n_val} for training and {n_val} for "
