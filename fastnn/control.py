@@ -56,7 +56,8 @@ class EarlyStopping:
     Improvement is measured on evaluated epochs only (with `eval_every=k`, patience counts evaluations, not
     epochs). With `restore_best`, the trainer ends `fit` at the end of the best epoch: weights, optimizer state,
     `trainer.epoch`/`step` and the history all go back there, so continuing equals a run that stopped there;
-    the records of the epochs trained after it are kept in `discarded`.
+    the records of the epochs trained after it are kept in `discarded`. A fit that raises (Ctrl-C, an error
+    in a callback, TrainingDiverged) is not rewound: it ends as such a fit always does.
 
     Args:
         patience: evaluations without improvement before stopping, an integer >= 1.
@@ -98,6 +99,14 @@ class EarlyStopping:
         self.best_epoch = self.best = self.stopped_epoch = None
         self.discarded = []
         self._waited = 0
+
+    def summary(self, rewound: bool) -> str | None:
+        """How the last `fit` ended, for the progress display; None when early stopping changed nothing."""
+        if self.stopped_epoch is None and not rewound:
+            return None
+        how = f"stopped after epoch {self.stopped_epoch}" if self.stopped_epoch is not None else "all epochs trained"
+        back = f", back at the end of epoch {self.best_epoch}" if rewound else ""
+        return f"early stopping: {how}; best {self.monitor} {self.best:.4f} after epoch {self.best_epoch}{back}"
 
     def update(self, record: dict[str, Any]) -> tuple[bool, bool]:
         """(improved, stop) after epoch `record`; epochs without eval numbers change nothing."""

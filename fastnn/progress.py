@@ -65,6 +65,10 @@ class EpochReporter:
     def epoch(self, record: dict[str, Any]) -> None:
         print_epoch(record, self.last, self.stream)
 
+    def note(self, text: str) -> None:
+        """One line that is not an epoch's (how early stopping ended)."""
+        print(text, file=self.stream or sys.stdout, flush=True)
+
     def close(self) -> None:
         """Leave the display tidy (called once when fit ends, however it ends)."""
 
@@ -76,6 +80,11 @@ class _TqdmLines(EpochReporter):
         from tqdm import tqdm
 
         tqdm.write(format_epoch(record, self.last), file=self.stream or sys.stdout)
+
+    def note(self, text: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=self.stream or sys.stdout)
 
 
 class _TqdmBar(_TqdmLines):

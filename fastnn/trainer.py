@@ -310,8 +310,11 @@ class Trainer:
         finally:
             if display is not None:
                 display.close()
-        if stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch:
+        rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
+        if rewound:
             call_history = self._rewind(stopper, best[0], call_history, epoch0, step0, hist0, spe)
+        if display is not None and stopper is not None and stopper.summary(rewound) is not None:
+            display.note(stopper.summary(rewound))
         return call_history
 
     def _rewind(

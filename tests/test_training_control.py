@@ -172,15 +172,19 @@ def test_early_stopping_monitor_min_delta_and_eval_every(monitor: str, min_delta
     _assert_state(_state(t), _state(_reference(best_epoch)))
 
 
-def test_early_stopping_that_never_triggers_still_ends_at_the_best_epoch() -> None:
+def test_early_stopping_that_never_triggers_still_ends_at_the_best_epoch(capsys, monkeypatch) -> None:
     reference = _reference(8)
     best_epoch = int(np.argmin(reference.history["eval_loss"])) + 1
     assert best_epoch < 8
     es = EarlyStopping(patience=100)
     t = _trainer()
-    t.fit(*TRAIN, epochs=8, eval_data=EVAL, early_stopping=es)
+    monkeypatch.setattr(progress_module, "_have_tqdm", lambda: False)
+    t.fit(*TRAIN, epochs=8, eval_data=EVAL, early_stopping=es, progress=True)
     assert es.stopped_epoch is None and es.best_epoch == best_epoch == t.epoch
     _assert_state(_state(t), _state(_reference(best_epoch)))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 9 and lines[-1].startswith("early stopping: all epochs trained; best eval_loss")
+    assert lines[-1].endswith(f"after epoch {best_epoch}, back at the end of epoch {best_epoch}")
 
 
 def test_early_stopping_accepts_true_and_a_patience_and_judges_each_call_afresh() -> None:
