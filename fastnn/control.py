@@ -161,7 +161,8 @@ def check_validation_split(value: Any) -> float | None:
     ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if not ok or not 0.0 < float(value) < 1.0:
         raise ConfigError(f"validation_split must be a fraction in (0, 1) or None, got {value!r}")
-    return float(value)
+    # As written: np.float32(0.2) is 0.2, not 0.20000000298 (which would hold out 3 rows of 10).
+    return float(str(value)) if isinstance(value, np.floating) else float(value)
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -93,6 +93,13 @@ def test_split_is_a_seeded_partition(n: int, fraction: float) -> None:
         assert not np.array_equal(val, np.arange(n - len(val), n))  # not simply the last rows
 
 
+def test_validation_split_takes_the_fraction_as_written() -> None:
+    x, y = TRAIN[0][:10], TRAIN[1][:10]
+    t = _trainer()
+    t.fit(x, y, epochs=1, validation_split=np.float32(0.2))  # 0.20000000298 as a float64: ceil would hold out 3
+    assert len(t._engine._x) == 8
+
+
 def test_split_refuses_an_empty_part() -> None:
     with pytest.raises(DataError, match=r"validation_split=0.5 of x's 1 rows leaves 0 for training"):
         split_indices(1, 0.5, seed=0)
