@@ -42,7 +42,7 @@ class EpochStats:
     """What one finished epoch reports. Loss and accuracy are means over the epoch's training samples,
     each sample scored in the forward pass of its own step (before that step's update)."""
 
-    epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever)
+    epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever; History numbers it 1)
     loss: float
     accuracy: float
     samples: int
@@ -101,7 +101,7 @@ class Engine(ABC):
         Call `on_epoch` in order as each epoch's numbers are known (through `report`). If an epoch's
         loss or the state it leaves (`fastnn.state.state_problem`) is not finite, restore the
         parameters and optimizer state to the end of the last finite epoch and raise TrainingDiverged
-        naming that epoch's absolute index (on_epoch is not called for it).
+        naming that epoch by its number, absolute index + 1 (on_epoch is not called for it).
 
         Interrupted (KeyboardInterrupt, an error in evaluation or in on_epoch), the state is the one
         after the last epoch reported: an epoch whose training finished is reported (without its eval
