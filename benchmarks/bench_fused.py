@@ -35,10 +35,10 @@ def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str) ->
     except fastnn.ConfigError as exc:
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
     t0 = time.perf_counter()
-    t.fit(x, y, epochs=1)
+    t.fit(x, y, epochs=1, progress=False)
     setup = time.perf_counter() - t0
     t1 = time.perf_counter()
-    h = t.fit(x, y, epochs=epochs)
+    h = t.fit(x, y, epochs=epochs, progress=False)
     wall = time.perf_counter() - t1
     device = float(np.sum(h["seconds"]))
     steps = epochs * -(-len(x) // batch)

@@ -26,7 +26,7 @@ def profile(name: str, x: np.ndarray, y: np.ndarray, precision: str, repeats: in
     sizes, lr, batch = WORKLOADS[name]
     with fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr), batch_size=batch, precision=precision,
                         device="cuda") as t:  # fmt: skip
-        t.fit(x, y, epochs=1)
+        t.fit(x, y, epochs=1, progress=False)
         return t._engine.profile_step(repeats)
 
 

@@ -163,9 +163,9 @@ def dry_run(contenders: list[Contender], workloads: list[Workload], args: argpar
         x = rng.integers(0, 256, size=(n, w.sizes[0]), dtype=np.uint8)
         y = rng.integers(0, w.sizes[-1], size=n)
         with make_trainer(c, w, device="cpu") as trainer:
-            trainer.fit(x, y, epochs=1)
+            trainer.fit(x, y, epochs=1, progress=False)
             rewind(trainer, init_parameters(model, SEED), -(-n // w.batch_size))
-            last = trainer.fit(x, y, epochs=1)[-1]
+            last = trainer.fit(x, y, epochs=1, progress=False)[-1]
             if not np.isfinite(last["train_loss"]):
                 raise SystemExit(f"dry run: {c.name} on {w.name} gave loss {last['train_loss']}")
         print(f"  {w.name:9} {c.name:14} trainer ok on cpu (fake data, loss {last['train_loss']:.4f})")

@@ -63,7 +63,7 @@ class _Fastnn:
 
     def train(self, epochs: int) -> list[float]:
         """Train `epochs` epochs in one fit (epoch orders 0..); per-epoch device times (History)."""
-        return [float(s) for s in self.trainer.fit(self.x, self.y, epochs=epochs)["seconds"]]
+        return [float(s) for s in self.trainer.fit(self.x, self.y, epochs=epochs, progress=False)["seconds"]]
 
     def evaluate(self) -> float:
         return float(self.trainer.evaluate(self.data[2], self.data[3])["accuracy"])

@@ -122,7 +122,7 @@ def run_fastnn(contender: Contender, workload: Workload, data: Data, cpu_budget_
         free.append(free_memory())
         # Warm-up: NVRTC, plans, autotuning, capture. As many epochs as the timed fit, so the engine sizes its
         # per-epoch tables for it and the timed fit replays the same graph instead of capturing again.
-        warm = trainer.fit(x, y, epochs=workload.epochs)
+        warm = trainer.fit(x, y, epochs=workload.epochs, progress=False)
         device_sync()
         setup = time.perf_counter() - t0
         free.append(free_memory())
@@ -130,7 +130,7 @@ def run_fastnn(contender: Contender, workload: Workload, data: Data, cpu_budget_
         rewind(trainer, init, workload.steps_per_epoch)
         device_sync()
         t1 = time.perf_counter()
-        hist = trainer.fit(x, y, epochs=workload.epochs)
+        hist = trainer.fit(x, y, epochs=workload.epochs, progress=False)
         device_sync()
         wall = time.perf_counter() - t1
         free.append(free_memory())
@@ -176,12 +176,12 @@ def _run_numpy(contender: Contender, workload: Workload, data: Data, budget_s: f
     epoch_seconds: list[float] = []
     wall = 0.0
     try:
-        trainer.fit(x, y, epochs=1)  # warm-up epoch, as for everybody: first-touch allocations, BLAS threads
+        trainer.fit(x, y, epochs=1, progress=False)  # warm-up epoch, as for all: first-touch allocations, BLAS threads
         setup = time.perf_counter() - t0
         rewind(trainer, init, workload.steps_per_epoch)
         while len(losses) < workload.epochs and (not losses or wall < budget_s):
             t1 = time.perf_counter()
-            hist = trainer.fit(x, y, epochs=1)
+            hist = trainer.fit(x, y, epochs=1, progress=False)
             wall += time.perf_counter() - t1
             losses += [float(v) for v in hist["train_loss"]]
             epoch_seconds += [float(s) for s in hist["seconds"]]

@@ -32,10 +32,10 @@ def run(name: str, data, precision: str) -> dict:
     t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr), batch_size=batch, precision=precision,
                        device="cuda", seed=0)  # fmt: skip
     t0 = time.perf_counter()
-    t.fit(x, y, epochs=1)
+    t.fit(x, y, epochs=1, progress=False)
     setup = time.perf_counter() - t0
     t1 = time.perf_counter()
-    h = t.fit(x, y, epochs=epochs)
+    h = t.fit(x, y, epochs=epochs, progress=False)
     wall = time.perf_counter() - t1
     device = float(np.sum(h["seconds"]))
     steps = epochs * -(-samples // batch)

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if not live:
             for i, record in enumerate(history):
                 if (i + 1) % log_every == 0 or i == len(history) - 1:
-                    print(format_epoch(record, trainer.epoch - 1))
+                    print(format_epoch(record, trainer.epoch))
         steps = args.epochs * steps_per_epoch(len(x), args.batch_size, drop_last=False)
         print(
             f"training time: {sum(history['seconds']):.3f} s for {args.epochs} epochs ({steps} steps); "

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if not live:
             for i, record in enumerate(history):
                 if (i + 1) % log_every == 0 or i == len(history) - 1:
-                    print(format_epoch(record, trainer.epoch - 1))
+                    print(format_epoch(record, trainer.epoch))
         print(
             f"training time: {sum(history['seconds']):.3f} s for {epochs} epochs ({epochs * per_epoch} steps); "
             f"fit() wall time {wall:.3f} s including setup and evaluation"

@@ -4,6 +4,7 @@ Importing fastnn needs only NumPy: the CUDA libraries are loaded when a GPU engi
 """
 
 from . import datasets, schedules
+from .control import EarlyStopping, StopTraining
 from .errors import ConfigError, DataError, DeviceUnavailable, FastnnError, TrainingDiverged
 from .history import History
 from .model import MLP
@@ -19,8 +20,10 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DeviceUnavailable",
+    "EarlyStopping",
     "FastnnError",
     "History",
+    "StopTraining",
     "Trainer",
     "TrainingDiverged",
     "__version__",

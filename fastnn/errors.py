@@ -23,7 +23,10 @@ class DeviceUnavailable(FastnnError, RuntimeError):
 
 class TrainingDiverged(FastnnError, ArithmeticError):
     """An epoch's loss, or the training state (weights, optimizer state) it ended with, is not finite; the
-    trainer keeps the weights and optimizer state of the last finite epoch."""
+    trainer keeps the weights and optimizer state of the last finite epoch.
+
+    `epoch` is the diverged epoch's number, counted from 1 as in `History` and progress lines: the trainer
+    stays at the end of epoch `epoch - 1` (`trainer.epoch == epoch - 1`)."""
 
     def __init__(self, epoch: int, loss: float, state: str | None = None) -> None:
         what = f"loss is {loss}"

@@ -1,4 +1,8 @@
-"""`History`: the per-epoch numbers of training, as records (`history[-1]`) or columns (`history["train_loss"]`)."""
+"""`History`: the per-epoch numbers of training, as records (`history[-1]`) or columns (`history["train_loss"]`).
+
+Epochs are numbered from 1, as progress lines and `TrainingDiverged` number them: record["epoch"] == n is the
+trainer's n-th epoch, after which `trainer.epoch` == n. The table and the plot's x-axis show these numbers.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 __all__ = ["FIELDS", "History", "check_records"]
 
-#: The fields of every record, in table order; eval fields are None for epochs not evaluated.
+#: The fields of every record, in table order; eval fields are None for epochs not evaluated; epoch counts from 1.
 FIELDS = ("epoch", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "seconds")
 
 
@@ -103,10 +107,11 @@ class History:
         return fig
 
 
-def check_records(records: Any) -> list[dict[str, Any]]:
+def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
     """`records` if they are a history fastnn could have written, else ValueError naming the record and field.
 
-    Each record holds exactly FIELDS: epoch an integer in [0, 2**32), losses finite and >= 0, accuracies in
+    Each record holds exactly FIELDS: epoch an integer in [first, 2**32 + first) (first = 1, so [1, 2**32]; checkpoints
+    written before epochs were numbered from 1 hold first = 0), losses finite and >= 0, accuracies in
     [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not evaluated) or both
     numbers. `Trainer.save` and `Trainer.load` apply this same check.
     """
@@ -118,7 +123,8 @@ def check_records(records: Any) -> list[dict[str, Any]]:
         for field, value in r.items():
             number = isinstance(value, numbers.Real) and not isinstance(value, bool)
             if field == "epoch":
-                ok, rule = isinstance(value, int) and number and 0 <= value < 2**32, "an integer in [0, 2**32)"
+                ok = isinstance(value, int) and number and first <= value < 2**32 + first
+                rule = "an integer in [1, 2**32]" if first else "an integer in [0, 2**32)"
             elif field.endswith("accuracy"):
                 ok, rule = number and 0.0 <= value <= 1.0, "a number in [0, 1]"
             else:  # losses and seconds

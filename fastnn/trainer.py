@@ -11,12 +11,22 @@ import dataclasses
 import json
 import os
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import checkpoint
+from .control import (
+    Callback,
+    EarlyStopping,
+    StopTraining,
+    check_callbacks,
+    check_early_stopping,
+    check_validation_split,
+    run_callbacks,
+    split_indices,
+)
 from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
@@ -24,7 +34,7 @@ from .errors import ConfigError, DataError, FastnnError
 from .history import History, check_records
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
-from .progress import print_epoch
+from .progress import check_progress, reporter
 from .schedules import Schedule, bind, check_schedule, lr_table
 from .state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
 
@@ -113,6 +123,7 @@ class Trainer:
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
+        self._split_cache: tuple | None = None  # (x, y, fraction, split) of the last validation_split
 
     # ---- properties -------------------------------------------------------------------------------------------
 
@@ -156,23 +167,43 @@ class Trainer:
         epochs: int = 1,
         eval_data: tuple[Any, Any] | None = None,
         eval_every: int = 1,
-        progress: bool = False,
+        progress: bool | str = "auto",
+        validation_split: float | None = None,
+        early_stopping: bool | int | EarlyStopping | None = None,
+        callbacks: Sequence[Callback] | None = None,
     ) -> History:
-        """Train `epochs` more epochs on (x, y); returns this call's History (`self.history` holds all).
+        """Train up to `epochs` more epochs on (x, y); returns this call's History (`self.history` holds all).
 
         x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels. With eval_data
         = (x_eval, y_eval), evaluate after every `eval_every`-th epoch of this call and after its last.
+        `validation_split=f` instead holds out ceil(f * N) rows of (x, y) as the eval data, chosen by
+        `fastnn.control.split_indices` from the trainer's seed (the same rows on every engine and call).
+        Epochs are numbered from 1 wherever they are shown: record["epoch"] == n is the trainer's n-th epoch,
+        and `trainer.epoch` (epochs done) is n after it.
+
+        `early_stopping` (True, a patience, or a `fastnn.EarlyStopping`) stops when the eval loss (or accuracy)
+        stops improving and, by default, ends at the best epoch: weights, optimizer state, counters and history
+        all go back to its end. `callbacks` are called with each epoch's record once it is recorded; one that
+        returns True or raises `fastnn.StopTraining` stops training after that epoch. Both run once per epoch
+        on the host; on the GPU they make the engine wait for each epoch before queuing the next (no epoch
+        trains past a stop), a host round trip per epoch and never per step.
+
+        progress: True, False, or "auto" (on when stdout is a terminal): a line per epoch, or on the CPU with
+        tqdm installed a bar per epoch that moves with every step.
+
         Everything is validated before any training; the schedule is evaluated for every step of a chunk
         of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
         at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
         A trainer counts at most 2**32 epochs (`fastnn.state.MAX_EPOCH`).
 
-        Interrupted (Ctrl-C, an error printing progress), the counters, history and weights all describe
-        the end of the same epoch: the last one whose training finished.
+        Interrupted (Ctrl-C, an error printing progress or in a callback), the counters, history and weights
+        all describe the end of the same epoch: the last one whose training finished.
 
         Raises:
-            DataError: x, y or eval_data are malformed (the message names which).
-            ConfigError: epochs, eval_every, progress or the schedule are invalid.
+            DataError: x, y or eval_data are malformed (the message names which), or validation_split leaves
+                no row for training or validation.
+            ConfigError: epochs, eval_every, progress, validation_split, early_stopping, callbacks or the
+                schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
         """
@@ -183,13 +214,27 @@ class Trainer:
         epochs = _check_int("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
         eval_every = _check_int("eval_every", eval_every, 1)
-        if not isinstance(progress, (bool, np.bool_)):
-            raise ConfigError(f"progress must be True or False, got {progress!r}")
+        show = check_progress(progress)
+        fraction = check_validation_split(validation_split)
+        stopper = check_early_stopping(early_stopping)
+        hooks = check_callbacks(callbacks)
+        if fraction is not None and eval_set is not None:
+            raise ConfigError(
+                f"validation_split={fraction} and eval_data are both given: pass one of them "
+                f"(validation_split holds out part of x as the eval data)"
+            )
+        if stopper is not None and eval_set is None and fraction is None:
+            raise ConfigError(
+                f"early_stopping={reprlib.repr(early_stopping)} needs validation data: pass eval_data or "
+                f"validation_split"
+            )
+        if fraction is not None:
+            x, y, eval_set = self._split(x, y, fraction)
         spe = steps_per_epoch(x.shape[0], cfg.batch_size, cfg.drop_last)
         if spe == 0:
             raise DataError(
-                f"x has {x.shape[0]} rows, fewer than batch_size={cfg.batch_size} with drop_last=True: "
-                f"an epoch would have no steps"
+                f"x has {x.shape[0]} rows{' for training' if fraction else ''}, fewer than "
+                f"batch_size={cfg.batch_size} with drop_last=True: an epoch would have no steps"
             )
         if self.epoch + epochs > MAX_EPOCH:
             raise ConfigError(
@@ -204,14 +249,18 @@ class Trainer:
         if epochs == 0:
             return call_history
         epoch0, step0, hist0 = self.epoch, self.step, len(self.history)
-        last_epoch = epoch0 + epochs - 1
-        printed = [-1]
+        if stopper is not None:
+            stopper.reset()
+        display = reporter(epoch0 + 1, epoch0 + epochs, spe, self._engine.device == "cpu") if show else None
+        handled = [0]  # epochs of this call shown and judged: each once, even when commit runs again
+        best: list[dict[str, np.ndarray] | None] = [None]
 
         def commit(stats: EpochStats) -> None:
-            """Record epoch stats.epoch, idempotently: run again after an interrupt, it completes what is missing."""
+            """Record epoch stats.epoch, idempotently: run again after an interrupt, it completes what is missing.
+            Then show it and run early stopping and the callbacks (once per epoch); StopTraining stops."""
             k = stats.epoch - epoch0
             record = {
-                "epoch": stats.epoch,
+                "epoch": stats.epoch + 1,  # people's number: stats.epoch is the 0-based index keying the shuffle
                 "train_loss": float(stats.loss),
                 "train_accuracy": float(stats.accuracy),
                 "eval_loss": None if stats.eval_loss is None else float(stats.eval_loss),
@@ -224,11 +273,22 @@ class Trainer:
                 self.history.append(record)
             self.epoch = stats.epoch + 1
             self.step = step0 + (k + 1) * spe
-            if progress and printed[0] < k:
-                printed[0] = k
-                print_epoch(record, last_epoch)
+            if handled[0] > k:
+                return
+            handled[0] = k + 1
+            if display is not None:
+                display.epoch(record)
+            stop = False
+            if stopper is not None:
+                improved, stop = stopper.update(record)
+                if improved and stopper.restore_best:
+                    best[0] = self._engine.get_state()  # only when it improves: a host copy of the state
+            if run_callbacks(hooks, record) or stop:
+                raise StopTraining(f"stopped after epoch {record['epoch']}")
 
         self._engine.set_train_data(x, y)
+        on_step = display.step if display is not None and display.per_step else None
+        stoppable = stopper is not None or bool(hooks)
         try:
             for first in range(0, epochs, chunk):
                 n = min(chunk, epochs - first)
@@ -237,7 +297,9 @@ class Trainer:
                 ks = range(first, first + n)
                 eval_after = frozenset(k - first for k in ks if (k + 1) % eval_every == 0 or k == epochs - 1)
                 self._engine.fit_epochs(self.epoch, self.step, lrs, eval_set, eval_after if eval_set else frozenset(),
-                                        commit)  # fmt: skip
+                                        commit, stoppable=stoppable, on_step=on_step)  # fmt: skip
+        except StopTraining:
+            pass  # commit recorded the epoch that asked to stop; the engine trained none after it
         except BaseException:
             # An interrupt may land after the engine counted an epoch as reported and before commit recorded it.
             done = self._engine.last_reported
@@ -245,7 +307,46 @@ class Trainer:
                 with contextlib.suppress(Exception):  # the interrupt is the error to report
                     commit(done)
             raise
+        finally:
+            if display is not None:
+                display.close()
+        rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
+        if rewound:
+            call_history = self._rewind(stopper, best[0], call_history, epoch0, step0, hist0, spe)
+        if display is not None and stopper is not None and stopper.summary(rewound) is not None:
+            display.note(stopper.summary(rewound))
         return call_history
+
+    def _rewind(
+        self,
+        stopper: EarlyStopping,
+        state: dict[str, np.ndarray],
+        call_history: History,
+        epoch0: int,
+        step0: int,
+        hist0: int,
+        spe: int,
+    ) -> History:
+        """Go back to the end of early stopping's best epoch: state, counters and history; returns the call's."""
+        keep = stopper.best_epoch - epoch0  # epochs of this call up to and including the best
+        self._engine.set_state(state)
+        stopper.discarded = list(call_history[keep:])
+        self.history = self.history[: hist0 + keep]
+        self.epoch, self.step = epoch0 + keep, step0 + keep * spe
+        return call_history[:keep]
+
+    def _split(
+        self, x: np.ndarray, y: np.ndarray, fraction: float
+    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """(x_train, y_train, (x_val, y_val)) of `split_indices`; the same arrays are returned for the same
+        (x, y, fraction) as last time, so the GPU engine does not upload the training part again."""
+        cached = self._split_cache
+        if cached is not None and cached[0] is x and cached[2] == fraction and np.array_equal(cached[1], y):
+            return cached[3]
+        train, val = split_indices(x.shape[0], fraction, self._config.seed)
+        result = (x[train], y[train], (x[val], y[val]))
+        self._split_cache = (x, y.copy(), fraction, result)
+        return result
 
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:
@@ -320,6 +421,7 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "history": list(self.history),
+            "history_epoch_base": 1,  # records number epochs from 1 (files without this key: from 0)
         }
         state = self._engine.get_state()
         try:
@@ -393,7 +495,11 @@ class Trainer:
 def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:
     """(epoch, step, history) of a checkpoint's config; ValueError names what is wrong. `save` checks with it too."""
     epoch, step = check_counters(config["epoch"], config["step"])
-    return epoch, step, History(check_records(config.get("history", [])))
+    base = config.get("history_epoch_base", 0)  # files written before records numbered epochs from 1 lack it
+    if isinstance(base, bool) or base not in (0, 1):
+        raise ValueError(f"history_epoch_base must be 0 or 1, got {base!r}")
+    records = check_records(config.get("history", []), first=base)
+    return epoch, step, History({**r, "epoch": r["epoch"] + 1 - base} for r in records)
 
 
 def _saved_model(config: Mapping[str, Any]) -> tuple[MLP, Optimizer]:

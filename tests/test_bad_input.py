@@ -296,7 +296,7 @@ def test_divergence_at_lr_1e6_keeps_the_last_finite_epoch() -> None:
     t = Trainer(model, SGD(lr=1e6), batch_size=32, device="cpu")
     with pytest.raises(TrainingDiverged) as info:
         t.fit(x, y, epochs=3)
-    assert info.value.epoch == 0 and "epoch 0" in str(info.value) and not math.isfinite(info.value.loss)
+    assert info.value.epoch == 1 and "epoch 1" in str(info.value) and not math.isfinite(info.value.loss)
     for k, v in init_parameters(model, 0).items():  # nothing finite was trained: the initial weights stay
         np.testing.assert_array_equal(t.state_dict()[k], v, err_msg=k)
     assert (t.epoch, t.step, len(t.history)) == (0, 0, 0)
@@ -304,15 +304,15 @@ def test_divergence_at_lr_1e6_keeps_the_last_finite_epoch() -> None:
 
 def test_divergence_in_a_later_epoch() -> None:
     x, y = _data(256)
-    # Epochs 0 and 1 at lr 0.05, then 1e6: epoch 2 diverges.
+    # Epochs 1 and 2 at lr 0.05, then 1e6: epoch 3 diverges (epochs are numbered from 1).
     t = Trainer(
         MLP([D, 64, 64, C]), SGD(lr=0.05), batch_size=32, device="cpu", schedule=lambda s: 0.05 if s < 16 else 1e6
     )
     t.fit(x, y, epochs=2)
     kept = t.state_dict()
-    with pytest.raises(TrainingDiverged, match="epoch 2") as info:
+    with pytest.raises(TrainingDiverged, match="epoch 3") as info:
         t.fit(x, y, epochs=3)
-    assert info.value.epoch == 2
+    assert info.value.epoch == 3
     for k, v in kept.items():
         np.testing.assert_array_equal(t.state_dict()[k], v, err_msg=k)
     assert (t.epoch, t.step, len(t.history)) == (2, 16, 2)

@@ -270,7 +270,7 @@ def test_divergence_keeps_last_finite_weights(engine):
     t = Trainer(model, schedule=sched, **kw)
     with pytest.raises(fastnn.TrainingDiverged) as info:
         t.fit(x, y, epochs=6)
-    assert info.value.epoch == 1  # the first epoch at 1e6 overflows fp16
+    assert info.value.epoch == 2  # epoch 2 (numbered from 1), the first at 1e6, overflows fp16
     for name, a in ref.state_dict().items():  # equal to rounding: another trainer may autotune differently
         np.testing.assert_allclose(t.state_dict()[name], a, rtol=1e-4, atol=1e-6)
     for a in t.state_dict().values():
@@ -403,7 +403,7 @@ def test_epoch_leaving_a_non_finite_state_diverges_and_keeps_the_last_finite_one
         before = t._engine.get_state()
         with pytest.raises(fastnn.TrainingDiverged) as info:
             t.fit(x, y, epochs=2)
-        assert info.value.epoch == 0 and np.isfinite(info.value.loss), info.value
+        assert info.value.epoch == 1 and np.isfinite(info.value.loss), info.value
         assert info.value.state is not None  # the loss was finite: the state check caught it
         after = t._engine.get_state()
         for k in before:
@@ -461,7 +461,7 @@ def _cpu_reference(epochs: int, x, y):
 def _assert_at_epoch(t, epochs: int, x, y, spe: int) -> None:
     """t's counters, history and weights all describe the end of epoch epochs - 1 (and not of a neighbour)."""
     assert (t.epoch, t.step) == (epochs, epochs * spe)
-    assert [r["epoch"] for r in t.history] == list(range(epochs))
+    assert [r["epoch"] for r in t.history] == list(range(1, epochs + 1))
     state = t._engine.get_state()
     for e in (epochs - 1, epochs, epochs + 1):
         ref = _cpu_reference(e, x, y)
@@ -530,7 +530,7 @@ def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path):
     np.savez(tmp_path / "top.npz", **files)
     cpu, gpu = Trainer.load(tmp_path / "top.npz", device="cpu"), Trainer.load(tmp_path / "top.npz", device="cuda")
     hc, hg = cpu.fit(x, y, epochs=2), gpu.fit(x, y, epochs=2)  # epochs 2**32 - 2 and 2**32 - 1 (shuffle keys)
-    assert hg["epoch"] == hc["epoch"] == [2**32 - 2, 2**32 - 1]
+    assert hg["epoch"] == hc["epoch"] == [2**32 - 1, 2**32]  # numbered from 1
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4)
     _assert_close(cpu, gpu, 1e-4)
     with pytest.raises(fastnn.ConfigError, match="epochs"):

@@ -322,7 +322,7 @@ def test_divergence_restores_the_epoch_before() -> None:
     lrs = np.array([0.1] * 4 + [1e6] * 8, np.float32)
     with pytest.raises(TrainingDiverged) as info:
         engine.fit_epochs(1, 4, lrs, None, frozenset(), seen.append)
-    assert info.value.epoch == 2  # epoch 1 trains at 0.1; epoch 2 blows up
+    assert info.value.epoch == 3  # index 1 trains at 0.1; index 2 (numbered 3, from 1) blows up
     assert not math.isfinite(info.value.loss)
     assert [s.epoch for s in seen] == [0, 1]
     after = engine.get_state()

@@ -76,7 +76,7 @@ def test_split_fits_equal_one_fit(opt, schedule) -> None:
     h2 = split.fit(x, y, epochs=3)
     _assert_same(whole.state_dict(), split.state_dict())
     assert (split.epoch, split.step) == (4, 4 * 7) == (whole.epoch, whole.step)
-    assert h1["epoch"] == [0] and h2["epoch"] == [1, 2, 3]
+    assert h1["epoch"] == [1] and h2["epoch"] == [2, 3, 4]  # numbered from 1, across calls
     assert split.history["train_loss"] == whole.history["train_loss"]
     assert len(split.history) == 4
 
@@ -113,21 +113,21 @@ def test_history_records_columns_table_and_eval_every() -> None:
     t = _trainer()
     h = t.fit(x, y, epochs=5, eval_data=(x[:40], y[:40]), eval_every=2)
     assert isinstance(h, History) and len(h) == 5
-    assert h["epoch"] == [0, 1, 2, 3, 4]
+    assert h["epoch"] == [1, 2, 3, 4, 5]
     evaluated = [e is not None for e in h["eval_loss"]]
     assert evaluated == [False, True, False, True, True]  # every 2nd, and always the last
     assert [e is not None for e in h["eval_accuracy"]] == evaluated
     rec = h[-1]
     assert set(rec) == {"epoch", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "seconds"}
-    assert rec["epoch"] == 4 and rec["seconds"] >= 0
+    assert rec["epoch"] == 5 == t.epoch and rec["seconds"] >= 0
     rec["epoch"] = 99  # records are copies
-    assert h[-1]["epoch"] == 4
-    assert len(h[1:3]) == 2 and h[1:3]["epoch"] == [1, 2]
+    assert h[-1]["epoch"] == 5
+    assert len(h[1:3]) == 2 and h[1:3]["epoch"] == [2, 3]
     cols = h.to_dict()
     assert cols["train_loss"] == h["train_loss"] and len(cols["seconds"]) == 5
     table = str(h).splitlines()
     assert len(table) == 6 and "train loss" in table[0] and "eval acc" in table[0]
-    assert table[1].split()[3] == "-"  # epoch 0 not evaluated
+    assert table[1].split()[3] == "-"  # epoch 1 not evaluated
     with pytest.raises(KeyError, match="loss_typo"):
         h["loss_typo"]
     assert t.fit(x, y, epochs=0)["epoch"] == [] and t.epoch == 5
@@ -148,11 +148,12 @@ def test_history_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (tmp_path / "h.png").stat().st_size > 1000
 
 
-def test_progress_prints_one_line_per_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_prints_one_line_per_epoch(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setattr(fastnn.progress, "_have_tqdm", lambda: False)  # plain lines; test_training_control: tqdm
     x, y = _data()
     t = _trainer()
     t.fit(x, y, epochs=2)
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == ""  # progress="auto": quiet, stdout is not a terminal here
     t.fit(x, y, epochs=3, eval_data=(x, y), progress=True)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, FastnnError, Trainer, TrainingDiverged
+from fastnn import progress as progress_module
 from fastnn import trainer as trainer_module
 from fastnn.engine.base import Engine
 from fastnn.engine.numpy_engine import NumpyEngine
@@ -72,8 +73,8 @@ def test_last_update_making_weights_inf_is_divergence_and_save_stays_loadable(tm
     t = Trainer(model, SGD(lr=1e34), batch_size=len(x), device="cpu")
     with pytest.raises(TrainingDiverged) as info:
         t.fit(x, y, epochs=1)
-    assert info.value.epoch == 0 and math.isfinite(info.value.loss)
-    _names(info.value, "epoch 0", "weight", "not a finite float32")
+    assert info.value.epoch == 1 and math.isfinite(info.value.loss)
+    _names(info.value, "epoch 1", "weight", "not a finite float32")
     _assert_state(t.state_dict(), init_parameters(model, 0))  # nothing finite was trained
     assert _counters(t) == (0, 0, [])
     t.save(tmp_path / "m.npz")  # the kept state is the initial one, and it loads
@@ -82,11 +83,11 @@ def test_last_update_making_weights_inf_is_divergence_and_save_stays_loadable(tm
 
 def test_state_divergence_in_a_later_epoch_keeps_the_epoch_before(tmp_path: Path) -> None:
     x, y = _data(scale=1e6)
-    sched = lambda s: 1e-9 if s < 1 else 1e34  # noqa: E731 - epoch 0 is harmless, epoch 1's update is not
+    sched = lambda s: 1e-9 if s < 1 else 1e34  # noqa: E731 - epoch 1 is harmless, epoch 2's update is not
     t = Trainer(MLP([D, 8, C]), SGD(lr=0.1, momentum=0.5), batch_size=len(x), device="cpu", schedule=sched)
     t.fit(x, y, epochs=1)
     good, counters = _state(t), _counters(t)
-    with pytest.raises(TrainingDiverged, match="epoch 1"):
+    with pytest.raises(TrainingDiverged, match="epoch 2"):
         t.fit(x, y, epochs=2)
     _assert_state(_state(t), good)  # momentum buffers included
     assert _counters(t) == counters
@@ -142,7 +143,7 @@ def _assert_consistent(t: Trainer, epochs: int, evaluated: list[bool]) -> None:
     """t is at the end of epoch `epochs - 1`: counters, history and weights agree, and continuing to 4 epochs
     gives exactly what an uninterrupted run gives."""
     assert (t.epoch, t.step) == (epochs, 4 * epochs)
-    assert [r["epoch"] for r in t.history] == list(range(epochs))
+    assert [r["epoch"] for r in t.history] == list(range(1, epochs + 1))  # numbered from 1
     assert [r["eval_loss"] is not None for r in t.history] == evaluated
     _assert_state(_state(t), _reference(epochs))
     x, y = _data()
@@ -195,7 +196,8 @@ def test_interrupt_between_the_engine_counting_an_epoch_and_the_trainer_recordin
 def test_error_while_printing_progress_keeps_the_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = _data()
     t = _small()
-    monkeypatch.setattr(trainer_module, "print_epoch", _raise_on_call(2, lambda *a: None, OSError))
+    monkeypatch.setattr(progress_module, "_have_tqdm", lambda: False)  # plain lines, tqdm installed or not
+    monkeypatch.setattr(progress_module, "print_epoch", _raise_on_call(2, lambda *a: None, OSError))
     with pytest.raises(OSError):
         t.fit(x, y, epochs=3, progress=True)
     monkeypatch.undo()
@@ -216,7 +218,7 @@ def test_adamw_second_moment_overflow_is_divergence_and_the_saved_file_stays_goo
     good, counters = _state(t), _counters(t)
     with pytest.raises(TrainingDiverged) as info:
         t.fit(_data(scale=1e22)[0], y, epochs=1)
-    _names(info.value, "epoch 1", "opt.exp_avg_sq.", "inf")
+    _names(info.value, "epoch 2", "opt.exp_avg_sq.", "inf")
     _assert_state(_state(t), good)
     assert _counters(t) == counters
     t.save(path)
@@ -381,7 +383,8 @@ BAD_VALUES = {
     "accuracy above 1": (_set_record("train_accuracy", 1.5), ["history[0]['train_accuracy']", "1.5"]),
     "accuracy NaN": (_set_record("eval_accuracy", math.nan), ["history[0]['eval_accuracy']", "nan"]),
     "seconds negative": (_set_record("seconds", -1.0), ["history[0]['seconds']", "-1.0"]),
-    "record epoch 2**32": (_set_record("epoch", 2**32), ["history[0]['epoch']", str(2**32)]),
+    "record epoch 2**32 + 1": (_set_record("epoch", 2**32 + 1), ["history[0]['epoch']", str(2**32 + 1)]),
+    "record epoch 0": (_set_record("epoch", 0), ["history[0]['epoch']", "[1, 2**32]", "got 0"]),
     "half an evaluation": (_set_record("eval_loss", None), ["history[0]", "eval_loss", "eval_accuracy"]),
     "negative exp_avg_sq": (_negative_second_moment, ["'opt.exp_avg_sq.0.bias'", ">= 0"]),
 }
@@ -410,7 +413,7 @@ def test_epoch_counter_stops_at_2_32_and_a_trainer_there_saves_and_loads(tmp_pat
     t = Trainer.load(near, device="cpu")
     _fails_cleanly(t, lambda: t.fit(x, y, epochs=3), ConfigError, "epochs", "got 3", "[0, 2]", str(MAX_EPOCH - 2))
     t.fit(x, y, epochs=2)  # epochs 2**32 - 2 and 2**32 - 1: the last ones a 32-bit epoch index reaches
-    assert t.epoch == MAX_EPOCH and [r["epoch"] for r in t.history][-2:] == [MAX_EPOCH - 2, MAX_EPOCH - 1]
+    assert t.epoch == MAX_EPOCH and [r["epoch"] for r in t.history][-2:] == [MAX_EPOCH - 1, MAX_EPOCH]
     _fails_cleanly(t, lambda: t.fit(x, y, epochs=1), ConfigError, "epochs", "got 1", "[0, 0]")
     t.save(tmp_path / "full.npz")  # what save writes, load takes
     assert Trainer.load(tmp_path / "full.npz", device="cpu").epoch == MAX_EPOCH
@@ -433,7 +436,7 @@ def test_fit_of_10_7_epochs_builds_one_chunk_of_lr_table_before_it_starts(monkey
     class Stop(Exception):
         pass
 
-    def fit_epochs(first_epoch, first_step, lrs, *rest):
+    def fit_epochs(first_epoch, first_step, lrs, *rest, **options):
         raise Stop(len(lrs))
 
     monkeypatch.setattr(trainer_module, "lr_table", lr_table)

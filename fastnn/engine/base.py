@@ -42,7 +42,7 @@ class EpochStats:
     """What one finished epoch reports. Loss and accuracy are means over the epoch's training samples,
     each sample scored in the forward pass of its own step (before that step's update)."""
 
-    epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever)
+    epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever; History numbers it 1)
     loss: float
     accuracy: float
     samples: int
@@ -91,6 +91,8 @@ class Engine(ABC):
         eval_data: tuple[np.ndarray, np.ndarray] | None,
         eval_after: frozenset[int],
         on_epoch: OnEpoch,
+        stoppable: bool = False,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         """Train len(lrs) // steps_per_epoch epochs; lrs[i] is the rate of step first_step + i.
 
@@ -99,13 +101,19 @@ class Engine(ABC):
         Call `on_epoch` in order as each epoch's numbers are known (through `report`). If an epoch's
         loss or the state it leaves (`fastnn.state.state_problem`) is not finite, restore the
         parameters and optimizer state to the end of the last finite epoch and raise TrainingDiverged
-        naming that epoch's absolute index (on_epoch is not called for it).
+        naming that epoch by its number, absolute index + 1 (on_epoch is not called for it).
 
         Interrupted (KeyboardInterrupt, an error in evaluation or in on_epoch), the state is the one
         after the last epoch reported: an epoch whose training finished is reported (without its eval
         numbers if its evaluation did not finish), one whose training did not is undone. An epoch is
         reported once `report` has set `last_reported` to its stats, whether or not on_epoch returns;
         the caller reconciles from `last_reported` if an interrupt lands before on_epoch could act.
+
+        stoppable: on_epoch may raise to stop after the epoch it reports (fastnn.control's StopTraining), and
+        no epoch after it may have trained then: the GPU engines queue no epoch ahead of the one reported
+        (an idle gap of a host round trip per epoch instead of up to INFLIGHT_EPOCHS queued).
+        on_step: called after every training step by engines that run steps from the host (the NumPy
+        engine, for a progress bar); the GPU engines run an epoch as one graph and never call it.
         """
 
     @abstractmethod

@@ -420,7 +420,9 @@ class CudaEngine(Engine):
         self._train = None
         self._train = self._train_context(self, x, y, key)
 
-    def fit_epochs(self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch) -> None:
+    def fit_epochs(
+        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
+    ) -> None:
         ctx = self._train
         if ctx is None:
             raise RuntimeError("set_train_data must come before fit_epochs")
@@ -451,7 +453,7 @@ class CudaEngine(Engine):
                 self._refresh_half_copy()
                 self.stream.synchronize()
                 state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
-                raise TrainingDiverged(first_epoch + k, float(loss_sum / samples), state)
+                raise TrainingDiverged(first_epoch + k + 1, float(loss_sum / samples), state)  # 1-based
             stats = EpochStats(
                 epoch=first_epoch + k,
                 loss=float(loss_sum / samples),
@@ -470,9 +472,10 @@ class CudaEngine(Engine):
             return 0 if last is None else last.epoch - first_epoch + 1
 
         launched = 0
+        inflight = 1 if stoppable else INFLIGHT_EPOCHS  # stoppable: nothing may train past the epoch reported
         try:
             while reported() < epochs:
-                while launched < epochs and launched - reported() < INFLIGHT_EPOCHS:
+                while launched < epochs and launched - reported() < inflight:
                     k = launched
                     start, end, finished = ctx.events[k % slots]
                     start.record(self.stream)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,7 +169,10 @@ class NumpyEngine(Engine):
         eval_data: tuple[np.ndarray, np.ndarray] | None,
         eval_after: frozenset[int],
         on_epoch: OnEpoch,
+        stoppable: bool = False,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
+        # Steps run one by one from here, so no epoch ever runs ahead of the one reported: always stoppable.
         if self._x is None or self._y is None:
             raise RuntimeError("set_train_data must be called before fit_epochs")
         x, y, cfg = self._x, self._y, self.config
@@ -196,6 +200,8 @@ class NumpyEngine(Engine):
                         loss_sum += float(losses.sum(dtype=np.float64))
                         correct += int(ok.sum())
                         seen += hi - lo
+                        if on_step is not None:
+                            on_step()
                         if not math.isfinite(loss_sum):
                             break  # the epoch's mean is already non-finite
                 loss = loss_sum / seen
@@ -203,7 +209,7 @@ class NumpyEngine(Engine):
                 bad_state = None if not math.isfinite(loss) else state_problem(self._state_view(), cfg.precision)
                 if not math.isfinite(loss) or bad_state is not None:
                     self.set_state(snapshot)  # keep the last finite epoch's weights and optimizer state
-                    raise TrainingDiverged(epoch, loss, bad_state)
+                    raise TrainingDiverged(epoch + 1, loss, bad_state)  # people's number of the epoch
                 seconds = time.perf_counter() - start
                 # From here the epoch's training is done: an interrupt reports it (below) instead of undoing it.
                 stats = EpochStats(epoch=epoch, loss=loss, accuracy=correct / seen, samples=seen, seconds=seconds)
