@@ -77,7 +77,8 @@ def test_any_hashable_labels_come_back_as_given(labels):
 
 def test_works_in_pipeline_clone_cross_val_and_grid_search():
     x, y = _blobs()
-    pipe = make_pipeline(StandardScaler(), MLPClassifier((8,), learning_rate_init=0.05, max_iter=20, random_state=0, device="cpu"))
+    mlp = MLPClassifier((8,), learning_rate_init=0.05, max_iter=20, random_state=0, device="cpu")
+    pipe = make_pipeline(StandardScaler(), mlp)
     assert cross_val_score(pipe, x, y, cv=3).mean() > 0.8
     grid = GridSearchCV(
         LogisticRegression(max_iter=20, random_state=0, device="cpu"), {"learning_rate_init": [1e-4, 0.05]}, cv=3
