@@ -7,11 +7,14 @@ x to `x * scale + shift` with the (scale, shift) of `input_affine`: uint8 is div
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError, DataError
+from .gpu_arrays import CudaArray, cuda_array
 
 __all__ = ["check_inputs", "check_labels", "check_normalize", "input_affine", "prepare_batch"]
 
@@ -54,40 +57,110 @@ def input_affine(dtype: np.dtype, normalize: tuple[float, float] | None) -> tupl
 MAX_ROWS = 2**31 - 1
 
 
-def check_inputs(x: Any, features: int, name: str = "x") -> np.ndarray:
-    """`x` as a C-contiguous (N, features) uint8 or float32 array; raises DataError naming `name`."""
-    if not isinstance(x, np.ndarray):
+def _not_an_array(x: Any, name: str, what: str) -> DataError | None:
+    """A DataError for objects that are not arrays but are often passed as one, saying what to pass instead."""
+    if getattr(x, "requires_grad", False) is True:  # a torch tensor in an autograd graph
+        return DataError(f"{name} is a {type(x).__name__} that requires grad: pass {name}.detach() (then .cpu() or "
+                         f"leave it on the GPU)")  # fmt: skip
+    if hasattr(x, "toarray") and hasattr(x, "nnz"):  # scipy.sparse
+        return DataError(f"{name} is a scipy sparse matrix ({type(x).__name__}); fastnn needs a dense array: "
+                         f"pass {name}.toarray()")  # fmt: skip
+    if inspect.isgenerator(x) or (isinstance(x, Iterator) and not hasattr(x, "__array__")):
+        return DataError(f"{name} is a {type(x).__name__} (an iterator); pass {what}, e.g. numpy.asarray(list({name}))")
+    return None
+
+
+def _host_array(x: Any, name: str, what: str) -> np.ndarray:
+    """x as a NumPy array: pandas frames with missing values become NaN (refused later, with a hint)."""
+    if isinstance(x, np.ndarray):
+        return x
+    bad = _not_an_array(x, name, what)
+    if bad is not None:
+        raise bad
+    if hasattr(x, "to_numpy") and hasattr(x, "dtypes") and not hasattr(x, "__cuda_array_interface__"):  # pandas
         try:
-            x = np.asarray(x)
-        except Exception:
-            raise DataError(f"{name} must be an array of shape (N, {features}), got {type(x).__name__}") from None
-    if x.ndim != 2:
-        raise DataError(f"{name} must be 2-D (N, {features}), got shape {x.shape}")
-    if x.shape[0] == 0:
-        raise DataError(f"{name} is empty: shape {x.shape}")
-    if x.shape[1] != features:
-        raise DataError(f"{name} has {x.shape[1]} features per row but the model takes {features}: shape {x.shape}")
-    if x.shape[0] > MAX_ROWS:
-        raise DataError(
-            f"{name} has {x.shape[0]} rows; fastnn takes at most {MAX_ROWS} (2**31 - 1) rows per array: the shuffle "
-            f"and the GPU kernels index rows with 32-bit integers. Split it into several fits"
-        )
+            return x.to_numpy(dtype=np.float64, na_value=np.nan) if what.startswith("an array") else x.to_numpy()
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{name} is a pandas {type(x).__name__} that does not convert to numbers: {exc}") from None
+    try:
+        return np.asarray(x)
+    except Exception:
+        raise DataError(f"{name} must be {what}, got {type(x).__name__}") from None
+
+
+def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> np.ndarray | CudaArray:
+    """`x` as a C-contiguous (N, features) uint8 or float32 array; raises DataError naming `name`.
+
+    Integer and bool arrays become float32 (their values as given, not scaled). With `gpu`, an array already
+    in GPU memory (torch, CuPy, JAX: `__cuda_array_interface__`) is returned as a `CudaArray` to be used in
+    place; it must be uint8 or float32 (its values are not checked for NaN here: a non-finite input shows as
+    TrainingDiverged). Without `gpu` (the CPU engine), such an array is refused with a hint.
+    """
+    dev = cuda_array(x, name)
+    if dev is not None:
+        if not gpu:
+            raise DataError(
+                f"{name} is {dev.describe()}, but this trainer runs on the CPU: pass a host array (torch: "
+                f"{name}.cpu().numpy(); CuPy: cupy.asnumpy({name})), or train with device='cuda'"
+            )
+        _check_shape(dev.shape, features, name)
+        if dev.dtype not in (np.uint8, np.float32):
+            raise DataError(
+                f"{name} is {dev.describe()}; GPU arrays are used in place and must be uint8 or float32: convert "
+                f"on the GPU first (torch: {name}.float(); CuPy: {name}.astype(cupy.float32))"
+            )
+        return dev
+    x = _host_array(x, name, f"an array of shape (N, {features})")
+    _check_shape(x.shape, features, name)
     if x.dtype == np.uint8:
         return np.ascontiguousarray(x)
-    if x.dtype.kind != "f":
-        raise DataError(f"{name} must be uint8 or floating point, got dtype {x.dtype}")
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype.kind == "O":
+        try:
+            x = x.astype(np.float64)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"{name} has dtype object and does not convert to numbers (missing values such as pandas.NA or "
+                f"None? fill or drop them first, e.g. df.fillna(0) or df.dropna())"
+            ) from None
+    if x.dtype.kind not in "fiub":
+        raise DataError(f"{name} must hold numbers (uint8, float, int or bool), got dtype {x.dtype}")
+    x = np.ascontiguousarray(x, dtype=np.float32)  # ints and bools: their values, as float32
     if not np.isfinite(x).all():
         row, col = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
-        raise DataError(f"{name} must hold finite values, got {float(x[row, col])} in row {row}, column {col}")
+        raise DataError(
+            f"{name} must hold finite values, got {float(x[row, col])} in row {row}, column {col} (missing values? "
+            f"fill or drop them first)"
+        )
     return x
 
 
+def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:
+    if len(shape) != 2:
+        raise DataError(f"{name} must be 2-D (N, {features}), got shape {shape}")
+    if shape[0] == 0:
+        raise DataError(f"{name} is empty: shape {shape}")
+    if shape[1] != features:
+        raise DataError(f"{name} has {shape[1]} features per row but the model takes {features}: shape {shape}")
+    if shape[0] > MAX_ROWS:
+        raise DataError(
+            f"{name} has {shape[0]} rows; fastnn takes at most {MAX_ROWS} (2**31 - 1) rows per array: the shuffle "
+            f"and the GPU kernels index rows with 32-bit integers. Split it into several fits"
+        )
+
+
 def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
-    """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`."""
+    """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`.
+
+    Labels in GPU memory are copied to the host for this check (4-8 bytes a row)."""
+    dev = cuda_array(y, name)
+    if dev is not None:
+        y = dev.to_host()
     if not isinstance(y, np.ndarray):
+        bad = _not_an_array(y, name, f"a 1-D array of {n} integer labels")
+        if bad is not None:
+            raise bad
         try:
-            y = np.asarray(y)
+            y = y.to_numpy() if hasattr(y, "to_numpy") else np.asarray(y)
         except Exception:  # ragged nested lists, objects numpy cannot convert
             raise DataError(
                 f"{name} must be a 1-D array of {n} integer labels, got a {type(y).__name__} "
@@ -97,9 +170,18 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
         raise DataError(f"{name} must be 1-D (N,), got shape {y.shape}")
     if y.shape[0] != n:
         raise DataError(f"{name} has {y.shape[0]} labels but the inputs have {n} rows")
+    if y.dtype.kind == "b":
+        y = y.astype(np.int32)
     if y.dtype.kind not in "iu":
         if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
             raise DataError(f"{name} must have an integer dtype, got {y.dtype} (cast with .astype(int))")
+        if y.dtype.kind in "USO":
+            first = ", ".join(repr(v) for v in y[:3].tolist())
+            raise DataError(
+                f"{name} holds {y.dtype.kind == 'O' and 'objects' or 'strings'} ({first}, ...): fastnn.Trainer takes "
+                f"integer labels 0..classes-1. Encode them (classes, {name}_int = numpy.unique({name}, "
+                f"return_inverse=True)) or use fastnn.sklearn.MLPClassifier, which takes any labels"
+            )
         raise DataError(f"{name} must have an integer dtype, got {y.dtype}")
     if y.size and (y.min() < 0 or y.max() >= classes):
         bad = int(y.min()) if y.min() < 0 else int(y.max())

@@ -31,6 +31,7 @@ from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
+from .gpu_arrays import CudaArray
 from .history import History, check_records
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
@@ -209,7 +210,7 @@ class Trainer:
         """
         self._check_open()
         model, cfg = self._config.model, self._config
-        x = check_inputs(x, model.in_features, "x")
+        x = check_inputs(x, model.in_features, "x", gpu=self.device == "cuda")
         y = check_labels(y, x.shape[0], model.classes, "y")
         epochs = _check_int("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
@@ -229,6 +230,11 @@ class Trainer:
                 f"validation_split"
             )
         if fraction is not None:
+            if isinstance(x, CudaArray):
+                raise DataError(
+                    f"validation_split={fraction} needs x in host memory (it selects rows), got {x.describe()}: "
+                    f"split it yourself on the GPU and pass eval_data=(x_val, y_val)"
+                )
             x, y, eval_set = self._split(x, y, fraction)
         spe = steps_per_epoch(x.shape[0], cfg.batch_size, cfg.drop_last)
         if spe == 0:
@@ -357,7 +363,7 @@ class Trainer:
             else:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
-        ex = check_inputs(eval_data[0], self._config.model.in_features, "eval_data[0]")
+        ex = check_inputs(eval_data[0], self._config.model.in_features, "eval_data[0]", gpu=self.device == "cuda")
         ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
         return ex, ey
 
@@ -366,7 +372,7 @@ class Trainer:
     def evaluate(self, x: Any, y: Any) -> dict[str, float]:
         """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
         self._check_open()
-        x = check_inputs(x, self._config.model.in_features, "x")
+        x = check_inputs(x, self._config.model.in_features, "x", gpu=self.device == "cuda")
         y = check_labels(y, x.shape[0], self._config.model.classes, "y")
         loss, accuracy = self._engine.evaluate(x, y)
         return {"loss": float(loss), "accuracy": float(accuracy)}
@@ -374,7 +380,8 @@ class Trainer:
     def predict_proba(self, x: Any) -> np.ndarray:
         """Softmax class probabilities, (N, classes) float32."""
         self._check_open()
-        return self._engine.predict_proba(check_inputs(x, self._config.model.in_features, "x"))
+        x = check_inputs(x, self._config.model.in_features, "x", gpu=self.device == "cuda")
+        return self._engine.predict_proba(x)
 
     def predict(self, x: Any) -> np.ndarray:
         """The most probable class of each row, (N,) int64."""

@@ -50,6 +50,7 @@ __all__ = [
     "driver_version",
     "get_device",
     "memset_d32",
+    "pointer_device",
 ]
 
 #: Major version of cuda-bindings (12 or 13): the one place to branch if the two APIs ever differ.
@@ -571,6 +572,15 @@ def copy_dtod(dst: int, src: int, nbytes: int, stream: Stream) -> None:
     """Queue a device-to-device copy of raw pointers on `stream`."""
     if nbytes:
         _check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+
+
+def pointer_device(ptr: int) -> int | None:
+    """The ordinal of the device whose memory `ptr` addresses, or None for host or unknown memory."""
+    attr = cu.CUpointer_attribute
+    err, kind = cu.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    if err != _SUCCESS or int(kind) != int(cu.CUmemorytype.CU_MEMORYTYPE_DEVICE):
+        return None
+    return int(_check(cu.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr), "cuPointerGetAttribute"))
 
 
 def memset_d32(ptr: int, value: int, count: int, stream: Stream) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
 from ..data import input_affine
 from ..errors import TrainingDiverged
+from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
 from .base import Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
@@ -373,8 +374,15 @@ class CudaEngine(Engine):
         st["epoch"], st["step0"], st["lr"], st["hist"] = epoch, step0, lr, hist
         self.epoch_state.upload(st.view(np.uint8))
 
-    def upload(self, dst, array: np.ndarray) -> None:
-        """Host -> device through a pinned staging buffer in chunks (pageable copies are slower)."""
+    def upload(self, dst, array: np.ndarray | CudaArray) -> None:
+        """Host -> device through a pinned staging buffer in chunks (pageable copies are slower); an array already
+        in this GPU's memory is copied device to device once every stream of the device is done with it."""
+        if isinstance(array, CudaArray):
+            check_on_device(array, self.dev.ordinal, "x")
+            self.dev.synchronize()  # the producer (torch, CuPy, JAX: any stream) has finished writing it
+            self._drv.copy_dtod(dst.ptr, array.ptr, array.nbytes, self.stream)
+            self.stream.synchronize()  # fastnn holds no reference to it once fit/evaluate/predict return
+            return
         raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         chunk = max(1, min(raw.size, 8 << 20))
         staging = self._drv.PinnedBuffer(chunk)
@@ -818,8 +826,9 @@ class _DataKey:
         return self.y.shape == other.y.shape and bool(np.array_equal(self.y, other.y))
 
 
-def _data_key(x: np.ndarray, y: np.ndarray | None) -> _DataKey:
-    return _DataKey(x, y)
+def _data_key(x: np.ndarray | CudaArray, y: np.ndarray | None) -> _DataKey:
+    # A GPU array is copied again on every call (device to device: cheap) and never held by the engine.
+    return _DataKey(object() if isinstance(x, CudaArray) else x, y)
 
 
 def _tag(t: type) -> str:

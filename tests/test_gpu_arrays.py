@@ -1,0 +1,69 @@
+"""Arrays already on the GPU (torch, CuPy, JAX) used in place by both GPU engines: the same results as host arrays."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_cuda_engine import GPU_ENGINES  # the GPU engine matrix: "graph", "fused"
+
+from fastnn import MLP, SGD, DataError, Trainer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.parametrize("engine", GPU_ENGINES)]
+
+D, C, N = 64, 5, 300
+
+
+def _data(dtype):
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, size=(N, D)).astype(np.uint8)
+    x = x if dtype == np.uint8 else (x / 255.0).astype(np.float32)
+    return x, rng.integers(0, C, size=N)
+
+
+def _trainer(engine):
+    return Trainer(MLP([D, 32, C]), SGD(lr=0.1, momentum=0.9), batch_size=32, device="cuda", seed=1, engine=engine)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=["uint8", "float32"])
+def test_torch_cuda_tensor_fit_equals_host_fit(engine, dtype):
+    torch = pytest.importorskip("torch")
+    x, y = _data(dtype)
+    with _trainer(engine) as host, _trainer(engine) as dev:
+        host.fit(x, y, epochs=2, eval_data=(x, y), progress=False)
+        xt, yt = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+        dev.fit(xt, yt, epochs=2, eval_data=(xt, yt), progress=False)
+        for k, v in host.state_dict().items():
+            np.testing.assert_array_equal(dev.state_dict()[k], v, err_msg=k)
+        assert [r["train_loss"] for r in dev.history] == [r["train_loss"] for r in host.history]
+        np.testing.assert_array_equal(dev.predict_proba(xt), host.predict_proba(x))
+        with pytest.raises(DataError, match="requires grad: pass x.detach()"):
+            dev.fit(xt.float().requires_grad_(), yt)
+
+
+def test_cupy_predict_and_evaluate_equal_host(engine):
+    cupy = pytest.importorskip("cupy")
+    x, y = _data(np.float32)
+    with _trainer(engine) as t:
+        t.fit(x, y, epochs=1, progress=False)
+        xc, yc = cupy.asarray(x), cupy.asarray(y)
+        np.testing.assert_array_equal(t.predict(xc), t.predict(x))
+        assert t.evaluate(xc, yc) == t.evaluate(x, y)
+        with pytest.raises(DataError, match="uint8 or float32"):
+            t.predict(cupy.asarray(x, dtype=cupy.float64))
+
+
+def test_jax_array_predict_equals_host(engine):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX would take 75% of the GPU's memory
+    jax = pytest.importorskip("jax")
+    x, y = _data(np.float32)
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("JAX sees no GPU")
+    xj = jax.device_put(x, gpus[0])
+    if not hasattr(xj, "__cuda_array_interface__"):
+        pytest.skip("this JAX's arrays do not export __cuda_array_interface__ (DLPack only)")
+    with _trainer(engine) as t:
+        t.fit(x, y, epochs=1, progress=False)
+        np.testing.assert_array_equal(t.predict(xj), t.predict(x))

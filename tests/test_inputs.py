@@ -1,0 +1,117 @@
+"""Inputs as people have them: int/bool/pandas features, messages that name the cause, GPU arrays (CPU side)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastnn import MLP, DataError, Trainer
+from fastnn.data import check_inputs, check_labels
+
+D, C = 6, 3
+
+
+def _xy(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 5, size=(n, D)), rng.integers(0, C, size=n)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8, np.uint16, bool])
+def test_int_and_bool_features_train_as_their_float_values(dtype):
+    x, y = _xy()
+    x = x.astype(dtype)
+    a = Trainer(MLP([D, 4, C]), batch_size=8, device="cpu")
+    b = Trainer(MLP([D, 4, C]), batch_size=8, device="cpu")
+    a.fit(x, y, epochs=2, progress=False)
+    b.fit(x.astype(np.float32), y, epochs=2, progress=False)
+    for k, v in a.state_dict().items():
+        np.testing.assert_array_equal(v, b.state_dict()[k])
+
+
+def test_bool_labels_are_0_and_1():
+    x, _ = _xy()
+    y = np.arange(40) % 2 == 0
+    np.testing.assert_array_equal(check_labels(y, 40, 2), y.astype(np.int32))
+
+
+class _RequiresGrad:
+    requires_grad = True
+
+    def __array__(self, *a, **k):
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+
+
+class _Sparse:
+    nnz = 3
+    shape = (40, D)
+
+    def toarray(self):
+        return np.zeros(self.shape)
+
+
+@pytest.mark.parametrize(
+    ("x", "words"),
+    [
+        (_RequiresGrad(), ["x", "requires grad", "x.detach()"]),
+        (_Sparse(), ["x", "scipy sparse", "x.toarray()"]),
+        ((row for row in np.zeros((40, D))), ["x", "generator", "numpy.asarray(list(x))"]),
+        (np.array([[1, None, 3, 4, 5, 6]] * 40, dtype=object), ["x", "row 0, column 1", "missing values"]),
+        (np.where(np.eye(40, D, dtype=bool), np.nan, 0.0), ["x", "nan", "row 0, column 0", "missing values"]),
+    ],
+    ids=["requires-grad", "sparse", "generator", "object-with-None", "nan"],
+)
+def test_messages_name_the_cause(x, words):
+    with pytest.raises(DataError) as info:
+        check_inputs(x, D, "x")
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_pandas_frames_and_nullable_dtypes():
+    pd = pytest.importorskip("pandas")
+    x, y = _xy()
+    df = pd.DataFrame(x, columns=[f"f{i}" for i in range(D)]).astype("Int64")
+    np.testing.assert_array_equal(check_inputs(df, D), x.astype(np.float32))
+    df.iloc[3, 2] = pd.NA
+    with pytest.raises(DataError, match=r"row 3, column 2 \(missing values"):
+        check_inputs(df, D)
+    np.testing.assert_array_equal(check_labels(pd.Series(y), 40, C), y)
+
+
+class _FakeCudaArray:
+    """An object exporting __cuda_array_interface__, as torch/CuPy/JAX GPU arrays do."""
+
+    def __init__(self, shape=(40, D), typestr="<f4", strides=None):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (0xDEAD000, False), "strides": strides, "version": 3
+        }  # fmt: skip
+
+
+def test_gpu_arrays_on_the_cpu_engine_say_how_to_bring_them_over():
+    t = Trainer(MLP([D, C]), device="cpu")
+    with pytest.raises(DataError, match=r"runs on the CPU: pass a host array \(torch: x.cpu\(\).numpy\(\)"):
+        t.fit(_FakeCudaArray(), np.zeros(40, int))
+    with pytest.raises(DataError, match="runs on the CPU"):
+        t.predict(_FakeCudaArray())
+
+
+@pytest.mark.parametrize(
+    ("arr", "words"),
+    [
+        (_FakeCudaArray(typestr="<f8"), ["float64", "uint8 or float32", "x.float()"]),
+        (_FakeCudaArray(strides=(4, 160)), ["strides", "not C-contiguous", "x.contiguous()"]),
+        (_FakeCudaArray(shape=(40, D + 1)), ["7 features"]),
+    ],
+    ids=["float64", "fortran", "width"],
+)
+def test_gpu_arrays_are_checked_before_any_work(arr, words):
+    with pytest.raises(DataError) as info:
+        check_inputs(arr, D, "x", gpu=True)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_a_gpu_array_of_the_right_kind_is_used_in_place():
+    arr = _FakeCudaArray()
+    got = check_inputs(arr, D, "x", gpu=True)
+    assert got.owner is arr and got.ptr == 0xDEAD000 and got.shape == (40, D) and got.nbytes == 40 * D * 4
