@@ -71,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             seed=args.seed,
         )
+        computes = args.precision if trainer.device == "cuda" else "fp32 (the CPU computes fp32)"
         print(
             f"{args.dataset}: {len(x)} train / {len(xt)} test images; logistic regression {model.sizes}, "
-            f"SGD lr {args.lr}, batch {args.batch_size}, {args.epochs} epochs, {args.precision} on {trainer.device}",
+            f"SGD lr {args.lr}, batch {args.batch_size}, {args.epochs} epochs, {computes} on {trainer.device}",
             flush=True,
         )
         # Live per-epoch lines come from the trainer; otherwise the chosen epochs are printed after fit.

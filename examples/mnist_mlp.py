@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{args.dataset}: {len(x)} train / {len(xt)} test images; MLP {model.sizes} relu "
             f"({model.num_parameters()} parameters), SGD lr {args.lr}, batch {args.batch_size}, {epochs} epochs, "
-            f"{args.precision} on {trainer.device}",
+            f"{args.precision if trainer.device == 'cuda' else 'fp32 (the CPU computes fp32)'} on {trainer.device}",
             flush=True,
         )
         # Live per-epoch lines come from the trainer; otherwise the chosen epochs are printed after fit.

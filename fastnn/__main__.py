@@ -12,6 +12,9 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="fastnn", description="fastnn: train neural networks fast on an NVIDIA GPU")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"fastnn {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("info", help="print versions, CUDA libraries, driver and GPU (paste it into bug reports)")
     args = parser.parse_args(argv)

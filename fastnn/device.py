@@ -20,9 +20,19 @@ def cuda_status() -> tuple[bool, str]:
     cuBLASLt, cuDNN and NVRTC libraries load. No CUDA context is created.
     """
     try:
-        return _probe()
+        usable, reason = _probe()
     except Exception as exc:  # anything unforeseen still means "not usable", never a crash
-        return False, f"CUDA probe failed unexpectedly: {type(exc).__name__}: {exc}"
+        usable, reason = False, f"CUDA probe failed unexpectedly: {type(exc).__name__}: {exc}"
+    if not usable:
+        try:
+            from .environment import cuda_packages
+
+            mixed = cuda_packages().problem()
+        except Exception:  # unreadable metadata must not hide the reason itself
+            mixed = None
+        if mixed:
+            reason = f"{reason} ({mixed})"
+    return usable, reason
 
 
 def _probe() -> tuple[bool, str]:

@@ -76,6 +76,7 @@ def info_lines() -> tuple[list[str], int]:
 
     from . import __version__
     from .device import cuda_status
+    from .environment import cuda_packages
 
     rows = [
         ("fastnn", __version__),
@@ -87,6 +88,7 @@ def info_lines() -> tuple[list[str], int]:
     for label, libname, module in _LIBRARIES:
         rows.append((label, _safe(lambda libname=libname, module=module: _library(libname, module))))
     rows.append(("NVRTC", _safe(_nvrtc)))
+    rows.append(("CUDA packages", _safe(lambda: cuda_packages().summary(), "unreadable")))
     rows.append(("Driver", _safe(_driver, "none")))
     usable, reason = cuda_status()
     rows.append(("GPU", _safe(lambda: _gpu(usable, reason), "none")))
@@ -100,7 +102,8 @@ def info_lines() -> tuple[list[str], int]:
             rows.append(("Self-test", f"FAILED: {type(exc).__name__}: {exc}"))
             code = 1
     width = max(len(label) for label, _ in rows) + 1
-    return [f"{label + ':':<{width}} {value}" for label, value in rows], code
+    # One line per row: library and driver messages may hold line breaks of their own.
+    return [f"{label + ':':<{width}} {' '.join(str(value).split())}" for label, value in rows], code
 
 
 def run_info(out: TextIO | None = None) -> int:

@@ -395,6 +395,26 @@ class Trainer:
         state = self._engine.get_state()
         return {n: state[n] for n in param_names(self._config.model)}
 
+    def to_torch(self) -> Any:
+        """The network as a float32 `torch.nn.Sequential` (Linear, ReLU or GELU(tanh), ..., Linear) on the CPU.
+
+        Raises:
+            ImportError: PyTorch is not installed.
+        """
+        try:
+            import torch
+        except ImportError:
+            raise ImportError("Trainer.to_torch() needs PyTorch: pip install torch") from None
+        model = self._config.model
+        layers: list[Any] = []
+        for i, (fan_in, fan_out) in enumerate(model.layers):
+            if i:
+                layers.append(torch.nn.ReLU() if model.activation == "relu" else torch.nn.GELU(approximate="tanh"))
+            layers.append(torch.nn.Linear(fan_in, fan_out))
+        net = torch.nn.Sequential(*layers)
+        net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self.state_dict().items()})
+        return net
+
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the parameters (not the optimizer state) with `state_dict`'s, checked against the model.
 

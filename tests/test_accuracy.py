@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
+from _data import fashion_mnist, where
 
-import fastnn
-from fastnn import MLP, SGD, DataError, Trainer
-
-#: Where the four IDX files may be, besides $FASTNN_DATA: the repository's shared data, then Debian's package.
-_FOLDERS = [
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fashion-mnist",
-    Path("/usr/share/datasets/fashion-mnist"),
-]
+from fastnn import MLP, SGD, Trainer
 
 
 @pytest.fixture(scope="module")
 def fashion() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    roots = [Path(p) for p in filter(None, [os.environ.get("FASTNN_DATA")])] + _FOLDERS
-    for root in roots:
-        for folder in (root, root / "fashion-mnist"):
-            if folder.is_dir():
-                try:
-                    return fastnn.datasets.load("fashion-mnist", root=folder, download=False)
-                except DataError:
-                    continue
-    pytest.skip(f"Fashion-MNIST not found in $FASTNN_DATA or {[str(f) for f in _FOLDERS]} (apt: dataset-fashion-mnist)")
+    data = fashion_mnist()
+    if data is None:
+        pytest.skip(f"Fashion-MNIST not found in {where()} (apt: dataset-fashion-mnist)")
+    return data
 
 
 def test_fashion_data_shapes(fashion) -> None:

@@ -300,3 +300,30 @@ def test_cpu_modules_do_not_import_ctypes() -> None:
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(name.split(".")[0] == "ctypes" for name in names), rel
+
+
+def test_to_torch_gives_the_same_network() -> None:
+    torch = pytest.importorskip("torch")
+    for activation in ("relu", "gelu"):
+        t = Trainer(MLP([6, 5, 4, 3], activation=activation), device="cpu", seed=3)
+        x = np.random.default_rng(0).normal(size=(10, 6)).astype(np.float32)
+        net = t.to_torch()
+        assert isinstance(net, torch.nn.Sequential) and len(net) == 5
+        with torch.no_grad():
+            probs = torch.softmax(net(torch.from_numpy(x)), dim=1).numpy()
+        np.testing.assert_allclose(probs, t.predict_proba(x), rtol=1e-5, atol=1e-6)
+
+
+def test_to_torch_without_torch_says_how_to_install(monkeypatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch":
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(ImportError, match="pip install torch"):
+        Trainer(MLP([4, 3]), device="cpu").to_torch()
