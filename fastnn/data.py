@@ -8,6 +8,7 @@ x to `x * scale + shift` with the (scale, shift) of `input_affine`: uint8 is div
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,35 +20,87 @@ from .gpu_arrays import CudaArray, cuda_array
 __all__ = ["check_inputs", "check_labels", "check_normalize", "input_affine", "prepare_batch"]
 
 
-def check_normalize(normalize: Any) -> tuple[float, float] | None:
-    """`normalize` as (mean, std) floats, or None; std must be > 0."""
+Normalize = tuple[float | tuple[float, ...], float | tuple[float, ...]]
+
+
+def _stat(value: Any, what: str, normalize: Any, features: int | None) -> float | tuple[float, ...]:
+    """normalize's mean or std as a float, or a tuple of `features` floats (a per-feature vector)."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"normalize {what} must be a number or a vector of numbers, got {reprlib.repr(value)}"
+        ) from None
+    if arr.ndim == 0:
+        return float(arr)
+    if arr.ndim != 1 or (features is not None and arr.shape[0] != features):
+        raise ConfigError(
+            f"normalize {what} must be a number or a vector of {features or 'in_features'} numbers (one per input "
+            f"feature), got shape {arr.shape}"
+        )
+    return tuple(float(v) for v in arr)
+
+
+def _first_bad(values: np.ndarray, bad: np.ndarray, what: str) -> str:
+    """The first few offending entries only ("std[3] = 0.0, std[9] = -1.0, ... (5 of 784)"), never all of them."""
+    if values.ndim == 0:
+        return f"{what} = {float(values)!r}"
+    idx = np.flatnonzero(bad)
+    shown = ", ".join(f"{what}[{i}] = {float(values[i])!r}" for i in idx[:3])
+    return shown + (f", ... ({idx.size} of {values.size} entries)" if idx.size > 3 else "")
+
+
+def check_normalize(normalize: Any, features: int | None = None) -> Normalize | None:
+    """`normalize` as (mean, std), each a float or a per-feature tuple of `features` floats; std must be > 0."""
     if normalize is None:
         return None
     try:
-        mean, std = (float(v) for v in normalize)
+        mean, std = normalize
     except (TypeError, ValueError):
-        raise ConfigError(f"normalize must be None or (mean, std), got {normalize!r}") from None
-    if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
-        raise ConfigError(f"normalize must be (finite mean, std > 0), got {normalize!r}")
+        raise ConfigError(f"normalize must be None or (mean, std), got {reprlib.repr(normalize)}") from None
+    mean, std = _stat(mean, "mean", normalize, features), _stat(std, "std", normalize, features)
+    m, sd = np.asarray(mean), np.asarray(std)
+    if not np.isfinite(m).all():
+        raise ConfigError(
+            f"normalize mean must be finite, got normalize={reprlib.repr(normalize)}: "
+            f"{_first_bad(m, ~np.isfinite(m), 'mean')}"
+        )
+    bad = ~(np.isfinite(sd) & (sd > 0))
+    if bad.any():
+        raise ConfigError(
+            f"normalize std must be finite and > 0, got normalize={reprlib.repr(normalize)}: "
+            f"{_first_bad(sd, bad, 'std')}"
+        )
     # Engines compute x * scale + shift in float32: both must survive the cast, for uint8 and float inputs.
     for dtype in (np.uint8, np.float32):
         scale, shift = input_affine(np.dtype(dtype), (mean, std))
         with np.errstate(over="ignore", under="ignore"):
             scale32, shift32 = np.float32(scale), np.float32(shift)
-        if not (np.isfinite(scale32) and np.isfinite(shift32) and scale32 > 0):
+        broken = np.atleast_1d(~(np.isfinite(scale32) & np.isfinite(shift32) & (scale32 > 0)))
+        if broken.any():
+            k = int(np.flatnonzero(broken)[0])
+            s64, h64 = (float(np.atleast_1d(v)[k if np.ndim(v) else 0]) for v in (scale, shift))
+            at = f" (feature {k})" if np.ndim(scale) else ""
+            with np.errstate(over="ignore", under="ignore"):
+                s32, h32 = np.float32(s64), np.float32(h64)
             raise ConfigError(
-                f"normalize={normalize!r} maps {np.dtype(dtype)} inputs to x * {scale:g} + {shift:g}, which float32 "
-                f"(the engines' input type) holds as x * {scale32} + {shift32}: it must stay finite, the scale nonzero"
+                f"normalize={reprlib.repr(normalize)} maps {np.dtype(dtype)} inputs to x * {s64:g} + {h64:g}{at}, "
+                f"which float32 (the engines' input type) holds as x * {s32} + {h32}: it must stay finite, the scale "
+                f"nonzero"
             )
     return (mean, std)
 
 
-def input_affine(dtype: np.dtype, normalize: tuple[float, float] | None) -> tuple[float, float]:
-    """(scale, shift) such that the network sees `x * scale + shift` for stored x of `dtype`."""
+def input_affine(dtype: np.dtype, normalize: Normalize | None) -> tuple[Any, Any]:
+    """(scale, shift) such that the network sees `x * scale + shift` for stored x of `dtype`: floats, or float64
+    arrays of one entry per feature when normalize has a per-feature vector."""
     scale = 1.0 / 255.0 if np.dtype(dtype) == np.uint8 else 1.0
     shift = 0.0
     if normalize is not None:
         mean, std = normalize
+        if np.ndim(mean) or np.ndim(std):
+            m, sd = np.broadcast_arrays(np.asarray(mean, np.float64), np.asarray(std, np.float64))
+            return scale / sd, -m / sd
         scale, shift = scale / std, -mean / std
     return scale, shift
 
@@ -191,7 +244,7 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
 
 def prepare_batch(x: np.ndarray, scale: float, shift: float, dtype: type = np.float32) -> np.ndarray:
     """Rows of stored x mapped to what the network sees (the CPU form of the gather kernel's math)."""
-    out = x.astype(dtype) * dtype(scale)
-    if shift:
-        out += dtype(shift)
+    out = x.astype(dtype) * np.asarray(scale, dtype)
+    if np.any(shift):
+        out += np.asarray(shift, dtype)
     return out

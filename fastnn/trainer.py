@@ -74,7 +74,8 @@ class Trainer:
             and is faster, else graph). Ignored on the CPU, where only "auto" is accepted.
         seed: keys the initial weights and every epoch's sample order; an integer in [0, 2**64).
         schedule: a callable global step -> lr (see `fastnn.schedules`); None keeps the optimizer's lr.
-        normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1].
+        normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1]; each a number or a
+            vector with one entry per input feature (the fused engine takes numbers only).
         drop_last: drop each epoch's last batch when it is short.
 
     Raises:
@@ -91,7 +92,7 @@ class Trainer:
         device: str = "auto",
         seed: int = 0,
         schedule: Schedule | None = None,
-        normalize: tuple[float, float] | None = None,
+        normalize: tuple[Any, Any] | None = None,
         drop_last: bool = False,
         engine: str = "auto",
     ) -> None:
@@ -114,7 +115,7 @@ class Trainer:
             precision=precision,
             seed=_check_int("seed", seed, 0, 2**64),
             drop_last=bool(drop_last),
-            normalize=check_normalize(normalize),
+            normalize=check_normalize(normalize, model.in_features),
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(

@@ -2,7 +2,8 @@
 // update-and-gather kernels of update.cu).
 // Row j of the batch is sample permuted_index(seed, epoch, n, pos0 + j) (shuffle.cuh), with the epoch
 // read from device memory at replay, so one captured graph serves every epoch (no EpochState: positions
-// in order, for evaluation). The row is mapped to x * scale + shift (fastnn/data.py's input_affine) and
+// in order, for evaluation). The row is mapped to x * scale + shift (fastnn/data.py's input_affine; with a
+// per-feature normalize, fscale/fshift point to d floats each, else they are null and the scalars apply) and
 // stored as TOut in a row-major (rows, d) buffer, which cuBLASLt reads as the column-major (d, rows)
 // operand. The label comes along when out_y is given. A whole block gathers one row.
 #pragma once
@@ -12,7 +13,8 @@
 template <typename TIn, typename TOut>
 __device__ void gather_row(const TIn* __restrict__ x, const int* __restrict__ y, int d, u32 n, u32 seed_lo,
                            u32 seed_hi, u32 half_bits, const EpochState* __restrict__ st, int pos0, float scale,
-                           float shift, TOut* __restrict__ out, int* __restrict__ out_y, int j) {
+                           float shift, const float* __restrict__ fscale, const float* __restrict__ fshift,
+                           TOut* __restrict__ out, int* __restrict__ out_y, int j) {
     __shared__ u32 src;
     if (threadIdx.x == 0) {
         u32 keys[FEISTEL_ROUNDS];
@@ -24,5 +26,9 @@ __device__ void gather_row(const TIn* __restrict__ x, const int* __restrict__ y,
     __syncthreads();
     const TIn* row = x + (u64)src * d;
     TOut* dst = out + (u64)j * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = from_f<TOut>(to_f(row[i]) * scale + shift);
+    if (fscale) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = from_f<TOut>(to_f(row[i]) * fscale[i] + fshift[i]);
+    } else {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = from_f<TOut>(to_f(row[i]) * scale + shift);
+    }
 }

@@ -98,10 +98,11 @@ UPDATE(update_f16_f16, half_t, half_t)  // "fp16": fp16 weights, fp32 optimizer 
                                     const EpochState* st, int step, int spe, int adamw, float momentum, float wd, \
                                     int nesterov, float b1, float b2, float eps, const TIn* x, const int* y,    \
                                     int d, u32 n_data, u32 seed_lo, u32 seed_hi, u32 half_bits, int pos0,       \
-                                    int rows, float scale, float shift, TOut* out, int* out_y) {                \
+                                    int rows, float scale, float shift, const float* fscale,                  \
+                                    const float* fshift, TOut* out, int* out_y) {                              \
         if ((int)blockIdx.x < rows) {                                                                          \
-            gather_row<TIn, TOut>(x, y, d, n_data, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, out,     \
-                                  out_y, blockIdx.x);                                                          \
+            gather_row<TIn, TOut>(x, y, d, n_data, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, fscale,  \
+                                  fshift, out, out_y, blockIdx.x);                                             \
         } else {                                                                                               \
             update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, adamw, momentum, wd, nesterov, b1, b2, eps,    \
                            blockIdx.x - rows, gridDim.x - rows);                                               \

@@ -205,6 +205,26 @@ def test_drop_last_and_schedule_match_numpy(engine):
     gpu.close()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=["uint8", "float32"])
+def test_per_feature_normalize_matches_numpy(engine, dtype):
+    model = MLP([12, 16, 3])
+    x, y = _data(200, 12, 3, dtype=dtype)
+    rng = np.random.default_rng(1)
+    norm = (rng.uniform(0.2, 0.6, 12), rng.uniform(0.1, 0.5, 12))
+    if engine == "fused":  # the fused kernel takes two numbers: refused by name, and "auto" takes the graph engine
+        with pytest.raises(fastnn.ConfigError, match="not per-feature vectors"):
+            Trainer(model, device="cuda", engine="fused", normalize=norm)
+        with Trainer(model, device="cuda", normalize=norm) as auto:
+            assert auto.engine == "graph"
+        return
+    cpu, gpu = _pair(model, SGD(lr=0.1, momentum=0.9), 16, normalize=norm, engine=engine)
+    cpu.fit(x, y, epochs=2)
+    gpu.fit(x, y, epochs=2)
+    _assert_close(cpu, gpu, 2e-4)
+    np.testing.assert_allclose(gpu.predict_proba(x), cpu.predict_proba(x), atol=1e-4)
+    gpu.close()
+
+
 def test_second_fit_continues_like_one_long_fit(engine):
     model = MLP([32, 20, 4])
     x, y = _data(500, 32, 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fastnn
 from fastnn import MLP, DataError, Trainer
 from fastnn.data import check_inputs, check_labels
 
@@ -115,3 +116,47 @@ def test_a_gpu_array_of_the_right_kind_is_used_in_place():
     arr = _FakeCudaArray()
     got = check_inputs(arr, D, "x", gpu=True)
     assert got.owner is arr and got.ptr == 0xDEAD000 and got.shape == (40, D) and got.nbytes == 40 * D * 4
+
+
+def test_per_feature_normalize_with_equal_entries_is_the_scalar_one():
+    x, y = _xy()
+    x = x.astype(np.uint8)
+    a = Trainer(MLP([D, 4, C]), batch_size=8, device="cpu", normalize=(0.3, 0.2))
+    b = Trainer(MLP([D, 4, C]), batch_size=8, device="cpu", normalize=([0.3] * D, np.full(D, 0.2)))
+    a.fit(x, y, epochs=2, progress=False)
+    b.fit(x, y, epochs=2, progress=False)
+    for k, v in a.state_dict().items():
+        np.testing.assert_array_equal(v, b.state_dict()[k])
+
+
+def test_per_feature_normalize_is_applied_per_column():
+    x, y = _xy()
+    mean, std = np.linspace(0.1, 0.6, D), np.linspace(0.5, 2.0, D)
+    a = Trainer(MLP([D, C]), batch_size=8, device="cpu", normalize=(mean, std))
+    b = Trainer(MLP([D, C]), batch_size=8, device="cpu")
+    xf = x.astype(np.float32)
+    a.fit(xf, y, epochs=1, progress=False)
+    b.fit(((xf - mean) / std).astype(np.float32), y, epochs=1, progress=False)
+    for k, v in a.state_dict().items():
+        np.testing.assert_allclose(v, b.state_dict()[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_per_feature_std_is_quoted_briefly():
+    std = np.ones(784)
+    std[[3, 10, 11, 500, 700]] = 0.0
+    with pytest.raises(fastnn.ConfigError) as info:
+        Trainer(MLP([784, 10]), device="cpu", normalize=(0.0, std))
+    msg = str(info.value)
+    assert "std[3] = 0.0, std[10] = 0.0, std[11] = 0.0, ... (5 of 784 entries)" in msg and len(msg) < 400, msg
+    with pytest.raises(fastnn.ConfigError, match=r"vector of 784 numbers .* got shape \(783,\)"):
+        Trainer(MLP([784, 10]), device="cpu", normalize=(np.zeros(783), 1.0))
+
+
+def test_per_feature_normalize_survives_a_checkpoint(tmp_path):
+    x, y = _xy()
+    t = Trainer(MLP([D, C]), batch_size=8, device="cpu", normalize=(np.linspace(0, 1, D), 2.0))
+    t.fit(x, y, epochs=1, progress=False)
+    t.save(tmp_path / "m.npz")
+    back = Trainer.load(tmp_path / "m.npz", device="cpu")
+    assert back.config.normalize == t.config.normalize
+    np.testing.assert_array_equal(back.predict_proba(x), t.predict_proba(x))

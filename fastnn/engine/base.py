@@ -11,6 +11,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class EngineConfig:
     precision: str = "mixed"
     seed: int = 0
     drop_last: bool = False
-    normalize: tuple[float, float] | None = None
+    normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn.data.check_normalize)
 
 
 @dataclass

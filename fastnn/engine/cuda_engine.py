@@ -150,6 +150,15 @@ class CudaEngine(Engine):
             self.grads.memset(0)  # the padding between tensors is read by the update, never written
             self.epoch_state = own(driver.DeviceBuffer(256))
             self.eval_out = own(driver.PinnedBuffer(16))
+            # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
+            # capture: nothing is allocated or uploaded while a graph records).
+            self._feature_affine: dict[np.dtype, object] = {}
+            if config.normalize is not None and np.ndim(config.normalize[0]) + np.ndim(config.normalize[1]):
+                for dt in (np.dtype(np.uint8), np.dtype(np.float32)):
+                    scale, shift = input_affine(dt, config.normalize)
+                    table = np.concatenate([np.broadcast_to(v, (config.model.in_features,)) for v in (scale, shift)])
+                    self._feature_affine[dt] = own(driver.DeviceBuffer(table.size * 4))
+                    self.upload(self._feature_affine[dt], table.astype(np.float32))
             self.set_state(state)
         except BaseException:
             self._res.release()
@@ -284,7 +293,13 @@ class CudaEngine(Engine):
             arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(n) // 2),
         ]  # fmt: skip
         src = "u8" if x_dtype == np.uint8 else "f32"
-        return src, data, [arg_f32(scale), arg_f32(shift)], [arg_ptr(out.ptr), arg_ptr(out_y)]
+        table = self._feature_affine.get(np.dtype(x_dtype))
+        if table is None:
+            affine = [arg_f32(scale), arg_f32(shift), arg_ptr(0), arg_ptr(0)]
+        else:  # per feature: d scales then d shifts
+            d = self.config.model.in_features
+            affine = [arg_f32(1.0), arg_f32(0.0), arg_ptr(table.ptr), arg_ptr(table.ptr + 4 * d)]
+        return src, data, affine, [arg_ptr(out.ptr), arg_ptr(out_y)]
 
     def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
         """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""

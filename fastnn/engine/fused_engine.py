@@ -62,6 +62,8 @@ class FusedEngine(CudaEngine):
     @staticmethod
     def unsupported_reason(config: EngineConfig, device) -> str | None:
         """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
+        if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+            return "it takes normalize=(mean, std) as two numbers, not per-feature vectors"
         cc = device.compute_capability[0] * 10 + device.compute_capability[1]
         if cc < MIN_CC:
             return f"it needs thread-block clusters (sm_90 or newer); {device.name} is {device.arch}"
