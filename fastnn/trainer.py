@@ -29,6 +29,7 @@ from .control import (
 )
 from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
+from .engine.placement import check_placement
 from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
@@ -77,6 +78,9 @@ class Trainer:
         normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1]; each a number or a
             vector with one entry per input feature (the fused engine takes numbers only).
         drop_last: drop each epoch's last batch when it is short.
+        data_placement: on a GPU, where the training set lives: "device" (GPU memory), "host" (mapped host memory,
+            read over the bus by the gather: for sets larger than GPU memory; the graph engine only) or "auto"
+            (the GPU while the set takes at most 80% of its free memory). Only "auto" on the CPU.
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -95,6 +99,7 @@ class Trainer:
         normalize: tuple[Any, Any] | None = None,
         drop_last: bool = False,
         engine: str = "auto",
+        data_placement: str = "auto",
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
@@ -106,6 +111,7 @@ class Trainer:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         _check_device(device)
         check_engine(device, engine)
+        check_placement(device, data_placement)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         self._config = EngineConfig(
@@ -116,6 +122,7 @@ class Trainer:
             seed=_check_int("seed", seed, 0, 2**64),
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
+            data_placement=data_placement,
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
@@ -463,7 +470,12 @@ class Trainer:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], device: str = "auto", schedule: Schedule | None = None, engine: str = "auto"
+        cls,
+        path: str | os.PathLike[str],
+        device: str = "auto",
+        schedule: Schedule | None = None,
+        engine: str = "auto",
+        data_placement: str = "auto",
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
@@ -477,6 +489,7 @@ class Trainer:
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_engine(device, engine)
+        check_placement(device, data_placement)
         check_schedule(schedule)
         try:
             model, optimizer = _saved_model(config)
@@ -486,7 +499,10 @@ class Trainer:
             epoch, step, history = _checked_progress(config)
             # Before the engine is built: no work on a bad file. The same checks as `save`'s.
             state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
-            trainer = cls(model, optimizer, device=device, schedule=schedule, engine=engine, **kwargs)
+            trainer = cls(
+                model, optimizer, device=device, schedule=schedule, engine=engine, data_placement=data_placement,
+                **kwargs
+            )
         except (DataError, EngineRefused):
             raise  # already names the file and the array, or the caller's engine choice
         except KeyError as exc:

@@ -39,6 +39,7 @@ __all__ = [
     "Graph",
     "GraphExec",
     "Kernel",
+    "MappedHostBuffer",
     "Module",
     "PinnedBuffer",
     "Stream",
@@ -535,6 +536,7 @@ class PinnedBuffer(_Owned):
         self.device = _resolve(device)
         self.nbytes = int(nbytes)
         self.ptr: int = int(_check(cu.cuMemHostAlloc(max(1, self.nbytes), 0), f"cuMemHostAlloc({self.nbytes} bytes)"))
+        self.host_ptr: int = self.ptr  #: the host address (a MappedHostBuffer's `ptr` is the device's)
         self._own(self.device, cu.cuMemFreeHost, self.ptr, "cuMemFreeHost")
 
     def __repr__(self) -> str:
@@ -551,9 +553,29 @@ class PinnedBuffer(_Owned):
             raise ConfigError(
                 f"view {dtype}{list(shape)} needs {count * dtype.itemsize} bytes, buffer has {self.nbytes}"
             )
-        raw = (ctypes.c_char * max(1, self.nbytes)).from_address(self.ptr)
+        raw = (ctypes.c_char * max(1, self.nbytes)).from_address(self.host_ptr)
         raw._owner = self  # the numpy array's base chain keeps this PinnedBuffer alive
         return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+
+class MappedHostBuffer(PinnedBuffer):
+    """Page-locked host memory mapped into the GPU's address space (cuMemHostAlloc DEVICEMAP): kernels read it
+    over the bus, so data larger than GPU memory can stay on the host. `ptr` is the device pointer kernels take,
+    `host_ptr` the host address; `view` is a host view."""
+
+    def __init__(self, nbytes: int, device: Device | None = None) -> None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise ConfigError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        self.device = _resolve(device)
+        self.nbytes = int(nbytes)
+        flags = int(cu.CU_MEMHOSTALLOC_DEVICEMAP) | int(cu.CU_MEMHOSTALLOC_PORTABLE)
+        what = f"cuMemHostAlloc({self.nbytes} bytes, DEVICEMAP)"
+        self.host_ptr = int(_check(cu.cuMemHostAlloc(max(1, self.nbytes), flags), what))
+        self._own(self.device, cu.cuMemFreeHost, self.host_ptr, "cuMemFreeHost")
+        self.ptr = int(_check(cu.cuMemHostGetDevicePointer(self.host_ptr, 0), "cuMemHostGetDevicePointer"))
+
+    def __repr__(self) -> str:
+        return f"MappedHostBuffer({self.nbytes} bytes at host {self.host_ptr:#x}, device {self.ptr:#x})"
 
 
 def copy_htod(dst: int, src: int, nbytes: int, stream: Stream) -> None:

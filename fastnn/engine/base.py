@@ -36,6 +36,7 @@ class EngineConfig:
     seed: int = 0
     drop_last: bool = False
     normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn.data.check_normalize)
+    data_placement: str = "auto"  #: GPU engines: where the training set lives (fastnn.engine.placement)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from ..errors import TrainingDiverged
 from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
 from .base import Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
+from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
 __all__ = ["CudaEngine"]
@@ -395,8 +396,16 @@ class CudaEngine(Engine):
         if isinstance(array, CudaArray):
             check_on_device(array, self.dev.ordinal, "x")
             self.dev.synchronize()  # the producer (torch, CuPy, JAX: any stream) has finished writing it
-            self._drv.copy_dtod(dst.ptr, array.ptr, array.nbytes, self.stream)
+            if isinstance(dst, self._drv.MappedHostBuffer):
+                self._drv.copy_dtoh(dst.host_ptr, array.ptr, array.nbytes, self.stream)
+            else:
+                self._drv.copy_dtod(dst.ptr, array.ptr, array.nbytes, self.stream)
             self.stream.synchronize()  # fastnn holds no reference to it once fit/evaluate/predict return
+            return
+        if isinstance(dst, self._drv.MappedHostBuffer):  # host memory the GPU reads: a plain host copy
+            self.stream.synchronize()  # no queued epoch may still be reading the old rows
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            dst.view(np.uint8, (raw.size,))[:] = raw
             return
         raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         chunk = max(1, min(raw.size, 8 << 20))
@@ -611,7 +620,11 @@ class _TrainContext(_Owner):
         self.capacity = 0
         try:
             buf = lambda nbytes: self.own(drv.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
-            self.x = buf(x.nbytes)
+            self.placement = choose_placement(cfg.data_placement, x.nbytes, eng.dev.mem_info()[0])
+            if self.placement == "host":  # the gather reads rows over the bus: same kernels, same order
+                self.x = self.own(drv.MappedHostBuffer(max(int(x.nbytes), 256), eng.dev))
+            else:
+                self.x = buf(x.nbytes)
             self.y = buf(self.n * 4)
             self.load(x, y, key)
             self._build(buf)

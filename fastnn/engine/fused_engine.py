@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..shuffle import feistel_bits
 from .base import EngineConfig
 from .cuda_engine import CudaEngine, _TrainContext
@@ -62,6 +62,8 @@ class FusedEngine(CudaEngine):
     @staticmethod
     def unsupported_reason(config: EngineConfig, device) -> str | None:
         """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
+        if config.data_placement == "host":
+            return "it reads the training set from GPU memory (data_placement='host' needs engine='graph')"
         if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
             return "it takes normalize=(mean, std) as two numbers, not per-feature vectors"
         cc = device.compute_capability[0] * 10 + device.compute_capability[1]
@@ -96,6 +98,11 @@ class _FusedTrainContext(_TrainContext):
     """The resident training set and its epoch graph: one fused kernel launch plus the epoch-end nodes."""
 
     def _build(self, buf: Callable) -> None:
+        if self.placement == "host":  # data_placement="auto" found the set too large for GPU memory
+            raise DataError(
+                f"the training set ({self.x.nbytes:,} bytes) does not fit in GPU memory, and the fused engine reads "
+                f"it from there: pass engine='graph', which reads it from host memory (data_placement='host')"
+            )
         self.kernel, self.plan = self.eng.fused_kernel(self.dtype)
 
     def _capture_epoch(self):
