@@ -131,6 +131,8 @@ def _host_array(x: Any, name: str, what: str) -> np.ndarray:
     if bad is not None:
         raise bad
     if hasattr(x, "to_numpy") and hasattr(x, "dtypes") and not hasattr(x, "__cuda_array_interface__"):  # pandas
+        if all(str(dt) == "uint8" for dt in np.atleast_1d(x.dtypes)):
+            return x.to_numpy()  # uint8 stays uint8 (pixels, scaled by 1/255) as for a NumPy array
         try:
             return x.to_numpy(dtype=np.float64, na_value=np.nan) if what.startswith("an array") else x.to_numpy()
         except (TypeError, ValueError) as exc:

@@ -77,6 +77,8 @@ def test_pandas_frames_and_nullable_dtypes():
     with pytest.raises(DataError, match=r"row 3, column 2 \(missing values"):
         check_inputs(df, D)
     np.testing.assert_array_equal(check_labels(pd.Series(y), 40, C), y)
+    pixels = pd.DataFrame(x.astype(np.uint8))  # uint8 frames are pixels, as uint8 arrays: kept uint8 (scaled by 1/255)
+    assert check_inputs(pixels, D).dtype == np.uint8
 
 
 class _FakeCudaArray:
