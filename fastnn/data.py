@@ -23,7 +23,7 @@ __all__ = ["check_inputs", "check_labels", "check_normalize", "input_affine", "p
 Normalize = tuple[float | tuple[float, ...], float | tuple[float, ...]]
 
 
-def _stat(value: Any, what: str, normalize: Any, features: int | None) -> float | tuple[float, ...]:
+def _stat(value: Any, what: str, features: int | None) -> float | tuple[float, ...]:
     """normalize's mean or std as a float, or a tuple of `features` floats (a per-feature vector)."""
     try:
         arr = np.asarray(value, dtype=np.float64)
@@ -58,7 +58,7 @@ def check_normalize(normalize: Any, features: int | None = None) -> Normalize | 
         mean, std = normalize
     except (TypeError, ValueError):
         raise ConfigError(f"normalize must be None or (mean, std), got {reprlib.repr(normalize)}") from None
-    mean, std = _stat(mean, "mean", normalize, features), _stat(std, "std", normalize, features)
+    mean, std = _stat(mean, "mean", features), _stat(std, "std", features)
     m, sd = np.asarray(mean), np.asarray(std)
     if not np.isfinite(m).all():
         raise ConfigError(
@@ -134,7 +134,7 @@ def _host_array(x: Any, name: str, what: str) -> np.ndarray:
         if all(str(dt) == "uint8" for dt in np.atleast_1d(x.dtypes)):
             return x.to_numpy()  # uint8 stays uint8 (pixels, scaled by 1/255) as for a NumPy array
         try:
-            return x.to_numpy(dtype=np.float64, na_value=np.nan) if what.startswith("an array") else x.to_numpy()
+            return x.to_numpy(dtype=np.float64, na_value=np.nan)
         except (TypeError, ValueError) as exc:
             raise DataError(f"{name} is a pandas {type(x).__name__} that does not convert to numbers: {exc}") from None
     try:
@@ -233,7 +233,7 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
         if y.dtype.kind in "USO":
             first = ", ".join(repr(v) for v in y[:3].tolist())
             raise DataError(
-                f"{name} holds {y.dtype.kind == 'O' and 'objects' or 'strings'} ({first}, ...): fastnn.Trainer takes "
+                f"{name} holds {'objects' if y.dtype.kind == 'O' else 'strings'} ({first}, ...): fastnn.Trainer takes "
                 f"integer labels 0..classes-1. Encode them (classes, {name}_int = numpy.unique({name}, "
                 f"return_inverse=True)) or use fastnn.sklearn.MLPClassifier, which takes any labels"
             )

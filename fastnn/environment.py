@@ -64,7 +64,7 @@ class CudaPackages:
         """One line for `fastnn info`."""
         if not self.bindings and not self.libraries:
             return 'no CUDA packages (CPU only; GPU: pip install "fastnn[cu12]" or "fastnn[cu13]")'
-        return self.problem() or f"CUDA {self.majors.pop()} throughout (cuda-bindings and the library wheels agree)"
+        return self.problem() or f"CUDA {min(self.majors)} throughout (cuda-bindings and the library wheels agree)"
 
 
 def cuda_packages(distributions: Callable[[], Iterable] = importlib.metadata.distributions) -> CudaPackages:

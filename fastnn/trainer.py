@@ -218,7 +218,7 @@ class Trainer:
         """
         self._check_open()
         model, cfg = self._config.model, self._config
-        x = check_inputs(x, model.in_features, "x", gpu=self.device == "cuda")
+        x = self._inputs(x, "x")
         y = check_labels(y, x.shape[0], model.classes, "y")
         epochs = _check_int("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
@@ -362,6 +362,10 @@ class Trainer:
         self._split_cache = (x, y.copy(), fraction, result)
         return result
 
+    def _inputs(self, x: Any, name: str) -> np.ndarray | CudaArray:
+        """`x` checked for this model; arrays in GPU memory are used in place only by the GPU engines."""
+        return check_inputs(x, self._config.model.in_features, name, gpu=self.device == "cuda")
+
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:
             return None
@@ -371,7 +375,7 @@ class Trainer:
             else:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
-        ex = check_inputs(eval_data[0], self._config.model.in_features, "eval_data[0]", gpu=self.device == "cuda")
+        ex = self._inputs(eval_data[0], "eval_data[0]")
         ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
         return ex, ey
 
@@ -380,7 +384,7 @@ class Trainer:
     def evaluate(self, x: Any, y: Any) -> dict[str, float]:
         """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
         self._check_open()
-        x = check_inputs(x, self._config.model.in_features, "x", gpu=self.device == "cuda")
+        x = self._inputs(x, "x")
         y = check_labels(y, x.shape[0], self._config.model.classes, "y")
         loss, accuracy = self._engine.evaluate(x, y)
         return {"loss": float(loss), "accuracy": float(accuracy)}
@@ -388,7 +392,7 @@ class Trainer:
     def predict_proba(self, x: Any) -> np.ndarray:
         """Softmax class probabilities, (N, classes) float32."""
         self._check_open()
-        x = check_inputs(x, self._config.model.in_features, "x", gpu=self.device == "cuda")
+        x = self._inputs(x, "x")
         return self._engine.predict_proba(x)
 
     def predict(self, x: Any) -> np.ndarray:

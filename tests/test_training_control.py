@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_trust import _assert_state, _state
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, EarlyStopping, StopTraining, Trainer, TrainingDiverged
@@ -43,16 +44,6 @@ EVAL = _data(300, 1, 0.0)
 
 def _trainer(opt=OPTIMIZERS[0], **kw) -> Trainer:
     return Trainer(MLP([D, 64, C]), opt, batch_size=16, device="cpu", seed=3, **kw)
-
-
-def _state(t: Trainer) -> dict[str, np.ndarray]:
-    return t._engine.get_state()  # parameters and optimizer state
-
-
-def _assert_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert sorted(a) == sorted(b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def _reference(epochs: int, opt=OPTIMIZERS[0], eval_every: int = 1) -> Trainer:
