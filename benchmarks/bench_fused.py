@@ -1,11 +1,14 @@
 """The fused engine against the graph engine: us/step, first-fit setup and test accuracy, per width.
 
-    python benchmarks/bench_fused.py --data DIR [--only logreg,mlp128,sweep] [--precision mixed] [--json F]
+    python benchmarks/bench_fused.py --data DIR [--only logreg,mlp128,sweep] [--precision mixed] [--momentum M]
+        [--engines graph,fused,fused-lean] [--json F]
 
 Both engines train the same model from the same weights in the same order in one process. Training time is
 the sum of the per-epoch device-event times of a second `fit` (the captured epoch replayed); setup is the
 first `fit` of a fresh trainer (one epoch, kernel cache as found). "sweep" runs 784-h-h-h-10 (batch 32)
 for h in 32..1024 to find the width where the fused engine stops winning (engine="auto"'s rule).
+"fused-lean" is the fused engine held to its lean shared-memory layout (no fp16 weight copy, momentum holding
+the gradient), which it takes by itself only where the standard layout does not fit: its cost, measured.
 """
 
 from __future__ import annotations
@@ -26,14 +29,29 @@ WORKLOADS = {
 SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 
-def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str) -> dict:
+def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, momentum: float = 0.0) -> dict:
+    from fastnn.engine import fused_plan
+
     x, y, xt, yt = data
     x, y = x[:samples], y[:samples]
+    layouts = fused_plan.LAYOUTS
+    if engine == "fused-lean":
+        fused_plan.LAYOUTS = ("lean",)
     try:
-        t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr), batch_size=batch, precision=precision,
-                           device="cuda", seed=0, engine=engine)  # fmt: skip
+        t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr, momentum=momentum), batch_size=batch,
+                           precision=precision, device="cuda", seed=0, engine=engine.split("-")[0])  # fmt: skip
     except fastnn.ConfigError as exc:
+        fused_plan.LAYOUTS = layouts
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
+    try:
+        return _timed(t, x, y, xt, yt, epochs, batch) | {"sizes": sizes, "engine": engine, "precision": precision,
+                                                          "momentum": momentum}
+    finally:
+        fused_plan.LAYOUTS = layouts
+        t.close()
+
+
+def _timed(t: fastnn.Trainer, x, y, xt, yt, epochs: int, batch: int) -> dict:
     t0 = time.perf_counter()
     t.fit(x, y, epochs=1, progress=False)
     setup = time.perf_counter() - t0
@@ -43,10 +61,8 @@ def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str) ->
     device = float(np.sum(h["seconds"]))
     steps = epochs * -(-len(x) // batch)
     acc = t.evaluate(xt, yt)["accuracy"]
-    t.close()
-    return {"sizes": sizes, "engine": engine, "precision": precision, "batch": batch, "steps": steps,
-            "device_s": device, "wall_s": wall, "us_per_step": device / steps * 1e6, "first_fit_s": setup,
-            "test_accuracy": acc, "final_train_loss": h[-1]["train_loss"]}  # fmt: skip
+    return {"batch": batch, "steps": steps, "device_s": device, "wall_s": wall, "us_per_step": device / steps * 1e6,
+            "first_fit_s": setup, "test_accuracy": acc, "final_train_loss": h[-1]["train_loss"]}  # fmt: skip
 
 
 def main() -> None:
@@ -54,6 +70,8 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--precision", default="mixed")
     ap.add_argument("--only", default="logreg,mlp128,sweep")
+    ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--engines", default="graph,fused")
     ap.add_argument("--json", default=None)
     ap.add_argument("--phases", action="store_true", help="compile the fused kernel with -DFUSED_PROFILE: "
                     "it prints the cycles per step of each phase (CTA 0), so the next limit is visible")
@@ -81,18 +99,20 @@ def main() -> None:
     for prec in args.precision.split(","):
         for job in jobs:
             pair = {}
-            for engine in ("graph", "fused"):
-                r = run(*job, data, prec, engine)
+            for engine in args.engines.split(","):
+                r = run(*job, data, prec, engine, args.momentum)
                 rows.append(r)
                 pair[engine] = r
                 if "refused" in r:
-                    print(f"{str(job[0]):28s} {engine:5s} refused: {r['refused']}", flush=True)
+                    print(f"{str(job[0]):28s} {engine:10s} refused: {r['refused']}", flush=True)
                     continue
-                print(f"{str(job[0]):28s} {engine:5s} {prec:5s} b{job[2]:<4d} {r['us_per_step']:8.2f} us/step  "
+                print(f"{str(job[0]):28s} {engine:10s} {prec:5s} b{job[2]:<4d} {r['us_per_step']:8.2f} us/step  "
                       f"first fit {r['first_fit_s']:.2f} s  acc {r['test_accuracy']:.4f}  "
                       f"loss {r['final_train_loss']:.4f}", flush=True)  # fmt: skip
-            if all("us_per_step" in r for r in pair.values()):
-                print(f"{'':28s} graph/fused {pair['graph']['us_per_step'] / pair['fused']['us_per_step']:.2f}x")
+            base = pair.get("graph", {}).get("us_per_step")
+            for engine, r in pair.items():
+                if engine != "graph" and base and "us_per_step" in r:
+                    print(f"{'':28s} graph/{engine} {base / r['us_per_step']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

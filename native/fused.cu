@@ -21,8 +21,9 @@
 // in every CTA and updated identically (the same arithmetic on the same numbers keeps the copies equal).
 //
 // Memory plan (per CTA, all in shared memory, fp32 unless said): owned weights (master), their gradient
-// accumulators and optimizer state (1 or 2 arrays); an fp16 operand copy of the owned weights in
-// "mixed"/"fp16"; the chunk's input rows X (R x D, or R x KP for logistic regression); per hidden layer the
+// accumulators and optimizer state (1 or 2 arrays); an fp16 operand copy of the owned weights in "mixed";
+// (the lean layout, for models the standard one cannot hold, drops the copy and, for SGD with plain
+// momentum, the gradient arrays: see FOLD and OPC below); the chunk's input rows X (R x D, or R x KP for logistic regression); per hidden layer the
 // pre-activation slice Z (R x P, reused as dZ) and, except for the last hidden layer, the full activation H
 // (R x width) gathered from every CTA; the last hidden layer's activation slice; the partial logits pushed
 // to the row's reducer CTA (CL x ceil(R/CL) x C); the all-gathered dlogits (R x C); two reduce-scatter
@@ -53,6 +54,12 @@
 #define FUSED_OPT 1
 #define FUSED_SMEM 232448
 #endif
+#ifndef FUSED_FOLD
+#define FUSED_FOLD 0
+#endif
+#ifndef FUSED_OPC
+#define FUSED_OPC (FUSED_PREC == 1)
+#endif
 
 constexpr int L = FUSED_NL;            // linear layers
 constexpr int NH = L - 1;              // hidden layers
@@ -66,6 +73,14 @@ constexpr int C = SZ[L];
 constexpr int PREC = FUSED_PREC;  // 0 fp32, 1 mixed (fp16 operands, fp32 master), 2 fp16 (fp16 master)
 constexpr int NS = FUSED_OPT == 0 ? 0 : (FUSED_OPT == 1 ? 1 : 2);  // optimizer state arrays
 constexpr bool ADAMW = FUSED_OPT == 2;
+// The lean layout (fused_plan.py picks it when the standard one does not fit):
+// FOLD: SGD with (non-Nesterov) momentum accumulates each step's gradient straight into the momentum buffer,
+// which the previous step left holding momentum * buffer + weight_decay * w: no gradient array.
+// OPC: "mixed" keeps an fp16 copy of the owned weights for the products (without it, each product rounds the
+// fp32 master on the fly; "fp16" needs none: its masters are fp16 values already).
+constexpr bool FOLD = FUSED_FOLD != 0;
+constexpr bool OPC = FUSED_OPC != 0 && PREC == 1;
+static_assert(!FOLD || (NS == 1 && !ADAMW), "folding the gradient into the buffer needs SGD with momentum");
 
 #if FUSED_XIN == 0
 typedef u8 TX;
@@ -114,13 +129,13 @@ __host__ __device__ constexpr Layout make_layout() {
         const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : up4(C);
         y.w[l] = o; o += n;
         y.b[l] = o; o += nb;
-        y.g[l] = o; o += n;
-        y.gb[l] = o; o += nb;
+        y.g[l] = o; o += FOLD ? 0 : n;
+        y.gb[l] = o; o += FOLD ? 0 : nb;
         y.s1[l] = o; o += NS >= 1 ? n : 0;
         y.s1b[l] = o; o += NS >= 1 ? nb : 0;
         y.s2[l] = o; o += NS >= 2 ? n : 0;
         y.s2b[l] = o; o += NS >= 2 ? nb : 0;
-        y.op[l] = o; o += PREC != 0 ? up4(n / 2 + 1) : 0;  // fp16 copy: two per float
+        y.op[l] = o; o += OPC ? up4(n / 2 + 1) : 0;  // fp16 copy: two per float
     }
     y.xs = o; o += R * XLD;
     y.xr = o; o += up4(cdiv(R * XW * (int)sizeof(TX), 4));  // the next chunk's raw rows (cp.async)
@@ -142,6 +157,9 @@ __host__ __device__ constexpr Layout make_layout() {
     return y;
 }
 constexpr Layout LY = make_layout();
+// Where a step's gradients accumulate: the gradient arrays, or (FOLD) the momentum buffers.
+__host__ __device__ constexpr int gacc_w(int l) { return FOLD ? LY.s1[l] : LY.g[l]; }
+__host__ __device__ constexpr int gacc_b(int l) { return FOLD ? LY.s1b[l] : LY.gb[l]; }
 static_assert(LY.total * 4 <= FUSED_SMEM, "fused_plan.py's shared-memory size is smaller than the kernel's layout");
 static_assert(NT % 32 == 0 && NT <= 1024, "block must be whole warps");
 
@@ -232,11 +250,13 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The operand weight of layer l at flat index e (fp16 copy, or the fp32 master in "fp32").
+// The operand weight of layer l at flat index e: the fp16 copy, the master rounded on the fly ("mixed" without
+// the copy), or the master itself ("fp32", and "fp16" whose masters are fp16 values).
 template <int l>
 __device__ __forceinline__ float wop(const float* sm, int e) {
-    if (PREC == 0) return sm[LY.w[l] + e];
-    return to_f(reinterpret_cast<const half_t*>(sm + LY.op[l])[e]);
+    if (OPC) return to_f(reinterpret_cast<const half_t*>(sm + LY.op[l])[e]);
+    if (PREC == 1) return rnd(sm[LY.w[l] + e]);
+    return sm[LY.w[l] + e];
 }
 
 // ---- GEMM shapes of a step (scalar FMA, fp32 accumulation) ---------------------------------------------------
@@ -389,7 +409,7 @@ __device__ __forceinline__ void gemm_wgrad(float* sm, const float* dZ, const flo
     constexpr int UNITS = KG * cdiv(N, JB);
     constexpr int S = wgrad_split(UNITS);
     static_assert(K % 4 == 0 && lda % 4 == 0, "wgrad needs 4-aligned rows");
-    float* G = sm + LY.g[l];
+    float* G = sm + gacc_w(l);
     const int g = threadIdx.x % S;
     for (int u0 = 0; u0 < UNITS; u0 += NT / S) {
         const int u = u0 + threadIdx.x / S;
@@ -465,11 +485,23 @@ __device__ __forceinline__ void colsum_add(float* gb, const float* dZ, int m) {
 // ---- the optimizer step of one owned tensor (fastnn/optim.py; update.cu's arithmetic) ------------------------
 struct Opt {
     float lr, momentum, wd, b1, b2, eps, c1, c2;
-    int nesterov;
+    int nesterov, prep;
 };
 __device__ __forceinline__ void opt_step(const Opt& o, float* w, float* g, float* s1, float* s2, half_t* op, int n) {
     for (int e = threadIdx.x; e < n; e += NT) {
-        float wi = w[e], gi = g[e];
+        float wi = w[e];
+        if (FOLD) {
+            // s1 holds momentum * buffer + weight_decay * w + this step's gradient: the new buffer. Leave it
+            // ready for the next step (prep), or as the buffer itself after the epoch's last step.
+            const float m = s1[e];
+            wi -= o.lr * m;
+            if (PREC == 2) wi = rnd(wi);
+            w[e] = wi;
+            s1[e] = o.prep ? o.momentum * m + o.wd * wi : m;
+            if (op) op[e] = from_f<half_t>(wi);
+            continue;
+        }
+        float gi = g[e];
         if (ADAMW) {
             wi *= 1.f - o.lr * o.wd;
             const float m = o.b1 * s1[e] + (1.f - o.b1) * gi;
@@ -489,7 +521,18 @@ __device__ __forceinline__ void opt_step(const Opt& o, float* w, float* g, float
         if (PREC == 2) wi = rnd(wi);  // "fp16" stores its weights in fp16
         w[e] = wi;
         g[e] = 0.f;
-        if (PREC != 0 && op) op[e] = from_f<half_t>(wi);
+        if (op) op[e] = from_f<half_t>(wi);
+    }
+}
+// FOLD: the epoch's first step starts from momentum * buffer + weight_decay * w.
+__device__ __forceinline__ void fold_prep(float* sm, float momentum, float wd) {
+    if constexpr (FOLD) {
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
+            for (int e = threadIdx.x; e < n; e += NT) sm[LY.s1[l] + e] = momentum * sm[LY.s1[l] + e] + wd * sm[LY.w[l] + e];
+            for (int e = threadIdx.x; e < nb; e += NT) sm[LY.s1b[l] + e] = momentum * sm[LY.s1b[l] + e] + wd * sm[LY.b[l] + e];
+        }
     }
 }
 
@@ -515,7 +558,7 @@ __device__ void move_state(float* sm, TP* params, float* s1g, float* s2g, half_t
                 sm[LY.w[l] + si] = to_f(params[gi]);
                 if (NS >= 1) sm[LY.s1[l] + si] = s1g[gi];
                 if (NS >= 2) sm[LY.s2[l] + si] = s2g[gi];
-                if (PREC != 0) reinterpret_cast<half_t*>(sm + LY.op[l])[si] = from_f<half_t>(sm[LY.w[l] + si]);
+                if (OPC) reinterpret_cast<half_t*>(sm + LY.op[l])[si] = from_f<half_t>(sm[LY.w[l] + si]);
             } else {
                 params[gi] = from_f<TP>(sm[LY.w[l] + si]);
                 if (NS >= 1) s1g[gi] = sm[LY.s1[l] + si];
@@ -612,7 +655,7 @@ __device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur)
         });
     }
     // bias and weight gradients of the owned neurons
-    colsum_add<P, P>(sm + LY.gb[l], dZ, m);
+    colsum_add<P, P>(sm + gacc_b(l), dZ, m);
     const float* A = l == 0 ? sm + LY.xs : sm + LY.hf[l > 0 ? l - 1 : 0];
     gemm_wgrad<l, P, up4(Kin), P, lda>(sm, dZ, A, m);
     if constexpr (l >= 1) {
@@ -650,6 +693,9 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     for (int e = tid; e < LY.total; e += NT) sm[e] = 0.f;  // every pad starts (and stays) zero
     __syncthreads();
     move_state<TP>(sm, params, s1g, s2g, w16, r, 0);
+    __syncthreads();
+    if (FOLD && nesterov) __trap();  // fused_plan.py folds plain momentum only
+    fold_prep(sm, momentum, wd);
     u32 keys[FEISTEL_ROUNDS];
     round_keys(seed_lo, seed_hi, st->epoch, keys);
     int* lab = reinterpret_cast<int*>(sm + LY.lab);
@@ -808,7 +854,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             {
                 const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
                 constexpr int lda = NH >= 1 ? KP : XLD;
-                colsum_add<C, up4(C)>(sm + LY.gb[L - 1], sm + LY.dzl, m);
+                colsum_add<C, up4(C)>(sm + gacc_b(L - 1), sm + LY.dzl, m);
                 gemm_wgrad<L - 1, C, KP, up4(C), lda>(sm, sm + LY.dzl, A, m);
             }
             if constexpr (NH >= 1) {
@@ -834,6 +880,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
         if (s + 1 < steps) lr_next = st->lr[k + 1];  // used a step later: the load's latency is hidden
         o.momentum = momentum; o.wd = wd; o.nesterov = nesterov; o.b1 = b1; o.b2 = b2; o.eps = eps;
         o.c1 = o.c2 = 1.f;
+        o.prep = s + 1 < steps;
         if (ADAMW) {
             const float t = (float)(step0 + k + 1);
             o.c1 = 1.f - powf(b1, t);
@@ -842,9 +889,9 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
 #pragma unroll
         for (int l = 0; l < L; ++l) {
             const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
-            half_t* op = PREC != 0 ? reinterpret_cast<half_t*>(sm + LY.op[l]) : nullptr;
-            opt_step(o, sm + LY.w[l], sm + LY.g[l], sm + LY.s1[l], sm + LY.s2[l], op, n);
-            opt_step(o, sm + LY.b[l], sm + LY.gb[l], sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
+            half_t* op = OPC ? reinterpret_cast<half_t*>(sm + LY.op[l]) : nullptr;
+            opt_step(o, sm + LY.w[l], sm + gacc_w(l), sm + LY.s1[l], sm + LY.s2[l], op, n);
+            opt_step(o, sm + LY.b[l], sm + gacc_b(l), sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
         }
         __syncthreads();
         PROF_MARK(6);  // update

@@ -45,7 +45,9 @@ def _fused_module(device, options: tuple[str, ...]):
 
 
 def _x_dtype_for_plan(config: EngineConfig) -> type:
-    return np.uint8  # the shared-memory plan does not depend on the input type; the kernel is compiled per type
+    """The input type the engine is judged with before fit() brings data: float32, the larger (its staged rows
+    take 4 bytes an element against uint8's 1), so a model accepted here fits whatever inputs come."""
+    return np.float32
 
 
 def prefer_fused(config: EngineConfig, device) -> bool:

@@ -15,7 +15,7 @@ from ..optim import AdamW
 from .base import EngineConfig
 from .plan import param_layout
 
-__all__ = ["CLUSTER", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
+__all__ = ["CLUSTER", "LAYOUTS", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
 
 #: CTAs in the cluster: 16 (non-portable, allowed on H100/H200), the most Hopper runs as one cluster.
 CLUSTER = 16
@@ -28,6 +28,11 @@ HOPPER_SMEM = 232448
 #: Widest layer (inputs included) the kernel's register tiles and index arithmetic are written for.
 MAX_WIDTH = 4096
 MIN_CC = 90  # clusters and distributed shared memory: Hopper and newer
+#: Shared-memory layouts tried in order, each at every chunk size: "standard" keeps a gradient array per
+#: weight array and, in "mixed", an fp16 operand copy; "lean" (for models the standard one cannot hold)
+#: keeps no copy (products round the fp32 master on the fly) and, for SGD with plain momentum, folds each
+#: step's gradient into the momentum buffer instead of a gradient array (fused.cu: FOLD, OPC).
+LAYOUTS = ("standard", "lean")
 
 _PREC = {"fp32": 0, "mixed": 1, "fp16": 2}
 
@@ -41,9 +46,16 @@ def _up4(a: int) -> int:
 
 
 def smem_floats(
-    sizes: tuple[int, ...], rows: int, cluster: int, n_state: int, half_copy: bool, x_itemsize: int = 1
+    sizes: tuple[int, ...],
+    rows: int,
+    cluster: int,
+    n_state: int,
+    half_copy: bool,
+    x_itemsize: int = 1,
+    fold: bool = False,
 ) -> int:
-    """Shared memory of one CTA in 4-byte words: the same layout as fused.cu's make_layout()."""
+    """Shared memory of one CTA in 4-byte words: the same layout as fused.cu's make_layout(). `half_copy`: the
+    fp16 operand copy (OPC); `fold`: no gradient arrays (FOLD)."""
     L = len(sizes) - 1
     NH = L - 1
     C = sizes[-1]
@@ -58,7 +70,7 @@ def smem_floats(
     for k in range(L):
         n = (per(k) if k < NH else C) * (_up4(sizes[k]) if k < NH else KP)
         nb = per(k) if k < NH else _up4(C)
-        o += 2 * (n + nb)  # master and gradient
+        o += (1 if fold else 2) * (n + nb)  # master and gradient
         o += n_state * (n + nb)
         o += _up4(n // 2 + 1) if half_copy else 0
     o += rows * XLD
@@ -96,18 +108,30 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
     if widest > MAX_WIDTH:
         return f"a layer of {widest} is wider than the fused kernel's {MAX_WIDTH}"
     n_state = len(opt.state_names)
-    half_copy = config.precision != "fp32"
+    # Folding needs the buffer to be the whole update: SGD with momentum, not Nesterov (which also needs g).
+    can_fold = not isinstance(opt, AdamW) and n_state == 1 and not opt.nesterov
     first = min(_up4(config.batch_size), CHUNK_ROWS[0])  # a chunk never needs more rows than the batch
-    for rows in [first] + [r for r in CHUNK_ROWS if r < first]:
-        need = 4 * smem_floats(sizes, rows, CLUSTER, n_state, half_copy, np.dtype(x_dtype).itemsize)
-        if need <= smem_limit:
+    fits = None
+    for kind in LAYOUTS:
+        lean = kind == "lean"
+        half_copy = config.precision == "mixed" and not lean
+        fold = lean and can_fold
+        for rows in [first] + [r for r in CHUNK_ROWS if r < first]:
+            need = 4 * smem_floats(sizes, rows, CLUSTER, n_state, half_copy, np.dtype(x_dtype).itemsize, fold)
+            if need <= smem_limit:
+                fits = (rows, need, half_copy, fold)
+                break
+        if fits:
             break
-    else:
+    if fits is None:
+        held = ["weights"] + ([] if fold else ["gradients"]) + (["optimizer state"] if n_state else [])
+        state = ", ".join(held[:-1]) + " and " + held[-1] if len(held) > 1 else held[0]
         return (
             f"the model {list(sizes)} with {type(opt).__name__} in {config.precision!r} needs {need:,} bytes of "
             f"shared memory per CTA even at {rows} rows per chunk, over the GPU's {smem_limit:,} "
-            f"(weights, gradients and optimizer state of 1/{CLUSTER} of the model live on each of {CLUSTER} CTAs)"
+            f"({state} of 1/{CLUSTER} of the model live on each of {CLUSTER} CTAs)"
         )
+    rows, need, half_copy, fold = fits
     layout = param_layout(model)
     offs = ",".join(str(o) for o in layout.offsets)
     opt_code = 2 if isinstance(opt, AdamW) else (1 if n_state else 0)
@@ -124,5 +148,7 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
         f"-DFUSED_ACT={0 if model.activation == 'relu' else 1}",
         f"-DFUSED_OPT={opt_code}",
         f"-DFUSED_SMEM={need}",
+        f"-DFUSED_OPC={int(half_copy)}",
+        f"-DFUSED_FOLD={int(fold)}",
     )
     return FusedPlan(rows=rows, cluster=CLUSTER, threads=THREADS, smem_bytes=need, options=options)

@@ -1,0 +1,113 @@
+"""The fused engine's plan on the CPU: which models it holds, the refusal naming the bytes, and the kernel
+compiled (NVRTC, sm_90) with each plan's options, where a static_assert checks that the kernel's shared-memory
+layout needs no more than the bytes the plan computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastnn import MLP, SGD, AdamW
+from fastnn.cuda import nvrtc
+from fastnn.engine import fused_plan as fp
+from fastnn.engine.base import EngineConfig
+
+MOMENTUM = SGD(lr=0.01, momentum=0.9)
+
+
+def _plan(sizes, optimizer=MOMENTUM, precision="mixed", batch=32, x_dtype=np.float32):
+    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision)
+    return fp.fused_plan(cfg, x_dtype)
+
+
+def _option(plan: fp.FusedPlan, name: str) -> str:
+    (value,) = [o.split("=", 1)[1] for o in plan.options if o.startswith(f"-D{name}=")]
+    return value
+
+
+@pytest.mark.parametrize("classes", [2, 10, 100])
+@pytest.mark.parametrize("optimizer", [SGD(lr=0.1), MOMENTUM, AdamW(lr=1e-3)], ids=["sgd", "momentum", "adamw"])
+@pytest.mark.parametrize("precision", ["fp32", "mixed", "fp16"])
+def test_logistic_regression_up_to_100_classes_is_held(classes, optimizer, precision):
+    for batch in (1, 128, 1000):
+        plan = _plan([784, classes], optimizer, precision, batch)
+        assert isinstance(plan, fp.FusedPlan), plan
+        assert plan.smem_bytes <= fp.HOPPER_SMEM
+
+
+@pytest.mark.parametrize("width", [64, 128, 192, 256])
+@pytest.mark.parametrize("precision", ["fp32", "mixed", "fp16"])
+def test_three_hidden_layers_up_to_256_with_momentum_are_held(width, precision):
+    for batch in (32, 128):
+        plan = _plan([784, width, width, width, 10], MOMENTUM, precision, batch)
+        assert isinstance(plan, fp.FusedPlan), plan
+
+
+def test_256_wide_takes_the_lean_layout_and_128_the_standard_one():
+    lean = _plan([784, 256, 256, 256, 10])
+    assert (_option(lean, "FUSED_FOLD"), _option(lean, "FUSED_OPC")) == ("1", "0")
+    standard = _plan([784, 128, 128, 128, 10])
+    assert (_option(standard, "FUSED_FOLD"), _option(standard, "FUSED_OPC")) == ("0", "1")
+    # Nesterov's step needs the gradient beside the buffer: never folded.
+    nesterov = _plan([784, 192, 192, 10], SGD(lr=0.01, momentum=0.9, nesterov=True))
+    assert isinstance(nesterov, fp.FusedPlan) and _option(nesterov, "FUSED_FOLD") == "0"
+
+
+@pytest.mark.parametrize(
+    "sizes,optimizer,arrays",
+    [
+        ([784, 320, 320, 320, 10], MOMENTUM, "(weights and optimizer state of"),
+        ([784, 256, 256, 256, 10], AdamW(lr=1e-3), "weights, gradients and optimizer state"),
+        ([784, 256, 256, 256, 10], SGD(lr=0.01, momentum=0.9, nesterov=True), "weights, gradients and optimizer"),
+    ],
+)
+def test_a_model_too_big_is_refused_naming_bytes_and_what_is_held(sizes, optimizer, arrays):
+    reason = _plan(sizes, optimizer)
+    assert isinstance(reason, str)
+    assert "bytes of shared memory per CTA" in reason and "232,448" in reason and arrays in reason, reason
+
+
+def test_a_model_accepted_for_float_inputs_fits_uint8_inputs_too():
+    for sizes in ([784, 224, 224, 10], [784, 256, 256, 256, 10], [784, 100]):
+        for opt in (MOMENTUM, SGD(lr=0.01, momentum=0.9, nesterov=True), AdamW(lr=1e-3)):
+            f32, u8 = _plan(sizes, opt, x_dtype=np.float32), _plan(sizes, opt, x_dtype=np.uint8)
+            if isinstance(f32, fp.FusedPlan):
+                assert isinstance(u8, fp.FusedPlan) and u8.smem_bytes <= f32.smem_bytes
+
+
+def test_the_smallest_limit_forces_a_refusal_not_a_zero_row_plan():
+    reason = fp.fused_plan(
+        EngineConfig(model=MLP([784, 10]), optimizer=MOMENTUM, batch_size=32, precision="mixed"), np.uint8, 1024
+    )
+    assert isinstance(reason, str) and "4 rows per chunk" in reason
+
+
+# One kernel per layout, precision, optimizer kind and input type: the static_assert in fused.cu fails to compile
+# if make_layout() needs more than FUSED_SMEM, i.e. if smem_floats() here ever undercounts.
+KERNELS = [
+    ([784, 10], MOMENTUM, "mixed", np.uint8, "standard"),
+    ([784, 100], AdamW(lr=1e-3), "fp32", np.float32, "standard"),
+    ([784, 128, 128, 128, 10], SGD(lr=0.01, momentum=0.9, nesterov=True), "mixed", np.uint8, "standard"),
+    ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.uint8, "lean"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.01), "fp16", np.float32, "lean"),
+    ([30, 37, 37, 10], AdamW(lr=1e-3), "mixed", np.float32, "lean"),
+]
+
+
+@pytest.mark.parametrize("sizes,optimizer,precision,x_dtype,layout", KERNELS)
+def test_the_kernel_compiles_for_each_layout(sizes, optimizer, precision, x_dtype, layout, monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fp, "LAYOUTS", (layout,))
+    plan = _plan(sizes, optimizer, precision, 32, x_dtype)
+    assert isinstance(plan, fp.FusedPlan), plan
+    cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
+    """The cross-check above can fail: a plan claiming one 4-byte word too few is rejected by the compiler."""
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan([784, 256, 256, 256, 10])
+    options = [o if not o.startswith("-DFUSED_SMEM=") else f"-DFUSED_SMEM={plan.smem_bytes - 4}" for o in plan.options]
+    with pytest.raises(Exception, match="shared-memory size is smaller"):
+        nvrtc.compile_native("fused.cu", "sm_90", options)
