@@ -25,6 +25,7 @@ WORKLOADS = {
     # name: (sizes, lr, batch, epochs, samples)
     "logreg": ([784, 10], 0.1, 128, 20, 60000),
     "mlp128": ([784, 128, 128, 128, 10], 0.003, 32, 5, 32000),
+    "mlp256": ([784, 256, 256, 256, 10], 0.003, 32, 5, 32000),  # held in the lean layout only (4 rows a chunk)
 }
 SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 

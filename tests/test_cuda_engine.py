@@ -23,20 +23,6 @@ from fastnn.shuffle import permutation
 
 pytestmark = pytest.mark.gpu
 
-GPU_ENGINES = ("graph", "fused", "fused-lean")
-
-
-@pytest.fixture(params=GPU_ENGINES)
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The engine= to pass; "fused-lean" is engine="fused" restricted to its lean layout."""
-    if request.param == "fused-lean":
-        from fastnn.engine import fused_plan
-
-        monkeypatch.setattr(fused_plan, "LAYOUTS", ("lean",))
-        return "fused"
-    return request.param
-
-
 def _engine_class(engine: str):
     if engine == "fused":
         from fastnn.engine.fused_engine import FusedEngine

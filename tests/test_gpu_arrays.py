@@ -1,4 +1,5 @@
-"""Arrays already on the GPU (torch, CuPy, JAX) used in place by both GPU engines: the same results as host arrays."""
+"""Arrays already on the GPU (torch, CuPy, JAX) used in place by the GPU engines (the `engine` fixture): the same
+results as host arrays."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import os
 
 import numpy as np
 import pytest
-from test_cuda_engine import GPU_ENGINES  # the GPU engine matrix: "graph", "fused"
 
 from fastnn import MLP, SGD, DataError, Trainer
 
-pytestmark = [pytest.mark.gpu, pytest.mark.parametrize("engine", GPU_ENGINES)]
+pytestmark = pytest.mark.gpu
 
 D, C, N = 64, 5, 300
 

@@ -2,15 +2,16 @@
 same weights, a callback stops with no epoch trained past it (the engine queues epochs ahead otherwise), the
 validation split is the same rows. Run on a GPU machine: `PYTHONPATH=$PWD python3 -m pytest -m gpu -q`.
 
-Every case runs on both GPU engines ("graph" and "fused") in fp32, with the tolerance of tests/test_cuda_engine.py's
-fp32 comparisons; neighbouring epochs' weights differ by more than 1% here, so a stop one epoch late fails.
+Every case runs on the GPU engine matrix (the `engine` fixture, tests/conftest.py) in fp32, with the tolerance
+of tests/test_cuda_engine.py's fp32 comparisons; neighbouring epochs' weights differ by more than 1% here, so a
+stop one epoch late fails.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_engine import GPU_ENGINES, _refused
+from test_cuda_engine import _refused
 from test_training_control import EPOCHS, EVAL, OPTIMIZERS, TRAIN, _expected_stop, _reference, _state
 
 import fastnn
@@ -21,11 +22,6 @@ pytestmark = pytest.mark.gpu
 
 PARAM_RTOL = 2e-4  # fp32 parameters, relative norm (README: GPU engines vs NumPy after a few epochs)
 STATE_RTOL = 1e-3  # optimizer state (momentum, Adam moments): rounding accumulates in them a little more
-
-
-@pytest.fixture(params=GPU_ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    return request.param
 
 
 def _gpu(engine: str, opt=OPTIMIZERS[0], **kw) -> Trainer:
