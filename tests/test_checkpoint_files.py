@@ -101,6 +101,17 @@ def test_bomb_beside_a_valid_marker_is_refused_from_its_header(
     assert bytes_read[0] < 1 << 16
 
 
+@pytest.mark.parametrize("name", ["extra.npy", "evil.bin", "0.weight.npy.bak"])
+def test_bomb_under_an_unexpected_name_beside_a_valid_marker(
+    good: Path, tmp_path: Path, bytes_read: list[int], name: str
+) -> None:
+    members = _members(good)
+    members[name] = _npy_header((16 << 20,)) + bytes(64 << 20)
+    bytes_read[0] = 0
+    _rejected(_write(tmp_path / "bomb.npz", members), "unexpected", repr(name.removesuffix(".npy")))
+    assert bytes_read[0] < 1 << 16  # refused by its name, never inflated
+
+
 def test_member_declaring_4_tb_is_a_dataerror_not_memoryerror(good: Path, tmp_path: Path) -> None:
     members = _members(good)
     members["0.weight.npy"] = _npy_header((1 << 40,)) + bytes(64)  # 4 TiB of float32 declared, 64 bytes present

@@ -99,6 +99,7 @@ def test_mlp_one_epoch(data_dir, tmp_path):
     args = ("--data", str(data_dir), "--device", "cpu", "--epochs", "1", "--hidden", "16", "--layers", "2")
     r = run_example("mnist_mlp.py", *args, tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"
     assert "MLP (784, 16, 16, 10) relu" in r.stdout
     assert "steps per epoch" not in r.stdout  # --epochs given: no step arithmetic to report
     (line,) = epoch_lines(r.stdout)
