@@ -21,16 +21,16 @@
 // in every CTA and updated identically (the same arithmetic on the same numbers keeps the copies equal).
 //
 // Memory plan (per CTA, all in shared memory, fp32 unless said): owned weights (master), their gradient
-// accumulators and optimizer state (1 or 2 arrays); an fp16 operand copy of the owned weights in "mixed";
+// accumulators and optimizer state (1 or 2 arrays); an fp16 operand copy of the owned weights in "mixed"
 // (the lean layout, for models the standard one cannot hold, drops the copy and, for SGD with plain
-// momentum, the gradient arrays: see FOLD and OPC below); the chunk's input rows X (R x D, or R x KP for logistic regression); per hidden layer the
-// pre-activation slice Z (R x P, reused as dZ) and, except for the last hidden layer, the full activation H
-// (R x width) gathered from every CTA; the last hidden layer's activation slice; the partial logits pushed
-// to the row's reducer CTA (CL x ceil(R/CL) x C); the all-gathered dlogits (R x C); two reduce-scatter
-// receive buffers for dH (CL x R x P). Registers: GEMM tiles. Global memory: the training set (read once
-// per chunk), the lr table, the history, the training state at start and end. Row strides are padded to 4
-// floats (16-byte vector loads) and every pad is zero, so padded neurons and columns stay exactly zero
-// under every optimizer.
+// momentum, the gradient arrays: see FOLD and OPC below); the chunk's input rows X (R x D, or R x KP for
+// logistic regression); per hidden layer the pre-activation slice Z (R x P, reused as dZ) and, except for
+// the last hidden layer, the full activation H (R x width) gathered from every CTA; the last hidden layer's
+// activation slice; the partial logits pushed to the row's reducer CTA (CL x ceil(R/CL) x C); the
+// all-gathered dlogits (R x C); two reduce-scatter receive buffers for dH (CL x R x P). Registers: GEMM
+// tiles. Global memory: the training set (read once per chunk), the lr table, the history, the training
+// state at start and end. Row strides are padded to 4 floats (16-byte vector loads) and every pad is zero,
+// so padded neurons and columns stay exactly zero under every optimizer.
 //
 // Cluster barriers per chunk of R rows: one per hidden layer but the last (all-gather of H), two for the
 // head (partial logits -> reducers; dlogits -> everyone), one per hidden layer but the first in backward
@@ -530,8 +530,10 @@ __device__ __forceinline__ void fold_prep(float* sm, float momentum, float wd) {
 #pragma unroll
         for (int l = 0; l < L; ++l) {
             const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
-            for (int e = threadIdx.x; e < n; e += NT) sm[LY.s1[l] + e] = momentum * sm[LY.s1[l] + e] + wd * sm[LY.w[l] + e];
-            for (int e = threadIdx.x; e < nb; e += NT) sm[LY.s1b[l] + e] = momentum * sm[LY.s1b[l] + e] + wd * sm[LY.b[l] + e];
+            for (int e = threadIdx.x; e < n; e += NT)
+                sm[LY.s1[l] + e] = momentum * sm[LY.s1[l] + e] + wd * sm[LY.w[l] + e];
+            for (int e = threadIdx.x; e < nb; e += NT)
+                sm[LY.s1b[l] + e] = momentum * sm[LY.s1b[l] + e] + wd * sm[LY.b[l] + e];
         }
     }
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -197,6 +198,29 @@ def test_free_failure_raises_but_driver_shutdown_is_ignored(ctx_calls):
     gone = _Thing(lambda h: (cu.CUresult.CUDA_ERROR_DEINITIALIZED,))
     gone.close()
     assert gone.closed
+
+
+def test_a_free_while_this_thread_captures_waits_for_the_capture_to_end(ctx_calls, monkeypatch):
+    """The garbage collector may run a finalizer mid-capture; the free (a call a capture prohibits) must wait."""
+    freed = []
+    thing = _Thing(lambda h: freed.append(h) or (SUCCESS,))
+    failing = _Thing(lambda h: (cu.CUresult.CUDA_ERROR_INVALID_VALUE,), handle="bad")
+    reported = []
+    monkeypatch.setattr(driver.sys, "unraisablehook", reported.append)
+    monkeypatch.setattr(driver._thread_state, "capturing", 1, raising=False)
+    monkeypatch.setattr(driver._thread_state, "deferred", [], raising=False)
+    failing.close()
+    thing.close()
+    assert freed == [] and thing.closed  # closed for its owner at once; the driver call waits
+    other_thread = threading.Thread(target=_Thing(lambda h: freed.append(h) or (SUCCESS,), "t").close)
+    other_thread.start()
+    other_thread.join()
+    assert freed == ["t"]  # another thread is not capturing: its frees run at once
+    driver._thread_state.capturing = 0
+    driver._release_deferred()  # what end_capture does once the outermost capture ends
+    assert freed == ["t", "h"] and driver._thread_state.deferred == []
+    (failure,) = reported  # the failing free is reported as a finalizer's would be; the next one still ran
+    assert "fakeFree failed" in str(failure.exc_value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,6 +434,38 @@ def test_graph_capture_replay_equals_eager(dev, module):
         np.testing.assert_array_equal(got, want)
     assert np.abs(want).max() > 0
     for obj in [exe, pinned, stream, *eager, *graphed]:
+        obj.close()
+
+
+@pytest.mark.gpu
+def test_resources_collected_during_a_capture_do_not_invalidate_it(dev, module):
+    """A trainer dropped without close() may be collected while another one captures its epoch: its frees
+    (cuMemFree, cuMemFreeHost, cuGraphExecDestroy) wait for the capture's end instead of invalidating it."""
+    n = 1 << 12
+    stream = driver.Stream(dev)
+    x, y = driver.DeviceBuffer(4 * n), driver.DeviceBuffer(4 * n)
+    x.upload(np.ones(n, np.float32))
+    y.memset(0)
+    victims = [driver.DeviceBuffer(1 << 20), driver.PinnedBuffer(1 << 16)]
+    stream.begin_capture()
+    _saxpy(module, 1.0, x, y, n, stream)
+    victims.append(stream.end_capture().instantiate())  # a graph executable to destroy mid-capture
+    stream.begin_capture()
+    try:
+        _saxpy(module, 2.0, x, y, n, stream)
+        victims.pop().close()  # explicit closes and collection take the same path
+        del victims[:]
+        gc.collect()
+        _saxpy(module, 3.0, x, y, n, stream)
+    finally:
+        graph = stream.end_capture()
+    assert driver._thread_state.deferred == []  # the deferred frees ran at the end of the capture
+    exe = graph.instantiate()
+    graph.close()
+    exe.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(y.download(np.zeros(n, np.float32)), np.full(n, 5.0, np.float32))
+    for obj in (exe, x, y, stream):
         obj.close()
 
 

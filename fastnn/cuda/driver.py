@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -284,7 +286,14 @@ def _resolve(device: Device | None) -> Device:
 
 
 def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> None:
-    """Free one driver resource with its context current (a finalizer may run on any thread)."""
+    """Free one driver resource with its context current (a finalizer may run on any thread).
+
+    A thread capturing a stream defers its frees to the end of the capture: the garbage collector can run a
+    finalizer in the middle of one, and a free there (cuMemFree, cuGraphExecDestroy: calls a capture
+    prohibits) would invalidate the capture of an unrelated graph."""
+    if getattr(_thread_state, "capturing", 0):
+        _thread_state.deferred.append((ctx, free, handle, what))
+        return
     try:
         cu.cuCtxSetCurrent(ctx)
         result = free(handle)
@@ -294,6 +303,25 @@ def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> No
     if err in _GONE:
         return
     _check(result, what)
+
+
+def _release_deferred() -> None:
+    """Run the frees deferred during this thread's capture; a failing one is reported as a finalizer's would
+    be (sys.unraisablehook), so the others still run and the captured graph is not lost."""
+    deferred, _thread_state.deferred = _thread_state.deferred, []
+    for args in deferred:
+        try:
+            _release(*args)
+        except Exception as exc:
+            sys.unraisablehook(
+                types.SimpleNamespace(
+                    exc_type=type(exc),
+                    exc_value=exc,
+                    exc_traceback=exc.__traceback__,
+                    err_msg="Exception ignored in a deferred free",
+                    object=None,
+                )
+            )
 
 
 class _Owned:
@@ -348,16 +376,25 @@ class Stream(_Owned):
         _check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
     def begin_capture(self) -> None:
-        """Start recording this stream's work into a graph (thread-local mode: other threads are unaffected)."""
+        """Start recording this stream's work into a graph (thread-local mode: other threads are unaffected).
+        Until end_capture, this thread's resource frees wait (see _release)."""
         self._alive()
         self.device.make_current()
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(cu.cuStreamBeginCapture(self.handle, mode), "cuStreamBeginCapture")
+        if not getattr(_thread_state, "capturing", 0):
+            _thread_state.deferred = []
+        _thread_state.capturing = getattr(_thread_state, "capturing", 0) + 1
 
     def end_capture(self) -> Graph:
-        """Stop recording and return the captured Graph."""
+        """Stop recording and return the captured Graph; then the frees deferred during the capture run."""
         self._alive()
-        graph = _check(cu.cuStreamEndCapture(self.handle), "cuStreamEndCapture")
+        try:
+            graph = _check(cu.cuStreamEndCapture(self.handle), "cuStreamEndCapture")
+        finally:
+            _thread_state.capturing -= 1
+            if not _thread_state.capturing:
+                _release_deferred()
         return Graph._adopt(self.device, graph)
 
 
@@ -746,7 +783,11 @@ class Kernel:
         )
 
     def _cluster_config(
-        self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Stream | None,
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: Stream | None,
         cluster: int,
     ) -> Any:
         """A CUlaunchConfig for a launch in thread-block clusters of `cluster` CTAs along x (more than 8 CTAs
