@@ -1,14 +1,15 @@
 """The fused engine against the graph engine: us/step, first-fit setup and test accuracy, per width.
 
     python benchmarks/bench_fused.py --data DIR [--only logreg,mlp128,sweep] [--precision mixed] [--momentum M]
-        [--engines graph,fused,fused-lean] [--json F]
+        [--engines graph,fused,fused-lean,fused-fma] [--json F]
 
 Both engines train the same model from the same weights in the same order in one process. Training time is
 the sum of the per-epoch device-event times of a second `fit` (the captured epoch replayed); setup is the
 first `fit` of a fresh trainer (one epoch, kernel cache as found). "sweep" runs 784-h-h-h-10 (batch 32)
 for h in 32..1024 to find the width where the fused engine stops winning (engine="auto"'s rule).
 "fused-lean" is the fused engine held to its lean shared-memory layout (no fp16 weight copy, momentum holding
-the gradient), which it takes by itself only where the standard layout does not fit: its cost, measured.
+the gradient), which it takes by itself only where the standard layout does not fit: its cost, measured;
+"fused-fma" computes the products with scalar FMA instead of tensor cores ("fused-lean-fma": both).
 """
 
 from __future__ import annotations
@@ -35,20 +36,22 @@ def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, mo
 
     x, y, xt, yt = data
     x, y = x[:samples], y[:samples]
-    layouts = fused_plan.LAYOUTS
-    if engine == "fused-lean":
+    layouts, tensor_cores = fused_plan.LAYOUTS, fused_plan.TENSOR_CORES
+    if "-lean" in engine:
         fused_plan.LAYOUTS = ("lean",)
+    if "-fma" in engine:
+        fused_plan.TENSOR_CORES = False
     try:
         t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr, momentum=momentum), batch_size=batch,
                            precision=precision, device="cuda", seed=0, engine=engine.split("-")[0])  # fmt: skip
     except fastnn.ConfigError as exc:
-        fused_plan.LAYOUTS = layouts
+        fused_plan.LAYOUTS, fused_plan.TENSOR_CORES = layouts, tensor_cores
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
     try:
         return _timed(t, x, y, xt, yt, epochs, batch) | {"sizes": sizes, "engine": engine, "precision": precision,
                                                           "momentum": momentum}
     finally:
-        fused_plan.LAYOUTS = layouts
+        fused_plan.LAYOUTS, fused_plan.TENSOR_CORES = layouts, tensor_cores
         t.close()
 
 

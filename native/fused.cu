@@ -32,6 +32,9 @@
 // state at start and end. Row strides are padded to 4 floats (16-byte vector loads) and every pad is zero,
 // so padded neurons and columns stay exactly zero under every optimizer.
 //
+// Products: tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation; MMA below) in "mixed" and
+// "fp16" for chunks of 16 rows or more (fused_plan.py decides); else scalar fp32 FMA from shared memory.
+//
 // Cluster barriers per chunk of R rows: one per hidden layer but the last (all-gather of H), two for the
 // head (partial logits -> reducers; dlogits -> everyone), one per hidden layer but the first in backward
 // (reduce-scatter of dH): logistic regression 2, 784-h-h-h-10 6. Every buffer written remotely is read
@@ -60,6 +63,9 @@
 #ifndef FUSED_OPC
 #define FUSED_OPC (FUSED_PREC == 1)
 #endif
+#ifndef FUSED_MMA
+#define FUSED_MMA 0
+#endif
 
 constexpr int L = FUSED_NL;            // linear layers
 constexpr int NH = L - 1;              // hidden layers
@@ -80,6 +86,9 @@ constexpr bool ADAMW = FUSED_OPT == 2;
 // fp32 master on the fly; "fp16" needs none: its masters are fp16 values already).
 constexpr bool FOLD = FUSED_FOLD != 0;
 constexpr bool OPC = FUSED_OPC != 0 && PREC == 1;
+// MMA: the products on tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation) in "mixed" and
+// "fp16", whose operands are fp16 values already; "fp32" (no TF32) keeps the scalar FMA path.
+constexpr bool MMA = FUSED_MMA != 0 && PREC != 0;
 static_assert(!FOLD || (NS == 1 && !ADAMW), "folding the gradient into the buffer needs SGD with momentum");
 
 #if FUSED_XIN == 0
@@ -113,7 +122,7 @@ template <int N, typename F> __device__ __forceinline__ void static_for(F&& f) {
 
 struct Layout {  // offsets in floats into dynamic shared memory
     int w[L], b[L], g[L], gb[L], s1[L], s1b[L], s2[L], s2b[L], op[L];
-    int z[L], hf[L], hs, xs, xr, lrecv, dzl, rs[2], rs_slot, lab, idx_n, lab_n, acc, total;
+    int z[L], hf[L], hs, xs, xr, lrecv, dzl, rs[2], rs_slot, lab, idx_n, lab_n, acc, mscr, total;
 };
 
 __host__ __device__ constexpr int rs_width() {  // widest slice a reduce-scatter lands in: layer l-1's neurons for l >= 1
@@ -153,6 +162,7 @@ __host__ __device__ constexpr Layout make_layout() {
     y.idx_n = o; o += R;
     y.lab_n = o; o += R;
     y.acc = o; o += 2 * NW * 2;  // per warp: loss sum and correct count as doubles
+    y.mscr = o; o += MMA ? NW * 128 : 0;  // MMA: per-warp 16x8 partial sums of a K split across warps
     y.total = o;
     return y;
 }
@@ -189,6 +199,9 @@ __device__ __forceinline__ void st_remote4(u32 addr, float4 v) {
     asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
                  "f"(v.w)
                  : "memory");
+}
+__device__ __forceinline__ void st_remote2(u32 addr, float v0, float v1) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
 }
 __device__ __forceinline__ double ld_remote_d(u32 addr) {
     double v;
@@ -277,6 +290,75 @@ __device__ __forceinline__ void butterfly(float (&v)[32], int lane) {
     }
 }
 
+// ---- tensor cores (MMA) --------------------------------------------------------------------------------------
+// d(16x8) += a(16x16, row-major) * b(16x8, column-major), fp16 operands, fp32 accumulation. Fragments (g = lane / 4,
+// t = lane % 4): a = {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b = {(2t..2t+1, g), (2t+8.., g)},
+// d = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}; the lower half of each 32-bit register holds the lower index.
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
+    u32 v;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+// out(i, j) = sum_k fa(i, k) * fb(k, j) for i < mo (<= MO), j < NN, k < kl (<= KK), on tensor cores: a warp per
+// 16x8 output tile; where there are fewer tiles than warps, the K steps are split across warps and the partial
+// tiles summed in a fixed order through LY.mscr. emit(i, j, v0, v1) receives outputs (i, j) and (i, j + 1), j
+// even (v1 is to be ignored where j + 1 == NN). Operands outside the shape read as zero.
+template <int MO, int NN, int KK, typename FA, typename FB, typename Emit>
+__device__ __forceinline__ void mma_gemm(float* sm, int mo, int kl, FA fa, FB fb, Emit emit) {
+    constexpr int MT = cdiv(MO, 16), NT8 = cdiv(NN, 8), KS = cdiv(KK, 16), TILES = MT * NT8;
+    constexpr int KC = TILES >= NW ? 1 : (KS < NW / TILES ? KS : NW / TILES);
+    constexpr int KPER = cdiv(KS, KC);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t2 = 2 * (lane & 3);
+    auto A = [&](int i, int k) { return i < mo && k < kl ? fa(i, k) : 0.f; };
+    auto B = [&](int k, int j) { return j < NN && k < kl ? fb(k, j) : 0.f; };
+    for (int u = warp; u < TILES * KC; u += NW) {
+        const int tile = u % TILES, kc = u / TILES;
+        const int i0 = (tile / NT8) * 16, j0 = (tile % NT8) * 8;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        const int kend = min(KS, (kc + 1) * KPER);
+        for (int ks = kc * KPER; ks < kend; ++ks) {
+            const int k0 = ks * 16 + t2;
+            const u32 a[4] = {pack_half2(A(i0 + g, k0), A(i0 + g, k0 + 1)),
+                              pack_half2(A(i0 + g + 8, k0), A(i0 + g + 8, k0 + 1)),
+                              pack_half2(A(i0 + g, k0 + 8), A(i0 + g, k0 + 9)),
+                              pack_half2(A(i0 + g + 8, k0 + 8), A(i0 + g + 8, k0 + 9))};
+            const u32 b[2] = {pack_half2(B(k0, j0 + g), B(k0 + 1, j0 + g)),
+                              pack_half2(B(k0 + 8, j0 + g), B(k0 + 9, j0 + g))};
+            mma16816(d, a, b);
+        }
+        if constexpr (KC == 1) {
+            const int j = j0 + t2;
+            if (j < NN) {
+                if (i0 + g < mo) emit(i0 + g, j, d[0], d[1]);
+                if (i0 + g + 8 < mo) emit(i0 + g + 8, j, d[2], d[3]);
+            }
+        } else {
+            *reinterpret_cast<float4*>(sm + LY.mscr + u * 128 + 4 * lane) = make_float4(d[0], d[1], d[2], d[3]);
+        }
+    }
+    if constexpr (KC > 1) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < TILES * 64; e += NT) {  // a thread per pair of outputs
+            const int tile = e / 64, ln = (e % 64) / 2, half = e % 2;
+            float v0 = 0.f, v1 = 0.f;
+            for (int kc = 0; kc < KC; ++kc) {
+                const float* p = sm + LY.mscr + (kc * TILES + tile) * 128 + 4 * ln + 2 * half;
+                v0 += p[0];
+                v1 += p[1];
+            }
+            const int i = (tile / NT8) * 16 + (ln >> 2) + 8 * half, j = (tile % NT8) * 8 + 2 * (ln & 3);
+            if (i < mo && j < NN) emit(i, j, v0, v1);
+        }
+        __syncthreads();  // LY.mscr is free for the next product
+    }
+}
+
 // Rows per forward tile: as many as fit 32 outputs, fewer where that leaves warps without a tile.
 __host__ __device__ constexpr int fwd_tm(int tn, int tiles_n) {
     int tm = 32 / tn;
@@ -353,6 +435,17 @@ __device__ __forceinline__ void logits_push_rows(const float* sm, const float* A
 
 template <int l, int N, int K, int lda, typename Emit>
 __device__ __forceinline__ void gemm_fwd(const float* sm, const float* A, int m, Emit emit) {
+    if constexpr (MMA) {
+        constexpr int ld = ld_of(l);
+        mma_gemm<R, N, K>(
+            const_cast<float*>(sm), m, K, [&](int i, int k) { return A[i * lda + k]; },
+            [&](int k, int j) { return wop<l>(sm, j * ld + k); },
+            [&](int i, int j, float v0, float v1) {
+                emit(i, j, v0);
+                if (j + 1 < N) emit(i, j + 1, v1);
+            });
+        return;
+    }
     if constexpr (K <= 256 && N <= 64 && R * cdiv(N, N < 8 ? N : 8) >= NT / 2 && K % 4 == 0 && lda % 4 == 0) {
         gemm_fwd_rows<l, N, K, lda>(sm, A, m, emit);
         return;
@@ -404,6 +497,16 @@ __host__ __device__ constexpr int wgrad_split(int units) {
 template <int l, int N, int K, int ldz, int lda>
 __device__ __forceinline__ void gemm_wgrad(float* sm, const float* dZ, const float* A, int m) {
     constexpr int ld = ld_of(l);
+    if constexpr (MMA) {  // G (N x K) += dZ^T (N x m) * A (m x K)
+        float* G = sm + gacc_w(l);
+        mma_gemm<N, K, R>(
+            sm, N, m, [&](int j, int i) { return dZ[i * ldz + j]; }, [&](int i, int k) { return A[i * lda + k]; },
+            [&](int j, int k, float v0, float v1) {
+                G[j * ld + k] += v0;
+                if (k + 1 < K) G[j * ld + k + 1] += v1;
+            });
+        return;
+    }
     constexpr int JB = N < 16 ? N : 16;
     constexpr int KG = K / 4;
     constexpr int UNITS = KG * cdiv(N, JB);
@@ -448,11 +551,19 @@ __device__ __forceinline__ void gemm_wgrad(float* sm, const float* dZ, const flo
     }
 }
 
-// Input gradient through layer l: emit(i, k, sum_j dZ[i*ldz + j] * W_l[j*ld + k]) for i < m, k < K (K a
-// multiple of 4), j < N. A thread takes 4 consecutive k of one row.
+// Input gradient through layer l: emit(i, k, out(i, k), out(i, k + 1)) with out(i, k) = sum_j dZ[i*ldz + j] *
+// W_l[j*ld + k] for i < m, k < K (K a multiple of 4, k even), j < N. Scalar: a thread takes 4 consecutive k of
+// one row.
 template <int l, int N, int K, int ldz, typename Emit>
 __device__ __forceinline__ void gemm_dgrad(const float* sm, const float* dZ, int m, Emit emit) {
     constexpr int ld = ld_of(l);
+    static_assert(K % 4 == 0, "dgrad emits pairs of a 4-aligned row");
+    if constexpr (MMA) {
+        mma_gemm<R, K, N>(
+            const_cast<float*>(sm), m, N, [&](int i, int j) { return dZ[i * ldz + j]; },
+            [&](int j, int k) { return wop<l>(sm, j * ld + k); }, emit);
+        return;
+    }
     constexpr int KG = K / 4;
     for (int u = threadIdx.x; u < m * KG; u += NT) {
         const int i = u / KG, k = (u % KG) * 4;
@@ -465,7 +576,8 @@ __device__ __forceinline__ void gemm_dgrad(const float* sm, const float* dZ, int
             a2 += d * wop<l>(sm, j * ld + k + 2);
             a3 += d * wop<l>(sm, j * ld + k + 3);
         }
-        emit(i, k, make_float4(a0, a1, a2, a3));
+        emit(i, k, a0, a1);
+        emit(i, k + 2, a2, a3);
     }
 }
 
@@ -648,11 +760,11 @@ __device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur)
         // buffer comes two reduce-scatters later, after another barrier.
         constexpr int PP = per_of(l - 1);
         float* rsb = sm + LY.rs[rs_cur];
-        gemm_dgrad<l, P, up4(Kin), P>(sm, dZ, m, [&](int i, int k, float4 v) {
-            const u32 q = (u32)(k / PP), kk = (u32)(k % PP);
+        gemm_dgrad<l, P, up4(Kin), P>(sm, dZ, m, [&](int i, int k, float v0, float v1) {
+            const u32 q = (u32)(k / PP), kk = (u32)(k % PP);  // k even, PP a multiple of 4: one owner per pair
             if (q < CL) {
                 const u32 a = smem_addr(rsb + (int)r * LY.rs_slot + i * PP + kk);
-                st_remote4(remote(a, q), v);
+                st_remote2(remote(a, q), v0, v1);
             }
         });
     }
@@ -793,8 +905,21 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             {
                 const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
                 constexpr int lda = NH >= 1 ? KP : XLD;
-                if constexpr (C <= 16 && R >= NT / 2) {
+                if constexpr (!MMA && C <= 16 && R >= NT / 2) {
                     logits_push_rows<C, KP, lda>(sm, A, m, r);
+                } else if constexpr (MMA) {
+                    // Staged in this CTA's dlogits rows (free until the head, which other CTAs write only after
+                    // the barrier below; pads stay zero), then each row pushed to its reducer as 16-byte stores.
+                    constexpr int V = up4(C) / 4;
+                    float* stage = sm + LY.dzl;
+                    gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) { stage[i * up4(C) + c] = v; });
+                    __syncthreads();
+                    for (int e = tid; e < m * V; e += NT) {
+                        const int i = e / V, v = e % V;
+                        const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + i / CL) * up4(C) + 4 * v);
+                        const float4 val = *reinterpret_cast<const float4*>(stage + i * up4(C) + 4 * v);
+                        st_remote4(remote(a, (u32)(i % CL)), val);
+                    }
                 } else {
                     gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
                         const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
@@ -862,12 +987,10 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             if constexpr (NH >= 1) {
                 // dH of the last hidden layer's slice through the last layer, times act'(Z), into Z (as dZ).
                 constexpr int P = per_of(NH - 1);
-                gemm_dgrad<L - 1, C, KP, up4(C)>(sm, sm + LY.dzl, m, [&](int i, int k, float4 v) {
+                gemm_dgrad<L - 1, C, KP, up4(C)>(sm, sm + LY.dzl, m, [&](int i, int k, float v0, float v1) {
                     float* z = sm + LY.z[NH - 1] + i * P + k;
-                    z[0] = rnd(v.x * act_grad(z[0]));
-                    z[1] = rnd(v.y * act_grad(z[1]));
-                    z[2] = rnd(v.z * act_grad(z[2]));
-                    z[3] = rnd(v.w * act_grad(z[3]));
+                    z[0] = rnd(v0 * act_grad(z[0]));
+                    z[1] = rnd(v1 * act_grad(z[1]));
                 });
                 __syncthreads();
                 bwd_hidden_all<NH - 1>(sm, m, r, rs_cur);

@@ -67,6 +67,16 @@ def test_a_model_too_big_is_refused_naming_bytes_and_what_is_held(sizes, optimiz
     assert "bytes of shared memory per CTA" in reason and "232,448" in reason and arrays in reason, reason
 
 
+@pytest.mark.parametrize(
+    "precision,batch,mma", [("mixed", 128, "1"), ("fp16", 32, "1"), ("fp32", 128, "0"), ("mixed", 8, "0")]
+)
+def test_tensor_cores_for_half_operands_in_chunks_of_16_rows_or_more(precision, batch, mma, monkeypatch):
+    plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8)
+    assert _option(plan, "FUSED_MMA") == mma, (plan.rows, plan.options)
+    monkeypatch.setattr(fp, "TENSOR_CORES", False)
+    assert _option(_plan([784, 10], MOMENTUM, precision, batch, np.uint8), "FUSED_MMA") == "0"
+
+
 def test_a_model_accepted_for_float_inputs_fits_uint8_inputs_too():
     for sizes in ([784, 224, 224, 10], [784, 256, 256, 256, 10], [784, 100]):
         for opt in (MOMENTUM, SGD(lr=0.01, momentum=0.9, nesterov=True), AdamW(lr=1e-3)):
@@ -91,13 +101,18 @@ KERNELS = [
     ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.uint8, "lean"),
     ([784, 256, 256, 256, 10], SGD(lr=0.01), "fp16", np.float32, "lean"),
     ([30, 37, 37, 10], AdamW(lr=1e-3), "mixed", np.float32, "lean"),
+    ([784, 128, 128, 128, 10], SGD(lr=0.1), "fp16", np.uint8, "standard"),  # tensor cores, K split across warps
 ]
 
 
 @pytest.mark.parametrize("sizes,optimizer,precision,x_dtype,layout", KERNELS)
-def test_the_kernel_compiles_for_each_layout(sizes, optimizer, precision, x_dtype, layout, monkeypatch, tmp_path):
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["mma", "fma"])
+def test_the_kernel_compiles_for_each_layout(
+    sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
+):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(fp, "LAYOUTS", (layout,))
+    monkeypatch.setattr(fp, "TENSOR_CORES", tensor_cores)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype)
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
