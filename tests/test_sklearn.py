@@ -180,7 +180,8 @@ def test_gpu_fit_predict_and_pickle_to_cpu():
     blob = pickle.dumps(clf)
     cpu = pickle.loads(blob)  # device="cuda" here: on a machine without a GPU it would load on the CPU
     cpu.trainer_ = fastnn.Trainer.load(_save(clf), device="cpu")
-    np.testing.assert_allclose(cpu.predict_proba(x), clf.predict_proba(x), atol=2e-3)
+    # The GPU evaluates in "mixed" (fp16 operands): tests/test_cuda_engine.py's bound for its probabilities.
+    np.testing.assert_allclose(cpu.predict_proba(x), clf.predict_proba(x), atol=2e-2)
     assert (cpu.predict(x) == clf.predict(x)).mean() > 0.99
     assert pickle.loads(blob).trainer_.device == "cuda"
 
