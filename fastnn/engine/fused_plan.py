@@ -2,7 +2,8 @@
 
 `native/fused.cu` trains a whole epoch in one cluster of CTAs with everything in shared memory. This module
 mirrors its shared-memory layout (the kernel checks at compile time that it needs no more than the bytes
-computed here), picks the rows per chunk, and says why a model cannot be held, naming the limit.
+computed here), picks the layout (standard or lean), the rows per chunk and tensor cores or FMA, and says why a
+model cannot be held, naming the limit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..optim import AdamW
 from .base import EngineConfig
 from .plan import param_layout
 
-__all__ = ["CLUSTER", "LAYOUTS", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
+__all__ = ["CLUSTER", "LAYOUTS", "MMA_MIN_ROWS", "TENSOR_CORES", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
 
 #: CTAs in the cluster: 16 (non-portable, allowed on H100/H200), the most Hopper runs as one cluster.
 CLUSTER = 16
