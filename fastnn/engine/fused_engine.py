@@ -25,8 +25,8 @@ __all__ = ["FusedEngine", "prefer_fused"]
 
 #: The auto rule (engine="auto"): the fused engine where it holds the model and its widest hidden layer is at
 #: most this wide. Measured on an H100 with benchmarks/bench_fused.py (mixed, one process, graph vs fused):
-#: logistic regression 784-10 batch 128 16.0 vs 9.5 us/step, MLP 784-128x3-10 batch 32 46.4 vs 39.1 us/step;
-#: the width sweep is in benchmarks/NOTES.md.
+#: logistic regression 784-10 batch 128 15.9 vs 8.5 us/step, MLP 784-128x3-10 batch 32 45.9 vs 38.6 us/step;
+#: the width sweep (benchmarks/NOTES.md): fused faster up to h = 128 (1.17-1.91x), slower from h = 192 (0.62x).
 AUTO_MAX_HIDDEN = 128
 
 _modules_lock = threading.Lock()
