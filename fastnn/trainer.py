@@ -30,7 +30,7 @@ from .control import (
 from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
-from .engine.select import DEVICES, EngineRefused, check_engine, create_engine
+from .engine.select import DEVICES, EngineRefused, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
 from .history import History, check_records
@@ -81,6 +81,8 @@ class Trainer:
         data_placement: on a GPU, where the training set lives: "device" (GPU memory), "host" (mapped host memory,
             read over the bus by the gather: for sets larger than GPU memory; the graph engine only) or "auto"
             (the GPU while the set takes at most 80% of its free memory). Only "auto" on the CPU.
+        distributed: a `fastnn.distributed.Group` (from `fastnn.distributed.init()`): train data-parallel, this
+            process being one rank on one GPU (graph engine). Every rank passes the same arguments and data.
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -100,6 +102,7 @@ class Trainer:
         drop_last: bool = False,
         engine: str = "auto",
         data_placement: str = "auto",
+        distributed: Any = None,
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
@@ -112,6 +115,7 @@ class Trainer:
         _check_device(device)
         check_engine(device, engine)
         check_placement(device, data_placement)
+        check_distributed(device, engine, distributed)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         self._config = EngineConfig(
@@ -126,7 +130,8 @@ class Trainer:
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
-            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2
+            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
+            group=distributed,
         )
         self._closed = False
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
@@ -480,6 +485,7 @@ class Trainer:
         schedule: Schedule | None = None,
         engine: str = "auto",
         data_placement: str = "auto",
+        distributed: Any = None,
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
@@ -494,6 +500,7 @@ class Trainer:
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_engine(device, engine)
         check_placement(device, data_placement)
+        check_distributed(device, engine, distributed)
         check_schedule(schedule)
         try:
             model, optimizer = _saved_model(config)
@@ -505,7 +512,7 @@ class Trainer:
             state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
             trainer = cls(
                 model, optimizer, device=device, schedule=schedule, engine=engine, data_placement=data_placement,
-                **kwargs
+                distributed=distributed, **kwargs
             )
         except (DataError, EngineRefused):
             raise  # already names the file and the array, or the caller's engine choice

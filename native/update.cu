@@ -149,6 +149,18 @@ extern "C" __global__ void snapshot(const u32* src, u32* dst, u64 words, const E
         dst[i] = src[i];
 }
 
+// Data-parallel runs, before the epoch-end nodes: the epoch's history slot (loss sum, correct count) to a
+// fixed scratch pair (to_scratch = 1) that an NCCL all-reduce sums over the ranks, then back (to_scratch = 0).
+// The slot moves every epoch and a captured all-reduce has fixed pointers, hence the scratch.
+// Launch: grid = 1, block = 1.
+extern "C" __global__ void history_stage(EpochState* st, double* scratch, int to_scratch) {
+    double* slot = st->hist + 2 * st->epoch_in_fit;
+    for (int i = 0; i < 2; ++i) {
+        if (to_scratch) scratch[i] = slot[i];
+        else slot[i] = scratch[i];
+    }
+}
+
 // End of an epoch, part 2 (after part 1 completes): mark divergence (of the loss or of the state) and
 // advance the epoch counters. Launch: grid = 1, block = 1.
 extern "C" __global__ void advance(EpochState* st) {

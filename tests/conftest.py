@@ -7,7 +7,12 @@ import pytest
 
 #: The GPU engine matrix: "fused-lean" is engine="fused" held to its lean shared-memory layout (no fp16 weight
 #: copy, momentum holding the gradient), which it otherwise takes only for models the standard one cannot hold.
-GPU_ENGINES = ("graph", "fused", "fused-lean")
+#: "graph-nccl" is the graph engine in a data-parallel group of one rank: every step's gradients go through the
+#: NCCL all-reduces captured on the side stream and the history through its epoch-end sum (an identity for one
+#: rank, so every tolerance stays), which is what one GPU can check of the data-parallel path.
+GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl")
+
+_nccl_group = []  # the one-rank group, made once per session (a communicator per test would cost ~0.1 s each)
 
 
 @pytest.fixture(params=GPU_ENGINES)
@@ -18,6 +23,24 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
         monkeypatch.setattr(fused_plan, "LAYOUTS", ("lean",))
         return "fused"
+    if request.param == "graph-nccl":
+        from fastnn import distributed, trainer
+        from fastnn.cuda import nccl
+
+        ok, reason = nccl.available()
+        if not ok:
+            pytest.skip(f"NCCL is not installed: {reason}")
+        if not _nccl_group:
+            _nccl_group.append(distributed.init(0, 1, device=0))
+        real = trainer.create_engine
+
+        def with_group(device, config, state, *, engine="auto", stacklevel=2, group=None):
+            if group is None and device != "cpu":
+                group = _nccl_group[0]
+            return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group)
+
+        monkeypatch.setattr(trainer, "create_engine", with_group)
+        return "graph"
     return request.param
 
 

@@ -19,6 +19,7 @@ from ..errors import ConfigError, DeviceUnavailable, FastnnError
 __all__ = [
     "DRIVER_HINT",
     "INSTALL_HINT",
+    "NCCL_HINT",
     "CudaDriverError",
     "CudaLibraryError",
     "LibraryObject",
@@ -39,8 +40,16 @@ INSTALL_HINT = 'pip install "fastnn[cu12]" (driver for CUDA 12) or "fastnn[cu13]
 #: The fix for a missing driver library: it comes with the display driver, never from pip.
 DRIVER_HINT = "install the NVIDIA display driver (libcuda.so.1 must be on the system loader path)"
 
+#: The fix for a missing NCCL: optional (multi-GPU training only), in extras of its own.
+NCCL_HINT = 'pip install "fastnn[multi-cu12]" (driver for CUDA 12) or "fastnn[multi-cu13]" (driver for CUDA 13)'
+
 # pathfinder's names of the driver-provided libraries; they cannot come from a wheel.
 _DRIVER_LIBS = frozenset({"cuda", "nvml"})
+
+
+def _hint(libname: str) -> str:
+    """The fix to print when `libname` is missing or incomplete."""
+    return DRIVER_HINT if libname in _DRIVER_LIBS else NCCL_HINT if libname == "nccl" else INSTALL_HINT
 
 
 class CudaLibraryError(FastnnError, RuntimeError):
@@ -83,8 +92,7 @@ def _load(libname: str):
     try:
         return load_nvidia_dynamic_lib(libname)
     except Exception as exc:  # pathfinder raises DynamicLibNotFoundError, RuntimeError, OSError...
-        hint = DRIVER_HINT if libname in _DRIVER_LIBS else INSTALL_HINT
-        raise DeviceUnavailable(f"cannot load NVIDIA library {libname!r}: {exc}; fix: {hint}") from exc
+        raise DeviceUnavailable(f"cannot load NVIDIA library {libname!r}: {exc}; fix: {_hint(libname)}") from exc
 
 
 def library_path(libname: str) -> str:
@@ -110,7 +118,7 @@ def load_library(libname: str) -> ctypes.CDLL:
         # pathfinder has already dlopen'ed this path, so this returns the same handle (never dlclose it).
         return ctypes.CDLL(path)
     except OSError as exc:
-        msg = f"cannot load NVIDIA library {libname!r} from {path}: {exc}; fix: {INSTALL_HINT}"
+        msg = f"cannot load NVIDIA library {libname!r} from {path}: {exc}; fix: {_hint(libname)}"
         raise DeviceUnavailable(msg) from exc
 
 
@@ -210,7 +218,7 @@ def argument_error(exc: ctypes.ArgumentError, what: str) -> ConfigError:
     return ConfigError(f"{what}: {exc}")
 
 
-def bind_library(libname: str, display: str, version_symbol: str, signatures: dict, status: object,
+def bind_library(libname: str, display: str, version_symbol: str | None, signatures: dict, status: object,
                  errcheck: Callable) -> ctypes.CDLL:  # fmt: skip
     """`libname` loaded with every function of `signatures` ({name: (restype, argtypes)}) declared.
 
@@ -220,6 +228,8 @@ def bind_library(libname: str, display: str, version_symbol: str, signatures: di
     """
     lib = load_library(libname)
     try:
+        if version_symbol is None:  # no size_t version() to call: named by path alone
+            raise AttributeError(version_symbol)
         getattr(lib, version_symbol).restype = ctypes.c_size_t
         describe = f"{display} {getattr(lib, version_symbol)()} at {library_path(libname)}"
     except AttributeError:
@@ -229,7 +239,7 @@ def bind_library(libname: str, display: str, version_symbol: str, signatures: di
             fn = getattr(lib, name)
         except AttributeError as exc:
             raise DeviceUnavailable(
-                f"{describe} lacks the symbol {name} that fastnn needs; fix: {INSTALL_HINT}"
+                f"{describe} lacks the symbol {name} that fastnn needs; fix: {_hint(libname)}"
             ) from exc
         fn.argtypes = [checked_argtype(t) for t in argtypes]  # integers that would wrap are refused
         if restype is status:

@@ -375,6 +375,13 @@ class Stream(_Owned):
         self._alive()
         _check(cu.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
+    def wait(self, event: Event) -> None:
+        """Make later work on this stream wait for `event`'s recorded point (inside a capture: a graph edge, the
+        way a side stream forks from and joins the captured one)."""
+        self._alive()
+        event._alive()
+        _check(cu.cuStreamWaitEvent(self.handle, event.handle, 0), "cuStreamWaitEvent")
+
     def begin_capture(self) -> None:
         """Start recording this stream's work into a graph (thread-local mode: other threads are unaffected).
         Until end_capture, this thread's resource frees wait (see _release)."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
 from ..data import input_affine
+from ..distributed import share
 from ..errors import TrainingDiverged
 from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
@@ -115,11 +116,16 @@ class CudaEngine(Engine):
     #: The training context class: the resident set, its buffers and the captured epoch (fused_engine overrides).
     _train_context: type[_TrainContext]
 
-    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0, group=None) -> None:
         from ..cuda import cublaslt, cudnn, driver
 
         self._drv, self._lt, self._dnn = driver, cublaslt, cudnn
         self.config = config
+        #: fastnn.distributed.Group of a data-parallel run (None: one GPU). Each step trains on this rank's share
+        #: of the batch; every layer's gradient is all-reduced on a side stream as soon as its GEMM has made it.
+        self.group = group
+        if group is not None:
+            ordinal = group.device
         self.spec: PrecisionSpec = precision_spec(config.precision)
         self.layout: ParamLayout = param_layout(config.model)
         self._res = _Owner()
@@ -151,6 +157,10 @@ class CudaEngine(Engine):
             self.grads.memset(0)  # the padding between tensors is read by the update, never written
             self.epoch_state = own(driver.DeviceBuffer(256))
             self.eval_out = own(driver.PinnedBuffer(16))
+            if group is not None:
+                self.comm_stream = own(driver.Stream(self.dev))
+                self._fork, self._join = own(driver.Event()), own(driver.Event())
+                self.hist_scratch = own(driver.DeviceBuffer(256))  # the epoch's (loss sum, correct) being summed
             # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
             # capture: nothing is allocated or uploaded while a graph records).
             self._feature_affine: dict[np.dtype, object] = {}
@@ -320,15 +330,16 @@ class CudaEngine(Engine):
         return nodes
 
     def record_loss(self, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
-                    state: int) -> None:  # fmt: skip
-        """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0)."""
+                    state: int, batch_rows: int | None = None) -> None:  # fmt: skip
+        """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0). The
+        gradient is of the mean over `batch_rows` (default `rows`): a data-parallel rank's part of a larger batch."""
         # A thread per row, and at least a warp per class for the bias-gradient column sums.
         threads = min(1024, max(-(-rows // 32) * 32, 32 * self.config.model.classes))
         self._loss_mod.function(self.spec.loss_kernel).launch(
             (1, 1, 1),
             (threads, 1, 1),
             [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(self.config.model.classes),
-             arg_f32(1.0 / rows), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
+             arg_f32(1.0 / (batch_rows or rows)), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
             self.stream,
         )  # fmt: skip
 
@@ -361,6 +372,40 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
+    def record_grad_all_reduce(self, layer: int) -> None:
+        """Queue, on the side stream once the main stream has got this far, the sum over ranks of `layer`'s
+        weight and bias gradients (one contiguous range of the flat gradient buffer, zero padding included)."""
+        from ..cuda import nccl
+
+        offsets = self.layout.offsets
+        start = offsets[2 * layer]
+        stop = offsets[2 * layer + 2] if 2 * layer + 2 < len(offsets) else self.layout.total
+        ptr = self.grads.ptr + start * _size(self.spec.grad)
+        self._fork.record(self.stream)
+        self.comm_stream.wait(self._fork)
+        nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, self.spec.grad, self.comm_stream)
+
+    def record_join(self) -> None:
+        """Make the main stream wait for every all-reduce queued on the side stream (before the update)."""
+        self._join.record(self.comm_stream)
+        self.stream.wait(self._join)
+
+    def record_zero_grads(self) -> None:
+        """Queue zeroed gradients: a rank whose share of a step is empty still joins that step's all-reduces."""
+        self.grads.memset(0, self.stream)
+
+    def record_history_all_reduce(self) -> None:
+        """Queue the sum over ranks of this epoch's (loss sum, correct count): every rank then holds the global
+        history, and takes the same divergence and snapshot decisions from it."""
+        from ..cuda import nccl
+
+        state, scratch = arg_ptr(self.epoch_state.ptr), arg_ptr(self.hist_scratch.ptr)
+        self._update_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
+                                                          self.stream)  # fmt: skip
+        nccl.all_reduce(self.group.comm, self.hist_scratch.ptr, self.hist_scratch.ptr, 2, np.float64, self.stream)
+        self._update_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(0)],
+                                                          self.stream)  # fmt: skip
+
     def record_colsum(self, m: int, rows: int, cols: int, out: int) -> None:
         """Queue out[j] = sum over rows of the row-major (rows, cols) matrix m: a bias gradient."""
         self._loss_mod.function(f"colsum_{_tag(self.spec.grad)}").launch(
@@ -370,6 +415,8 @@ class CudaEngine(Engine):
     def record_epoch_end(self) -> None:
         """Queue the epoch-end nodes: check the state the epoch left (native/update.cu's check_state, whose
         verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
+        if self.group is not None:
+            self.record_history_all_reduce()
         words = self._state_bytes // 4
         state = arg_ptr(self.epoch_state.ptr)
         pwords = self._pbytes // 4
@@ -615,7 +662,12 @@ class _TrainContext(_Owner):
         B = cfg.batch_size
         self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
         self.samples = self.steps * B if cfg.drop_last else self.n
-        self.rows = [min(B, self.n - s * B) for s in range(self.steps)]
+        self.batch_rows = [min(B, self.n - s * B) for s in range(self.steps)]  # every step's whole batch
+        # This rank's part of each batch, by position (all of it on one GPU): offsets into the batch, row counts.
+        g = eng.group
+        parts = [share(r, g.rank, g.world) if g is not None else (0, r) for r in self.batch_rows]
+        self.offsets = [o for o, _ in parts]
+        self.rows = [m for _, m in parts]
         self.graph = None
         self.capacity = 0
         try:
@@ -639,7 +691,7 @@ class _TrainContext(_Owner):
     def _build(self, buf: Callable) -> None:
         """The graph engine's batch buffers, layer buffers and plans for this set's shapes."""
         eng, spec, cfg = self.eng, self.eng.spec, self.eng.config
-        R = max(self.rows) if self.rows else 1
+        R = max(self.rows, default=0) or 1
         self.x_batch = buf(R * cfg.model.in_features * _size(spec.operand))
         self.y_batch = buf(R * 4)
         last = len(cfg.model.layers) - 1
@@ -669,7 +721,7 @@ class _TrainContext(_Owner):
         bwd_act = E.DRELU if eng.config.model.activation == "relu" else E.DGELU
         last = len(eng.config.model.layers) - 1
         self.softmax = {}
-        for rows in sorted(set(self.rows)):
+        for rows in sorted(set(self.rows) - {0}):  # 0: a data-parallel rank's empty share (no GEMMs)
             eng.forward_plans(self.layers, rows, training=True, own=self.own)
             for i, (d_in, d_out) in enumerate(eng.config.model.layers):
                 layer = self.layers[i]
@@ -739,9 +791,17 @@ class _TrainContext(_Owner):
         """The operations of step s in stream order, each named and ready to queue (profiling times each)."""
         eng, spec = self.eng, self.eng.spec
         rows = self.rows[s]
-        pos0 = s * eng.config.batch_size
+        pos0 = s * eng.config.batch_size + self.offsets[s]
+        parallel = eng.group is not None
+        n_layers = len(self.layers)
         # Step 0 gathers its batch; every later step's batch is gathered by the previous step's update kernel.
         nodes = []
+        if rows == 0:  # a data-parallel rank with nothing of this (short) batch: zero gradients into the sums
+            nodes.append(("zero_grads", eng.record_zero_grads))
+            nodes += [(f"allreduce{i}", partial(eng.record_grad_all_reduce, i)) for i in reversed(range(n_layers))]
+            nodes.append(("join", eng.record_join))
+            nodes.append(("update", partial(eng.record_update, s, self.steps, self._gather_next(s))))
+            return nodes
         if s == 0:
             nodes.append(("gather", partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows,
                                             self.x_batch, self.y_batch.ptr, True)))  # fmt: skip
@@ -751,8 +811,9 @@ class _TrainContext(_Owner):
         names = eng.layout.names
         last_bias = eng.grad_ptr(names[-1])
         nodes.append(("loss", partial(eng.record_loss, last.out.ptr, self.probs.ptr, self.y_batch.ptr, rows,
-                                      last.dout.ptr, last_bias, 0, eng.epoch_state.ptr)))  # fmt: skip
-        for i in reversed(range(len(self.layers))):
+                                      last.dout.ptr, last_bias, 0, eng.epoch_state.ptr,
+                                      self.batch_rows[s])))  # fmt: skip
+        for i in reversed(range(n_layers)):
             layer = self.layers[i]
             h_in = self.x_batch.ptr if i == 0 else self.layers[i - 1].out.ptr
             gw = eng.grad_ptr(names[2 * i])
@@ -764,17 +825,24 @@ class _TrainContext(_Owner):
                 gb = 0
             nodes.append((f"wgrad{i}", partial(_run, layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr,
                                                gw, gw, bias=gb)))  # fmt: skip
+            if parallel:  # this layer's gradient is complete: its sum overlaps the rest of the backward pass
+                nodes.append((f"allreduce{i}", partial(eng.record_grad_all_reduce, i)))
             if i > 0:
                 prev = self.layers[i - 1]
                 w = eng.param_ptr(names[2 * i], spec.operand)
                 nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
                                                    prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
-        gather_next = None
-        if s + 1 < self.steps:
-            gather_next = (self.x, self.y, self.n, self.dtype, (s + 1) * eng.config.batch_size, self.rows[s + 1],
-                           self.x_batch, self.y_batch.ptr)  # fmt: skip
-        nodes.append(("update", partial(eng.record_update, s, self.steps, gather_next)))
+        if parallel:
+            nodes.append(("join", eng.record_join))
+        nodes.append(("update", partial(eng.record_update, s, self.steps, self._gather_next(s))))
         return nodes
+
+    def _gather_next(self, s: int) -> tuple | None:
+        """record_update's `gather` for the batch after step s (this rank's part of it), None after the last."""
+        if s + 1 >= self.steps:
+            return None
+        pos0 = (s + 1) * self.eng.config.batch_size + self.offsets[s + 1]
+        return (self.x, self.y, self.n, self.dtype, pos0, self.rows[s + 1], self.x_batch, self.y_batch.ptr)
 
 
 class _EvalContext(_Owner):

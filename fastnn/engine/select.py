@@ -17,7 +17,8 @@ from ..errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
 __all__ = [
-    "DEVICES", "ENGINES", "EngineRefused", "check_engine", "choose_gpu_engine", "create_engine", "cuda_engine_class"
+    "DEVICES", "ENGINES", "EngineRefused", "check_distributed", "check_engine", "choose_gpu_engine", "create_engine",
+    "cuda_engine_class",
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -99,12 +100,34 @@ def _gpu_engine(graph_class: type[Engine], config: EngineConfig, state: dict[str
     return graph_class(config, state)
 
 
+def check_distributed(device: str, engine: str, group: object) -> None:
+    """A data-parallel `group` (fastnn.distributed.Group) is for the graph engine on a GPU.
+
+    Raises:
+        ConfigError: `group` is not a Group, or device="cpu", or engine="fused" (one GPU's on-chip state).
+    """
+    if group is None:
+        return
+    from ..distributed import Group
+
+    if not isinstance(group, Group):
+        raise ConfigError(f"distributed must be a fastnn.distributed.Group from fastnn.distributed.init(), got "
+                          f"{type(group).__name__}")  # fmt: skip
+    if device == "cpu":
+        raise ConfigError("distributed training runs on GPUs: device='cpu' cannot take distributed=")
+    if engine == "fused":
+        raise ConfigError("engine='fused' trains on one GPU's on-chip memory: distributed= needs engine='graph' "
+                          "or 'auto'")  # fmt: skip
+
+
 def create_engine(
-    device: str, config: EngineConfig, state: dict[str, np.ndarray], *, engine: str = "auto", stacklevel: int = 2
+    device: str, config: EngineConfig, state: dict[str, np.ndarray], *, engine: str = "auto", stacklevel: int = 2,
+    group: object = None,
 ) -> Engine:
     """Build the engine for `device` and `engine` from `config`, starting from `state`.
 
-    device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`).
+    device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`). With a
+    data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable.
 
     Raises:
         ConfigError: `device` or `engine` is invalid, or engine="fused" cannot hold the model.
@@ -113,6 +136,12 @@ def create_engine(
     if device not in DEVICES:
         raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     check_engine(device, engine)
+    check_distributed(device, engine, group)
+    if group is not None:
+        try:
+            return cuda_engine_class()(config, state, group=group)
+        except DeviceUnavailable as exc:
+            raise DeviceUnavailable(f"distributed=: {exc}") from exc
     if device == "cpu":
         from .numpy_engine import NumpyEngine
 

@@ -1,0 +1,225 @@
+"""NCCL bindings (ctypes): unique ids, communicators and the all-reduce the data-parallel engine captures.
+
+NCCL comes from NVIDIA's wheels (nvidia-nccl-cu12 / -cu13, the extras "multi-cu12" / "multi-cu13"), found by
+cuda.pathfinder's "nccl" like every other library fastnn loads. ctypes rather than nccl4py: the few functions
+needed here are plain C (no callbacks, one 128-byte struct passed by value), the other bindings already share
+the loading, range checks and error plumbing used below, and it adds no package of its own. Status names come
+from ncclGetErrorString, and NCCL's description of the last failure (ncclGetLastError) is added to the message.
+Nothing here creates NVLink multicast objects; NCCL's own use of them follows NCCL_NVLS_ENABLE, left as set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, stream_ptr
+
+__all__ = [
+    "UNIQUE_ID_BYTES",
+    "Comm",
+    "DataType",
+    "NcclError",
+    "RedOp",
+    "Result",
+    "all_reduce",
+    "available",
+    "group",
+    "status_name",
+    "unique_id",
+    "version",
+]
+
+UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES (nccl.h)
+
+
+class Result(IntEnum):
+    """ncclResult_t (nccl.h)."""
+
+    SUCCESS = 0
+    UNHANDLED_CUDA_ERROR = 1
+    SYSTEM_ERROR = 2
+    INTERNAL_ERROR = 3
+    INVALID_ARGUMENT = 4
+    INVALID_USAGE = 5
+    REMOTE_ERROR = 6
+    IN_PROGRESS = 7
+    TIMEOUT = 8
+
+
+class RedOp(IntEnum):
+    """ncclRedOp_t (nccl.h): the built-in reductions."""
+
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+class DataType(IntEnum):
+    """ncclDataType_t (nccl.h): the types fastnn reduces."""
+
+    INT32 = 2
+    FLOAT16 = 6
+    FLOAT32 = 7
+    FLOAT64 = 8
+
+
+_DTYPES = {np.dtype(np.int32): DataType.INT32, np.dtype(np.float16): DataType.FLOAT16,
+           np.dtype(np.float32): DataType.FLOAT32, np.dtype(np.float64): DataType.FLOAT64}  # fmt: skip
+
+
+class _UniqueId(ctypes.Structure):
+    # Bytes, not c_char: a c_char array would be filled as a NUL-terminated string and lose the id after its
+    # first zero byte (the socket address family in it has one).
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
+
+    @classmethod
+    def of(cls, raw: bytes) -> _UniqueId:
+        uid = cls()
+        ctypes.memmove(ctypes.addressof(uid), raw, UNIQUE_ID_BYTES)
+        return uid
+
+    def raw(self) -> bytes:
+        return ctypes.string_at(ctypes.addressof(self), UNIQUE_ID_BYTES)
+
+
+class NcclError(CudaLibraryError):
+    """An NCCL call failed; `.status_name` is NCCL's own description (ncclGetErrorString)."""
+
+
+_STATUS = object()  # marks functions returning ncclResult_t in _SIGNATURES
+_p = ctypes.c_void_p
+_SIGNATURES = {
+    "ncclGetVersion": (_STATUS, [ctypes.POINTER(ctypes.c_int)]),
+    "ncclGetUniqueId": (_STATUS, [ctypes.POINTER(_UniqueId)]),
+    "ncclCommInitRank": (_STATUS, [ctypes.POINTER(_p), ctypes.c_int, _UniqueId, ctypes.c_int]),
+    "ncclCommDestroy": (_STATUS, [_p]),
+    "ncclCommAbort": (_STATUS, [_p]),
+    "ncclCommGetAsyncError": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
+    "ncclCommCuDevice": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
+    "ncclAllReduce": (_STATUS, [_p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _p, _p]),
+    "ncclGroupStart": (_STATUS, []),
+    "ncclGroupEnd": (_STATUS, []),
+    "ncclGetErrorString": (ctypes.c_char_p, [ctypes.c_int]),
+    "ncclGetLastError": (ctypes.c_char_p, [_p]),
+}
+
+
+def status_name(status: int) -> str:
+    """NCCL's description of `status` (ncclGetErrorString)."""
+    name = _lib().ncclGetErrorString(int(status))
+    return name.decode(errors="replace") if name else f"NCCL result {int(status)}"
+
+
+def _errcheck(result: int, func: Any, args: tuple) -> int:
+    if result != Result.SUCCESS:
+        error = NcclError(result, status_name(result), func.__name__)
+        detail = _lib().ncclGetLastError(None)
+        if detail:
+            error.args = (f"{error.args[0]}: {detail.decode(errors='replace').strip()}",)
+        raise error
+    return result
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    """NCCL, bound; DeviceUnavailable (naming the extra to install) when it is missing."""
+    return bind_library("nccl", "NCCL", None, _SIGNATURES, _STATUS, _errcheck)
+
+
+def available() -> tuple[bool, str]:
+    """(True, "NCCL 2.x.y") if NCCL loads, else (False, the reason and which extra to install). Never raises."""
+    try:
+        return True, f"NCCL {version()}"
+    except Exception as exc:
+        return False, str(exc)
+
+
+def version() -> str:
+    """The loaded NCCL's version, e.g. "2.23.4" (ncclGetVersion: X*10000 + Y*100 + Z from 2.9 on)."""
+    v = ctypes.c_int()
+    _lib().ncclGetVersion(ctypes.byref(v))
+    code = v.value
+    if code < 10000:  # before 2.9: X*1000 + Y*100 + Z
+        return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def unique_id() -> bytes:
+    """A fresh NCCL unique id (128 bytes): made by one rank, shared with the others by the launcher."""
+    uid = _UniqueId()
+    _lib().ncclGetUniqueId(ctypes.byref(uid))
+    return uid.raw()
+
+
+class Comm(LibraryObject):
+    """One rank's NCCL communicator on the current CUDA device (ncclCommInitRank: collective, it returns once
+    every rank has joined). Destroyed by close(), a `with` block, or garbage collection."""
+
+    def __init__(self, world: int, uid: bytes, rank: int) -> None:
+        if not isinstance(uid, (bytes, bytearray)) or len(uid) != UNIQUE_ID_BYTES:
+            raise ConfigError(f"uid must be {UNIQUE_ID_BYTES} bytes from nccl.unique_id(), got {_describe(uid)}")
+        lib = _lib()
+        handle = _p()
+        try:
+            lib.ncclCommInitRank(ctypes.byref(handle), world, _UniqueId.of(bytes(uid)), rank)
+        except ctypes.ArgumentError as exc:
+            raise argument_error(exc, "ncclCommInitRank") from None
+        super().__init__(int(handle.value), lib.ncclCommDestroy)
+        self.world, self.rank = int(world), int(rank)
+
+    def abort(self) -> None:
+        """Tear the communicator down without waiting for peers (ncclCommAbort): after an error, so that no rank
+        hangs in a collective its peers will never join."""
+        if not self.closed:
+            self._finalizer.detach()
+            _lib().ncclCommAbort(self.ptr)
+
+    def async_error(self) -> str | None:
+        """NCCL's description of an asynchronous failure (a peer gone, a network error), or None."""
+        r = ctypes.c_int()
+        _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
+        return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else status_name(r.value)
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal this rank runs on (ncclCommCuDevice)."""
+        v = ctypes.c_int()
+        _lib().ncclCommCuDevice(self.ptr, ctypes.byref(v))
+        return v.value
+
+
+def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:
+    """Queue recv = op over ranks of send (`count` elements of numpy `dtype`; in place when send == recv)."""
+    try:
+        dt = _DTYPES[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise ConfigError(f"dtype must be one of {sorted(str(d) for d in _DTYPES)}, got {dtype!r}") from None
+    try:
+        _lib().ncclAllReduce(send, recv, count, int(dt), int(op), comm.ptr, stream_ptr(stream))
+    except ctypes.ArgumentError as exc:
+        raise argument_error(exc, "ncclAllReduce") from None
+
+
+class group:
+    """`with nccl.group():` merges the NCCL calls inside into one (ncclGroupStart / ncclGroupEnd)."""
+
+    def __enter__(self) -> group:
+        _lib().ncclGroupStart()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _lib().ncclGroupEnd()
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} bytes"
+    return repr(value)

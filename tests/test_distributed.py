@@ -1,0 +1,314 @@
+"""Data-parallel training (fastnn.distributed, fastnn/cuda/nccl.py): how a batch is split, how a process joins a
+run and what it is told when it cannot, the NCCL bindings, and training over two GPUs against one GPU and NumPy.
+
+Every GPU comparison of the engine suite also runs through the data-parallel path in a group of one rank (the
+"graph-nccl" entry of conftest.GPU_ENGINES); the tests here add what needs more ranks than that.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+
+import numpy as np
+import pytest
+
+import fastnn
+from fastnn import distributed
+from fastnn.errors import ConfigError, DeviceUnavailable
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, 32, 128, 129])
+def test_shares_tile_the_batch_in_rank_order(rows, world):
+    parts = [distributed.share(rows, r, world) for r in range(world)]
+    pos = 0
+    for offset, count in parts:  # contiguous, in rank order, covering the batch exactly once
+        assert offset == pos and count >= 0
+        pos += count
+    assert pos == rows
+    counts = [c for _, c in parts]
+    assert max(counts) - min(counts) <= 1
+
+
+def test_split_gradient_sums_to_the_whole_batch_gradient():
+    """What the ranks' all-reduce computes: each rank's logits gradient is of the mean over the WHOLE batch, so
+    the sum over ranks of its weight gradient is the one-GPU gradient (logistic regression, NumPy)."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((37, 5)), rng.standard_normal((3, 5))
+    y = rng.integers(0, 3, 37)
+
+    def grad(rows: slice, batch: int) -> np.ndarray:
+        z = x[rows] @ w.T
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        p[np.arange(p.shape[0]), y[rows]] -= 1.0
+        return p.T @ x[rows] / batch
+
+    whole = grad(slice(0, 37), 37)
+    for world in (2, 3, 4):
+        parts = [distributed.share(37, r, world) for r in range(world)]
+        summed = sum(grad(slice(o, o + c), 37) for o, c in parts)
+        np.testing.assert_allclose(summed, whole, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "rank and world are needed"),
+        ({"rank": 0, "world": 0}, "world must be an integer >= 1, got 0"),
+        ({"rank": 2, "world": 2}, "rank must be an integer in [0, 2), got 2"),
+        ({"rank": -1, "world": 2}, "rank must be an integer in [0, 2), got -1"),
+        ({"rank": True, "world": 2}, "rank must be an integer in [0, 2), got True"),
+        ({"rank": 0, "world": 2, "uid": "zz"}, "uid must be the hex string of an NCCL unique id"),
+        ({"rank": 0, "world": 2, "uid": b"short"}, "uid must be an NCCL unique id of 128 bytes"),
+        ({"rank": 0, "world": 2, "uid": "00" * 128, "id_file": "f"}, "pass uid or id_file, not both"),
+        ({"rank": 0, "world": 2, "timeout": 0}, "timeout must be a positive number of seconds, got 0"),
+    ],
+)
+def test_init_refuses_bad_arguments_before_any_work(monkeypatch, kwargs, message):
+    for names in distributed.LAUNCHER_ENV:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError) as info:
+        distributed.init(**kwargs)
+    assert message in str(info.value)
+
+
+def test_init_reads_the_launchers_environment(monkeypatch):
+    for names in distributed.LAUNCHER_ENV:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"rank must be an integer in \[0, 2\), got 3"):
+        distributed.init()
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ConfigError, match="environment variable RANK must be an integer, got 'one'"):
+        distributed.init()
+
+
+def _require_nccl():
+    from fastnn.cuda import nccl
+
+    ok, reason = nccl.available()
+    if not ok:
+        pytest.skip(f"NCCL is not installed here: {reason}")
+    return nccl
+
+
+def test_nccl_binding_loads_and_makes_unique_ids():
+    nccl = _require_nccl()
+    major, minor, _ = (int(p) for p in nccl.version().split("."))
+    assert (major, minor) >= (2, 19)
+    a, b = nccl.unique_id(), nccl.unique_id()
+    assert len(a) == len(b) == nccl.UNIQUE_ID_BYTES and a != b
+    assert a.count(0) > 0 and nccl._UniqueId.of(a).raw() == a  # every byte crosses into C, zeros included
+    assert "invalid usage" in nccl.status_name(nccl.Result.INVALID_USAGE)
+    with pytest.raises(ConfigError, match="uid must be 128 bytes"):
+        nccl.Comm(1, b"x", 0)
+    with pytest.raises(ConfigError, match="dtype must be one of"):
+        nccl.all_reduce(None, 0, 0, 1, np.int8, None)
+
+
+def test_missing_nccl_names_the_extra_to_install(monkeypatch):
+    import cuda.pathfinder
+
+    from fastnn.cuda import _loader
+
+    def missing(name):
+        raise RuntimeError(f"no {name} here")
+
+    monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", missing)
+    with pytest.raises(DeviceUnavailable) as info:
+        _loader._load.__wrapped__("nccl")
+    assert "fastnn[multi-cu12]" in str(info.value) and "fastnn[multi-cu13]" in str(info.value)
+
+
+def test_trainer_refuses_distributed_where_it_cannot_run():
+    model = fastnn.MLP([4, 3])
+    with pytest.raises(ConfigError, match="distributed must be a fastnn.distributed.Group"):
+        fastnn.Trainer(model, distributed=object())
+    group = distributed.Group(rank=0, world=1, device=0, comm=None)  # never used: refused before any work
+    with pytest.raises(ConfigError, match="device='cpu' cannot take distributed="):
+        fastnn.Trainer(model, device="cpu", distributed=group)
+    with pytest.raises(ConfigError, match="engine='fused' trains on one GPU"):
+        fastnn.Trainer(model, device="cuda", engine="fused", distributed=group)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _gpu_count() -> int:
+    from fastnn.cuda import driver
+
+    return driver.device_count()
+
+
+def _case():
+    """Training set, model and settings: 2 hidden layers, momentum, a short last batch of 1 row (one rank of two
+    has an empty share of it), uint8 inputs."""
+    rng = np.random.default_rng(3)
+    n, d, classes, batch = 4 * 64 + 1, 20, 5, 64
+    x = rng.integers(0, 256, (n, d), dtype=np.uint8)
+    y = (x[:, :classes].argmax(1)).astype(np.int64)
+    kw = dict(batch_size=batch, seed=7, normalize=(0.5, 0.25))
+    model = fastnn.MLP([d, 24, 16, classes])
+    return x, y, model, kw
+
+
+def _train(device: str, precision: str, group=None, epochs: int = 3):
+    x, y, model, kw = _case()
+    t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device=device,
+                       engine="graph" if device == "cuda" else "auto", distributed=group, **kw)  # fmt: skip
+    try:
+        h = t.fit(x, y, epochs=epochs)
+        return t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
+    finally:
+        t.close()
+
+
+def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None) -> None:
+    """One process of a data-parallel run on GPU `rank`. With no id_file the NCCL id goes through pipes: rank 0
+    makes it and sends it up `conn`, the parent passes it down the others' pipes. Results go up `conn`."""
+    try:
+        if id_file is None:
+            if rank == 0:
+                uid = distributed.unique_id()
+                conn.send(("uid", uid))
+            else:
+                uid = conn.recv()
+            group = distributed.init(rank, world, uid=uid, device=rank)
+        else:
+            group = distributed.init(rank, world, id_file=id_file, device=rank)
+        with group:
+            conn.send(("ok", _train("cuda", precision, group)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+def _run_ranks(world: int, precision: str, id_file: str | None = None) -> list:
+    """Start `world` processes (spawned: a fresh CUDA context each), relay the id, collect their results."""
+    ctx = mp.get_context("spawn")
+    ends, procs = [], []
+    for rank in range(world):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_rank_main, args=(rank, world, child, precision, id_file), daemon=True)
+        proc.start()
+        ends.append(parent)
+        procs.append(proc)
+    try:
+        results = [None] * world
+        if id_file is None:
+            tag, payload = ends[0].recv() if ends[0].poll(120) else ("error", "rank 0 sent no id in 120 s")
+            if tag != "uid":
+                results[0] = (tag, payload)
+            else:
+                for end in ends[1:]:
+                    end.send(payload)
+        for rank, end in enumerate(ends):
+            if results[rank] is None:
+                results[rank] = end.recv() if end.poll(300) else ("error", f"rank {rank}: no answer in 300 s")
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    for tag, payload in results:
+        assert tag == "ok", payload
+    return [payload for _, payload in results]
+
+
+def _assert_same_training(a, b, rtol: float, atol: float) -> None:
+    (sa, la, aa), (sb, lb, ab) = a, b
+    np.testing.assert_allclose(la, lb, rtol=rtol)
+    np.testing.assert_allclose(aa, ab, atol=2.0 / 257)  # at most 2 of 257 samples flip
+    for name in sa:
+        np.testing.assert_allclose(sa[name], sb[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.gpu
+def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
+    """A group of one: the same captured graph plus all-reduces over one rank (identities), bit for bit."""
+    nccl = _require_nccl()
+    calls = []
+    real = nccl.all_reduce
+    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    with distributed.init(0, 1, device=0) as group:
+        one = _train("cuda", "fp32", group)
+    # Each layer's gradient once per step (5 steps, and the autotuning run of step 0) and the history once.
+    x, _, model, kw = _case()
+    steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
+    assert len(calls) == (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    plain = _train("cuda", "fp32")
+    for name in plain[0]:
+        np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
+    np.testing.assert_array_equal(one[1], plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exchange", ["pipe", "file"])
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+def test_two_processes_train_like_one_gpu_and_numpy(tmp_path, exchange, precision):
+    """Two processes, one GPU each, the id passed through a pipe or a file: every rank ends with the weights and
+    history of one-GPU training (up to summation order) and of the NumPy engine, with the engine suite's tolerances."""
+    _require_nccl()
+    if _gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs; this machine has {_gpu_count()}")
+    id_file = str(tmp_path / "nccl.id") if exchange == "file" else None
+    ranks = _run_ranks(2, precision, id_file)
+    one_gpu = _train("cuda", precision)
+    cpu = _train("cpu", "fp32")
+    tol = 1e-4 if precision == "fp32" else 2e-2
+    for result in ranks:
+        for name in ranks[0][0]:  # the ranks hold identical weights: the same sums, the same updates
+            np.testing.assert_array_equal(result[0][name], ranks[0][0][name], err_msg=name)
+        _assert_same_training(result, one_gpu, rtol=tol, atol=tol)
+        _assert_same_training(result, cpu, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_ranks_on_one_gpu_are_refused_with_nccls_message_naming_rank_and_gpu():
+    """Two ranks on the same GPU: NCCL refuses the communicator; each rank's error names it, its GPU and NCCL's
+    own words, and neither process hangs."""
+    _require_nccl()
+    ctx = mp.get_context("spawn")
+    ends, procs = [], []
+    for rank in range(2):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_same_gpu_rank, args=(rank, child), daemon=True)
+        proc.start()
+        ends.append(parent)
+        procs.append(proc)
+    try:
+        uid = ends[0].recv() if ends[0].poll(120) else None
+        assert uid is not None, "rank 0 sent no id"
+        ends[1].send(uid)
+        answers = [end.recv() if end.poll(120) else "no answer in 120 s" for end in ends]
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    for rank, answer in enumerate(answers):
+        assert f"rank {rank} of 2 on GPU 0: ncclCommInitRank failed" in answer, answer
+        assert "Duplicate GPU" in answer, answer
+
+
+def _same_gpu_rank(rank: int, conn) -> None:
+    try:
+        uid = distributed.unique_id() if rank == 0 else None
+        if rank == 0:
+            conn.send(uid)
+        else:
+            uid = conn.recv()
+        with distributed.init(rank, 2, uid=uid, device=0):
+            conn.send("joined: no error")
+    except BaseException as exc:
+        conn.send(f"{type(exc).__name__}: {exc}")
