@@ -52,6 +52,15 @@ def _nvrtc() -> str:
     return f"{major}.{minor} at {library_path('nvrtc')}"
 
 
+def _nccl() -> str:
+    """NCCL's version and path, or why not (optional: only fastnn.distributed needs it)."""
+    from .cuda import nccl
+    from .cuda._loader import library_path
+
+    ok, what = nccl.available()
+    return f"{nccl.version()} at {library_path('nccl')}" if ok else f"not installed (optional, multi-GPU): {what}"
+
+
 def _driver() -> str:
     from .cuda.driver import driver_version
 
@@ -88,6 +97,7 @@ def info_lines() -> tuple[list[str], int]:
     for label, libname, module in _LIBRARIES:
         rows.append((label, _safe(lambda libname=libname, module=module: _library(libname, module))))
     rows.append(("NVRTC", _safe(_nvrtc)))
+    rows.append(("NCCL", _safe(_nccl)))
     rows.append(("CUDA packages", _safe(lambda: cuda_packages().summary(), "unreadable")))
     rows.append(("Driver", _safe(_driver, "none")))
     usable, reason = cuda_status()

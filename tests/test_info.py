@@ -41,6 +41,10 @@ def test_info_command_runs_and_reports():
     assert re.match(r"\d+\.\d+\.\d+ at /.*libcublasLt", rows["cuBLASLt"]), rows["cuBLASLt"]
     assert re.match(r"\d+\.\d+\.\d+ at /.*libcudnn", rows["cuDNN"]), rows["cuDNN"]
     assert re.match(r"\d+\.\d+ at /.*libnvrtc", rows["NVRTC"]), rows["NVRTC"]
+    # Optional: its version and path where installed, else that it is missing and which extra brings it.
+    assert re.match(r"\d+\.\d+\.\d+ at /.*libnccl", rows["NCCL"]) or (
+        rows["NCCL"].startswith("not installed") and "multi-cu12" in rows["NCCL"]
+    ), rows["NCCL"]
     if USABLE:
         assert re.match(r"CUDA \d+\.\d+", rows["Driver"])
         assert "SMs" in rows["GPU"] and "sm_" in rows["GPU"]
