@@ -203,4 +203,6 @@ def init(
     except nccl.NcclError as exc:  # NCCL's own message, with which rank and GPU met it
         exc.args = (f"rank {rank} of {world} on GPU {device}: {exc.args[0]}",)
         raise
+    if id_file is not None and rank == 0:  # every rank has joined: the id is spent, so no later run reads it
+        Path(id_file).unlink(missing_ok=True)
     return Group(rank=rank, world=world, device=device, comm=comm)

@@ -163,8 +163,10 @@ def _case():
     return x, y, model, kw
 
 
-def _train(device: str, precision: str, group=None, epochs: int = 3):
+def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int | None = None):
     x, y, model, kw = _case()
+    if batch is not None:
+        kw["batch_size"] = batch
     t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device=device,
                        engine="graph" if device == "cuda" else "auto", distributed=group, **kw)  # fmt: skip
     try:
@@ -174,7 +176,7 @@ def _train(device: str, precision: str, group=None, epochs: int = 3):
         t.close()
 
 
-def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None) -> None:
+def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None, batch: int | None) -> None:
     """One process of a data-parallel run on GPU `rank`. With no id_file the NCCL id goes through pipes: rank 0
     makes it and sends it up `conn`, the parent passes it down the others' pipes. Results go up `conn`."""
     try:
@@ -188,18 +190,19 @@ def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None)
         else:
             group = distributed.init(rank, world, id_file=id_file, device=rank)
         with group:
-            conn.send(("ok", _train("cuda", precision, group)))
+            conn.send(("ok", _train("cuda", precision, group, batch=batch)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
 
-def _run_ranks(world: int, precision: str, id_file: str | None = None) -> list:
+def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_rank=None) -> list:
     """Start `world` processes (spawned: a fresh CUDA context each), relay the id, collect their results."""
     ctx = mp.get_context("spawn")
     ends, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank_main, args=(rank, world, child, precision, id_file), daemon=True)
+        batch = batch_of_rank(rank) if batch_of_rank is not None else None
+        proc = ctx.Process(target=_rank_main, args=(rank, world, child, precision, id_file, batch), daemon=True)
         proc.start()
         ends.append(parent)
         procs.append(proc)
@@ -250,6 +253,31 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
     np.testing.assert_array_equal(one[1], plain[1])
+
+
+@pytest.mark.gpu
+def test_id_file_is_removed_once_every_rank_has_joined(tmp_path):
+    """A spent id left in a fixed path would be read by the next run's ranks before rank 0 replaced it."""
+    _require_nccl()
+    path = tmp_path / "nccl.id"
+    with distributed.init(0, 1, id_file=path, device=0) as group:
+        assert not path.exists()
+        x, y, model, kw = _case()
+        with fastnn.Trainer(model, device="cuda", distributed=group, **kw) as t:
+            t.fit(x, y, epochs=1)
+            with pytest.raises(ConfigError, match="a data-parallel trainer's are collectives"):
+                t._engine.profile_step(1)
+
+
+@pytest.mark.gpu
+def test_ranks_that_disagree_are_refused_before_training(tmp_path):
+    """Ranks with another batch size would issue mismatched collectives (a hang): every rank refuses by name."""
+    _require_nccl()
+    if _gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs; this machine has {_gpu_count()}")
+    with pytest.raises(AssertionError) as info:
+        _run_ranks(2, "fp32", str(tmp_path / "nccl.id"), batch_of_rank=lambda rank: 64 + rank)
+    assert "they differ in batch_size (this rank 6" in str(info.value)
 
 
 @pytest.mark.gpu

@@ -182,11 +182,11 @@ class Comm(LibraryObject):
             self._finalizer.detach()
             _lib().ncclCommAbort(self.ptr)
 
-    def async_error(self) -> str | None:
-        """NCCL's description of an asynchronous failure (a peer gone, a network error), or None."""
+    def async_error(self) -> int | None:
+        """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None."""
         r = ctypes.c_int()
         _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
-        return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else status_name(r.value)
+        return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else r.value
 
     @property
     def device(self) -> int:

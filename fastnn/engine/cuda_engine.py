@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,12 +26,13 @@ from functools import partial
 import numpy as np
 
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
+from ..cuda.nccl import NcclError  # the module only: NCCL itself loads on first use (optional)
 from ..data import input_affine
 from ..distributed import share
-from ..errors import TrainingDiverged
+from ..errors import ConfigError, TrainingDiverged
 from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
-from .base import Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
+from .base import PRECISIONS, Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
 from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
@@ -161,6 +163,7 @@ class CudaEngine(Engine):
                 self.comm_stream = own(driver.Stream(self.dev))
                 self._fork, self._join = own(driver.Event()), own(driver.Event())
                 self.hist_scratch = own(driver.DeviceBuffer(256))  # the epoch's (loss sum, correct) being summed
+                self._agree = own(driver.DeviceBuffer(256))  # _check_ranks_agree's MAX and MIN of each value
             # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
             # capture: nothing is allocated or uploaded while a graph records).
             self._feature_affine: dict[np.dtype, object] = {}
@@ -385,6 +388,49 @@ class CudaEngine(Engine):
         self.comm_stream.wait(self._fork)
         nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, self.spec.grad, self.comm_stream)
 
+    def _wait(self, event) -> None:
+        """Block until `event` completes. In a data-parallel run, poll instead, so that a failed or vanished peer
+        (NCCL's asynchronous error) aborts the communicator and raises rather than leaving this rank spinning."""
+        if self.group is None:
+            event.synchronize()
+            return
+        while not event.query():
+            status = self.group.comm.async_error()
+            if status is not None:
+                from ..cuda import nccl
+
+                self.group.abort()
+                g = self.group
+                raise NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
+                                "a collective (communicator aborted)")  # fmt: skip
+            time.sleep(0.0005)
+
+    def _check_ranks_agree(self, n: int) -> None:
+        """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
+        another training set size, batch size, model, seed or precision. One small MAX and MIN all-reduce."""
+        from ..cuda import nccl
+
+        cfg, g = self.config, self.group
+        what = ("training set rows", "batch_size", "drop_last", "parameter count", "layers", "seed (low 32 bits)",
+                "seed (high 32 bits)", "precision", "world")  # fmt: skip
+        mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers),
+                         cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world],
+                        dtype=np.float64)  # fmt: skip
+        k = mine.size
+        self._agree.upload(np.concatenate([mine, mine]))
+        nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
+        low = self._agree.ptr + 8 * k
+        nccl.all_reduce(g.comm, low, low, k, np.float64, self.stream, nccl.RedOp.MIN)
+        self._join.record(self.stream)
+        self._wait(self._join)
+        out = np.empty(2 * k, dtype=np.float64)
+        self._agree.download(out)
+        bad = [f"{name} (this rank {mine[i]:.0f}; the ranks' values range from {out[k + i]:.0f} to {out[i]:.0f})"
+               for i, name in enumerate(what) if out[i] != out[k + i]]  # fmt: skip
+        if bad:
+            raise ConfigError(f"rank {g.rank} of {g.world}: every rank must train the same model with the same "
+                              f"arguments on the same data; they differ in " + "; ".join(bad))  # fmt: skip
+
     def record_join(self) -> None:
         """Make the main stream wait for every all-reduce queued on the side stream (before the update)."""
         self._join.record(self.comm_stream)
@@ -486,6 +532,8 @@ class CudaEngine(Engine):
     # ------------------------------------------------------------------ Engine API
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
         self.dev.make_current()
+        if self.group is not None:
+            self._check_ranks_agree(x.shape[0])
         key = _data_key(x, y)
         ctx = self._train
         if ctx is not None and ctx.key == key:
@@ -567,10 +615,10 @@ class CudaEngine(Engine):
                     finished.record(self.stream)
                     launched += 1
                 k = reported()
-                ctx.events[k % slots][2].synchronize()  # the queue still holds the epochs after it
+                self._wait(ctx.events[k % slots][2])  # the queue still holds the epochs after it
                 report(k)
-        except TrainingDiverged:
-            raise
+        except (TrainingDiverged, NcclError):
+            raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
         except BaseException:
             # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
             # let them finish and report every one not yet reported (an epoch whose report was interrupted
@@ -590,8 +638,10 @@ class CudaEngine(Engine):
 
         Each node is captured `repeats` times into a graph of its own and the replay is timed with
         events, as inside the epoch graph. The nodes run for real (weights change): profile a
-        throwaway trainer after one `fit`.
+        throwaway trainer after one `fit`. One GPU only: a data-parallel step's nodes are collectives.
         """
+        if self.group is not None:
+            raise ConfigError("profile_step times one GPU's nodes; a data-parallel trainer's are collectives")
         ctx = self._train
         if ctx is None or ctx.graph is None:
             raise RuntimeError("profile_step needs one fit first (it times the captured step's nodes)")
