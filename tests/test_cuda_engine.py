@@ -511,23 +511,22 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
 
 
 def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch, engine):
-    from fastnn.cuda import driver
-    from fastnn.engine.cuda_engine import INFLIGHT_EPOCHS
+    from fastnn.engine.cuda_engine import INFLIGHT_EPOCHS, CudaEngine
 
     x, y = _data(300, 16, 3)
-    real, calls = driver.Event.synchronize, [0]
+    real, calls = CudaEngine._wait, [0]
 
-    def synchronize(self):
+    def wait(self, event):  # where the host waits for an epoch (an event's synchronize, or a group's polling)
         calls[0] += 1
         if calls[0] == 1:
             raise KeyboardInterrupt
-        return real(self)
+        return real(self, event)
 
     t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
                 device="cuda", seed=4, engine=engine)  # fmt: skip
     t.fit(x, y, epochs=1)  # autotuning and capture (which may wait on events) happen here, not below
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # context: the engine fixture's patch stays
-        m.setattr(driver.Event, "synchronize", synchronize)
+        m.setattr(CudaEngine, "_wait", wait)
         t.fit(x, y, epochs=INFLIGHT_EPOCHS + 2)  # Ctrl-C in the first wait, with INFLIGHT_EPOCHS queued
     _assert_at_epoch(t, 1 + INFLIGHT_EPOCHS, x, y, 10)
     t.close()

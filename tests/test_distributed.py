@@ -245,10 +245,11 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
     monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
-    # Each layer's gradient once per step (5 steps, and the autotuning run of step 0) and the history once.
+    # The ranks' agreement check (MAX and MIN of 9 values), each layer's gradient once per step (5 steps, and the
+    # autotuning run of step 0), and the history once.
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
-    assert len(calls) == (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    assert calls[:2] == [9, 9] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
     plain = _train("cuda", "fp32")
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)

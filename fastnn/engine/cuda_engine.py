@@ -389,11 +389,15 @@ class CudaEngine(Engine):
         nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, self.spec.grad, self.comm_stream)
 
     def _wait(self, event) -> None:
-        """Block until `event` completes. In a data-parallel run, poll instead, so that a failed or vanished peer
-        (NCCL's asynchronous error) aborts the communicator and raises rather than leaving this rank spinning."""
+        """Block until `event` (the end of an epoch's queued work) completes; see _wait_comm for a group."""
         if self.group is None:
             event.synchronize()
-            return
+        else:
+            self._wait_comm(event)
+
+    def _wait_comm(self, event) -> None:
+        """Poll until `event` completes, so that a failed or vanished peer (NCCL's asynchronous error) aborts the
+        communicator and raises rather than leaving this rank spinning in a collective."""
         while not event.query():
             status = self.group.comm.async_error()
             if status is not None:
@@ -422,7 +426,7 @@ class CudaEngine(Engine):
         low = self._agree.ptr + 8 * k
         nccl.all_reduce(g.comm, low, low, k, np.float64, self.stream, nccl.RedOp.MIN)
         self._join.record(self.stream)
-        self._wait(self._join)
+        self._wait_comm(self._join)
         out = np.empty(2 * k, dtype=np.float64)
         self._agree.download(out)
         bad = [f"{name} (this rank {mine[i]:.0f}; the ranks' values range from {out[k + i]:.0f} to {out[i]:.0f})"
