@@ -189,10 +189,8 @@ def init(
     if uid_bytes is None:
         if id_file is not None:
             uid_bytes = _exchange_file(Path(id_file), rank, float(timeout))
-        elif os.environ.get("NCCL_COMM_ID"):
-            uid_bytes = nccl.unique_id()  # every rank derives the same id from NCCL_COMM_ID
-        elif world == 1:
-            uid_bytes = nccl.unique_id()
+        elif world == 1 or os.environ.get("NCCL_COMM_ID"):
+            uid_bytes = nccl.unique_id()  # alone, or every rank derives the same id from NCCL_COMM_ID
         else:
             raise ConfigError("an NCCL unique id is needed: pass uid= (made by rank 0 with unique_id()), id_file= "
                               "(a path every rank can read), or set NCCL_COMM_ID=host:port for every rank")  # fmt: skip

@@ -176,17 +176,20 @@ def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int 
         t.close()
 
 
+def _piped_id(rank: int, conn) -> str:
+    """The NCCL id through pipes: rank 0 makes it and sends it up `conn`; the parent (_spawn) passes it down."""
+    if rank == 0:
+        uid = distributed.unique_id()
+        conn.send(("uid", uid))
+        return uid
+    return conn.recv()
+
+
 def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None, batch: int | None) -> None:
-    """One process of a data-parallel run on GPU `rank`. With no id_file the NCCL id goes through pipes: rank 0
-    makes it and sends it up `conn`, the parent passes it down the others' pipes. Results go up `conn`."""
+    """One process of a data-parallel run on GPU `rank` (the id through pipes, or id_file); results up `conn`."""
     try:
         if id_file is None:
-            if rank == 0:
-                uid = distributed.unique_id()
-                conn.send(("uid", uid))
-            else:
-                uid = conn.recv()
-            group = distributed.init(rank, world, uid=uid, device=rank)
+            group = distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank)
         else:
             group = distributed.init(rank, world, id_file=id_file, device=rank)
         with group:
@@ -195,20 +198,20 @@ def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None,
         conn.send(("error", traceback.format_exc()))
 
 
-def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_rank=None) -> list:
-    """Start `world` processes (spawned: a fresh CUDA context each), relay the id, collect their results."""
+def _spawn(world: int, target, args_of_rank, relay_id: bool) -> list[tuple[str, object]]:
+    """Start `world` processes target(rank, world, conn, *args_of_rank(rank)) (spawned: a fresh CUDA context
+    each); with relay_id, pass rank 0's first message (the NCCL id) to the others. Each rank's (tag, answer)."""
     ctx = mp.get_context("spawn")
     ends, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
-        batch = batch_of_rank(rank) if batch_of_rank is not None else None
-        proc = ctx.Process(target=_rank_main, args=(rank, world, child, precision, id_file, batch), daemon=True)
+        proc = ctx.Process(target=target, args=(rank, world, child, *args_of_rank(rank)), daemon=True)
         proc.start()
         ends.append(parent)
         procs.append(proc)
     try:
-        results = [None] * world
-        if id_file is None:
+        results: list = [None] * world
+        if relay_id:
             tag, payload = ends[0].recv() if ends[0].poll(120) else ("error", "rank 0 sent no id in 120 s")
             if tag != "uid":
                 results[0] = (tag, payload)
@@ -223,6 +226,13 @@ def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
+    return results
+
+
+def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_rank=None) -> list:
+    """A data-parallel run of `world` processes; every rank's (state, losses, accuracies)."""
+    batch = batch_of_rank or (lambda rank: None)
+    results = _spawn(world, _rank_main, lambda rank: (precision, id_file, batch(rank)), relay_id=id_file is None)
     for tag, payload in results:
         assert tag == "ok", payload
     return [payload for _, payload in results]
@@ -307,37 +317,14 @@ def test_ranks_on_one_gpu_are_refused_with_nccls_message_naming_rank_and_gpu():
     """Two ranks on the same GPU: NCCL refuses the communicator; each rank's error names it, its GPU and NCCL's
     own words, and neither process hangs."""
     _require_nccl()
-    ctx = mp.get_context("spawn")
-    ends, procs = [], []
-    for rank in range(2):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_same_gpu_rank, args=(rank, child), daemon=True)
-        proc.start()
-        ends.append(parent)
-        procs.append(proc)
-    try:
-        uid = ends[0].recv() if ends[0].poll(120) else None
-        assert uid is not None, "rank 0 sent no id"
-        ends[1].send(uid)
-        answers = [end.recv() if end.poll(120) else "no answer in 120 s" for end in ends]
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    for rank, answer in enumerate(answers):
+    for rank, (_, answer) in enumerate(_spawn(2, _same_gpu_rank, lambda rank: (), relay_id=True)):
         assert f"rank {rank} of 2 on GPU 0: ncclCommInitRank failed" in answer, answer
         assert "Duplicate GPU" in answer, answer
 
 
-def _same_gpu_rank(rank: int, conn) -> None:
+def _same_gpu_rank(rank: int, world: int, conn) -> None:
     try:
-        uid = distributed.unique_id() if rank == 0 else None
-        if rank == 0:
-            conn.send(uid)
-        else:
-            uid = conn.recv()
-        with distributed.init(rank, 2, uid=uid, device=0):
-            conn.send("joined: no error")
+        with distributed.init(rank, world, uid=_piped_id(rank, conn), device=0):
+            conn.send(("joined", "no error"))
     except BaseException as exc:
-        conn.send(f"{type(exc).__name__}: {exc}")
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -227,13 +227,11 @@ def bind_library(libname: str, display: str, version_symbol: str | None, signatu
     A missing symbol raises DeviceUnavailable naming the library and version.
     """
     lib = load_library(libname)
-    try:
-        if version_symbol is None:  # no size_t version() to call: named by path alone
-            raise AttributeError(version_symbol)
-        getattr(lib, version_symbol).restype = ctypes.c_size_t
-        describe = f"{display} {getattr(lib, version_symbol)()} at {library_path(libname)}"
-    except AttributeError:
-        describe = f"{display} (version unknown) at {library_path(libname)}"
+    describe = f"{display} (version unknown) at {library_path(libname)}"
+    if version_symbol is not None:  # None: the library has no size_t version() (NCCL's takes an int*)
+        with contextlib.suppress(AttributeError):
+            getattr(lib, version_symbol).restype = ctypes.c_size_t
+            describe = f"{display} {getattr(lib, version_symbol)()} at {library_path(libname)}"
     for name, (restype, argtypes) in signatures.items():
         try:
             fn = getattr(lib, name)

@@ -29,7 +29,6 @@ __all__ = [
     "Result",
     "all_reduce",
     "available",
-    "group",
     "status_name",
     "unique_id",
     "version",
@@ -103,10 +102,7 @@ _SIGNATURES = {
     "ncclCommDestroy": (_STATUS, [_p]),
     "ncclCommAbort": (_STATUS, [_p]),
     "ncclCommGetAsyncError": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
-    "ncclCommCuDevice": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
     "ncclAllReduce": (_STATUS, [_p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _p, _p]),
-    "ncclGroupStart": (_STATUS, []),
-    "ncclGroupEnd": (_STATUS, []),
     "ncclGetErrorString": (ctypes.c_char_p, [ctypes.c_int]),
     "ncclGetLastError": (ctypes.c_char_p, [_p]),
 }
@@ -188,13 +184,6 @@ class Comm(LibraryObject):
         _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
         return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else r.value
 
-    @property
-    def device(self) -> int:
-        """The CUDA device ordinal this rank runs on (ncclCommCuDevice)."""
-        v = ctypes.c_int()
-        _lib().ncclCommCuDevice(self.ptr, ctypes.byref(v))
-        return v.value
-
 
 def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:
     """Queue recv = op over ranks of send (`count` elements of numpy `dtype`; in place when send == recv)."""
@@ -206,17 +195,6 @@ def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream:
         _lib().ncclAllReduce(send, recv, count, int(dt), int(op), comm.ptr, stream_ptr(stream))
     except ctypes.ArgumentError as exc:
         raise argument_error(exc, "ncclAllReduce") from None
-
-
-class group:
-    """`with nccl.group():` merges the NCCL calls inside into one (ncclGroupStart / ncclGroupEnd)."""
-
-    def __enter__(self) -> group:
-        _lib().ncclGroupStart()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _lib().ncclGroupEnd()
 
 
 def _describe(value: Any) -> str:

@@ -25,8 +25,8 @@ from functools import partial
 
 import numpy as np
 
+from ..cuda import nccl  # the module only: NCCL itself loads on first use (optional)
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
-from ..cuda.nccl import NcclError  # the module only: NCCL itself loads on first use (optional)
 from ..data import input_affine
 from ..distributed import share
 from ..errors import ConfigError, TrainingDiverged
@@ -378,8 +378,6 @@ class CudaEngine(Engine):
     def record_grad_all_reduce(self, layer: int) -> None:
         """Queue, on the side stream once the main stream has got this far, the sum over ranks of `layer`'s
         weight and bias gradients (one contiguous range of the flat gradient buffer, zero padding included)."""
-        from ..cuda import nccl
-
         offsets = self.layout.offsets
         start = offsets[2 * layer]
         stop = offsets[2 * layer + 2] if 2 * layer + 2 < len(offsets) else self.layout.total
@@ -401,19 +399,15 @@ class CudaEngine(Engine):
         while not event.query():
             status = self.group.comm.async_error()
             if status is not None:
-                from ..cuda import nccl
-
                 self.group.abort()
                 g = self.group
-                raise NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
+                raise nccl.NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
                                 "a collective (communicator aborted)")  # fmt: skip
             time.sleep(0.0005)
 
     def _check_ranks_agree(self, n: int) -> None:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
         another training set size, batch size, model, seed or precision. One small MAX and MIN all-reduce."""
-        from ..cuda import nccl
-
         cfg, g = self.config, self.group
         what = ("training set rows", "batch_size", "drop_last", "parameter count", "layers", "seed (low 32 bits)",
                 "seed (high 32 bits)", "precision", "world")  # fmt: skip
@@ -447,8 +441,6 @@ class CudaEngine(Engine):
     def record_history_all_reduce(self) -> None:
         """Queue the sum over ranks of this epoch's (loss sum, correct count): every rank then holds the global
         history, and takes the same divergence and snapshot decisions from it."""
-        from ..cuda import nccl
-
         state, scratch = arg_ptr(self.epoch_state.ptr), arg_ptr(self.hist_scratch.ptr)
         self._update_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
                                                           self.stream)  # fmt: skip
@@ -621,7 +613,7 @@ class CudaEngine(Engine):
                 k = reported()
                 self._wait(ctx.events[k % slots][2])  # the queue still holds the epochs after it
                 report(k)
-        except (TrainingDiverged, NcclError):
+        except (TrainingDiverged, nccl.NcclError):
             raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
         except BaseException:
             # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
