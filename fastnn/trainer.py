@@ -30,7 +30,7 @@ from .control import (
 from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
-from .engine.select import DEVICES, EngineRefused, check_distributed, check_engine, create_engine
+from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
 from .history import History, check_records
@@ -83,6 +83,9 @@ class Trainer:
             (the GPU while the set takes at most 80% of its free memory). Only "auto" on the CPU.
         distributed: a `fastnn.distributed.Group` (from `fastnn.distributed.init()`): train data-parallel, this
             process being one rank on one GPU (graph engine). Every rank passes the same arguments and data.
+        devices: the GPUs of this process to train on: a count N (GPUs 0..N-1) or a list of ordinals, default 1.
+            Several: data-parallel with a replica of the graph engine on each (NCCL, the "multi" extra), results
+            as on one GPU up to summation order; one: that GPU alone (any engine).
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -103,6 +106,7 @@ class Trainer:
         engine: str = "auto",
         data_placement: str = "auto",
         distributed: Any = None,
+        devices: int | Sequence[int] = 1,
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
@@ -116,6 +120,7 @@ class Trainer:
         check_engine(device, engine)
         check_placement(device, data_placement)
         check_distributed(device, engine, distributed)
+        check_devices(device, engine, devices, distributed)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
         self._config = EngineConfig(
@@ -131,7 +136,7 @@ class Trainer:
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
             device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
-            group=distributed,
+            group=distributed, devices=devices,
         )
         self._closed = False
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
@@ -486,6 +491,7 @@ class Trainer:
         engine: str = "auto",
         data_placement: str = "auto",
         distributed: Any = None,
+        devices: int | Sequence[int] = 1,
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
@@ -501,6 +507,7 @@ class Trainer:
         check_engine(device, engine)
         check_placement(device, data_placement)
         check_distributed(device, engine, distributed)
+        check_devices(device, engine, devices, distributed)
         check_schedule(schedule)
         try:
             model, optimizer = _saved_model(config)
@@ -512,7 +519,7 @@ class Trainer:
             state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
             trainer = cls(
                 model, optimizer, device=device, schedule=schedule, engine=engine, data_placement=data_placement,
-                distributed=distributed, **kwargs
+                distributed=distributed, devices=devices, **kwargs
             )
         except (DataError, EngineRefused):
             raise  # already names the file and the array, or the caller's engine choice

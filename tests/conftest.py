@@ -9,8 +9,10 @@ import pytest
 #: copy, momentum holding the gradient), which it otherwise takes only for models the standard one cannot hold.
 #: "graph-nccl" is the graph engine in a data-parallel group of one rank: every step's gradients go through the
 #: NCCL all-reduces captured on the side stream and the history through its epoch-end sum (an identity for one
-#: rank, so every tolerance stays), which is what one GPU can check of the data-parallel path.
-GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl")
+#: rank, so every tolerance stays), which is what one GPU can check of the data-parallel path. "graph-replicas" is
+#: `devices=`'s engine (engine/replicas.py) on GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of
+#: one: its threads, communicators and lock-step epochs without a peer).
+GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl", "graph-replicas")
 
 _nccl_group = []  # the one-rank group, made once per session (a communicator per test would cost ~0.1 s each)
 
@@ -34,12 +36,32 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
             _nccl_group.append(distributed.init(0, 1, device=0))
         real = trainer.create_engine
 
-        def with_group(device, config, state, *, engine="auto", stacklevel=2, group=None):
-            if group is None and device != "cpu":
+        def with_group(device, config, state, *, engine="auto", stacklevel=2, group=None, devices=1):
+            if group is None and device != "cpu" and devices == 1:
                 group = _nccl_group[0]
-            return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group)
+            return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group,
+                        devices=devices)  # fmt: skip
 
         monkeypatch.setattr(trainer, "create_engine", with_group)
+        return "graph"
+    if request.param == "graph-replicas":
+        from fastnn import trainer
+        from fastnn.cuda import driver, nccl
+        from fastnn.engine.replicas import ReplicaEngine
+
+        ok, reason = nccl.available()
+        if not ok:
+            pytest.skip(f"NCCL is not installed: {reason}")
+        ordinals = [0, 1] if driver.device_count() >= 2 else [0]
+        real = trainer.create_engine
+
+        def replicated(device, config, state, *, engine="auto", stacklevel=2, group=None, devices=1):
+            if device == "cpu" or group is not None or devices != 1:
+                return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group,
+                            devices=devices)  # fmt: skip
+            return ReplicaEngine(config, state, ordinals)
+
+        monkeypatch.setattr(trainer, "create_engine", replicated)
         return "graph"
     return request.param
 

@@ -138,6 +138,8 @@ def test_trainer_refuses_distributed_where_it_cannot_run():
         fastnn.Trainer(model, device="cpu", distributed=group)
     with pytest.raises(ConfigError, match="engine='fused' trains on one GPU"):
         fastnn.Trainer(model, device="cuda", engine="fused", distributed=group)
+    with pytest.raises(ConfigError, match="devices=2 with distributed=: a distributed run has one process per GPU"):
+        fastnn.Trainer(model, device="cuda", distributed=group, devices=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,12 +165,13 @@ def _case():
     return x, y, model, kw
 
 
-def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int | None = None):
+def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int | None = None, devices=1):
     x, y, model, kw = _case()
     if batch is not None:
         kw["batch_size"] = batch
     t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device=device,
-                       engine="graph" if device == "cuda" else "auto", distributed=group, **kw)  # fmt: skip
+                       engine="graph" if device == "cuda" else "auto", distributed=group, devices=devices,
+                       **kw)  # fmt: skip
     try:
         h = t.fit(x, y, epochs=epochs)
         return t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
@@ -328,3 +331,97 @@ def _same_gpu_rank(rank: int, world: int, conn) -> None:
             conn.send(("joined", "no error"))
     except BaseException as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# devices=: several GPUs of one process
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _need_gpus(n: int) -> None:
+    _require_nccl()
+    if _gpu_count() < n:
+        pytest.skip(f"needs {n} GPUs; this machine has {_gpu_count()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+def test_devices_train_like_one_gpu_and_numpy(precision, tmp_path):
+    """devices=2: both replicas end with the same weights, those of one-GPU training (up to summation order) and of
+    the NumPy engine; the checkpoint is one GPU's file (a one-GPU trainer loads it and predicts the same)."""
+    _need_gpus(2)
+    x, y, model, kw = _case()
+    with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device="cuda",
+                        devices=[1, 0], **kw) as t:  # fmt: skip
+        assert t.engine == "graph"
+        h = t.fit(x, y, epochs=3)
+        both = t._engine.replicas
+        assert [eng.dev.ordinal for eng in both] == [1, 0]
+        for name, value in both[0].get_state().items():
+            np.testing.assert_array_equal(both[1].get_state()[name], value, err_msg=name)
+        result = (t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"]))
+        t.save(tmp_path / "two.npz")
+        probs = t.predict_proba(x)
+    tol = 1e-4 if precision == "fp32" else 2e-2
+    _assert_same_training(result, _train("cuda", precision), rtol=tol, atol=tol)
+    _assert_same_training(result, _train("cpu", "fp32"), rtol=tol, atol=tol)
+    with fastnn.Trainer.load(tmp_path / "two.npz", device="cuda", engine="graph") as one:
+        np.testing.assert_array_equal(one.predict_proba(x), probs)
+
+
+def _replicas_everywhere(monkeypatch, ordinals: list[int]) -> None:
+    """Make every Trainer on the GPU a ReplicaEngine over `ordinals` (also a list of one, which devices= would give
+    to the plain engine)."""
+    from fastnn import trainer
+    from fastnn.engine.replicas import ReplicaEngine
+
+    monkeypatch.setattr(trainer, "create_engine", lambda device, config, state, **kw: ReplicaEngine(config, state,
+                                                                                                    ordinals))
+
+
+@pytest.mark.gpu
+def test_one_replica_trains_exactly_like_one_gpu(monkeypatch):
+    """The replica engine over one GPU (its threads, communicator and lock-step epochs): bit for bit one GPU's."""
+    _require_nccl()
+    with monkeypatch.context() as m:
+        _replicas_everywhere(m, [0])
+        one = _train("cuda", "fp32")
+    plain = _train("cuda", "fp32")
+    for name in plain[0]:
+        np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
+    np.testing.assert_array_equal(one[1], plain[1])
+
+
+@pytest.mark.gpu
+def test_a_failure_on_one_gpu_aborts_the_group_and_keeps_the_weights(monkeypatch, tmp_path):
+    """One replica fails while the other waits in a collective for it: the waiting one is released (the
+    communicators are aborted), the error is the failing GPU's, later fits are refused by name, and the weights
+    of the last finished fit can still be read and saved."""
+    _require_nccl()
+    from fastnn.engine.cuda_engine import CudaEngine
+
+    ordinals = [0, 1] if _gpu_count() >= 2 else [0]
+    _replicas_everywhere(monkeypatch, ordinals)
+    x, y, model, kw = _case()
+    t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **kw)
+    try:
+        t.fit(x, y, epochs=1)
+        before = t.state_dict()
+        real = CudaEngine.set_train_data
+
+        def fails_on_the_last(self, *args):
+            if self.dev.ordinal == ordinals[-1]:
+                raise DeviceUnavailable(f"simulated failure on GPU {self.dev.ordinal}")
+            return real(self, *args)
+
+        monkeypatch.setattr(CudaEngine, "set_train_data", fails_on_the_last)
+        with pytest.raises(DeviceUnavailable, match=f"simulated failure on GPU {ordinals[-1]}"):
+            t.fit(x.copy(), y, epochs=1)  # a new array: uploaded again, after the ranks' agreement check
+        with pytest.raises(RuntimeError, match="can no longer train together"):
+            t.fit(x, y, epochs=1)
+        assert t.epoch == 1
+        for name, value in t.state_dict().items():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+        t.save(tmp_path / "kept.npz")
+    finally:
+        t.close()

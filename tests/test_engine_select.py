@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 import warnings
@@ -59,6 +60,10 @@ class _FakeGraph(NumpyEngine):
     device = "cuda"
     name = "graph"
 
+    def __init__(self, config, state, ordinal: int = 0) -> None:
+        self.ordinal = ordinal
+        super().__init__(config, state)
+
 
 class _FakeFused(NumpyEngine):
     device = "cuda"
@@ -71,8 +76,9 @@ class _FakeFused(NumpyEngine):
         widest = max(config.model.sizes)
         return None if widest <= cls.limit else f"a layer of {widest} is wider than {cls.limit}"
 
-    def __init__(self, config, state) -> None:
+    def __init__(self, config, state, ordinal: int = 0) -> None:
         type(self).built += 1
+        self.ordinal = ordinal
         super().__init__(config, state)
 
 
@@ -89,6 +95,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     from fastnn.cuda import driver
 
     monkeypatch.setattr(driver, "get_device", lambda ordinal=0: object())
+    monkeypatch.setattr(driver, "device_count", lambda: 2)
     return _FakeFused
 
 
@@ -140,3 +147,71 @@ def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: 
     assert t.engine == "numpy" and len(caught) == 1 and "CPU" in str(caught[0].message)
     t.fit(np.zeros((8, 12), dtype=np.float32), np.zeros(8, dtype=np.int64), epochs=1)
     assert t.epoch == 1
+
+
+# ---- devices= ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        (0, "devices must be a number of GPUs >= 1 or a non-empty list of distinct GPU ordinals, got 0"),
+        (True, "got True"),
+        ("2", "got '2'"),
+        ([], "got []"),
+        ([0, -1], "got [0, -1]"),
+        ([0, 1.0], "got [0, 1.0]"),
+        ([1, 1], "devices lists a GPU twice: [1, 1]"),
+    ],
+)
+def test_bad_devices_are_refused_by_name_before_any_work(fake_gpu, devices, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Trainer(MLP([20, 10]), device="cuda", devices=devices)
+    assert fake_gpu.built == 0
+
+
+def test_several_devices_refused_where_they_cannot_run(fake_gpu) -> None:
+    with pytest.raises(ConfigError, match=re.escape("devices=2 names GPUs but device='cpu'")):
+        Trainer(MLP([20, 10]), device="cpu", devices=2)
+    with pytest.raises(ConfigError, match=re.escape("on-chip memory: devices=[0, 1] needs engine='graph' or 'auto'")):
+        Trainer(MLP([20, 10]), device="cuda", engine="fused", devices=[0, 1])
+    assert Trainer(MLP([20, 10]), device="cpu", devices=1).engine == "numpy"  # the default: nothing asked of a GPU
+
+
+def test_devices_naming_a_missing_gpu_says_how_many_there_are(fake_gpu) -> None:
+    with pytest.raises(DeviceUnavailable, match=re.escape("devices=[0, 3]: this machine has 2 GPU(s), numbered "
+                                                          "from 0; there is no GPU 3")):  # fmt: skip
+        Trainer(MLP([20, 10]), device="cuda", devices=[0, 3])
+    assert fake_gpu.built == 0
+
+
+def test_one_device_trains_on_that_gpu_with_any_engine(fake_gpu) -> None:
+    assert Trainer(MLP([20, 10]), device="cuda", devices=[1])._engine.ordinal == 1
+    t = Trainer(MLP([20, 10]), device="auto", devices=[1], engine="graph")
+    assert (t.engine, t._engine.ordinal) == ("graph", 1)
+    assert Trainer(MLP([20, 10]), device="cuda", devices=1)._engine.ordinal == 0
+
+
+def test_several_devices_build_a_replica_engine_over_them(fake_gpu, monkeypatch) -> None:
+    made = []
+
+    class FakeReplicas(_FakeGraph):
+        def __init__(self, config, state, devices) -> None:
+            made.append(devices)
+            super().__init__(config, state)
+
+    replicas = types.ModuleType("fastnn.engine.replicas")
+    replicas.ReplicaEngine = FakeReplicas
+    monkeypatch.setitem(sys.modules, "fastnn.engine.replicas", replicas)
+    assert Trainer(MLP([20, 10]), device="cuda", devices=2).engine == "graph"  # auto: never fused on several
+    Trainer(MLP([20, 10]), device="auto", devices=(1, 0))
+    assert made == [[0, 1], [1, 0]]
+
+
+def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_path) -> None:
+    path = tmp_path / "m.npz"
+    Trainer(MLP([20, 10]), device="cpu").save(path)
+    with pytest.raises(ConfigError, match="devices must be a number of GPUs"):
+        Trainer.load(path, device="cuda", devices=0)
+    with pytest.raises(DeviceUnavailable, match="there is no GPU 5"):
+        Trainer.load(path, device="cuda", devices=[5])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from enum import IntEnum
 from typing import Any
 
@@ -99,6 +100,7 @@ _SIGNATURES = {
     "ncclGetVersion": (_STATUS, [ctypes.POINTER(ctypes.c_int)]),
     "ncclGetUniqueId": (_STATUS, [ctypes.POINTER(_UniqueId)]),
     "ncclCommInitRank": (_STATUS, [ctypes.POINTER(_p), ctypes.c_int, _UniqueId, ctypes.c_int]),
+    "ncclCommInitAll": (_STATUS, [ctypes.POINTER(_p), ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
     "ncclCommDestroy": (_STATUS, [_p]),
     "ncclCommAbort": (_STATUS, [_p]),
     "ncclCommGetAsyncError": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
@@ -168,20 +170,47 @@ class Comm(LibraryObject):
             lib.ncclCommInitRank(ctypes.byref(handle), world, _UniqueId.of(bytes(uid)), rank)
         except ctypes.ArgumentError as exc:
             raise argument_error(exc, "ncclCommInitRank") from None
-        super().__init__(int(handle.value), lib.ncclCommDestroy)
+        self._bind(int(handle.value), world, rank)
+
+    def _bind(self, handle: int, world: int, rank: int) -> None:
+        super().__init__(handle, _lib().ncclCommDestroy)
         self.world, self.rank = int(world), int(rank)
+        self._lock = threading.Lock()  # abort (any thread) against async_error (the thread waiting on this rank)
+
+    @classmethod
+    def clique(cls, devices: list[int]) -> list[Comm]:
+        """One communicator per GPU of `devices`, all in this process (ncclCommInitAll, one call: no rank can be
+        left waiting for another): communicator i is rank i, on GPU devices[i]."""
+        n = len(devices)
+        lib = _lib()
+        handles = (_p * n)()
+        try:
+            lib.ncclCommInitAll(handles, n, (ctypes.c_int * n)(*devices))
+        except ctypes.ArgumentError as exc:
+            raise argument_error(exc, "ncclCommInitAll") from None
+        comms = []
+        for rank, handle in enumerate(handles):
+            comm = cls.__new__(cls)
+            comm._bind(int(handle), n, rank)
+            comms.append(comm)
+        return comms
 
     def abort(self) -> None:
         """Tear the communicator down without waiting for peers (ncclCommAbort): after an error, so that no rank
         hangs in a collective its peers will never join."""
-        if not self.closed:
-            self._finalizer.detach()
-            _lib().ncclCommAbort(self.ptr)
+        with self._lock:
+            if not self.closed:
+                self._finalizer.detach()
+                _lib().ncclCommAbort(self.ptr)
 
     def async_error(self) -> int | None:
-        """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None."""
+        """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None (also once closed
+        or aborted: `closed` tells)."""
         r = ctypes.c_int()
-        _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
+        with self._lock:
+            if self.closed:
+                return None
+            _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
         return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else r.value
 
 

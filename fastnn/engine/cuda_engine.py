@@ -36,7 +36,7 @@ from .base import PRECISIONS, Engine, EngineConfig, EpochStats, OnEpoch, steps_p
 from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
-__all__ = ["CudaEngine"]
+__all__ = ["CudaEngine", "EpochRun", "drive_epochs"]
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
 UPDATE_THREADS = 256
@@ -397,6 +397,10 @@ class CudaEngine(Engine):
         """Poll until `event` completes, so that a failed or vanished peer (NCCL's asynchronous error) aborts the
         communicator and raises rather than leaving this rank spinning in a collective."""
         while not event.query():
+            if self.group.comm.closed:  # aborted by another thread: an error on another GPU of this process
+                g = self.group
+                raise RuntimeError(f"rank {g.rank} of {g.world} on GPU {g.device}: the communicator was aborted "
+                                   "while this rank waited for a collective")  # fmt: skip
             status = self.group.comm.async_error()
             if status is not None:
                 self.group.abort()
@@ -546,88 +550,8 @@ class CudaEngine(Engine):
     def fit_epochs(
         self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
     ) -> None:
-        ctx = self._train
-        if ctx is None:
-            raise RuntimeError("set_train_data must come before fit_epochs")
-        epochs = len(lrs) // ctx.steps
         self.last_reported = None
-        if epochs == 0:
-            return
-        self.dev.make_current()
-        drv = self._drv
-        ctx.prepare(epochs, lrs)
-        self.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
-        drv.copy_dtod(self.snapshot.ptr, self.train_state.ptr, self._state_bytes, self.stream)
-        ev = self._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
-        hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
-        ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
-        bad_state = ctx.flags_host.view(np.uint32, (ctx.capacity,))
-        slots = len(ctx.events)
-
-        def report(k: int) -> None:
-            """Epoch k's numbers (its events have completed): divergence check, then on_epoch."""
-            start, end, _ = ctx.events[k % slots]
-            loss_sum, correct = hist[k]
-            samples = ctx.samples
-            # bad_state is sticky, but epochs are reported in order and the first diverged one raises.
-            if not math.isfinite(loss_sum) or bad_state[k]:
-                self.stream.synchronize()
-                drv.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self._state_bytes, self.stream)
-                self._refresh_half_copy()
-                self.stream.synchronize()
-                state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
-                raise TrainingDiverged(first_epoch + k + 1, float(loss_sum / samples), state)  # 1-based
-            stats = EpochStats(
-                epoch=first_epoch + k,
-                loss=float(loss_sum / samples),
-                accuracy=float(correct / samples),
-                samples=samples,
-                seconds=start.elapsed_ms(end) / 1000.0,
-            )
-            if ev is not None and k in eval_after:
-                stats.eval_loss = float(ev_hist[k, 0] / ev.n)
-                stats.eval_accuracy = float(ev_hist[k, 1] / ev.n)
-            self.report(stats, on_epoch)
-
-        def reported() -> int:
-            """Epochs of this call reported so far: one counts from the moment `report` marks it."""
-            last = self.last_reported
-            return 0 if last is None else last.epoch - first_epoch + 1
-
-        launched = 0
-        inflight = 1 if stoppable else INFLIGHT_EPOCHS  # stoppable: nothing may train past the epoch reported
-        try:
-            while reported() < epochs:
-                while launched < epochs and launched - reported() < inflight:
-                    k = launched
-                    start, end, finished = ctx.events[k % slots]
-                    start.record(self.stream)
-                    ctx.graph.launch(self.stream)
-                    end.record(self.stream)
-                    drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, self.stream)
-                    drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, self.epoch_state.ptr + _BAD_STATE_OFFSET, 4, self.stream)
-                    if ev is not None and k in eval_after:
-                        ev.run(ctx.eval_host.ptr + 16 * k)
-                    finished.record(self.stream)
-                    launched += 1
-                k = reported()
-                self._wait(ctx.events[k % slots][2])  # the queue still holds the epochs after it
-                report(k)
-        except (TrainingDiverged, nccl.NcclError):
-            raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
-        except BaseException:
-            # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
-            # let them finish and report every one not yet reported (an epoch whose report was interrupted
-            # before it counted included), so the trainer's counters match the weights they made.
-            self.stream.synchronize()
-            for k in range(reported(), launched):
-                try:
-                    report(k)
-                except TrainingDiverged:
-                    break  # the weights went back to the last finite epoch, already reported
-                except Exception:  # on_epoch failed after the epoch counted: report the next
-                    continue
-            raise
+        drive_epochs(self, [EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)], on_epoch, stoppable)
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         """Microseconds per node of the first training step, and of the whole step ("step").
@@ -695,6 +619,141 @@ class CudaEngine(Engine):
         out = np.empty((ctx.n, self.config.model.classes), dtype=self.spec.logits)
         ctx.probs.download(out)
         return out.astype(np.float32)
+
+
+class EpochRun:
+    """One fit_epochs call on one engine: its captured epoch prepared, then epoch k queued, waited for, read.
+
+    Epoch k of the call queues the epoch graph, timing events, the copies of its history and divergence flag to
+    pinned memory and, after the epochs in `eval_after`, the evaluation graph; `drive_epochs` runs the calls of
+    one engine or of several replicas in step."""
+
+    def __init__(self, eng: CudaEngine, first_epoch: int, first_step: int, lrs: np.ndarray, eval_data,
+                 eval_after: frozenset[int]) -> None:  # fmt: skip
+        ctx = eng._train
+        if ctx is None:
+            raise RuntimeError("set_train_data must come before fit_epochs")
+        self.eng, self.ctx, self.first_epoch, self.eval_after = eng, ctx, first_epoch, eval_after
+        self.epochs = len(lrs) // ctx.steps
+        self.ev = None
+        if self.epochs == 0:
+            return
+        eng.dev.make_current()
+        ctx.prepare(self.epochs, lrs)
+        eng.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
+        eng._drv.copy_dtod(eng.snapshot.ptr, eng.train_state.ptr, eng._state_bytes, eng.stream)
+        self.ev = eng._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
+        self.hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
+        self.ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
+        self.bad_state = ctx.flags_host.view(np.uint32, (ctx.capacity,))
+
+    def launch(self, k: int) -> None:
+        """Queue epoch k (and its evaluation) behind the epochs already queued."""
+        eng, ctx, drv = self.eng, self.ctx, self.eng._drv
+        eng.dev.make_current()
+        start, end, finished = ctx.events[k % len(ctx.events)]
+        start.record(eng.stream)
+        ctx.graph.launch(eng.stream)
+        end.record(eng.stream)
+        drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, eng.stream)
+        drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, eng.epoch_state.ptr + _BAD_STATE_OFFSET, 4, eng.stream)
+        if self.ev is not None and k in self.eval_after:
+            self.ev.run(ctx.eval_host.ptr + 16 * k)
+        finished.record(eng.stream)
+
+    def wait(self, k: int) -> None:
+        """Block until epoch k's queued work is done (the queue still holds the epochs after it)."""
+        self.eng._wait(self.ctx.events[k % len(self.ctx.events)][2])
+
+    def drain(self) -> None:
+        """Block until everything queued has run."""
+        self.eng.dev.make_current()
+        self.eng.stream.synchronize()
+
+    def diverged(self, k: int) -> TrainingDiverged | None:
+        """The error to raise for epoch k (its events have completed) if its loss or the state it left is not
+        finite; bad_state is sticky, but epochs are read in order and the first diverged one raises."""
+        loss_sum = self.hist[k, 0]
+        if math.isfinite(loss_sum) and not self.bad_state[k]:
+            return None
+        state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
+        return TrainingDiverged(self.first_epoch + k + 1, float(loss_sum / self.ctx.samples), state)  # 1-based
+
+    def restore(self) -> None:
+        """Put the training state back to the snapshot: the end of the last finite epoch."""
+        eng = self.eng
+        self.drain()
+        eng._drv.copy_dtod(eng.train_state.ptr, eng.snapshot.ptr, eng._state_bytes, eng.stream)
+        eng._refresh_half_copy()
+        eng.stream.synchronize()
+
+    def stats(self, k: int) -> EpochStats:
+        """Epoch k's numbers (its events have completed)."""
+        ctx = self.ctx
+        start, end, _ = ctx.events[k % len(ctx.events)]
+        loss_sum, correct = self.hist[k]
+        stats = EpochStats(
+            epoch=self.first_epoch + k,
+            loss=float(loss_sum / ctx.samples),
+            accuracy=float(correct / ctx.samples),
+            samples=ctx.samples,
+            seconds=start.elapsed_ms(end) / 1000.0,
+        )
+        if self.ev is not None and k in self.eval_after:
+            stats.eval_loss = float(self.ev_hist[k, 0] / self.ev.n)
+            stats.eval_accuracy = float(self.ev_hist[k, 1] / self.ev.n)
+        return stats
+
+
+def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppable: bool) -> None:
+    """Train the epochs of `runs` (one per GPU, in step: every run queues each epoch; the first is read and
+    reported through `engine`), keeping INFLIGHT_EPOCHS queued ahead of the one waited for (one if `stoppable`:
+    nothing may train past the epoch reported). Divergence restores every run's state and raises."""
+    lead = runs[0]
+    epochs = lead.epochs
+
+    def report(k: int) -> None:
+        """Epoch k's numbers (its events have completed): divergence check, then on_epoch."""
+        error = lead.diverged(k)
+        if error is not None:
+            for run in runs:
+                run.restore()
+            raise error
+        engine.report(lead.stats(k), on_epoch)
+
+    def reported() -> int:
+        """Epochs of this call reported so far: one counts from the moment `report` marks it."""
+        last = engine.last_reported
+        return 0 if last is None else last.epoch - lead.first_epoch + 1
+
+    launched = 0
+    inflight = 1 if stoppable else INFLIGHT_EPOCHS
+    try:
+        while reported() < epochs:
+            while launched < epochs and launched - reported() < inflight:
+                for run in runs:
+                    run.launch(launched)
+                launched += 1
+            k = reported()
+            for run in runs:
+                run.wait(k)
+            report(k)
+    except (TrainingDiverged, nccl.NcclError):
+        raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
+    except BaseException:
+        # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
+        # let them finish and report every one not yet reported (an epoch whose report was interrupted
+        # before it counted included), so the trainer's counters match the weights they made.
+        for run in runs:
+            run.drain()
+        for k in range(reported(), launched):
+            try:
+                report(k)
+            except TrainingDiverged:
+                break  # the weights went back to the last finite epoch, already reported
+            except Exception:  # on_epoch failed after the epoch counted: report the next
+                continue
+        raise
 
 
 class _TrainContext(_Owner):

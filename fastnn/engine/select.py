@@ -17,8 +17,8 @@ from ..errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
 __all__ = [
-    "DEVICES", "ENGINES", "EngineRefused", "check_distributed", "check_engine", "choose_gpu_engine", "create_engine",
-    "cuda_engine_class",
+    "DEVICES", "ENGINES", "EngineRefused", "check_devices", "check_distributed", "check_engine", "choose_gpu_engine",
+    "create_engine", "cuda_engine_class",
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -81,23 +81,50 @@ def cuda_engine_class() -> type[Engine]:
     return CudaEngine
 
 
-def _gpu_engine(graph_class: type[Engine], config: EngineConfig, state: dict[str, np.ndarray], engine: str) -> Engine:
-    """The GPU engine `engine` resolves to (see `choose_gpu_engine`), built from `config` and `state`."""
+def _gpu_engine(
+    graph_class: type[Engine], config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinal: int = 0
+) -> Engine:
+    """The GPU engine `engine` resolves to (see `choose_gpu_engine`) on GPU `ordinal`, from `config` and `state`."""
     if engine == "graph":
-        return graph_class(config, state)
+        return graph_class(config, state, ordinal)
     try:
         from ..cuda import driver
         from .fused_engine import FusedEngine, prefer_fused
     except ImportError as exc:
         if engine == "fused":
             raise EngineRefused(f"engine='fused' is unavailable: {exc}") from exc
-        return graph_class(config, state)
-    dev = driver.get_device(0)
+        return graph_class(config, state, ordinal)
+    dev = driver.get_device(ordinal)
     unsupported = FusedEngine.unsupported_reason(config, dev)
     fused_faster = unsupported is None and prefer_fused(config, dev)
     if choose_gpu_engine(engine, unsupported, fused_faster) == "fused":
-        return FusedEngine(config, state)
-    return graph_class(config, state)
+        return FusedEngine(config, state, ordinal)
+    return graph_class(config, state, ordinal)
+
+
+def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinals: list[int]) -> Engine:
+    """The engine for devices=`ordinals` (other than the default [0]): one GPU's engine on that GPU, or a replica
+    of the graph engine on each GPU (`replicas.ReplicaEngine`).
+
+    Raises:
+        DeviceUnavailable: no usable GPU, an ordinal with no GPU, or NCCL missing for several.
+    """
+    try:
+        engine_class = cuda_engine_class()
+    except DeviceUnavailable as exc:
+        raise DeviceUnavailable(f"devices={ordinals!r}: {exc}") from exc
+    from ..cuda import driver
+
+    count = driver.device_count()
+    missing = [d for d in ordinals if d >= count]
+    if missing:
+        raise DeviceUnavailable(f"devices={ordinals!r}: this machine has {count} GPU(s), numbered from 0; there is "
+                                f"no GPU {', '.join(map(str, missing))}")  # fmt: skip
+    if len(ordinals) == 1:
+        return _gpu_engine(engine_class, config, state, engine, ordinals[0])
+    from .replicas import ReplicaEngine
+
+    return ReplicaEngine(config, state, ordinals)
 
 
 def check_distributed(device: str, engine: str, group: object) -> None:
@@ -120,23 +147,61 @@ def check_distributed(device: str, engine: str, group: object) -> None:
                           "or 'auto'")  # fmt: skip
 
 
+def check_devices(device: str, engine: str, devices: object, group: object = None) -> list[int]:
+    """`devices` as the GPU ordinals to train on: N (the first N GPUs) or a list of distinct ordinals.
+
+    Raises:
+        ConfigError: not a positive integer nor a non-empty list of distinct non-negative integers; or several
+            GPUs with device="cpu", engine="fused" (one GPU's on-chip state) or a `distributed=` group (a process
+            per GPU already).
+    """
+
+    def is_int(v: object) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if is_int(devices) and devices >= 1:
+        ordinals = list(range(int(devices)))
+    elif isinstance(devices, (list, tuple)) and devices and all(is_int(d) and d >= 0 for d in devices):
+        ordinals = [int(d) for d in devices]
+        if len(set(ordinals)) != len(ordinals):
+            raise ConfigError(f"devices lists a GPU twice: {list(devices)!r} (one replica per GPU)")
+    else:
+        raise ConfigError(f"devices must be a number of GPUs >= 1 or a non-empty list of distinct GPU ordinals, "
+                          f"got {devices!r}")  # fmt: skip
+    if ordinals == [0]:
+        return ordinals
+    if device == "cpu":
+        raise ConfigError(f"devices={devices!r} names GPUs but device='cpu': use device='cuda' (or 'auto')")
+    if group is not None:
+        raise ConfigError(f"devices={devices!r} with distributed=: a distributed run has one process per GPU, each "
+                          "on its group's GPU; pass one or the other")  # fmt: skip
+    if engine == "fused" and len(ordinals) > 1:
+        raise ConfigError(f"engine='fused' trains on one GPU's on-chip memory: devices={devices!r} needs "
+                          "engine='graph' or 'auto'")  # fmt: skip
+    return ordinals
+
+
 def create_engine(
     device: str, config: EngineConfig, state: dict[str, np.ndarray], *, engine: str = "auto", stacklevel: int = 2,
-    group: object = None,
+    group: object = None, devices: object = 1,
 ) -> Engine:
     """Build the engine for `device` and `engine` from `config`, starting from `state`.
 
     device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`). With a
-    data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable.
+    data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable. `devices` other than the
+    first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each.
 
     Raises:
-        ConfigError: `device` or `engine` is invalid, or engine="fused" cannot hold the model.
-        DeviceUnavailable: device="cuda" and no usable GPU.
+        ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused" cannot hold the model.
+        DeviceUnavailable: device="cuda" (or devices naming GPUs) and no usable GPU; several GPUs and no NCCL.
     """
     if device not in DEVICES:
         raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     check_engine(device, engine)
     check_distributed(device, engine, group)
+    ordinals = check_devices(device, engine, devices, group)
+    if ordinals != [0]:
+        return _on_gpus(config, state, engine, ordinals)
     if group is not None:
         try:
             return cuda_engine_class()(config, state, group=group)
