@@ -1,12 +1,14 @@
-"""Data-parallel scaling (fastnn.distributed): samples/s of one GPU against 2, 4, ... processes of one GPU each.
+"""Data-parallel scaling: samples/s of one GPU against 2, 4, ... GPUs, as processes (fastnn.distributed) and as
+one process (devices=N).
 
     python benchmarks/bench_scaling.py --data DIR [--worlds 1,2] [--workloads mlp4096,logreg,mlp128]
 
 Each world size is one set of processes started here (spawn, one GPU each, the NCCL id passed through pipes, as
-tests/test_distributed.py). Every rank trains the same model from the same weights: one untimed `fit` epoch
-(setup, capture), then a timed `fit`; throughput is the global samples of the timed epochs over the slowest
-rank's summed device-event epoch times. World 1 runs twice: without a group (the plain graph engine) and as a
-group of one (the all-reduces included: their cost on one GPU). All worlds are measured in this one call.
+tests/test_distributed.py), then one process training with devices=world. Every rank trains the same model from
+the same weights: one untimed `fit` epoch (setup, capture), then a timed `fit`; throughput is the global samples
+of the timed epochs over the slowest rank's summed device-event epoch times (devices=: the first GPU's, which
+every all-reduce keeps in step with the others). World 1 runs twice: without a group (the plain graph engine)
+and as a group of one (the all-reduces included: their cost on one GPU). All are measured in this one call.
 """
 
 from __future__ import annotations
@@ -26,22 +28,22 @@ WORKLOADS = {  # name: (sizes, lr, global batch, timed epochs, samples, precisio
 }
 
 
-def _train(name: str, data_dir: str, group) -> tuple[float, int, float]:
-    """(timed seconds, timed samples, final train loss) of one rank."""
+def _train(name: str, data_dir: str, group, devices: int = 1) -> tuple[float, int, float]:
+    """(timed seconds, timed samples, final train loss) of one rank (or of one process on `devices` GPUs)."""
     sizes, lr, batch, epochs, samples, precision = WORKLOADS[name]
     x, y = fastnn.datasets.load("fashion-mnist", root=data_dir, download=False)[:2]
     x, y = x[:samples], y[:samples]
     with fastnn.Trainer(fastnn.MLP(sizes), fastnn.SGD(lr=lr, momentum=0.9), batch_size=batch, precision=precision,
-                        device="cuda", engine="graph", seed=0, distributed=group) as t:  # fmt: skip
+                        device="cuda", engine="graph", seed=0, distributed=group, devices=devices) as t:  # fmt: skip
         t.fit(x, y, epochs=1, progress=False)
         h = t.fit(x, y, epochs=epochs, progress=False)
         return float(np.sum(h["seconds"])), epochs * len(x), float(h[-1]["train_loss"])
 
 
-def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool) -> None:
+def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int) -> None:
     try:
         if plain:
-            conn.send(("ok", [_train(n, data_dir, None) for n in names]))
+            conn.send(("ok", [_train(n, data_dir, None, devices) for n in names]))
             return
         from fastnn import distributed
 
@@ -56,13 +58,16 @@ def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: b
         conn.send(("error", traceback.format_exc()))
 
 
-def run_world(world: int, names: list[str], data_dir: str, plain: bool = False) -> list[tuple[float, int, float]]:
-    """Per workload: (slowest rank's timed seconds, timed samples, rank 0's final loss)."""
+def run_world(
+    world: int, names: list[str], data_dir: str, plain: bool = False, devices: int = 1
+) -> list[tuple[float, int, float]]:
+    """Per workload: (slowest rank's timed seconds, timed samples, rank 0's final loss). plain: `world` processes
+    without a group (1: the one-GPU baseline), each training on `devices` GPUs."""
     ctx = mp.get_context("spawn")
     ends, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain), daemon=True)
+        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain, devices), daemon=True)
         proc.start()
         ends.append(parent)
         procs.append(proc)
@@ -93,6 +98,8 @@ def main() -> None:
     rows = {"1 GPU, no group": run_world(1, names, args.data, plain=True)}
     for world in (int(w) for w in args.worlds.split(",")):
         rows[f"{world} GPU{'s' if world > 1 else ''}, NCCL group"] = run_world(world, names, args.data)
+        if world > 1:
+            rows[f"{world} GPUs, devices={world}"] = run_world(1, names, args.data, plain=True, devices=world)
     base = rows["1 GPU, no group"]
     for i, name in enumerate(names):
         sizes, _, batch, *_ = WORKLOADS[name]

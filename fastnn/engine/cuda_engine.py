@@ -705,11 +705,15 @@ class EpochRun:
         return stats
 
 
-def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppable: bool) -> None:
+def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppable: bool,
+                 launch: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Train the epochs of `runs` (one per GPU, in step: every run queues each epoch; the first is read and
     reported through `engine`), keeping INFLIGHT_EPOCHS queued ahead of the one waited for (one if `stoppable`:
-    nothing may train past the epoch reported). Divergence restores every run's state and raises."""
+    nothing may train past the epoch reported). `launch(k)` queues epoch k on every run (by default one after
+    the other, from this thread). Divergence restores every run's state and raises."""
     lead = runs[0]
+    if launch is None:
+        launch = lambda k: [run.launch(k) for run in runs]  # noqa: E731
     epochs = lead.epochs
 
     def report(k: int) -> None:
@@ -731,8 +735,7 @@ def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppa
     try:
         while reported() < epochs:
             while launched < epochs and launched - reported() < inflight:
-                for run in runs:
-                    run.launch(launched)
+                launch(launched)
                 launched += 1
             k = reported()
             for run in runs:

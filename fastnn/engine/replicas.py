@@ -68,13 +68,33 @@ class ReplicaEngine(Engine):
         """fn(item) for every item at once, a thread each; the results in order. If one raises, every communicator
         is aborted (its peers may be waiting in a collective it will never join) and its error is raised."""
         futures = [self._pool.submit(fn, item) for item in items]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException as exc:  # Ctrl-C: a GPU may be waiting in a collective for one that stopped
+            self._abort(f"{type(exc).__name__} while the GPUs prepared")
+            wait(futures)
+            raise
         failed = [f for f in futures if f.done() and f.exception() is not None]
         if failed:
             self._abort(f"{type(failed[0].exception()).__name__} on one GPU")
             wait(futures)
             raise failed[0].exception()
         return [f.result() for f in futures]
+
+    def _launch(self, runs: list[EpochRun], k: int) -> None:
+        """Queue epoch k on every GPU, each from a thread of its own: NCCL warns that a graph launch holding its
+        collectives may block until the peers' launches are made, so one thread launching GPU after GPU can
+        deadlock. Interrupted, the launches still finish (the caller then waits for what was queued)."""
+        futures = [self._pool.submit(run.launch, k) for run in runs]
+        try:
+            wait(futures)
+        except BaseException:
+            wait(futures)
+            raise
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            self._abort(f"{type(failed[0]).__name__} launching an epoch")
+            raise failed[0]
 
     def _abort(self, why: str) -> None:
         """Abort every communicator: training needs new ones (a new Trainer); reading the weights still works."""
@@ -124,7 +144,7 @@ class ReplicaEngine(Engine):
             order,
         )  # fmt: skip
         try:
-            drive_epochs(self, runs, on_epoch, stoppable)
+            drive_epochs(self, runs, on_epoch, stoppable, launch=lambda k: self._launch(runs, k))
         except nccl.NcclError as exc:
             self._abort(str(exc))
             raise
