@@ -40,7 +40,11 @@ def _train(name: str, data_dir: str, group, devices: int = 1) -> tuple[float, in
         return float(np.sum(h["seconds"])), epochs * len(x), float(h[-1]["train_loss"])
 
 
-def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int) -> None:
+def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int,
+          high: bool) -> None:  # fmt: skip
+    from fastnn.engine import cuda_engine
+
+    cuda_engine.COMM_HIGH_PRIORITY = high
     try:
         if plain:
             conn.send(("ok", [_train(n, data_dir, None, devices) for n in names]))
@@ -59,15 +63,17 @@ def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: b
 
 
 def run_world(
-    world: int, names: list[str], data_dir: str, plain: bool = False, devices: int = 1
+    world: int, names: list[str], data_dir: str, plain: bool = False, devices: int = 1, high: bool = False
 ) -> list[tuple[float, int, float]]:
     """Per workload: (slowest rank's timed seconds, timed samples, rank 0's final loss). plain: `world` processes
-    without a group (1: the one-GPU baseline), each training on `devices` GPUs."""
+    without a group (1: the one-GPU baseline), each training on `devices` GPUs; high: all-reduces at high
+    stream priority (cuda_engine.COMM_HIGH_PRIORITY)."""
     ctx = mp.get_context("spawn")
     ends, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain, devices), daemon=True)
+        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain, devices, high),
+                           daemon=True)  # fmt: skip
         proc.start()
         ends.append(parent)
         procs.append(proc)
@@ -93,22 +99,29 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--workloads", default="mlp4096,logreg,mlp128")
+    ap.add_argument("--comm-priority", choices=("default", "high", "both"), default="default",
+                    help="stream priority of the all-reduces (both: a row for each)")  # fmt: skip
     args = ap.parse_args()
     names = args.workloads.split(",")
     rows = {"1 GPU, no group": run_world(1, names, args.data, plain=True)}
+    highs = {"default": [False], "high": [True], "both": [False, True]}[args.comm_priority]
     for world in (int(w) for w in args.worlds.split(",")):
-        rows[f"{world} GPU{'s' if world > 1 else ''}, NCCL group"] = run_world(world, names, args.data)
-        if world > 1:
-            rows[f"{world} GPUs, devices={world}"] = run_world(1, names, args.data, plain=True, devices=world)
+        for high in highs:
+            tag = ", comm high" if high else ""
+            rows[f"{world} GPU{'s' if world > 1 else ''}, NCCL group{tag}"] = run_world(world, names, args.data,
+                                                                                         high=high)  # fmt: skip
+            if world > 1:
+                rows[f"{world} GPUs, devices={world}{tag}"] = run_world(1, names, args.data, plain=True, devices=world,
+                                                                       high=high)  # fmt: skip
     base = rows["1 GPU, no group"]
     for i, name in enumerate(names):
         sizes, _, batch, *_ = WORKLOADS[name]
         print(f"\n{name} {sizes} global batch {batch}")
-        print(f"  {'run':22} {'samples/s':>12} {'vs 1 GPU':>9} {'final loss':>11}")
+        print(f"  {'run':32} {'samples/s':>12} {'vs 1 GPU':>9} {'final loss':>11}")
         for label, res in rows.items():
             seconds, samples, loss = res[i]
             rate = samples / seconds
-            print(f"  {label:22} {rate:12.0f} {rate / (base[i][1] / base[i][0]):8.2f}x {loss:11.4f}")
+            print(f"  {label:32} {rate:12.0f} {rate / (base[i][1] / base[i][0]):8.2f}x {loss:11.4f}")
 
 
 if __name__ == "__main__":

@@ -270,6 +270,21 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_high_priority_all_reduces_train_the_same(monkeypatch):
+    """cuda_engine.COMM_HIGH_PRIORITY (the all-reduce stream at the highest priority, kept per graph node) changes
+    when the collectives run, not what they compute: a group of one trains bit for bit like one GPU."""
+    _require_nccl()
+    from fastnn.engine import cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "COMM_HIGH_PRIORITY", True)
+    with distributed.init(0, 1, device=0) as group:
+        one = _train("cuda", "fp32", group)
+    plain = _train("cuda", "fp32")
+    for name in plain[0]:
+        np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
+
+
+@pytest.mark.gpu
 def test_id_file_is_removed_once_every_rank_has_joined(tmp_path):
     """A spent id left in a fixed path would be read by the next run's ranks before rank 0 replaced it."""
     _require_nccl()

@@ -246,6 +246,12 @@ class Device:
         _check(cu.cuCtxSetCurrent(self._ctx), f"cuCtxSetCurrent(device {self.ordinal})")
         _thread_state.device = self
 
+    def highest_stream_priority(self) -> int:
+        """The priority value of this device's most urgent streams (cuCtxGetStreamPriorityRange's greatest)."""
+        self.make_current()
+        _, greatest = _check(cu.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        return int(greatest)
+
     def mem_info(self) -> tuple[int, int]:
         """(free, total) device memory in bytes."""
         self.make_current()
@@ -362,10 +368,13 @@ class _Owned:
 class Stream(_Owned):
     """A non-blocking stream: it never synchronizes with the legacy NULL stream, so libraries can't stall it."""
 
-    def __init__(self, device: Device | None = None) -> None:
+    def __init__(self, device: Device | None = None, priority: int = 0) -> None:
         self.device = _resolve(device)
         flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-        self.handle = _check(cu.cuStreamCreate(flags), "cuStreamCreate")
+        if priority:  # lower numbers run first (see stream_priority_range); captured kernels keep it per node
+            self.handle = _check(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
+        else:
+            self.handle = _check(cu.cuStreamCreate(flags), "cuStreamCreate")
         #: The stream's address, for ctypes libraries (cuBLASLt, cuDNN) that take it as void*.
         self.ptr: int = int(self.handle)
         self._own(self.device, cu.cuStreamDestroy, self.handle, "cuStreamDestroy")
@@ -425,11 +434,13 @@ class Graph(_Owned):
         _, count = _check(cu.cuGraphGetNodes(self.handle, 0), "cuGraphGetNodes")
         return int(count)
 
-    def instantiate(self) -> GraphExec:
-        """An executable graph; the Graph may be closed afterwards, the GraphExec stays valid."""
+    def instantiate(self, node_priority: bool = False) -> GraphExec:
+        """An executable graph; the Graph may be closed afterwards, the GraphExec stays valid. node_priority: its
+        kernels run at the priority of the stream each was captured from, not the one it is launched into."""
         self._alive()
         self.device.make_current()
-        handle = _check(cu.cuGraphInstantiate(self.handle, 0), "cuGraphInstantiate")
+        flags = cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY if node_priority else 0
+        handle = _check(cu.cuGraphInstantiate(self.handle, int(flags)), "cuGraphInstantiate")
         return GraphExec._adopt(self.device, handle)
 
 

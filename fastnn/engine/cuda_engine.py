@@ -44,6 +44,10 @@ EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few no
 #: Where hidden layers' bias gradients come from: "wgrad" (a BGRADB epilogue on the weight-gradient
 #: GEMM) or "kernel" (a column-sum kernel node). benchmarks/bench_kernels.py --hidden-bgrad compares them.
 HIDDEN_BIAS_GRAD = "wgrad"
+#: Whether a data-parallel engine's all-reduces run at the device's highest stream priority (so their kernels take
+#: SMs as a GEMM's blocks retire instead of queuing behind the next GEMM's); benchmarks/bench_scaling.py
+#: --comm-priority compares.
+COMM_HIGH_PRIORITY = False
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
@@ -160,7 +164,8 @@ class CudaEngine(Engine):
             self.epoch_state = own(driver.DeviceBuffer(256))
             self.eval_out = own(driver.PinnedBuffer(16))
             if group is not None:
-                self.comm_stream = own(driver.Stream(self.dev))
+                priority = self.dev.highest_stream_priority() if COMM_HIGH_PRIORITY else 0
+                self.comm_stream = own(driver.Stream(self.dev, priority))
                 self._fork, self._join = own(driver.Event()), own(driver.Event())
                 self.hist_scratch = own(driver.DeviceBuffer(256))  # the epoch's (loss sum, correct) being summed
                 self._agree = own(driver.DeviceBuffer(256))  # _check_ranks_agree's MAX and MIN of each value
@@ -525,7 +530,7 @@ class CudaEngine(Engine):
             raise
         graph = self.stream.end_capture()
         try:
-            return graph.instantiate()
+            return graph.instantiate(node_priority=self.group is not None and COMM_HIGH_PRIORITY)
         finally:
             graph.close()
 
