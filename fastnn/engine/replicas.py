@@ -1,12 +1,12 @@
 """`Trainer(..., devices=N)`: data-parallel training on several GPUs of one process.
 
-One graph engine per GPU (a replica), each a rank of an NCCL communicator made here (ncclCommInitRank from a
-thread per GPU, with one unique id): the same per-rank epoch graph as a multi-process run (`fastnn.distributed`),
-with its per-layer gradient all-reduces captured on a side stream. NCCL's collectives need every rank present, so
-whatever may issue one outside a graph (making the communicators, each fit's agreement check, the autotuning run
-and the capture) runs on a thread per GPU at once; the epochs themselves are graph launches, queued on every GPU
-from the calling thread in turn, and the first replica's history (all-reduced, so every replica's) is reported.
-Every replica holds the same weights, so evaluation, prediction and checkpoints read the first.
+One graph engine per GPU (a replica), each a rank of one NCCL communicator clique (ncclCommInitAll): the same
+per-rank epoch graph as a multi-process run (`fastnn.distributed`), with its per-layer gradient all-reduces captured
+on a side stream. NCCL's collectives need every rank present, so whatever may issue one outside a graph (each
+fit's agreement check, the autotuning run, the capture) runs on a thread per GPU at once, and so does each epoch's
+graph launch (NCCL: a launch may wait for its peers'). The calling thread waits for the epochs in order and
+reports the first run's history (all-reduced: every replica's). The replicas hold the same weights, so evaluation,
+prediction and checkpoints read one of them.
 """
 
 from __future__ import annotations
