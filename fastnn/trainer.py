@@ -89,7 +89,8 @@ class Trainer:
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
-        DeviceUnavailable: device="cuda" and no usable GPU.
+        DeviceUnavailable: device="cuda" (or `devices` naming GPUs) and no usable GPU; a GPU in `devices` that the
+            machine does not have; several `devices` and no NCCL (the message names the extra).
     """
 
     def __init__(

@@ -8,6 +8,7 @@ Every GPU comparison of the engine suite also runs through the data-parallel pat
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 import traceback
 
 import numpy as np
@@ -138,8 +139,9 @@ def test_trainer_refuses_distributed_where_it_cannot_run():
         fastnn.Trainer(model, device="cpu", distributed=group)
     with pytest.raises(ConfigError, match="engine='fused' trains on one GPU"):
         fastnn.Trainer(model, device="cuda", engine="fused", distributed=group)
-    with pytest.raises(ConfigError, match="devices=2 with distributed=: a distributed run has one process per GPU"):
-        fastnn.Trainer(model, device="cuda", distributed=group, devices=2)
+    for devices in (2, [0], [1]):
+        with pytest.raises(ConfigError, match=re.escape(f"devices={devices} with distributed=: a distributed run")):
+            fastnn.Trainer(model, device="cuda", distributed=group, devices=devices)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -407,31 +409,53 @@ def test_one_replica_trains_exactly_like_one_gpu(monkeypatch):
     np.testing.assert_array_equal(one[1], plain[1])
 
 
-@pytest.mark.gpu
-def test_a_failure_on_one_gpu_aborts_the_group_and_keeps_the_weights(monkeypatch, tmp_path):
-    """One replica fails while the other waits in a collective for it: the waiting one is released (the
-    communicators are aborted), the error is the failing GPU's, later fits are refused by name, and the weights
-    of the last finished fit can still be read and saved."""
-    _require_nccl()
+def _failing_set_train_data(monkeypatch, ordinals: list[int]) -> None:
+    """CudaEngine.set_train_data raises on the GPUs in `ordinals` (after its agreement check: the others go on)."""
     from fastnn.engine.cuda_engine import CudaEngine
 
+    real = CudaEngine.set_train_data
+
+    def failing(self, *args):
+        if self.dev.ordinal in ordinals:
+            raise DeviceUnavailable(f"simulated failure on GPU {self.dev.ordinal}")
+        return real(self, *args)
+
+    monkeypatch.setattr(CudaEngine, "set_train_data", failing)
+
+
+@pytest.mark.gpu
+def test_a_failure_on_every_gpu_leaves_the_trainer_usable(monkeypatch):
+    """The same refusal on every GPU leaves no replica waiting for another: nothing is aborted."""
+    _require_nccl()
     ordinals = [0, 1] if _gpu_count() >= 2 else [0]
     _replicas_everywhere(monkeypatch, ordinals)
+    x, y, model, kw = _case()
+    with fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **kw) as t:
+        t.fit(x, y, epochs=1)
+        with monkeypatch.context() as m:
+            _failing_set_train_data(m, ordinals)
+            with pytest.raises(DeviceUnavailable, match="simulated failure on GPU"):
+                t.fit(x.copy(), y, epochs=1)
+        t.fit(x, y, epochs=1)
+        assert t.epoch == 2
+
+
+@pytest.mark.gpu
+def test_a_failure_on_one_gpu_aborts_the_group_and_keeps_the_weights(monkeypatch, tmp_path):
+    """GPU 1 fails while GPU 0 goes on (and could wait in a collective for it): the communicators are aborted,
+    the error is GPU 1's, later fits are refused by name, and the weights of the last finished fit can still be
+    read and saved."""
+    _need_gpus(2)
+    _replicas_everywhere(monkeypatch, [0, 1])
     x, y, model, kw = _case()
     t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **kw)
     try:
         t.fit(x, y, epochs=1)
         before = t.state_dict()
-        real = CudaEngine.set_train_data
-
-        def fails_on_the_last(self, *args):
-            if self.dev.ordinal == ordinals[-1]:
-                raise DeviceUnavailable(f"simulated failure on GPU {self.dev.ordinal}")
-            return real(self, *args)
-
-        monkeypatch.setattr(CudaEngine, "set_train_data", fails_on_the_last)
-        with pytest.raises(DeviceUnavailable, match=f"simulated failure on GPU {ordinals[-1]}"):
-            t.fit(x.copy(), y, epochs=1)  # a new array: uploaded again, after the ranks' agreement check
+        with monkeypatch.context() as m:
+            _failing_set_train_data(m, [1])
+            with pytest.raises(DeviceUnavailable, match="simulated failure on GPU 1"):
+                t.fit(x.copy(), y, epochs=1)  # a new array: uploaded again, after the ranks' agreement check
         with pytest.raises(RuntimeError, match="can no longer train together"):
             t.fit(x, y, epochs=1)
         assert t.epoch == 1

@@ -155,7 +155,10 @@ def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: 
 @pytest.mark.parametrize(
     ("devices", "message"),
     [
-        (0, "devices must be a number of GPUs >= 1 or a non-empty list of distinct GPU ordinals, got 0"),
+        (0, "devices must be a number of GPUs in [1, 1024] or a non-empty list of distinct GPU ordinals below 1024, "
+            "got 0"),
+        (10**12, "got 1000000000000"),
+        ([0, 10**30], "got [0, 1000000000000000000000000000000]"),
         (True, "got True"),
         ("2", "got '2'"),
         ([], "got []"),
@@ -178,10 +181,13 @@ def test_several_devices_refused_where_they_cannot_run(fake_gpu) -> None:
     assert Trainer(MLP([20, 10]), device="cpu", devices=1).engine == "numpy"  # the default: nothing asked of a GPU
 
 
-def test_devices_naming_a_missing_gpu_says_how_many_there_are(fake_gpu) -> None:
+def test_devices_naming_a_missing_gpu_says_how_many_there_are(fake_gpu, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "fastnn.engine.replicas", None)  # building replicas would raise ImportError
     with pytest.raises(DeviceUnavailable, match=re.escape("devices=[0, 3]: this machine has 2 GPU(s), numbered "
                                                           "from 0; there is no GPU 3")):  # fmt: skip
         Trainer(MLP([20, 10]), device="cuda", devices=[0, 3])
+    with pytest.raises(DeviceUnavailable, match="there is no GPU 2"):
+        Trainer(MLP([20, 10]), device="cuda", devices=[2])
     assert fake_gpu.built == 0
 
 
@@ -196,6 +202,8 @@ def test_several_devices_build_a_replica_engine_over_them(fake_gpu, monkeypatch)
     made = []
 
     class FakeReplicas(_FakeGraph):
+        name = "replicas (fake)"
+
         def __init__(self, config, state, devices) -> None:
             made.append(devices)
             super().__init__(config, state)
@@ -203,9 +211,10 @@ def test_several_devices_build_a_replica_engine_over_them(fake_gpu, monkeypatch)
     replicas = types.ModuleType("fastnn.engine.replicas")
     replicas.ReplicaEngine = FakeReplicas
     monkeypatch.setitem(sys.modules, "fastnn.engine.replicas", replicas)
-    assert Trainer(MLP([20, 10]), device="cuda", devices=2).engine == "graph"  # auto: never fused on several
+    # MLP([20, 10]): one GPU would take the fused engine (test_auto_takes_fused...); several take the replicas
+    assert Trainer(MLP([20, 10]), device="cuda", devices=2).engine == "replicas (fake)"
     Trainer(MLP([20, 10]), device="auto", devices=(1, 0))
-    assert made == [[0, 1], [1, 0]]
+    assert made == [[0, 1], [1, 0]] and fake_gpu.built == 0
 
 
 def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_path) -> None:

@@ -24,6 +24,7 @@ from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_libra
 __all__ = [
     "UNIQUE_ID_BYTES",
     "Comm",
+    "CommAborted",
     "DataType",
     "NcclError",
     "RedOp",
@@ -92,6 +93,10 @@ class _UniqueId(ctypes.Structure):
 
 class NcclError(CudaLibraryError):
     """An NCCL call failed; `.status_name` is NCCL's own description (ncclGetErrorString)."""
+
+
+class CommAborted(RuntimeError):
+    """A communicator was used, or waited on, after it was aborted (an error elsewhere ended the group)."""
 
 
 _STATUS = object()  # marks functions returning ncclResult_t in _SIGNATURES
@@ -220,6 +225,8 @@ def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream:
         dt = _DTYPES[np.dtype(dtype)]
     except (KeyError, TypeError):
         raise ConfigError(f"dtype must be one of {sorted(str(d) for d in _DTYPES)}, got {dtype!r}") from None
+    if comm.closed:  # aborted by another thread: NCCL has freed it (a race narrower than a call remains)
+        raise CommAborted(f"rank {comm.rank} of {comm.world}: the communicator was aborted (an error elsewhere)")
     try:
         _lib().ncclAllReduce(send, recv, count, int(dt), int(op), comm.ptr, stream_ptr(stream))
     except ctypes.ArgumentError as exc:

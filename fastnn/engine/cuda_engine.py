@@ -36,7 +36,7 @@ from .base import PRECISIONS, Engine, EngineConfig, EpochStats, OnEpoch, steps_p
 from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
-__all__ = ["CudaEngine", "EpochRun", "drive_epochs"]
+__all__ = ["CudaEngine", "EpochRun", "EpochRuns", "drive_epochs"]
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
 UPDATE_THREADS = 256
@@ -401,18 +401,20 @@ class CudaEngine(Engine):
     def _wait_comm(self, event) -> None:
         """Poll until `event` completes, so that a failed or vanished peer (NCCL's asynchronous error) aborts the
         communicator and raises rather than leaving this rank spinning in a collective."""
+        g = self.group
         while not event.query():
-            if self.group.comm.closed:  # aborted by another thread: an error on another GPU of this process
-                g = self.group
-                raise RuntimeError(f"rank {g.rank} of {g.world} on GPU {g.device}: the communicator was aborted "
-                                   "while this rank waited for a collective")  # fmt: skip
-            status = self.group.comm.async_error()
+            status = g.comm.async_error()
             if status is not None:
                 self.group.abort()
                 g = self.group
                 raise nccl.NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
                                 "a collective (communicator aborted)")  # fmt: skip
+            if g.comm.closed:
+                break  # aborted by another thread (an error on another GPU of this process): its kernels end
             time.sleep(0.0005)
+        if g.comm.closed:  # the work waited for may have ended with its collectives cut short
+            raise nccl.CommAborted(f"rank {g.rank} of {g.world} on GPU {g.device}: the communicator was aborted "
+                                   "(an error on another GPU) while this rank waited for a collective")  # fmt: skip
 
     def _check_ranks_agree(self, n: int) -> None:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
@@ -556,7 +558,8 @@ class CudaEngine(Engine):
         self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
     ) -> None:
         self.last_reported = None
-        drive_epochs(self, [EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)], on_epoch, stoppable)
+        run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
+        drive_epochs(self, EpochRuns([run]), on_epoch, stoppable)
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         """Microseconds per node of the first training step, and of the whole step ("step").
@@ -631,7 +634,7 @@ class EpochRun:
 
     Epoch k of the call queues the epoch graph, timing events, the copies of its history and divergence flag to
     pinned memory and, after the epochs in `eval_after`, the evaluation graph; `drive_epochs` runs the calls of
-    one engine or of several replicas in step."""
+    one engine or of several replicas in step (EpochRuns)."""
 
     def __init__(self, eng: CudaEngine, first_epoch: int, first_step: int, lrs: np.ndarray, eval_data,
                  eval_after: frozenset[int]) -> None:  # fmt: skip
@@ -710,23 +713,50 @@ class EpochRun:
         return stats
 
 
-def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppable: bool,
-                 launch: Callable[[int], None] | None = None) -> None:  # fmt: skip
-    """Train the epochs of `runs` (one per GPU, in step: every run queues each epoch; the first is read and
-    reported through `engine`), keeping INFLIGHT_EPOCHS queued ahead of the one waited for (one if `stoppable`:
-    nothing may train past the epoch reported). `launch(k)` queues epoch k on every run (by default one after
-    the other, from this thread). Divergence restores every run's state and raises."""
-    lead = runs[0]
-    if launch is None:
-        launch = lambda k: [run.launch(k) for run in runs]  # noqa: E731
+class EpochRuns:
+    """The EpochRuns of one fit_epochs call, one per GPU, driven in step; the first is read and reported.
+
+    One GPU (or one process of a distributed run) queues and waits from the calling thread; the replica engine
+    overrides launch and wait. `queued` counts the epochs queued on every run; `failed` is set once the GPUs can
+    no longer finish what is queued (communicators aborted): nothing is then drained or reported."""
+
+    def __init__(self, runs: list[EpochRun]) -> None:
+        self.runs, self.lead = runs, runs[0]
+        self.queued = 0
+        self.failed = False
+
+    def launch(self, k: int) -> None:
+        """Queue epoch k on every run."""
+        for run in self.runs:
+            run.launch(k)
+        self.queued = k + 1
+
+    def wait(self, k: int) -> None:
+        """Block until epoch k is done on every run."""
+        for run in self.runs:
+            run.wait(k)
+
+    def drain(self) -> None:
+        for run in self.runs:
+            run.drain()
+
+    def restore(self) -> None:
+        for run in self.runs:
+            run.restore()
+
+
+def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: bool) -> None:
+    """Train the epochs of `runs`, reported through `engine`, keeping INFLIGHT_EPOCHS queued ahead of the one
+    waited for (one if `stoppable`: nothing may train past the epoch reported). Divergence restores every run's
+    state and raises."""
+    lead = runs.lead
     epochs = lead.epochs
 
     def report(k: int) -> None:
         """Epoch k's numbers (its events have completed): divergence check, then on_epoch."""
         error = lead.diverged(k)
         if error is not None:
-            for run in runs:
-                run.restore()
+            runs.restore()
             raise error
         engine.report(lead.stats(k), on_epoch)
 
@@ -735,26 +765,24 @@ def drive_epochs(engine: Engine, runs: list[EpochRun], on_epoch: OnEpoch, stoppa
         last = engine.last_reported
         return 0 if last is None else last.epoch - lead.first_epoch + 1
 
-    launched = 0
     inflight = 1 if stoppable else INFLIGHT_EPOCHS
     try:
         while reported() < epochs:
-            while launched < epochs and launched - reported() < inflight:
-                launch(launched)
-                launched += 1
+            while runs.queued < epochs and runs.queued - reported() < inflight:
+                runs.launch(runs.queued)
             k = reported()
-            for run in runs:
-                run.wait(k)
+            runs.wait(k)
             report(k)
     except (TrainingDiverged, nccl.NcclError):
         raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
     except BaseException:
+        if runs.failed:
+            raise  # the GPUs were stopped: the queued epochs will never finish
         # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
         # let them finish and report every one not yet reported (an epoch whose report was interrupted
         # before it counted included), so the trainer's counters match the weights they made.
-        for run in runs:
-            run.drain()
-        for k in range(reported(), launched):
+        runs.drain()
+        for k in range(reported(), runs.queued):
             try:
                 report(k)
             except TrainingDiverged:
@@ -856,7 +884,19 @@ class _TrainContext(_Owner):
 
         The graph finds both through EpochState, so growing them for a longer fit needs no re-capture.
         """
+        eng = self.eng
+        self.reserve(epochs)
+        eng.stream.synchronize()
+        self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
+        if self.graph is None:
+            self.graph = self.own(self._capture_epoch())
+        self.hist.memset(0, eng.stream)
+
+    def reserve(self, epochs: int) -> None:
+        """Grow the lr table and history buffers to hold `epochs` (allocation only: the replica engine makes every
+        GPU's before any GPU issues a collective, so an out-of-memory leaves no peer waiting in one)."""
         eng, drv = self.eng, self.eng._drv
+        eng.dev.make_current()
         if epochs > self.capacity:
             eng.stream.synchronize()
             cap = max(epochs, 2 * self.capacity, 8)
@@ -876,11 +916,6 @@ class _TrainContext(_Owner):
                     self.drop(getattr(self, name))
                 setattr(self, name, self.own(buf))
             self.capacity = cap
-        eng.stream.synchronize()
-        self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
-        if self.graph is None:
-            self.graph = self.own(self._capture_epoch())
-        self.hist.memset(0, eng.stream)
 
     def _capture_epoch(self):
         """Autotune each full-batch plan in step order on real data (no update), then capture the epoch."""

@@ -12,6 +12,7 @@ prediction and checkpoints read one of them.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TypeVar
@@ -22,11 +23,12 @@ from ..cuda import nccl
 from ..errors import ConfigError, DataError, DeviceUnavailable
 from ..gpu_arrays import CudaArray
 from .base import Engine, EngineConfig, OnEpoch
-from .cuda_engine import CudaEngine, EpochRun, drive_epochs
+from .cuda_engine import CudaEngine, EpochRun, EpochRuns, drive_epochs
 
 __all__ = ["ReplicaEngine"]
 
 T = TypeVar("T")
+SETTLE_S = 10.0  # how long the other GPUs' calls may take to fail too after one failed, before the group is aborted
 
 
 class ReplicaEngine(Engine):
@@ -54,7 +56,8 @@ class ReplicaEngine(Engine):
                 raise
             world = len(comms)
             self.groups = [Group(rank=r, world=world, device=d, comm=c) for r, (d, c) in enumerate(zip(devices, comms))]
-            self.replicas = self._on_each(lambda group: CudaEngine(config, state, group=group), self.groups)
+            self.replicas = self._on_each(lambda group: CudaEngine(config, state, group=group), self.groups,
+                                          undo=lambda eng: eng.close())  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -64,41 +67,44 @@ class ReplicaEngine(Engine):
         """The first replica: every replica holds the same weights, so reads come from it."""
         return self.replicas[0]
 
-    def _on_each(self, fn: Callable[..., T], items) -> list[T]:
+    def _on_each(self, fn: Callable[..., T], items, undo: Callable[[T], None] | None = None) -> list[T]:
         """fn(item) for every item at once, a thread each; the results in order. If one raises, every communicator
-        is aborted (its peers may be waiting in a collective it will never join) and its error is raised."""
+        is aborted (a peer may be waiting in a collective it will never join), `undo` is applied to the results
+        made, and its error is raised. A Ctrl-C (which only this thread receives) lets the calls finish first."""
         futures = [self._pool.submit(fn, item) for item in items]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
-        except BaseException as exc:  # Ctrl-C: a GPU may be waiting in a collective for one that stopped
-            self._abort(f"{type(exc).__name__} while the GPUs prepared")
-            wait(futures)
-            raise
-        failed = [f for f in futures if f.done() and f.exception() is not None]
-        if failed:
-            self._abort(f"{type(failed[0].exception()).__name__} on one GPU")
-            wait(futures)
-            raise failed[0].exception()
-        return [f.result() for f in futures]
-
-    def _launch(self, runs: list[EpochRun], k: int) -> None:
-        """Queue epoch k on every GPU, each from a thread of its own: NCCL warns that a graph launch holding its
-        collectives may block until the peers' launches are made, so one thread launching GPU after GPU can
-        deadlock. Interrupted, the launches still finish (the caller then waits for what was queued)."""
-        futures = [self._pool.submit(run.launch, k) for run in runs]
-        try:
-            wait(futures)
         except BaseException:
             wait(futures)
+            self._raise_failed(futures, undo)
             raise
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            self._abort(f"{type(failed[0]).__name__} launching an epoch")
-            raise failed[0]
+        self._raise_failed(futures, undo)
+        return [f.result() for f in futures]
+
+    def _raise_failed(self, futures: list, undo: Callable | None) -> None:
+        """If a call of `futures` failed, raise its error once the others are done, undoing their results. The
+        group is aborted (a peer may be waiting in a collective the failed one never joined, or have queued one)
+        unless every call failed within SETTLE_S: the same refusal on every GPU (a training set too large for
+        data_placement="device", say) leaves nobody waiting, and the trainer usable."""
+        failed = [f for f in futures if f.done() and f.exception() is not None]
+        if not failed:
+            return
+        error = failed[0].exception()
+        done, running = wait(futures, timeout=SETTLE_S)
+        if running or any(f.exception() is None for f in futures):
+            self._abort(f"{type(error).__name__} on one GPU: {error}")
+            wait(futures)
+        if undo is not None:
+            for f in futures:
+                if f.exception() is None:
+                    with contextlib.suppress(Exception):
+                        undo(f.result())
+        raise error
 
     def _abort(self, why: str) -> None:
-        """Abort every communicator: training needs new ones (a new Trainer); reading the weights still works."""
-        self._broken = why
+        """Abort every communicator: training needs new ones (a new Trainer)."""
+        if self._broken is None:
+            self._broken = why
         for group in self.groups:
             with contextlib.suppress(Exception):
                 group.abort()
@@ -109,8 +115,9 @@ class ReplicaEngine(Engine):
                                "communicators were aborted; save or read its weights, then make a new Trainer")
 
     # ------------------------------------------------------------------ Engine API
-    def _on_array_gpu(self, x: np.ndarray | CudaArray) -> CudaEngine:
-        """The replica that reads `x`: the one on its GPU for a GPU array (DataError if none is), else the lead."""
+    def _on_array_gpu(self, x: np.ndarray | CudaArray, name: str = "x") -> CudaEngine:
+        """The replica that reads `x`: the one on its GPU for a GPU array (DataError naming the argument `name` if
+        none is), else the lead."""
         if not isinstance(x, CudaArray):
             return self.lead
         from ..cuda import driver
@@ -120,7 +127,7 @@ class ReplicaEngine(Engine):
             if eng.dev.ordinal == device:
                 return eng
         where = "host or unknown memory" if device is None else f"GPU {device}"
-        raise DataError(f"x is {x.describe()} on {where}, but this trainer trains on GPUs {self.devices}")
+        raise DataError(f"{name} is {x.describe()} on {where}, but this trainer trains on GPUs {self.devices}")
 
     def set_train_data(self, x: np.ndarray | CudaArray, y: np.ndarray) -> None:
         self._check_usable()
@@ -136,15 +143,18 @@ class ReplicaEngine(Engine):
         self.last_reported = None
         # One replica evaluates (the weights are the same on all): the one on the GPU of a GPU array's eval data.
         # Its run comes first, the one drive_epochs reports.
-        evaluator = self._on_array_gpu(eval_data[0]) if eval_data is not None else self.lead
+        evaluator = self._on_array_gpu(eval_data[0], "eval_data") if eval_data is not None else self.lead
         order = [evaluator] + [eng for eng in self.replicas if eng is not evaluator]
+        if self.lead._train is not None:  # every GPU's buffers first: then no collective waits on a failed one
+            epochs = len(lrs) // self.lead._train.steps
+            self._on_each(lambda eng: eng._train.reserve(epochs), order)
         runs = self._on_each(
             lambda eng: EpochRun(eng, first_epoch, first_step, lrs, eval_data if eng is evaluator else None,
                                  eval_after),
             order,
         )  # fmt: skip
         try:
-            drive_epochs(self, runs, on_epoch, stoppable, launch=lambda k: self._launch(runs, k))
+            drive_epochs(self, _ReplicaRuns(self, runs), on_epoch, stoppable)
         except nccl.NcclError as exc:
             self._abort(str(exc))
             raise
@@ -159,8 +169,13 @@ class ReplicaEngine(Engine):
         return self.lead.get_state()
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        for eng in self.replicas:
-            eng.set_state(state)
+        for i, eng in enumerate(self.replicas):
+            try:
+                eng.set_state(state)
+            except BaseException as exc:
+                if i > 0:  # the replicas now hold different weights: they must not train together
+                    self._abort(f"{type(exc).__name__} setting the weights of GPU {eng.dev.ordinal}")
+                raise
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         raise ConfigError("profile_step times one GPU's nodes; a data-parallel trainer's are collectives")
@@ -168,7 +183,8 @@ class ReplicaEngine(Engine):
     def close(self) -> None:
         try:
             for eng in reversed(self.replicas):
-                eng.close()
+                with contextlib.suppress(Exception):  # one replica's failure must not keep the others' memory
+                    eng.close()
             # At once, a thread each: destroying a communicator may wait for its peers' (ncclCommFinalize).
             ends = [g.abort if self._broken else g.close for g in self.groups]
             for future in [self._pool.submit(end) for end in ends]:
@@ -177,3 +193,51 @@ class ReplicaEngine(Engine):
         finally:
             self.replicas, self.groups = [], []
             self._pool.shutdown(wait=False)
+
+
+class _ReplicaRuns(EpochRuns):
+    """The replicas' runs of one fit: each GPU's epoch launched from a thread of its own (NCCL warns that a graph
+    launch holding its collectives may block until the peers' launches are made: one thread launching GPU after
+    GPU can deadlock); waiting polls every GPU and communicator, so a failure on any GPU stops all of them."""
+
+    def __init__(self, engine: ReplicaEngine, runs: list[EpochRun]) -> None:
+        super().__init__(runs)
+        self.engine = engine
+
+    def launch(self, k: int) -> None:
+        futures = [self.engine._pool.submit(run.launch, k) for run in self.runs]
+        try:
+            wait(futures)
+        except BaseException:  # Ctrl-C: the launches still finish, and epoch k counts as queued if they all did
+            wait(futures)
+            self._check(futures)
+            self.queued = k + 1
+            raise
+        self._check(futures)
+        self.queued = k + 1
+
+    def _check(self, futures: list) -> None:
+        for f in futures:
+            if f.exception() is not None:
+                self._fail(f.exception())
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop every GPU (abort the communicators: the queued epochs are cut short) and raise `error`."""
+        self.failed = True
+        self.engine._abort(f"{type(error).__name__} during training: {error}")
+        raise error
+
+    def wait(self, k: int) -> None:
+        pending = list(self.runs)
+        try:
+            while pending:
+                pending = [run for run in pending if not run.finished(k)]
+                for group in self.engine.groups:
+                    status = group.comm.async_error()
+                    if status is not None:
+                        raise nccl.NcclError(status, nccl.status_name(status), f"rank {group.rank} of "
+                                             f"{group.world} on GPU {group.device}: a collective")  # fmt: skip
+                if pending:
+                    time.sleep(0.0005)
+        except Exception as exc:  # a GPU's error (a failed kernel, a collective): the others would wait forever
+            self._fail(exc)

@@ -9,6 +9,7 @@ graph engine. The GPU modules are imported only when a GPU is asked for, so CPU 
 
 from __future__ import annotations
 
+import reprlib
 import warnings
 
 import numpy as np
@@ -22,6 +23,7 @@ __all__ = [
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
+MAX_GPUS = 1024  # a bound on devices= well above any machine's GPU count, checked before a list is built
 ENGINES = ("auto", "fused", "graph")
 
 
@@ -159,22 +161,24 @@ def check_devices(device: str, engine: str, devices: object, group: object = Non
     def is_int(v: object) -> bool:
         return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
-    if is_int(devices) and devices >= 1:
+    if is_int(devices) and 1 <= devices <= MAX_GPUS:
         ordinals = list(range(int(devices)))
-    elif isinstance(devices, (list, tuple)) and devices and all(is_int(d) and d >= 0 for d in devices):
+    elif isinstance(devices, (list, tuple)) and 0 < len(devices) <= MAX_GPUS and all(
+        is_int(d) and 0 <= d < MAX_GPUS for d in devices
+    ):
         ordinals = [int(d) for d in devices]
         if len(set(ordinals)) != len(ordinals):
             raise ConfigError(f"devices lists a GPU twice: {list(devices)!r} (one replica per GPU)")
     else:
-        raise ConfigError(f"devices must be a number of GPUs >= 1 or a non-empty list of distinct GPU ordinals, "
-                          f"got {devices!r}")  # fmt: skip
+        raise ConfigError(f"devices must be a number of GPUs in [1, {MAX_GPUS}] or a non-empty list of distinct GPU "
+                          f"ordinals below {MAX_GPUS}, got {reprlib.repr(devices)}")  # fmt: skip
+    if group is not None and not (is_int(devices) and devices == 1):
+        raise ConfigError(f"devices={devices!r} with distributed=: a distributed run has one process per GPU, each "
+                          "on its group's GPU; pass one or the other")  # fmt: skip
     if ordinals == [0]:
         return ordinals
     if device == "cpu":
         raise ConfigError(f"devices={devices!r} names GPUs but device='cpu': use device='cuda' (or 'auto')")
-    if group is not None:
-        raise ConfigError(f"devices={devices!r} with distributed=: a distributed run has one process per GPU, each "
-                          "on its group's GPU; pass one or the other")  # fmt: skip
     if engine == "fused" and len(ordinals) > 1:
         raise ConfigError(f"engine='fused' trains on one GPU's on-chip memory: devices={devices!r} needs "
                           "engine='graph' or 'auto'")  # fmt: skip

@@ -1,0 +1,94 @@
+"""The epoch loop every GPU engine shares (cuda_engine.drive_epochs), driven with fake runs on the CPU: what is
+reported after an interrupt or a failure, so that the trainer's counters match the weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastnn.engine.base import Engine, EpochStats
+from fastnn.engine.cuda_engine import EpochRuns, drive_epochs
+
+
+class _Run:
+    """An EpochRun whose epochs finish the moment they are queued; records what was asked of it."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs, self.first_epoch = epochs, 10
+        self.launched: list[int] = []
+        self.drained = 0
+
+    def launch(self, k: int) -> None:
+        self.launched.append(k)
+
+    def wait(self, k: int) -> None:
+        assert k in self.launched
+
+    def drain(self) -> None:
+        self.drained += 1
+
+    def restore(self) -> None:
+        pass
+
+    def diverged(self, k: int):
+        return None
+
+    def stats(self, k: int) -> EpochStats:
+        return EpochStats(epoch=self.first_epoch + k, loss=1.0, accuracy=0.5, samples=1, seconds=0.0)
+
+
+class _Engine:
+    last_reported = None
+    report = Engine.report
+
+
+class _InterruptedLaunch(EpochRuns):
+    """Ctrl-C lands while epoch 1 is being queued, after every GPU has queued it (as the replica engine's
+    threaded launch reports it)."""
+
+    def launch(self, k: int) -> None:
+        super().launch(k)
+        if k == 1:
+            raise KeyboardInterrupt
+
+
+def test_an_epoch_queued_when_ctrl_c_lands_is_trained_and_reported():
+    runs = _InterruptedLaunch([_Run(3), _Run(3)])
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
+    assert [r.launched for r in runs.runs] == [[0, 1], [0, 1]]
+    assert seen == [10, 11]  # epoch 1 ran (it was queued everywhere), so it counts
+    assert [r.drained for r in runs.runs] == [1, 1]
+
+
+class _FailedWait(EpochRuns):
+    """A GPU fails while the host waits for epoch 1: the group is stopped (failed), its queue cut short."""
+
+    def wait(self, k: int) -> None:
+        if k == 1:
+            self.failed = True
+            raise RuntimeError("GPU 1: an illegal memory access")
+        super().wait(k)
+
+
+def test_after_a_gpu_failure_nothing_is_drained_or_reported():
+    runs = _FailedWait([_Run(4), _Run(4)])
+    seen = []
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
+    assert seen == [10]  # epochs 1..3 were queued but cut short: not counted
+    assert [r.drained for r in runs.runs] == [0, 0]
+
+
+def test_an_error_in_on_epoch_still_reports_the_queued_epochs():
+    runs = EpochRuns([_Run(3)])
+    seen = []
+
+    def on_epoch(stats):
+        seen.append(stats.epoch)
+        if len(seen) == 1:
+            raise ValueError("callback")
+
+    with pytest.raises(ValueError, match="callback"):
+        drive_epochs(_Engine(), runs, on_epoch, stoppable=False)
+    assert seen == [10, 11, 12] and runs.queued == 3 and runs.runs[0].drained == 1
