@@ -66,6 +66,15 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return request.param
 
 
+@pytest.fixture
+def one_gemm_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GEMM plan keeps only cuBLASLt's first heuristic choice, so that two trainers run the same algorithms
+    and can be compared bit for bit (autotuning by timing may pick differently from one trainer to the next)."""
+    from fastnn.engine import cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "AUTOTUNE_ALGOS", 1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

@@ -252,7 +252,7 @@ def _assert_same_training(a, b, rtol: float, atol: float) -> None:
 
 
 @pytest.mark.gpu
-def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
+def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm):
     """A group of one: the same captured graph plus all-reduces over one rank (identities), bit for bit."""
     nccl = _require_nccl()
     calls = []
@@ -272,7 +272,7 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_high_priority_all_reduces_train_the_same(monkeypatch):
+def test_high_priority_all_reduces_train_the_same(monkeypatch, one_gemm_algorithm):
     """cuda_engine.COMM_HIGH_PRIORITY (the all-reduce stream at the highest priority, kept per graph node) changes
     when the collectives run, not what they compute: a group of one trains bit for bit like one GPU."""
     _require_nccl()
@@ -363,7 +363,7 @@ def _need_gpus(n: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_devices_train_like_one_gpu_and_numpy(precision, tmp_path):
+def test_devices_train_like_one_gpu_and_numpy(precision, tmp_path, one_gemm_algorithm):
     """devices=2: both replicas end with the same weights, those of one-GPU training (up to summation order) and of
     the NumPy engine; the checkpoint is one GPU's file (a one-GPU trainer loads it and predicts the same)."""
     _need_gpus(2)
@@ -397,7 +397,7 @@ def _replicas_everywhere(monkeypatch, ordinals: list[int]) -> None:
 
 
 @pytest.mark.gpu
-def test_one_replica_trains_exactly_like_one_gpu(monkeypatch):
+def test_one_replica_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm):
     """The replica engine over one GPU (its threads, communicator and lock-step epochs): bit for bit one GPU's."""
     _require_nccl()
     with monkeypatch.context() as m:

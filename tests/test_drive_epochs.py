@@ -92,3 +92,70 @@ def test_an_error_in_on_epoch_still_reports_the_queued_epochs():
     with pytest.raises(ValueError, match="callback"):
         drive_epochs(_Engine(), runs, on_epoch, stoppable=False)
     assert seen == [10, 11, 12] and runs.queued == 3 and runs.runs[0].drained == 1
+
+
+# ---- the replica engine's runs (threaded launch, polling wait) -------------------------------------------------
+
+
+class _PolledRun(_Run):
+    """A run whose epoch k finishes after `polls` queries; `error` makes its query raise instead."""
+
+    def __init__(self, epochs: int, polls: int = 2, error: Exception | None = None) -> None:
+        super().__init__(epochs)
+        self.polls, self.error = polls, error
+
+    def finished(self, k: int) -> bool:
+        if self.error is not None:
+            raise self.error
+        self.polls -= 1
+        return self.polls < 0
+
+
+def test_the_fake_runs_use_only_what_an_epoch_run_has():
+    from fastnn.engine.cuda_engine import EpochRun
+
+    used = {n for n in vars(_PolledRun) | vars(_Run) if not n.startswith("_")} - {"epochs", "first_epoch"}
+    assert used <= set(dir(EpochRun)), used - set(dir(EpochRun))
+
+
+class _Group:
+    class comm:  # noqa: N801 - stands in for nccl.Comm
+        @staticmethod
+        def async_error():
+            return None
+
+
+class _Replicas:
+    """What _ReplicaRuns uses of a ReplicaEngine: its thread pool, groups and abort."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(2)
+        self.groups = [_Group(), _Group()]
+        self.aborted: list[str] = []
+
+    def _abort(self, why: str) -> None:
+        self.aborted.append(why)
+
+
+def test_replica_runs_launch_on_threads_and_poll_every_gpu():
+    from fastnn.engine.replicas import _ReplicaRuns
+
+    engine = _Replicas()
+    runs = _ReplicaRuns(engine, [_PolledRun(2), _PolledRun(2, polls=5)])
+    seen = []
+    drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
+    assert seen == [10, 11] and [r.launched for r in runs.runs] == [[0, 1], [0, 1]] and engine.aborted == []
+
+
+def test_a_failing_gpu_stops_the_replicas_without_draining():
+    from fastnn.engine.replicas import _ReplicaRuns
+
+    engine = _Replicas()
+    runs = _ReplicaRuns(engine, [_PolledRun(3), _PolledRun(3, error=RuntimeError("GPU 1: illegal address"))])
+    seen = []
+    with pytest.raises(RuntimeError, match="illegal address"):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
+    assert seen == [] and runs.failed and len(engine.aborted) == 1
+    assert [r.drained for r in runs.runs] == [0, 0]

@@ -41,7 +41,7 @@ def _data(n=300, d=20, c=4, dtype=np.uint8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=["uint8", "float32"])
 @pytest.mark.parametrize("opt", [SGD(lr=0.1, momentum=0.9), AdamW(lr=1e-3)], ids=["sgd", "adamw"])
-def test_host_placed_training_equals_device_placed(dtype, opt):
+def test_host_placed_training_equals_device_placed(dtype, opt, one_gemm_algorithm):
     x, y = _data(dtype=dtype)
     runs = {}
     for placement in ("device", "host"):

@@ -673,6 +673,11 @@ class EpochRun:
         """Block until epoch k's queued work is done (the queue still holds the epochs after it)."""
         self.eng._wait(self.ctx.events[k % len(self.ctx.events)][2])
 
+    def finished(self, k: int) -> bool:
+        """Whether epoch k's queued work is done (without blocking)."""
+        self.eng.dev.make_current()
+        return self.ctx.events[k % len(self.ctx.events)][2].query()
+
     def drain(self) -> None:
         """Block until everything queued has run."""
         self.eng.dev.make_current()
