@@ -511,22 +511,27 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
 
 
 def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch, engine):
+    from fastnn.engine import replicas
     from fastnn.engine.cuda_engine import INFLIGHT_EPOCHS, CudaEngine
 
     x, y = _data(300, 16, 3)
-    real, calls = CudaEngine._wait, [0]
+    calls = [0]
 
-    def wait(self, event):  # where the host waits for an epoch (an event's synchronize, or a group's polling)
-        calls[0] += 1
-        if calls[0] == 1:
-            raise KeyboardInterrupt
-        return real(self, event)
+    def interrupting(real):
+        def wait(self, *args):  # where the host waits for an epoch: an event's synchronize, a group's polling, or
+            calls[0] += 1  # the replica engine's polling of every GPU
+            if calls[0] == 1:
+                raise KeyboardInterrupt
+            return real(self, *args)
+
+        return wait
 
     t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
                 device="cuda", seed=4, engine=engine)  # fmt: skip
     t.fit(x, y, epochs=1)  # autotuning and capture (which may wait on events) happen here, not below
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # context: the engine fixture's patch stays
-        m.setattr(CudaEngine, "_wait", wait)
+        m.setattr(CudaEngine, "_wait", interrupting(CudaEngine._wait))
+        m.setattr(replicas._ReplicaRuns, "wait", interrupting(replicas._ReplicaRuns.wait))
         t.fit(x, y, epochs=INFLIGHT_EPOCHS + 2)  # Ctrl-C in the first wait, with INFLIGHT_EPOCHS queued
     _assert_at_epoch(t, 1 + INFLIGHT_EPOCHS, x, y, 10)
     t.close()
