@@ -371,7 +371,7 @@ class Stream(_Owned):
     def __init__(self, device: Device | None = None, priority: int = 0) -> None:
         self.device = _resolve(device)
         flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-        if priority:  # lower numbers run first (see stream_priority_range); captured kernels keep it per node
+        if priority:  # lower numbers run first (Device.highest_stream_priority); captured kernels keep it per node
             self.handle = _check(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
         else:
             self.handle = _check(cu.cuStreamCreate(flags), "cuStreamCreate")
