@@ -405,8 +405,7 @@ class CudaEngine(Engine):
         while not event.query():
             status = g.comm.async_error()
             if status is not None:
-                self.group.abort()
-                g = self.group
+                g.abort()
                 raise nccl.NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
                                 "a collective (communicator aborted)")  # fmt: skip
             if g.comm.closed:
@@ -778,8 +777,8 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
             k = reported()
             runs.wait(k)
             report(k)
-    except (TrainingDiverged, nccl.NcclError):
-        raise  # NcclError: a peer failed, the communicator is aborted and the queued epochs will never finish
+    except (TrainingDiverged, nccl.NcclError, nccl.CommAborted):
+        raise  # a peer failed, the communicator is aborted and the queued epochs will never finish
     except BaseException:
         if runs.failed:
             raise  # the GPUs were stopped: the queued epochs will never finish
