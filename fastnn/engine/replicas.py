@@ -68,9 +68,9 @@ class ReplicaEngine(Engine):
         return self.replicas[0]
 
     def _on_each(self, fn: Callable[..., T], items, undo: Callable[[T], None] | None = None) -> list[T]:
-        """fn(item) for every item at once, a thread each; the results in order. If one raises, every communicator
-        is aborted (a peer may be waiting in a collective it will never join), `undo` is applied to the results
-        made, and its error is raised. A Ctrl-C (which only this thread receives) lets the calls finish first."""
+        """fn(item) for every item at once, a thread each; the results in order. If one raises, its error is raised
+        (see _raise_failed: the group is aborted unless every call failed) and `undo` is applied to the results
+        made. A Ctrl-C (which only this thread receives) lets the calls finish first."""
         futures = [self._pool.submit(fn, item) for item in items]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
