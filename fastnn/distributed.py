@@ -70,6 +70,17 @@ class Group:
         """Tear the communicator down without waiting for the other ranks (after an error on this one)."""
         self.comm.abort()
 
+    def async_error(self) -> Exception | None:
+        """NCCL's asynchronous failure of this rank (a peer gone, a network error) as the error to raise, naming the
+        rank and GPU; None while there is none."""
+        from .cuda import nccl
+
+        status = self.comm.async_error()
+        if status is None:
+            return None
+        where = f"rank {self.rank} of {self.world} on GPU {self.device}: a collective"
+        return nccl.NcclError(status, nccl.status_name(status), where)
+
     def __enter__(self) -> Group:
         return self
 

@@ -10,6 +10,7 @@ range-checked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,14 +93,18 @@ def cuda_array(obj: Any, name: str) -> CudaArray | None:
     return CudaArray(owner=obj, ptr=ptr, shape=shape, dtype=dtype)
 
 
-def check_on_device(arr: CudaArray, ordinal: int, name: str) -> None:
-    """Raise DataError unless `arr` is in the memory of device `ordinal` (fastnn reads it from there)."""
+def check_on_device(arr: CudaArray, ordinals: int | Sequence[int], name: str) -> int:
+    """The GPU whose memory holds `arr`; DataError unless it is device `ordinals` (or one of them: a trainer on
+    several GPUs), since fastnn reads it from there."""
     from .cuda import driver
 
     try:
         device = driver.pointer_device(arr.ptr)
     except Exception as exc:  # a driver error: the pointer is not one this process can read
         raise DataError(f"{name} is {arr.describe()} whose device fastnn could not determine: {exc}") from None
-    if device != ordinal:
+    allowed = [ordinals] if isinstance(ordinals, int) else list(ordinals)
+    if device not in allowed:
         where = "host or unknown memory" if device is None else f"GPU {device}"
-        raise DataError(f"{name} is {arr.describe()} on {where}, but this trainer trains on GPU {ordinal}")
+        trains_on = f"GPU {allowed[0]}" if len(allowed) == 1 else f"GPUs {allowed}"
+        raise DataError(f"{name} is {arr.describe()} on {where}, but this trainer trains on {trains_on}")
+    return device

@@ -403,11 +403,10 @@ class CudaEngine(Engine):
         communicator and raises rather than leaving this rank spinning in a collective."""
         g = self.group
         while not event.query():
-            status = g.comm.async_error()
-            if status is not None:
+            error = g.async_error()
+            if error is not None:
                 g.abort()
-                raise nccl.NcclError(status, nccl.status_name(status), f"rank {g.rank} of {g.world} on GPU {g.device}: "
-                                "a collective (communicator aborted)")  # fmt: skip
+                raise error
             if g.comm.closed:
                 break  # aborted by another thread (an error on another GPU of this process): its kernels end
             time.sleep(0.0005)
@@ -658,7 +657,7 @@ class EpochRun:
         """Queue epoch k (and its evaluation) behind the epochs already queued."""
         eng, ctx, drv = self.eng, self.ctx, self.eng._drv
         eng.dev.make_current()
-        start, end, finished = ctx.events[k % len(ctx.events)]
+        start, end, _ = ctx.events[k % len(ctx.events)]
         start.record(eng.stream)
         ctx.graph.launch(eng.stream)
         end.record(eng.stream)
@@ -666,16 +665,19 @@ class EpochRun:
         drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, eng.epoch_state.ptr + _BAD_STATE_OFFSET, 4, eng.stream)
         if self.ev is not None and k in self.eval_after:
             self.ev.run(ctx.eval_host.ptr + 16 * k)
-        finished.record(eng.stream)
+        self._done_event(k).record(eng.stream)
+
+    def _done_event(self, k: int):
+        return self.ctx.events[k % len(self.ctx.events)][2]
 
     def wait(self, k: int) -> None:
         """Block until epoch k's queued work is done (the queue still holds the epochs after it)."""
-        self.eng._wait(self.ctx.events[k % len(self.ctx.events)][2])
+        self.eng._wait(self._done_event(k))
 
     def finished(self, k: int) -> bool:
         """Whether epoch k's queued work is done (without blocking)."""
         self.eng.dev.make_current()
-        return self.ctx.events[k % len(self.ctx.events)][2].query()
+        return self._done_event(k).query()
 
     def drain(self) -> None:
         """Block until everything queued has run."""

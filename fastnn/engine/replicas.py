@@ -20,8 +20,8 @@ from typing import TypeVar
 import numpy as np
 
 from ..cuda import nccl
-from ..errors import ConfigError, DataError, DeviceUnavailable
-from ..gpu_arrays import CudaArray
+from ..errors import ConfigError, DeviceUnavailable
+from ..gpu_arrays import CudaArray, check_on_device
 from .base import Engine, EngineConfig, OnEpoch
 from .cuda_engine import CudaEngine, EpochRun, EpochRuns, drive_epochs
 
@@ -120,14 +120,7 @@ class ReplicaEngine(Engine):
         none is), else the lead."""
         if not isinstance(x, CudaArray):
             return self.lead
-        from ..cuda import driver
-
-        device = driver.pointer_device(x.ptr)
-        for eng in self.replicas:
-            if eng.dev.ordinal == device:
-                return eng
-        where = "host or unknown memory" if device is None else f"GPU {device}"
-        raise DataError(f"{name} is {x.describe()} on {where}, but this trainer trains on GPUs {self.devices}")
+        return self.replicas[self.devices.index(check_on_device(x, self.devices, name))]
 
     def set_train_data(self, x: np.ndarray | CudaArray, y: np.ndarray) -> None:
         self._check_usable()
@@ -233,10 +226,9 @@ class _ReplicaRuns(EpochRuns):
             while pending:
                 pending = [run for run in pending if not run.finished(k)]
                 for group in self.engine.groups:
-                    status = group.comm.async_error()
-                    if status is not None:
-                        raise nccl.NcclError(status, nccl.status_name(status), f"rank {group.rank} of "
-                                             f"{group.world} on GPU {group.device}: a collective")  # fmt: skip
+                    error = group.async_error()
+                    if error is not None:
+                        raise error
                 if pending:
                     time.sleep(0.0005)
         except Exception as exc:  # a GPU's error (a failed kernel, a collective): the others would wait forever
