@@ -2,6 +2,7 @@
 one process (devices=N).
 
     python benchmarks/bench_scaling.py --data DIR [--worlds 1,2] [--workloads mlp4096,logreg,mlp128]
+        [--comm-priority both] [--carveout 0,16] [--channels 0,8] [--modes procs,devices] [--ceiling-only]
 
 Each world size is one set of processes started here (spawn, one GPU each, the NCCL id passed through pipes, as
 tests/test_distributed.py), then one process training with devices=world. Every rank trains the same model from
@@ -9,13 +10,21 @@ the same weights: one untimed `fit` epoch (setup, capture), then a timed `fit`; 
 of the timed epochs over the slowest rank's summed device-event epoch times (devices=: the first GPU's, which
 every all-reduce keeps in step with the others). World 1 runs twice: without a group (the plain graph engine)
 and as a group of one (the all-reduces included: their cost on one GPU). All are measured in this one call.
+
+The "ceiling" row of N GPUs is one GPU training at batch B/N (one GPU's share of the global batch B), its
+samples/s times N: what N GPUs would reach if summing the gradients cost nothing. Data parallelism cannot beat it
+while every GPU applies the whole update, which does not shrink with the share (--ceiling-only measures just these
+rows, on one GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
+import os
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,9 +37,28 @@ WORKLOADS = {  # name: (sizes, lr, global batch, timed epochs, samples, precisio
 }
 
 
-def _train(name: str, data_dir: str, group, devices: int = 1) -> tuple[float, int, float]:
-    """(timed seconds, timed samples, final train loss) of one rank (or of one process on `devices` GPUs)."""
+class Knobs(NamedTuple):
+    """Data-parallel settings under test: cuda_engine.COMM_HIGH_PRIORITY and GEMM_SM_CARVEOUT, NCCL_MAX_NCHANNELS."""
+
+    high: bool = False
+    carveout: int = 0
+    channels: int = 0  # 0: NCCL's choice
+
+    def label(self) -> str:
+        tags = [", comm high"] if self.high else []
+        tags += [f", carve {self.carveout}"] if self.carveout else []
+        tags += [f", {self.channels} channels"] if self.channels else []
+        return "".join(tags)
+
+
+DEFAULT_KNOBS = Knobs()
+
+
+def _train(name: str, data_dir: str, group, devices: int = 1, share: int = 1) -> tuple[float, int, float]:
+    """(timed seconds, timed samples, final train loss) of one rank (or of one process on `devices` GPUs);
+    share: train at 1/share of the workload's batch."""
     sizes, lr, batch, epochs, samples, precision = WORKLOADS[name]
+    batch //= share
     x, y = fastnn.datasets.load("fashion-mnist", root=data_dir, download=False)[:2]
     x, y = x[:samples], y[:samples]
     with fastnn.Trainer(fastnn.MLP(sizes), fastnn.SGD(lr=lr, momentum=0.9), batch_size=batch, precision=precision,
@@ -40,14 +68,17 @@ def _train(name: str, data_dir: str, group, devices: int = 1) -> tuple[float, in
         return float(np.sum(h["seconds"])), epochs * len(x), float(h[-1]["train_loss"])
 
 
-def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int,
-          high: bool) -> None:  # fmt: skip
+def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int, knobs: Knobs,
+          share: int) -> None:  # fmt: skip
     from fastnn.engine import cuda_engine
 
-    cuda_engine.COMM_HIGH_PRIORITY = high
+    cuda_engine.COMM_HIGH_PRIORITY = knobs.high
+    cuda_engine.GEMM_SM_CARVEOUT = knobs.carveout
+    if knobs.channels:  # read by NCCL when this process makes its first communicator
+        os.environ["NCCL_MAX_NCHANNELS"] = str(knobs.channels)
     try:
         if plain:
-            conn.send(("ok", [_train(n, data_dir, None, devices) for n in names]))
+            conn.send(("ok", [_train(n, data_dir, None, devices, share) for n in names]))
             return
         from fastnn import distributed
 
@@ -63,16 +94,22 @@ def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: b
 
 
 def run_world(
-    world: int, names: list[str], data_dir: str, plain: bool = False, devices: int = 1, high: bool = False
+    world: int,
+    names: list[str],
+    data_dir: str,
+    plain: bool = False,
+    devices: int = 1,
+    knobs: Knobs = DEFAULT_KNOBS,
+    share: int = 1,
 ) -> list[tuple[float, int, float]]:
     """Per workload: (slowest rank's timed seconds, timed samples, rank 0's final loss). plain: `world` processes
-    without a group (1: the one-GPU baseline), each training on `devices` GPUs; high: all-reduces at high
-    stream priority (cuda_engine.COMM_HIGH_PRIORITY)."""
+    without a group (1: the one-GPU baseline), each training on `devices` GPUs; knobs: the data-parallel
+    experiment settings; share: at 1/share of the batch."""
     ctx = mp.get_context("spawn")
     ends, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain, devices, high),
+        proc = ctx.Process(target=_rank, args=(rank, world, child, names, data_dir, plain, devices, knobs, share),
                            daemon=True)  # fmt: skip
         proc.start()
         ends.append(parent)
@@ -101,27 +138,40 @@ def main() -> None:
     ap.add_argument("--workloads", default="mlp4096,logreg,mlp128")
     ap.add_argument("--comm-priority", choices=("default", "high", "both"), default="default",
                     help="stream priority of the all-reduces (both: a row for each)")  # fmt: skip
+    ap.add_argument("--carveout", default="0", help="SMs the backward GEMMs leave to NCCL, a row for each: 0,16")
+    ap.add_argument("--channels", default="0", help="NCCL_MAX_NCHANNELS, a row for each (0: NCCL's own): 0,4,8")
+    ap.add_argument("--modes", default="procs,devices", help="processes (a group), devices= (one process), or both")
+    ap.add_argument("--ceiling-only", action="store_true", help="only the one-GPU rows: baseline and ceilings")
     args = ap.parse_args()
     names = args.workloads.split(",")
+    modes = args.modes.split(",")
     rows = {"1 GPU, no group": run_world(1, names, args.data, plain=True)}
     highs = {"default": [False], "high": [True], "both": [False, True]}[args.comm_priority]
+    carves, channels = ([int(v) for v in arg.split(",")] for arg in (args.carveout, args.channels))
+    variants = [Knobs(*v) for v in itertools.product(highs, carves, channels)]
     for world in (int(w) for w in args.worlds.split(",")):
-        for high in highs:
-            tag = ", comm high" if high else ""
-            rows[f"{world} GPU{'s' if world > 1 else ''}, NCCL group{tag}"] = run_world(world, names, args.data,
-                                                                                         high=high)  # fmt: skip
-            if world > 1:
+        if world > 1:
+            ceiling = run_world(1, names, args.data, plain=True, share=world)
+            rows[f"{world} GPUs, ceiling"] = [(seconds / world, samples, loss) for seconds, samples, loss in ceiling]
+        if args.ceiling_only:
+            continue
+        for knobs in variants:
+            tag = knobs.label()
+            if "procs" in modes or world == 1:
+                rows[f"{world} GPU{'s' if world > 1 else ''}, NCCL group{tag}"] = run_world(world, names, args.data,
+                                                                                             knobs=knobs)  # fmt: skip
+            if world > 1 and "devices" in modes:
                 rows[f"{world} GPUs, devices={world}{tag}"] = run_world(1, names, args.data, plain=True, devices=world,
-                                                                       high=high)  # fmt: skip
+                                                                       knobs=knobs)  # fmt: skip
     base = rows["1 GPU, no group"]
     for i, name in enumerate(names):
         sizes, _, batch, *_ = WORKLOADS[name]
         print(f"\n{name} {sizes} global batch {batch}")
-        print(f"  {'run':32} {'samples/s':>12} {'vs 1 GPU':>9} {'final loss':>11}")
+        print(f"  {'run':44} {'samples/s':>12} {'vs 1 GPU':>9} {'final loss':>11}")
         for label, res in rows.items():
             seconds, samples, loss = res[i]
             rate = samples / seconds
-            print(f"  {label:32} {rate:12.0f} {rate / (base[i][1] / base[i][0]):8.2f}x {loss:11.4f}")
+            print(f"  {label:44} {rate:12.0f} {rate / (base[i][1] / base[i][0]):8.2f}x {loss:11.4f}")
 
 
 if __name__ == "__main__":

@@ -290,6 +290,19 @@ def test_descriptors_describe_the_product(epilogue, transa, transb):
     assert d.desc.closed and d.a.closed and d.cd.closed
 
 
+@pytest.mark.parametrize("target", [0, 100])
+def test_descriptors_carry_the_sm_count_target(target):
+    # 0 leaves the library's default (every SM); a data-parallel engine passes fewer to leave SMs to NCCL.
+    d = lt._Descriptors(
+        64, 64, 64, False, False, lt.DataType.R_16F, lt.DataType.R_16F, lt.ComputeType.COMPUTE_32F,
+        64, 64, 64, E.DEFAULT, None, False, 256, sm_count_target=target,
+    )  # fmt: skip
+    try:
+        assert d.desc.get(lt.MatmulDescAttribute.SM_COUNT_TARGET) == target
+    finally:
+        d.close()
+
+
 def _matmul_kwargs(**over):
     kw = dict(
         transa=False, transb=False, ab_type=lt.DataType.R_32F, cd_type=lt.DataType.R_32F,
@@ -313,6 +326,8 @@ def _matmul_kwargs(**over):
         ((4, 4, 4), {"epilogue": 3}, "Matmul"),
         ((4, 4, 4), {"min_alignment": 48}, "min_alignment"),
         ((4, 4, 4), {"max_algos": 0}, "max_algos"),
+        ((4, 4, 4), {"sm_count_target": -1}, "sm_count_target"),
+        ((4, 4, 4), {"sm_count_target": True}, "sm_count_target"),
         ((4, 4, 4), {}, "workspace must be"),
     ],
 )

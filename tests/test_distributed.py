@@ -287,6 +287,36 @@ def test_high_priority_all_reduces_train_the_same(monkeypatch, one_gemm_algorith
 
 
 @pytest.mark.gpu
+def test_gemm_sm_carveout_leaves_sms_and_trains_like_numpy(monkeypatch):
+    """cuda_engine.GEMM_SM_CARVEOUT: a data-parallel engine's backward GEMMs target that many SMs fewer (its forward
+    GEMMs, and any one-GPU engine's, every SM); the carved plans may pick other algorithms, so training matches the
+    NumPy engine with the suite's tolerance rather than bit for bit."""
+    _require_nccl()
+    from fastnn.cuda import cublaslt as lt
+    from fastnn.engine import cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "GEMM_SM_CARVEOUT", 16)
+    x, y, model, kw = _case()
+    target = lambda plan: plan._d.desc.get(lt.MatmulDescAttribute.SM_COUNT_TARGET)  # noqa: E731
+    with (
+        distributed.init(0, 1, device=0) as group,
+        fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda", engine="graph",
+                       distributed=group, **kw) as t,
+    ):  # fmt: skip
+        h = t.fit(x, y, epochs=3)
+        one = t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
+        eng = t._engine
+        layers = eng._train.layers
+        backward = [p for layer in layers for p in (*layer.dw.values(), *layer.dx.values())]
+        assert backward and {target(p) for p in backward} == {eng.dev.sm_count - 16}
+        assert {target(p) for layer in layers for p in layer.fwd.values()} == {0}
+    with fastnn.Trainer(model, precision="fp32", device="cuda", engine="graph", **kw) as plain:
+        plain.fit(x[:64], y[:64], epochs=1)
+        assert {target(p) for layer in plain._engine._train.layers for p in layer.dw.values()} == {0}
+    _assert_same_training(one, _train("cpu", "fp32"), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_id_file_is_removed_once_every_rank_has_joined(tmp_path):
     """A spent id left in a fixed path would be read by the next run's ranks before rank 0 replaced it."""
     _require_nccl()

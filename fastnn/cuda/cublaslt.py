@@ -656,9 +656,12 @@ class _Descriptors:
         aux_ld: int | None,
         device_scalars: bool,
         placeholder: int,
+        sm_count_target: int = 0,
     ) -> None:
         self.scale = scale_type(compute)
         self.desc = _MatmulDesc(compute, self.scale)
+        if sm_count_target:
+            self.desc.set(MatmulDescAttribute.SM_COUNT_TARGET, sm_count_target)
         self.desc.set(MatmulDescAttribute.TRANSA, Operation.T if transa else Operation.N)
         self.desc.set(MatmulDescAttribute.TRANSB, Operation.T if transb else Operation.N)
         self.desc.set(MatmulDescAttribute.EPILOGUE, epilogue)
@@ -704,6 +707,7 @@ class Matmul:
         device_scalars: bool = False,
         max_algos: int = 8,
         min_alignment: int = 256,
+        sm_count_target: int = 0,
     ) -> None:
         """Describe the product and pick cuBLASLt's algorithms for it (heuristic, up to `max_algos`).
 
@@ -716,6 +720,7 @@ class Matmul:
             workspace: scratch space shared by plans. device_scalars: alpha/beta are device pointers.
             max_algos: how many heuristic candidates to keep (for `autotune`).
             min_alignment: byte alignment promised for every pointer (A, B, C, D, bias, aux); checked per call.
+            sm_count_target: SMs the kernel may use (0: all); fewer leave SMs to a concurrent stream's kernels.
         Raises:
             ConfigError: a bad argument (named). CublasError: CUBLAS_STATUS_NOT_SUPPORTED when cuBLASLt has no
                 algorithm for this combination (the message names it).
@@ -744,6 +749,9 @@ class Matmul:
         ):
             raise ConfigError(f"min_alignment must be a power of two in 1..256 bytes, got {min_alignment!r}")
         self.min_alignment = min_alignment
+        if not isinstance(sm_count_target, int) or isinstance(sm_count_target, bool) or sm_count_target < 0:
+            raise ConfigError(f"sm_count_target must be an int >= 0 (0: every SM), got {sm_count_target!r}")
+        self.sm_count_target = sm_count_target
         if not isinstance(workspace, Workspace):
             raise ConfigError(f"workspace must be a cublaslt.Workspace, got {type(workspace).__name__}")
         self.handle, self.workspace = handle, workspace
@@ -770,6 +778,7 @@ class Matmul:
                 self.aux_ld,
                 self.device_scalars,
                 placeholder=min_alignment,
+                sm_count_target=sm_count_target,
             )
             self._bias_ptr = min_alignment if epilogue_uses_bias(self.epilogue) else 0
             self._aux_ptr = min_alignment if self.aux_ld is not None else 0

@@ -48,6 +48,10 @@ HIDDEN_BIAS_GRAD = "wgrad"
 #: SMs as a GEMM's blocks retire instead of queuing behind the next GEMM's); benchmarks/bench_scaling.py
 #: --comm-priority compares.
 COMM_HIGH_PRIORITY = False
+#: SMs that a data-parallel engine's backward GEMMs leave free (cuBLASLt's SM_COUNT_TARGET) for the all-reduces that
+#: run beside them: NCCL's blocks otherwise wait for a GEMM's persistent grid to finish. 0: every SM.
+#: benchmarks/bench_scaling.py --carveout compares.
+GEMM_SM_CARVEOUT = 0
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
@@ -257,16 +261,18 @@ class CudaEngine(Engine):
         blocks = self._elementwise_blocks(n)
         self._update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args, self.stream)
 
-    def matmul(self, m, n, k, transa, transb, ab, cd, epilogue, lda, ldb, ldc, aux_ld=None):
-        """A cuBLASLt plan for column-major D (m, n) in this precision's compute type."""
+    def matmul(self, m, n, k, transa, transb, ab, cd, epilogue, lda, ldb, ldc, aux_ld=None, beside_comm=False):
+        """A cuBLASLt plan for column-major D (m, n) in this precision's compute type; beside_comm: it may run
+        while all-reduces do (a backward GEMM of a data-parallel engine), so it leaves GEMM_SM_CARVEOUT SMs."""
         lt = self._lt
+        carve = GEMM_SM_CARVEOUT if (beside_comm and self.group is not None) else 0
         return lt.Matmul(
             self.lt, m, n, k, transa=transa, transb=transb,
             ab_type=lt.DataType.R_16F if ab == np.float16 else lt.DataType.R_32F,
             cd_type=lt.DataType.R_16F if cd == np.float16 else lt.DataType.R_32F,
             compute=lt.ComputeType.COMPUTE_16F if self.spec.compute_16f else lt.ComputeType.COMPUTE_32F,
             lda=lda, ldb=ldb, ldc=ldc, epilogue=epilogue, aux_ld=aux_ld, workspace=self.workspace,
-            max_algos=AUTOTUNE_ALGOS,
+            max_algos=AUTOTUNE_ALGOS, sm_count_target=max(1, self.dev.sm_count - carve) if carve else 0,
         )  # fmt: skip
 
     def softmax(self, rows: int):
@@ -876,12 +882,13 @@ class _TrainContext(_Owner):
                 layer.dw[rows] = self.own(eng.matmul(
                     d_in, d_out, rows, False, True, spec.operand, spec.grad,
                     E.BGRADB if (i < last and HIDDEN_BIAS_GRAD == "wgrad") else E.DEFAULT, d_in, d_out, d_in,
+                    beside_comm=True,
                 ))  # fmt: skip
                 if i > 0:
                     # dH^T (d_in, rows) = W^T @ dZ^T, times the previous activation's gradient (its aux).
                     layer.dx[rows] = self.own(eng.matmul(
                         d_in, rows, d_out, False, False, spec.operand, spec.operand,
-                        bwd_act, d_in, d_out, d_in, eng.aux_ld(d_in),
+                        bwd_act, d_in, d_out, d_in, eng.aux_ld(d_in), beside_comm=True,
                     ))  # fmt: skip
             self.softmax[rows] = self.own(eng.softmax(rows))
 
