@@ -2,7 +2,8 @@
 one process (devices=N).
 
     python benchmarks/bench_scaling.py --data DIR [--worlds 1,2] [--workloads mlp4096,logreg,mlp128]
-        [--comm-priority both] [--carveout 0,16] [--channels 0,8] [--modes procs,devices] [--ceiling-only]
+        [--sharded both] [--comm-priority both] [--carveout 0,16] [--channels 0,8] [--modes procs,devices]
+        [--ceiling-only]
 
 Each world size is one set of processes started here (spawn, one GPU each, the NCCL id passed through pipes, as
 tests/test_distributed.py), then one process training with devices=world. Every rank trains the same model from
@@ -38,14 +39,17 @@ WORKLOADS = {  # name: (sizes, lr, global batch, timed epochs, samples, precisio
 
 
 class Knobs(NamedTuple):
-    """Data-parallel settings under test: cuda_engine.COMM_HIGH_PRIORITY and GEMM_SM_CARVEOUT, NCCL_MAX_NCHANNELS."""
+    """Data-parallel settings under test: cuda_engine.SHARDED_UPDATE, COMM_HIGH_PRIORITY and GEMM_SM_CARVEOUT,
+    NCCL_MAX_NCHANNELS."""
 
+    sharded: bool = False
     high: bool = False
     carveout: int = 0
     channels: int = 0  # 0: NCCL's choice
 
     def label(self) -> str:
-        tags = [", comm high"] if self.high else []
+        tags = [", sharded"] if self.sharded else []
+        tags += [", comm high"] if self.high else []
         tags += [f", carve {self.carveout}"] if self.carveout else []
         tags += [f", {self.channels} channels"] if self.channels else []
         return "".join(tags)
@@ -72,6 +76,7 @@ def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: b
           share: int) -> None:  # fmt: skip
     from fastnn.engine import cuda_engine
 
+    cuda_engine.SHARDED_UPDATE = knobs.sharded
     cuda_engine.COMM_HIGH_PRIORITY = knobs.high
     cuda_engine.GEMM_SM_CARVEOUT = knobs.carveout
     if knobs.channels:  # read by NCCL when this process makes its first communicator
@@ -138,6 +143,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="mlp4096,logreg,mlp128")
     ap.add_argument("--comm-priority", choices=("default", "high", "both"), default="default",
                     help="stream priority of the all-reduces (both: a row for each)")  # fmt: skip
+    ap.add_argument("--sharded", choices=("off", "on", "both"), default="off",
+                    help="shard the optimizer update over the GPUs (both: a row for each)")  # fmt: skip
     ap.add_argument("--carveout", default="0", help="SMs the backward GEMMs leave to NCCL, a row for each: 0,16")
     ap.add_argument("--channels", default="0", help="NCCL_MAX_NCHANNELS, a row for each (0: NCCL's own): 0,4,8")
     ap.add_argument("--modes", default="procs,devices", help="processes (a group), devices= (one process), or both")
@@ -148,7 +155,8 @@ def main() -> None:
     rows = {"1 GPU, no group": run_world(1, names, args.data, plain=True)}
     highs = {"default": [False], "high": [True], "both": [False, True]}[args.comm_priority]
     carves, channels = ([int(v) for v in arg.split(",")] for arg in (args.carveout, args.channels))
-    variants = [Knobs(*v) for v in itertools.product(highs, carves, channels)]
+    shardeds = {"off": [False], "on": [True], "both": [False, True]}[args.sharded]
+    variants = [Knobs(*v) for v in itertools.product(shardeds, highs, carves, channels)]
     for world in (int(w) for w in args.worlds.split(",")):
         if world > 1:
             ceiling = run_world(1, names, args.data, plain=True, share=world)

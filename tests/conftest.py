@@ -11,8 +11,10 @@ import pytest
 #: NCCL all-reduces captured on the side stream and the history through its epoch-end sum (an identity for one
 #: rank, so every tolerance stays), which is what one GPU can check of the data-parallel path. "graph-replicas" is
 #: `devices=`'s engine (engine/replicas.py) on GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of
-#: one: its threads, communicators and lock-step epochs without a peer).
-GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl", "graph-replicas")
+#: one: its threads, communicators and lock-step epochs without a peer). "graph-sharded" is graph-replicas with the
+#: optimizer update sharded over the GPUs (cuda_engine.SHARDED_UPDATE: reduce-scatters, per-layer updates and
+#: all-gathers, the state gathered at each epoch's end).
+GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl", "graph-replicas", "graph-sharded")
 
 _nccl_group = []  # the one-rank group, made once per session (a communicator per test would cost ~0.1 s each)
 
@@ -44,10 +46,13 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
         monkeypatch.setattr(trainer, "create_engine", with_group)
         return "graph"
-    if request.param == "graph-replicas":
+    if request.param in ("graph-replicas", "graph-sharded"):
         from fastnn import trainer
         from fastnn.cuda import driver, nccl
+        from fastnn.engine import cuda_engine
         from fastnn.engine.replicas import ReplicaEngine
+
+        monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", request.param == "graph-sharded")
 
         ok, reason = nccl.available()
         if not ok:

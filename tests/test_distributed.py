@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import re
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -112,8 +113,9 @@ def test_nccl_binding_loads_and_makes_unique_ids():
     assert "invalid usage" in nccl.status_name(nccl.Result.INVALID_USAGE)
     with pytest.raises(ConfigError, match="uid must be 128 bytes"):
         nccl.Comm(1, b"x", 0)
-    with pytest.raises(ConfigError, match="dtype must be one of"):
-        nccl.all_reduce(None, 0, 0, 1, np.int8, None)
+    for collective in (nccl.all_reduce, nccl.reduce_scatter, nccl.all_gather):
+        with pytest.raises(ConfigError, match="dtype must be one of"):
+            collective(None, 0, 0, 1, np.int8, None)
 
 
 def test_missing_nccl_names_the_extra_to_install(monkeypatch):
@@ -190,8 +192,13 @@ def _piped_id(rank: int, conn) -> str:
     return conn.recv()
 
 
-def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None, batch: int | None) -> None:
-    """One process of a data-parallel run on GPU `rank` (the id through pipes, or id_file); results up `conn`."""
+def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None, batch: int | None,
+               sharded: bool = False) -> None:  # fmt: skip
+    """One process of a data-parallel run on GPU `rank` (the id through pipes, or id_file), its update sharded or
+    not (cuda_engine.SHARDED_UPDATE); results up `conn`."""
+    from fastnn.engine import cuda_engine
+
+    cuda_engine.SHARDED_UPDATE = sharded
     try:
         if id_file is None:
             group = distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank)
@@ -234,10 +241,12 @@ def _spawn(world: int, target, args_of_rank, relay_id: bool) -> list[tuple[str, 
     return results
 
 
-def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_rank=None) -> list:
+def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_rank=None,
+               sharded: bool = False) -> list:  # fmt: skip
     """A data-parallel run of `world` processes; every rank's (state, losses, accuracies)."""
     batch = batch_of_rank or (lambda rank: None)
-    results = _spawn(world, _rank_main, lambda rank: (precision, id_file, batch(rank)), relay_id=id_file is None)
+    results = _spawn(world, _rank_main, lambda rank: (precision, id_file, batch(rank), sharded),
+                     relay_id=id_file is None)  # fmt: skip
     for tag, payload in results:
         assert tag == "ok", payload
     return [payload for _, payload in results]
@@ -260,15 +269,57 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
     monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
-    # The ranks' agreement check (MAX and MIN of 9 values), each layer's gradient once per step (5 steps, and the
+    # The ranks' agreement check (MAX and MIN of 10 values), each layer's gradient once per step (5 steps, and the
     # autotuning run of step 0), and the history once.
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
-    assert calls[:2] == [9, 9] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    assert calls[:2] == [10, 10] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
     plain = _train("cuda", "fp32")
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
     np.testing.assert_array_equal(one[1], plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "mixed", "fp16"])
+@pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
+def test_sharded_update_of_one_rank_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm, precision,
+                                                                 optimizer):  # fmt: skip
+    """cuda_engine.SHARDED_UPDATE over one rank: reduce-scatters, per-layer updates on the side stream and
+    all-gathers in place (identities for one rank) give one GPU's weights and optimizer state bit for bit; the
+    epoch graph holds a reduce-scatter and an all-gather per layer and step, and at its end an all-gather per layer
+    of each partial region (the fp32 master in "mixed", each optimizer state)."""
+    nccl = _require_nccl()
+    from fastnn.engine import cuda_engine
+
+    opt = fastnn.SGD(lr=0.05, momentum=0.9) if optimizer == "momentum" else fastnn.AdamW(lr=0.01)
+    x, y, model, kw = _case()
+    calls = {"reduce_scatter": 0, "all_gather": 0}
+    for name in calls:
+        real = getattr(nccl, name)
+        monkeypatch.setattr(nccl, name, lambda *a, _real=real, _name=name, **k: (calls.__setitem__(_name,
+                                                                                 calls[_name] + 1), _real(*a, **k)))
+    states = []
+    for sharded in (True, False):
+        monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", sharded)
+        with (
+            distributed.init(0, 1, device=0) as group,
+            fastnn.Trainer(model, opt, precision=precision, device="cuda", engine="graph", distributed=group,
+                           **kw) as t,
+        ):  # fmt: skip
+            h = t.fit(x, y, epochs=3)
+            assert t._engine.sharded is sharded
+            states.append((t._engine.get_state(), np.array(h["train_loss"])))
+    # Counted as queued: once while the epoch graph is captured (and the autotuning run of step 0 before it).
+    steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
+    regions = (precision == "mixed") + (1 if optimizer == "momentum" else 2)
+    assert calls["reduce_scatter"] == (steps + 1) * layers
+    assert calls["all_gather"] == steps * layers + regions * layers
+    (sharded_state, sharded_loss), (plain_state, plain_loss) = states
+    assert sharded_state.keys() == plain_state.keys()
+    for name in plain_state:
+        np.testing.assert_array_equal(sharded_state[name], plain_state[name], err_msg=name)
+    np.testing.assert_array_equal(sharded_loss, plain_loss)
 
 
 @pytest.mark.gpu
@@ -342,16 +393,17 @@ def test_ranks_that_disagree_are_refused_before_training(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("exchange", ["pipe", "file"])
+@pytest.mark.parametrize("exchange, sharded", [("pipe", False), ("file", False), ("pipe", True)])
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_two_processes_train_like_one_gpu_and_numpy(tmp_path, exchange, precision):
-    """Two processes, one GPU each, the id passed through a pipe or a file: every rank ends with the weights and
-    history of one-GPU training (up to summation order) and of the NumPy engine, with the engine suite's tolerances."""
+def test_two_processes_train_like_one_gpu_and_numpy(tmp_path, exchange, sharded, precision):
+    """Two processes, one GPU each, the id passed through a pipe or a file, the update sharded or not: every rank
+    ends with the weights and history of one-GPU training (up to summation order) and of the NumPy engine, with the
+    engine suite's tolerances."""
     _require_nccl()
     if _gpu_count() < 2:
         pytest.skip(f"needs 2 GPUs; this machine has {_gpu_count()}")
     id_file = str(tmp_path / "nccl.id") if exchange == "file" else None
-    ranks = _run_ranks(2, precision, id_file)
+    ranks = _run_ranks(2, precision, id_file, sharded=sharded)
     one_gpu = _train("cuda", precision)
     cpu = _train("cpu", "fp32")
     tol = 1e-4 if precision == "fp32" else 2e-2
@@ -370,6 +422,56 @@ def test_ranks_on_one_gpu_are_refused_with_nccls_message_naming_rank_and_gpu():
     for rank, (_, answer) in enumerate(_spawn(2, _same_gpu_rank, lambda rank: (), relay_id=True)):
         assert f"rank {rank} of 2 on GPU 0: ncclCommInitRank failed" in answer, answer
         assert "Duplicate GPU" in answer, answer
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_in_place_reduce_scatter_and_all_gather_on_every_gpu(dtype):
+    """The sharded update's collectives, in place as the engine calls them: each rank's part of the sum, then every
+    rank holding every part (on all GPUs here: two where there are two, else a group of one)."""
+    from fastnn.cuda import driver
+
+    nccl = _require_nccl()
+    gpus = list(range(min(2, _gpu_count())))
+    world, count = len(gpus), 384
+    comms = nccl.Comm.clique(gpus)
+    data = [np.arange(world * count, dtype=np.float32).astype(dtype) * (r + 1) for r in range(world)]
+    bufs, streams = [], []
+    try:
+        for r, g in enumerate(gpus):
+            dev = driver.get_device(g)
+            dev.make_current()
+            streams.append(driver.Stream(dev))
+            bufs.append(driver.DeviceBuffer(data[r].nbytes))
+            bufs[-1].upload(data[r])
+        size = np.dtype(dtype).itemsize
+
+        def on_rank(r: int, step) -> None:
+            driver.get_device(gpus[r]).make_current()
+            step(r)
+            streams[r].synchronize()
+
+        def run(step) -> None:
+            with ThreadPoolExecutor(world) as pool:
+                list(pool.map(lambda r: on_rank(r, step), range(world)))
+
+        base = lambda r: bufs[r].ptr  # noqa: E731
+        run(lambda r: nccl.reduce_scatter(comms[r], base(r), base(r) + r * count * size, count, dtype, streams[r]))
+        total = sum(d.astype(np.float64) for d in data)
+        for r, g in enumerate(gpus):
+            driver.get_device(g).make_current()
+            got = np.empty(world * count, dtype=dtype)
+            bufs[r].download(got)
+            np.testing.assert_array_equal(got[r * count : (r + 1) * count], total[r * count : (r + 1) * count])
+        run(lambda r: nccl.all_gather(comms[r], base(r) + r * count * size, base(r), count, dtype, streams[r]))
+        for r, g in enumerate(gpus):
+            driver.get_device(g).make_current()
+            got = np.empty(world * count, dtype=dtype)
+            bufs[r].download(got)
+            np.testing.assert_array_equal(got, total.astype(dtype))
+    finally:
+        for obj in (*bufs, *streams, *comms):
+            obj.close()
 
 
 def _same_gpu_rank(rank: int, world: int, conn) -> None:
@@ -392,11 +494,16 @@ def _need_gpus(n: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
-def test_devices_train_like_one_gpu_and_numpy(precision, tmp_path, one_gemm_algorithm):
-    """devices=2: both replicas end with the same weights, those of one-GPU training (up to summation order) and of
-    the NumPy engine; the checkpoint is one GPU's file (a one-GPU trainer loads it and predicts the same)."""
+def test_devices_train_like_one_gpu_and_numpy(precision, sharded, tmp_path, one_gemm_algorithm, monkeypatch):
+    """devices=2, the update sharded or not: both replicas end with the same weights and optimizer state, those of
+    one-GPU training (up to summation order) and of the NumPy engine; the checkpoint is one GPU's file (a one-GPU
+    trainer loads it and predicts the same)."""
     _need_gpus(2)
+    from fastnn.engine import cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", sharded)
     x, y, model, kw = _case()
     with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device="cuda",
                         devices=[1, 0], **kw) as t:  # fmt: skip

@@ -20,6 +20,30 @@ def test_layout_offsets_are_aligned_and_disjoint():
     assert lay.total % ALIGN == 0 and lay.total >= ends
 
 
+@pytest.mark.parametrize("shards", [1, 2, 3, 8])
+def test_sharded_layout_splits_every_layer_into_equal_aligned_parts(shards):
+    """A sharded update's parts: equal counts (NCCL's reduce-scatter and all-gather), ALIGN-aligned, covering each
+    layer's range exactly once and holding its weight and bias; one shard is the plain layout."""
+    model = MLP([37, 100, 3, 2])
+    lay, plain = param_layout(model, shards), param_layout(model)
+    assert lay.names == plain.names and lay.shapes == plain.shapes and lay.shards == shards
+    if shards == 1:
+        assert lay == plain
+    covered = np.zeros(lay.total, dtype=int)
+    for layer in range(len(model.layers)):
+        start, stop = lay.layer_range(layer)
+        w_off, w_shape = lay.slot(lay.names[2 * layer])
+        b_off, b_shape = lay.slot(lay.names[2 * layer + 1])
+        assert start == w_off and b_off + b_shape[0] <= stop
+        parts = [lay.shard(layer, rank) for rank in range(shards)]
+        assert len({count for _, count in parts}) == 1
+        for first, count in parts:
+            assert first % ALIGN == 0 and count % ALIGN == 0 and count > 0
+            covered[first : first + count] += 1
+        assert parts[0][0] == start and parts[-1][0] + parts[-1][1] == stop
+    assert (covered == 1).all()  # the layers' ranges tile the buffer
+
+
 def test_pack_unpack_round_trip():
     model = MLP([37, 100, 10])
     params = init_parameters(model, seed=3)

@@ -1,4 +1,4 @@
-"""NCCL bindings (ctypes): unique ids, communicators and the all-reduce the data-parallel engine captures.
+"""NCCL bindings (ctypes): unique ids, communicators and the collectives the data-parallel engine captures.
 
 NCCL comes from NVIDIA's wheels (nvidia-nccl-cu12 / -cu13, the extras "multi-cu12" / "multi-cu13"), found by
 cuda.pathfinder's "nccl" like every other library fastnn loads. ctypes rather than nccl4py: the few functions
@@ -29,8 +29,10 @@ __all__ = [
     "NcclError",
     "RedOp",
     "Result",
+    "all_gather",
     "all_reduce",
     "available",
+    "reduce_scatter",
     "status_name",
     "unique_id",
     "version",
@@ -110,6 +112,8 @@ _SIGNATURES = {
     "ncclCommAbort": (_STATUS, [_p]),
     "ncclCommGetAsyncError": (_STATUS, [_p, ctypes.POINTER(ctypes.c_int)]),
     "ncclAllReduce": (_STATUS, [_p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _p, _p]),
+    "ncclReduceScatter": (_STATUS, [_p, _p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _p, _p]),
+    "ncclAllGather": (_STATUS, [_p, _p, ctypes.c_size_t, ctypes.c_int, _p, _p]),
     "ncclGetErrorString": (ctypes.c_char_p, [ctypes.c_int]),
     "ncclGetLastError": (ctypes.c_char_p, [_p]),
 }
@@ -221,16 +225,42 @@ class Comm(LibraryObject):
 
 def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:
     """Queue recv = op over ranks of send (`count` elements of numpy `dtype`; in place when send == recv)."""
+    dt = _checked(comm, dtype)
+    _call("ncclAllReduce", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
+
+
+def reduce_scatter(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any,
+                   op: RedOp = RedOp.SUM) -> None:  # fmt: skip
+    """Queue recv (`count` elements) = op over ranks of part `rank` of send (world * count elements); in place
+    when recv == send + rank * count elements."""
+    dt = _checked(comm, dtype)
+    _call("ncclReduceScatter", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
+
+
+def all_gather(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any) -> None:
+    """Queue part r of recv (world * count elements) = rank r's send (`count` elements); in place when
+    send == recv + rank * count elements."""
+    dt = _checked(comm, dtype)
+    _call("ncclAllGather", send, recv, count, dt, comm.ptr, stream_ptr(stream))
+
+
+def _checked(comm: Comm, dtype: Any) -> int:
+    """NCCL's data type for numpy `dtype`; refuses a type NCCL is not given here, and a communicator aborted by
+    another thread (NCCL has freed it: a race narrower than a call remains)."""
     try:
         dt = _DTYPES[np.dtype(dtype)]
     except (KeyError, TypeError):
         raise ConfigError(f"dtype must be one of {sorted(str(d) for d in _DTYPES)}, got {dtype!r}") from None
-    if comm.closed:  # aborted by another thread: NCCL has freed it (a race narrower than a call remains)
+    if comm.closed:
         raise CommAborted(f"rank {comm.rank} of {comm.world}: the communicator was aborted (an error elsewhere)")
+    return int(dt)
+
+
+def _call(name: str, *args: Any) -> None:
     try:
-        _lib().ncclAllReduce(send, recv, count, int(dt), int(op), comm.ptr, stream_ptr(stream))
+        getattr(_lib(), name)(*args)
     except ctypes.ArgumentError as exc:
-        raise argument_error(exc, "ncclAllReduce") from None
+        raise argument_error(exc, name) from None
 
 
 def _describe(value: Any) -> str:

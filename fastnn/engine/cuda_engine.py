@@ -52,6 +52,12 @@ COMM_HIGH_PRIORITY = False
 #: run beside them: NCCL's blocks otherwise wait for a GEMM's persistent grid to finish. 0: every SM.
 #: benchmarks/bench_scaling.py --carveout compares.
 GEMM_SM_CARVEOUT = 0
+#: Whether a data-parallel engine shards the optimizer update (as ZeRO stage 1): each layer's gradient is
+#: reduce-scattered instead of all-reduced, each rank updates its part of the layer and all-gathers the part the
+#: GEMMs read, and each epoch ends by all-gathering the master weights and optimizer state, so the host finds the
+#: whole state on every rank, as without sharding. The update, which does not shrink with a rank's share of the
+#: batch, then shrinks with the world size. benchmarks/bench_scaling.py --sharded compares.
+SHARDED_UPDATE = False
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
@@ -136,8 +142,10 @@ class CudaEngine(Engine):
         self.group = group
         if group is not None:
             ordinal = group.device
+        #: Each rank updates its part of every layer (SHARDED_UPDATE); the layout splits every layer evenly.
+        self.sharded = group is not None and SHARDED_UPDATE
         self.spec: PrecisionSpec = precision_spec(config.precision)
-        self.layout: ParamLayout = param_layout(config.model)
+        self.layout: ParamLayout = param_layout(config.model, group.world if self.sharded else 1)
         self._res = _Owner()
         self._train: _TrainContext | None = None
         self._eval: _EvalContext | None = None
@@ -257,9 +265,10 @@ class CudaEngine(Engine):
     def _elementwise_blocks(self, n: int) -> int:
         return max(1, min(-(-n // UPDATE_THREADS), self.dev.sm_count * 8))
 
-    def _launch_elementwise(self, kernel: str, n: int, args: list) -> None:
+    def _launch_elementwise(self, kernel: str, n: int, args: list, stream=None) -> None:
         blocks = self._elementwise_blocks(n)
-        self._update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args, self.stream)
+        self._update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args,
+                                                 stream if stream is not None else self.stream)  # fmt: skip
 
     def matmul(self, m, n, k, transa, transb, ab, cd, epilogue, lda, ldb, ldc, aux_ld=None, beside_comm=False):
         """A cuBLASLt plan for column-major D (m, n) in this precision's compute type; beside_comm: it may run
@@ -357,45 +366,90 @@ class CudaEngine(Engine):
             self.stream,
         )  # fmt: skip
 
-    def record_update(self, step: int, steps: int, gather: tuple | None = None) -> None:
-        """Queue step `step`'s update; with `gather` = (x_dev, y_dev, n, x_dtype, pos0, rows, out, out_y), the
-        same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
+    def record_update(self, step: int, steps: int, gather: tuple | None = None, part: tuple[int, int] | None = None,
+                      stream=None) -> None:  # fmt: skip
+        """Queue step `step`'s update of every parameter, or of the `part` = (first, count) elements of the flat
+        buffers (a sharded update), on `stream` (default the main one); with `gather` = (x_dev, y_dev, n, x_dtype,
+        pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
         opt = self.config.optimizer
-        n = self.layout.total
+        first, n = part if part is not None else (0, self.layout.total)
+        stream = stream if stream is not None else self.stream
         n_state = len(self._opt_names)
-        s1 = self.train_state.ptr + self._pbytes if n_state >= 1 else 0
-        s2 = self.train_state.ptr + self._pbytes + self._sbytes if n_state >= 2 else 0
+        s1 = self.train_state.ptr + self._pbytes + 4 * first if n_state >= 1 else 0
+        s2 = self.train_state.ptr + self._pbytes + self._sbytes + 4 * first if n_state >= 2 else 0
         adamw = hasattr(opt, "betas")
         b1, b2 = opt.betas if adamw else (0.0, 0.0)
+        w = self.train_state.ptr + first * _size(self.spec.param)
+        g = self.grads.ptr + first * _size(self.spec.grad)
+        w16 = self.w16.ptr + 2 * first if self.w16 is not None else 0
         args = [
-            arg_ptr(self.train_state.ptr), arg_ptr(self.grads.ptr), arg_ptr(s1), arg_ptr(s2),
-            arg_ptr(self.w16.ptr if self.w16 is not None else 0), arg_u64(n),
+            arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
             arg_ptr(self.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_i32(int(adamw)),
             arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
             arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2),
             arg_f32(getattr(opt, "eps", 0.0)),
         ]  # fmt: skip
         if gather is None:
-            self._launch_elementwise(self.spec.update_kernel, n, args)
+            self._launch_elementwise(self.spec.update_kernel, n, args, stream)
             return
         x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
         src, data, affine, dest = self._gather_args(x_dev, y_dev, n_data, x_dtype, out, out_y)
         blocks = rows + self._elementwise_blocks(n)
         self._update_mod.function(self.spec.update_gather_kernel(src)).launch(
             (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [arg_i32(pos0), arg_i32(rows)] + affine + dest,
-            self.stream,
+            stream,
         )  # fmt: skip
 
-    def record_grad_all_reduce(self, layer: int) -> None:
+    def record_grad_sum(self, layer: int) -> None:
         """Queue, on the side stream once the main stream has got this far, the sum over ranks of `layer`'s
-        weight and bias gradients (one contiguous range of the flat gradient buffer, zero padding included)."""
-        offsets = self.layout.offsets
-        start = offsets[2 * layer]
-        stop = offsets[2 * layer + 2] if 2 * layer + 2 < len(offsets) else self.layout.total
-        ptr = self.grads.ptr + start * _size(self.spec.grad)
+        weight and bias gradients (one contiguous range of the flat gradient buffer, zero padding included): all of
+        it (all-reduce), or with a sharded update this rank's part of it (reduce-scatter, in place)."""
+        start, stop = self.layout.layer_range(layer)
+        size = _size(self.spec.grad)
+        self._fork_side()
+        if self.sharded:
+            mine, count = self.layout.shard(layer, self.group.rank)
+            g = self.grads.ptr
+            nccl.reduce_scatter(self.group.comm, g + start * size, g + mine * size, count, self.spec.grad,
+                                self.comm_stream)  # fmt: skip
+        else:
+            ptr = self.grads.ptr + start * size
+            nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, self.spec.grad, self.comm_stream)
+
+    def _fork_side(self) -> None:
+        """Make the side stream wait for everything queued on the main stream so far."""
         self._fork.record(self.stream)
         self.comm_stream.wait(self._fork)
-        nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, self.spec.grad, self.comm_stream)
+
+    def record_shard_update(self, layer: int, step: int, steps: int, gather: tuple | None = None) -> None:
+        """A sharded update's part for `layer`, on the side stream once the main stream is done with the layer's
+        weights (its input-gradient GEMM): update this rank's part (its gradient sum is there), then all-gather the
+        parts into the storage the GEMMs read (the fp16 copy in "mixed", else the parameters). The last layer
+        updated also gathers the next batch (record_update's `gather`)."""
+        self._fork_side()
+        mine, count = self.layout.shard(layer, self.group.rank)
+        self.record_update(step, steps, gather, part=(mine, count), stream=self.comm_stream)
+        start, _ = self.layout.layer_range(layer)
+        if self.w16 is not None:
+            base, t = self.w16.ptr, np.float16
+        else:
+            base, t = self.train_state.ptr, self.spec.param
+        size = _size(t)
+        nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.comm_stream)
+
+    def record_state_gather(self) -> None:
+        """Queue, at the end of a sharded epoch, the all-gather of every layer's parts of what the steps left
+        partial: the fp32 master weights ("mixed": the GEMMs' fp16 copy was gathered every step) and the optimizer
+        state. Every rank then holds the whole training state, as without sharding."""
+        regions = [(self.train_state.ptr, self.spec.param)] if self.w16 is not None else []
+        regions += [(self.train_state.ptr + self._pbytes + i * self._sbytes, np.float32)
+                    for i in range(len(self._opt_names))]  # fmt: skip
+        for base, t in regions:
+            size = _size(t)
+            for layer in range(len(self.config.model.layers)):
+                start, _ = self.layout.layer_range(layer)
+                mine, count = self.layout.shard(layer, self.group.rank)
+                nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.stream)
 
     def _wait(self, event) -> None:
         """Block until `event` (the end of an epoch's queued work) completes; see _wait_comm for a group."""
@@ -425,10 +479,10 @@ class CudaEngine(Engine):
         another training set size, batch size, model, seed or precision. One small MAX and MIN all-reduce."""
         cfg, g = self.config, self.group
         what = ("training set rows", "batch_size", "drop_last", "parameter count", "layers", "seed (low 32 bits)",
-                "seed (high 32 bits)", "precision", "world")  # fmt: skip
+                "seed (high 32 bits)", "precision", "world", "sharded update (cuda_engine.SHARDED_UPDATE)")  # fmt: skip
         mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers),
-                         cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world],
-                        dtype=np.float64)  # fmt: skip
+                         cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world,
+                         int(self.sharded)], dtype=np.float64)  # fmt: skip
         k = mine.size
         self._agree.upload(np.concatenate([mine, mine]))
         nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
@@ -445,7 +499,8 @@ class CudaEngine(Engine):
                               f"arguments on the same data; they differ in " + "; ".join(bad))  # fmt: skip
 
     def record_join(self) -> None:
-        """Make the main stream wait for every all-reduce queued on the side stream (before the update)."""
+        """Make the main stream wait for everything queued on the side stream: the all-reduces (before the update),
+        or the sharded update's parts and all-gathers (before the next step)."""
         self._join.record(self.comm_stream)
         self.stream.wait(self._join)
 
@@ -474,6 +529,8 @@ class CudaEngine(Engine):
         verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
         if self.group is not None:
             self.record_history_all_reduce()
+        if self.sharded:
+            self.record_state_gather()
         words = self._state_bytes // 4
         state = arg_ptr(self.epoch_state.ptr)
         pwords = self._pbytes // 4
@@ -959,10 +1016,12 @@ class _TrainContext(_Owner):
         nodes = []
         if rows == 0:  # a data-parallel rank with nothing of this (short) batch: zero gradients into the sums
             nodes.append(("zero_grads", eng.record_zero_grads))
-            nodes += [(f"allreduce{i}", partial(eng.record_grad_all_reduce, i)) for i in reversed(range(n_layers))]
-            nodes.append(("join", eng.record_join))
-            nodes.append(("update", partial(eng.record_update, s, self.steps, self._gather_next(s))))
-            return nodes
+            for i in reversed(range(n_layers)):
+                nodes.append((f"gradsum{i}", partial(eng.record_grad_sum, i)))
+                if eng.sharded:
+                    nodes.append(("update", partial(eng.record_shard_update, i, s, self.steps, self._gather_next(s)
+                                                    if i == 0 else None)))  # fmt: skip
+            return self._end_step(s, nodes)
         if s == 0:
             nodes.append(("gather", partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows,
                                             self.x_batch, self.y_batch.ptr, True)))  # fmt: skip
@@ -987,15 +1046,25 @@ class _TrainContext(_Owner):
             nodes.append((f"wgrad{i}", partial(_run, layer.dw[rows], autotune, eng.stream, h_in, layer.dout.ptr,
                                                gw, gw, bias=gb)))  # fmt: skip
             if parallel:  # this layer's gradient is complete: its sum overlaps the rest of the backward pass
-                nodes.append((f"allreduce{i}", partial(eng.record_grad_all_reduce, i)))
+                nodes.append((f"gradsum{i}", partial(eng.record_grad_sum, i)))
             if i > 0:
                 prev = self.layers[i - 1]
                 w = eng.param_ptr(names[2 * i], spec.operand)
                 nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
                                                    prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
-        if parallel:
+            if eng.sharded:  # the layer's weights are read for the last time this step: its part can be updated
+                nodes.append(("update", partial(eng.record_shard_update, i, s, self.steps, self._gather_next(s)
+                                                if i == 0 else None)))  # fmt: skip
+        return self._end_step(s, nodes)
+
+    def _end_step(self, s: int, nodes: list) -> list:
+        """`nodes` followed by the step's end: the join with the side stream, then (unless sharded: done there)
+        the update."""
+        eng = self.eng
+        if eng.group is not None:
             nodes.append(("join", eng.record_join))
-        nodes.append(("update", partial(eng.record_update, s, self.steps, self._gather_next(s))))
+        if not eng.sharded:
+            nodes.append(("update", partial(eng.record_update, s, self.steps, self._gather_next(s))))
         return nodes
 
     def _gather_next(self, s: int) -> tuple | None:

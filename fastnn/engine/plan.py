@@ -31,6 +31,19 @@ class ParamLayout:
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     total: int  # padded element count of one flat buffer
+    shards: int = 1  # every layer's range splits into this many equal, ALIGN-aligned parts
+
+    def layer_range(self, layer: int) -> tuple[int, int]:
+        """[start, stop) of `layer`'s weight and bias (with their padding) in the flat buffers."""
+        start = self.offsets[2 * layer]
+        stop = self.offsets[2 * layer + 2] if 2 * layer + 2 < len(self.offsets) else self.total
+        return start, stop
+
+    def shard(self, layer: int, rank: int) -> tuple[int, int]:
+        """(start, count) of part `rank` of `layer`'s range: what that rank of a sharded update owns."""
+        start, stop = self.layer_range(layer)
+        count = (stop - start) // self.shards
+        return start + rank * count, count
 
     def slot(self, name: str) -> tuple[int, tuple[int, ...]]:
         i = self.names.index(name)
@@ -55,15 +68,20 @@ class ParamLayout:
         return out
 
 
-def param_layout(model: MLP) -> ParamLayout:
+def param_layout(model: MLP, shards: int = 1) -> ParamLayout:
+    """Each tensor at an ALIGN-aligned offset; with shards > 1 each layer's range (weight, bias) is padded to a
+    multiple of ALIGN * shards, so that it splits into `shards` equal parts, each ALIGN-aligned (a sharded update's
+    reduce-scatter and all-gather need equal counts)."""
     shapes: list[tuple[int, ...]] = []
     for fan_in, fan_out in model.layers:
         shapes += [(fan_out, fan_in), (fan_out,)]
     offsets, off = [], 0
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
         offsets.append(off)
         off += _round_up(int(np.prod(shape)), ALIGN)
-    return ParamLayout(tuple(param_names(model)), tuple(shapes), tuple(offsets), off)
+        if i % 2:  # a layer's bias: its range ends here
+            off = _round_up(off, ALIGN * shards)
+    return ParamLayout(tuple(param_names(model)), tuple(shapes), tuple(offsets), off, shards)
 
 
 @dataclass(frozen=True)
