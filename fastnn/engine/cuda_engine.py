@@ -281,7 +281,8 @@ class CudaEngine(Engine):
             cd_type=lt.DataType.R_16F if cd == np.float16 else lt.DataType.R_32F,
             compute=lt.ComputeType.COMPUTE_16F if self.spec.compute_16f else lt.ComputeType.COMPUTE_32F,
             lda=lda, ldb=ldb, ldc=ldc, epilogue=epilogue, aux_ld=aux_ld, workspace=self.workspace,
-            max_algos=AUTOTUNE_ALGOS, sm_count_target=max(1, self.dev.sm_count - carve) if carve else 0,
+            max_algos=AUTOTUNE_ALGOS, sm_count_target=min(max(1, self.dev.sm_count - carve), self.dev.sm_count)
+            if carve else 0,
         )  # fmt: skip
 
     def softmax(self, rows: int):
@@ -424,18 +425,20 @@ class CudaEngine(Engine):
     def record_shard_update(self, layer: int, step: int, steps: int, gather: tuple | None = None) -> None:
         """A sharded update's part for `layer`, on the side stream once the main stream is done with the layer's
         weights (its input-gradient GEMM): update this rank's part (its gradient sum is there), then all-gather the
-        parts into the storage the GEMMs read (the fp16 copy in "mixed", else the parameters). The last layer
-        updated also gathers the next batch (record_update's `gather`)."""
+        parts into the storage the GEMMs read (the fp16 copy in "mixed", else the parameters). In "mixed" the output
+        layer's GEMM reads its bias from the fp32 master (the logits are fp32), so that layer's master is gathered
+        too. The last layer updated also gathers the next batch (record_update's `gather`)."""
         self._fork_side()
         mine, count = self.layout.shard(layer, self.group.rank)
         self.record_update(step, steps, gather, part=(mine, count), stream=self.comm_stream)
         start, _ = self.layout.layer_range(layer)
+        regions = [(self.train_state.ptr, self.spec.param)]
         if self.w16 is not None:
-            base, t = self.w16.ptr, np.float16
-        else:
-            base, t = self.train_state.ptr, self.spec.param
-        size = _size(t)
-        nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.comm_stream)
+            output_layer = layer == len(self.config.model.layers) - 1
+            regions = [(self.w16.ptr, np.float16)] + (regions if output_layer else [])
+        for base, t in regions:
+            size = _size(t)
+            nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.comm_stream)
 
     def record_state_gather(self) -> None:
         """Queue, at the end of a sharded epoch, the all-gather of every layer's parts of what the steps left
@@ -476,11 +479,14 @@ class CudaEngine(Engine):
 
     def _check_ranks_agree(self, n: int) -> None:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
-        another training set size, batch size, model, seed or precision. One small MAX and MIN all-reduce."""
+        another training set size, batch size, model, seed, precision or update sharding. One small MAX and MIN
+        all-reduce."""
         cfg, g = self.config, self.group
-        what = ("training set rows", "batch_size", "drop_last", "parameter count", "layers", "seed (low 32 bits)",
-                "seed (high 32 bits)", "precision", "world", "sharded update (cuda_engine.SHARDED_UPDATE)")  # fmt: skip
-        mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers),
+        what = ("training set rows", "batch_size", "drop_last", "padded parameter count", "layers",
+                "layer widths (a checksum)", "seed (low 32 bits)", "seed (high 32 bits)", "precision", "world",
+                "sharded update (cuda_engine.SHARDED_UPDATE)")  # fmt: skip
+        widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
+        mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers), widths,
                          cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world,
                          int(self.sharded)], dtype=np.float64)  # fmt: skip
         k = mine.size
