@@ -154,8 +154,10 @@ class _Thing(driver._Owned):
 
 @pytest.fixture
 def ctx_calls(monkeypatch):
+    """The contexts pushed (made current for a free) and the pops that restore the thread's own."""
     calls = []
-    monkeypatch.setattr(cu, "cuCtxSetCurrent", lambda ctx: calls.append(ctx) or (SUCCESS,))
+    monkeypatch.setattr(cu, "cuCtxPushCurrent", lambda ctx: calls.append(ctx) or (SUCCESS,))
+    monkeypatch.setattr(cu, "cuCtxPopCurrent", lambda: calls.append("pop") or (SUCCESS, None))
     return calls
 
 
@@ -166,7 +168,7 @@ def test_close_frees_once_with_context_current(ctx_calls):
     thing.close()
     thing.close()
     assert freed == ["h"]
-    assert ctx_calls == [_FakeDevice.context]
+    assert ctx_calls == [_FakeDevice.context, "pop"]  # the thread's own context is current again after the free
     assert thing.closed
     with pytest.raises(ConfigError, match="_Thing is closed"):
         thing._alive()
@@ -201,25 +203,35 @@ def test_free_failure_raises_but_driver_shutdown_is_ignored(ctx_calls):
 
 
 def test_a_free_while_this_thread_captures_waits_for_the_capture_to_end(ctx_calls, monkeypatch):
-    """The garbage collector may run a finalizer mid-capture; the free (a call a capture prohibits) must wait."""
+    """The garbage collector may run a finalizer mid-capture; the free (a call a capture prohibits) must wait,
+    a driver object's and a library object's (cudnnDestroy, ncclCommDestroy...) alike."""
+    from fastnn.cuda import _capture
+    from fastnn.cuda._loader import LibraryObject
+
     freed = []
     thing = _Thing(lambda h: freed.append(h) or (SUCCESS,))
     failing = _Thing(lambda h: (cu.CUresult.CUDA_ERROR_INVALID_VALUE,), handle="bad")
+    library = LibraryObject(7, freed.append)
     reported = []
-    monkeypatch.setattr(driver.sys, "unraisablehook", reported.append)
-    monkeypatch.setattr(driver._thread_state, "capturing", 1, raising=False)
-    monkeypatch.setattr(driver._thread_state, "deferred", [], raising=False)
-    failing.close()
-    thing.close()
-    assert freed == [] and thing.closed  # closed for its owner at once; the driver call waits
-    other_thread = threading.Thread(target=_Thing(lambda h: freed.append(h) or (SUCCESS,), "t").close)
-    other_thread.start()
-    other_thread.join()
-    assert freed == ["t"]  # another thread is not capturing: its frees run at once
-    driver._thread_state.capturing = 0
-    driver._release_deferred()  # what end_capture does once the outermost capture ends
-    assert freed == ["t", "h"] and driver._thread_state.deferred == []
-    (failure,) = reported  # the failing free is reported as a finalizer's would be; the next one still ran
+    monkeypatch.setattr(_capture.sys, "unraisablehook", reported.append)
+    _capture.begin()
+    try:
+        _capture.begin()  # nested: only the outermost end runs the deferred frees
+        failing.close()
+        thing.close()
+        library.close()
+        assert freed == [] and thing.closed and library.closed  # closed for their owners at once; the calls wait
+        other_thread = threading.Thread(target=_Thing(lambda h: freed.append(h) or (SUCCESS,), "t").close)
+        other_thread.start()
+        other_thread.join()
+        assert freed == ["t"]  # another thread is not capturing: its frees run at once
+        _capture.end()
+        assert freed == ["t"] and _capture.capturing()
+    finally:
+        _capture.end()
+    assert not _capture.capturing()
+    assert freed == ["t", "h", 7]
+    (failure,) = reported  # the failing free is reported as a finalizer's would be; the next ones still ran
     assert "fakeFree failed" in str(failure.exc_value)
 
 
@@ -459,13 +471,87 @@ def test_resources_collected_during_a_capture_do_not_invalidate_it(dev, module):
         _saxpy(module, 3.0, x, y, n, stream)
     finally:
         graph = stream.end_capture()
-    assert driver._thread_state.deferred == []  # the deferred frees ran at the end of the capture
+    assert not driver._capture.capturing() and driver._capture._state.deferred == []  # they ran at its end
     exe = graph.instantiate()
     graph.close()
     exe.launch(stream)
     stream.synchronize()
     np.testing.assert_array_equal(y.download(np.zeros(n, np.float32)), np.full(n, 5.0, np.float32))
     for obj in (exe, x, y, stream):
+        obj.close()
+
+
+@pytest.mark.gpu
+def test_frees_on_another_thread_during_a_capture_do_not_invalidate_it(dev, module):
+    """A replica engine captures on its GPU's worker thread while other threads run: a finalizer (or a close) on
+    one of them mid-capture must not invalidate the capture either."""
+    n = 1 << 12
+    stream = driver.Stream(dev)
+    x, y = driver.DeviceBuffer(4 * n), driver.DeviceBuffer(4 * n)
+    x.upload(np.ones(n, np.float32))
+    y.memset(0)
+    victims = [driver.DeviceBuffer(1 << 20), driver.PinnedBuffer(1 << 16)]
+    stream.begin_capture()
+    _saxpy(module, 1.0, x, y, n, stream)
+    victims.append(stream.end_capture().instantiate())
+    stream.begin_capture()
+    try:
+        _saxpy(module, 2.0, x, y, n, stream)
+        other = threading.Thread(target=lambda: [v.close() for v in victims])
+        other.start()
+        other.join()
+        _saxpy(module, 3.0, x, y, n, stream)
+    finally:
+        graph = stream.end_capture()
+    assert all(v.closed for v in victims)
+    exe = graph.instantiate()
+    graph.close()
+    exe.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(y.download(np.zeros(n, np.float32)), np.full(n, 5.0, np.float32))
+    for obj in (exe, x, y, stream):
+        obj.close()
+
+
+def _library_object(kind: str, dev, stream):
+    from fastnn.cuda import cublaslt, cudnn, nccl
+
+    if kind == "cudnn":
+        return cudnn.Handle(stream, dev)
+    if kind == "cublaslt":
+        return cublaslt.Handle(dev)
+    ok, why = nccl.available()
+    if not ok:
+        pytest.skip(why)
+    return nccl.Comm.clique([dev.ordinal])[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cudnn", "cublaslt", "nccl"])
+def test_library_objects_destroyed_during_a_capture_do_not_invalidate_it(dev, module, kind):
+    """A trainer dropped without close() holds cuDNN and cuBLASLt handles and, in a data-parallel run, NCCL
+    communicators; their destroys (which may free device memory or synchronize) wait for the capture's end too."""
+    n = 1 << 12
+    stream = driver.Stream(dev)
+    x, y = driver.DeviceBuffer(4 * n), driver.DeviceBuffer(4 * n)
+    x.upload(np.ones(n, np.float32))
+    y.memset(0)
+    other = driver.Stream(dev)  # another trainer's stream
+    victim = _library_object(kind, dev, other)
+    stream.begin_capture()
+    try:
+        _saxpy(module, 2.0, x, y, n, stream)
+        victim.close()
+        _saxpy(module, 3.0, x, y, n, stream)
+    finally:
+        graph = stream.end_capture()
+    assert victim.closed
+    exe = graph.instantiate()
+    graph.close()
+    exe.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(y.download(np.zeros(n, np.float32)), np.full(n, 5.0, np.float32))
+    for obj in (exe, x, y, stream, other):
         obj.close()
 
 

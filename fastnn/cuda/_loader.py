@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, DeviceUnavailable, FastnnError
+from . import _capture
 
 __all__ = [
     "DRIVER_HINT",
@@ -136,7 +137,8 @@ class LibraryObject:
 
     def __init__(self, ptr: int, destroy: Callable[[int], Any]) -> None:
         self.ptr = ptr
-        self._finalizer = weakref.finalize(self, _destroy_quietly, destroy, ptr)
+        # Through _capture: a destroy that frees or synchronizes would invalidate a capture under way on this thread.
+        self._finalizer = weakref.finalize(self, _capture.release, _destroy_quietly, destroy, ptr)
         self._finalizer.atexit = False
 
     @property

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import sys
 import threading
-import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +24,7 @@ from cuda.bindings import __version__ as _bindings_version
 from cuda.bindings import driver as cu
 
 from ..errors import ConfigError, DeviceUnavailable
+from . import _capture
 from ._loader import DRIVER_HINT, CudaDriverError, c_int_value
 
 __all__ = [
@@ -292,17 +291,18 @@ def _resolve(device: Device | None) -> Device:
 
 
 def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> None:
-    """Free one driver resource with its context current (a finalizer may run on any thread).
-
-    A thread capturing a stream defers its frees to the end of the capture: the garbage collector can run a
-    finalizer in the middle of one, and a free there (cuMemFree, cuGraphExecDestroy: calls a capture
-    prohibits) would invalidate the capture of an unrelated graph."""
-    if getattr(_thread_state, "capturing", 0):
-        _thread_state.deferred.append((ctx, free, handle, what))
-        return
+    """Free one driver resource with its context current (a finalizer may run on any thread), then restore the
+    thread's own: a collection on a GPU's worker thread must not leave another GPU's context current there.
+    Called through _capture.release, so a free on a capturing thread waits for the capture's end."""
     try:
-        cu.cuCtxSetCurrent(ctx)
-        result = free(handle)
+        pushed = cu.cuCtxPushCurrent(ctx)
+        if pushed[0] != _SUCCESS:
+            result = pushed  # the context is gone (process exit) or the call failed: reported below
+        else:
+            try:
+                result = free(handle)
+            finally:
+                cu.cuCtxPopCurrent()
     except Exception:  # binding already torn down: the process is exiting and the driver frees all
         return
     err = result[0] if isinstance(result, tuple) else result
@@ -311,32 +311,13 @@ def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> No
     _check(result, what)
 
 
-def _release_deferred() -> None:
-    """Run the frees deferred during this thread's capture; a failing one is reported as a finalizer's would
-    be (sys.unraisablehook), so the others still run and the captured graph is not lost."""
-    deferred, _thread_state.deferred = _thread_state.deferred, []
-    for args in deferred:
-        try:
-            _release(*args)
-        except Exception as exc:
-            sys.unraisablehook(
-                types.SimpleNamespace(
-                    exc_type=type(exc),
-                    exc_value=exc,
-                    exc_traceback=exc.__traceback__,
-                    err_msg="Exception ignored in a deferred free",
-                    object=None,
-                )
-            )
-
-
 class _Owned:
     """Base of every object owning a driver resource: close() or garbage collection frees it exactly once."""
 
     _finalizer: weakref.finalize | None = None
 
     def _own(self, device: Device, free: Callable[[Any], Any], handle: Any, what: str) -> None:
-        self._finalizer = weakref.finalize(self, _release, device.context, free, handle, what)
+        self._finalizer = weakref.finalize(self, _capture.release, _release, device.context, free, handle, what)
         self._finalizer.atexit = False  # the driver frees everything at process exit
 
     @property
@@ -393,14 +374,12 @@ class Stream(_Owned):
 
     def begin_capture(self) -> None:
         """Start recording this stream's work into a graph (thread-local mode: other threads are unaffected).
-        Until end_capture, this thread's resource frees wait (see _release)."""
+        Until end_capture, this thread's resource frees wait (see _capture)."""
         self._alive()
         self.device.make_current()
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(cu.cuStreamBeginCapture(self.handle, mode), "cuStreamBeginCapture")
-        if not getattr(_thread_state, "capturing", 0):
-            _thread_state.deferred = []
-        _thread_state.capturing = getattr(_thread_state, "capturing", 0) + 1
+        _capture.begin()
 
     def end_capture(self) -> Graph:
         """Stop recording and return the captured Graph; then the frees deferred during the capture run."""
@@ -408,9 +387,7 @@ class Stream(_Owned):
         try:
             graph = _check(cu.cuStreamEndCapture(self.handle), "cuStreamEndCapture")
         finally:
-            _thread_state.capturing -= 1
-            if not _thread_state.capturing:
-                _release_deferred()
+            _capture.end()
         return Graph._adopt(self.device, graph)
 
 
