@@ -214,9 +214,19 @@ class CudaEngine(Engine):
     def param_ptr(self, name: str, gemm_type: type) -> int:
         """Address of parameter `name` in the storage whose type matches a GEMM of `gemm_type`."""
         off, _ = self.layout.slot(name)
+        base, t = self._gemm_storage(gemm_type)
+        return base + off * _size(t)
+
+    def _gemm_storage(self, gemm_type: type) -> tuple[int, type]:
+        """(flat buffer, element type) of the parameters a GEMM of `gemm_type` reads: the parameters themselves,
+        or in "mixed" for fp16 GEMMs the fp16 copy of the fp32 master."""
         if gemm_type == self.spec.param:
-            return self.train_state.ptr + off * _size(self.spec.param)
-        return self.w16.ptr + off * 2  # "mixed": the fp16 copy of the fp32 master
+            return self.train_state.ptr, self.spec.param
+        return self.w16.ptr, np.float16
+
+    def out_type(self, layer: int) -> type:
+        """Type of `layer`'s forward output, and of the bias its GEMM reads: the logits' type on the last layer."""
+        return self.spec.logits if layer == len(self.config.model.layers) - 1 else self.spec.operand
 
     def grad_ptr(self, name: str) -> int:
         off, _ = self.layout.slot(name)
@@ -295,7 +305,7 @@ class CudaEngine(Engine):
         act = (E.RELU_AUX_BIAS if relu else E.GELU_AUX_BIAS) if training else (E.RELU_BIAS if relu else E.GELU_BIAS)
         last = len(layers) - 1
         for i, ((d_in, d_out), layer) in enumerate(zip(self.config.model.layers, layers)):
-            out_t = self.spec.logits if i == last else self.spec.operand
+            out_t = self.out_type(i)
             aux_ld = self.aux_ld(d_out) if (training and i < last) else None
             layer.fwd[rows] = own(self.matmul(
                 d_out, rows, d_in, True, False, self.spec.operand, out_t,
@@ -339,12 +349,10 @@ class CudaEngine(Engine):
     def forward_nodes(self, layers: list[_Layer], x_ptr: int, rows: int, autotune: bool = False) -> list:
         """(name, queue) of each layer's forward GEMM for `rows` rows of input at x_ptr."""
         names = self.layout.names
-        last = len(layers) - 1
         nodes, h = [], x_ptr
         for i, layer in enumerate(layers):
-            out_t = self.spec.logits if i == last else self.spec.operand
             w = self.param_ptr(names[2 * i], self.spec.operand)
-            b = self.param_ptr(names[2 * i + 1], out_t)
+            b = self.param_ptr(names[2 * i + 1], self.out_type(i))
             aux = layer.aux.ptr if layer.aux is not None else 0
             run = partial(
                 _run, layer.fwd[rows], autotune, self.stream, w, h, layer.out.ptr, layer.out.ptr, bias=b, aux=aux
@@ -425,20 +433,20 @@ class CudaEngine(Engine):
     def record_shard_update(self, layer: int, step: int, steps: int, gather: tuple | None = None) -> None:
         """A sharded update's part for `layer`, on the side stream once the main stream is done with the layer's
         weights (its input-gradient GEMM): update this rank's part (its gradient sum is there), then all-gather the
-        parts into the storage the GEMMs read (the fp16 copy in "mixed", else the parameters). In "mixed" the output
-        layer's GEMM reads its bias from the fp32 master (the logits are fp32), so that layer's master is gathered
-        too. The last layer updated also gathers the next batch (record_update's `gather`)."""
+        parts into every storage the layer's forward GEMM reads (the fp16 copy in "mixed", else the parameters; in
+        "mixed" the output layer's also reads its bias from the fp32 master). The last layer updated also gathers
+        the next batch (record_update's `gather`)."""
         self._fork_side()
-        mine, count = self.layout.shard(layer, self.group.rank)
-        self.record_update(step, steps, gather, part=(mine, count), stream=self.comm_stream)
+        self.record_update(step, steps, gather, part=self.layout.shard(layer, self.group.rank), stream=self.comm_stream)
+        for storage in dict.fromkeys(self._gemm_storage(t) for t in (self.spec.operand, self.out_type(layer))):
+            self._gather_parts(layer, *storage, self.comm_stream)
+
+    def _gather_parts(self, layer: int, base: int, t: type, stream) -> None:
+        """Queue the in-place all-gather of `layer`'s parts of the flat buffer at `base` (elements of type t)."""
         start, _ = self.layout.layer_range(layer)
-        regions = [(self.train_state.ptr, self.spec.param)]
-        if self.w16 is not None:
-            output_layer = layer == len(self.config.model.layers) - 1
-            regions = [(self.w16.ptr, np.float16)] + (regions if output_layer else [])
-        for base, t in regions:
-            size = _size(t)
-            nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.comm_stream)
+        mine, count = self.layout.shard(layer, self.group.rank)
+        size = _size(t)
+        nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, stream)
 
     def record_state_gather(self) -> None:
         """Queue, at the end of a sharded epoch, the all-gather of every layer's parts of what the steps left
@@ -448,11 +456,8 @@ class CudaEngine(Engine):
         regions += [(self.train_state.ptr + self._pbytes + i * self._sbytes, np.float32)
                     for i in range(len(self._opt_names))]  # fmt: skip
         for base, t in regions:
-            size = _size(t)
             for layer in range(len(self.config.model.layers)):
-                start, _ = self.layout.layer_range(layer)
-                mine, count = self.layout.shard(layer, self.group.rank)
-                nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, self.stream)
+                self._gather_parts(layer, base, t, self.stream)
 
     def _wait(self, event) -> None:
         """Block until `event` (the end of an epoch's queued work) completes; see _wait_comm for a group."""
