@@ -1030,8 +1030,7 @@ class _TrainContext(_Owner):
             for i in reversed(range(n_layers)):
                 nodes.append((f"gradsum{i}", partial(eng.record_grad_sum, i)))
                 if eng.sharded:
-                    nodes.append(("update", partial(eng.record_shard_update, i, s, self.steps, self._gather_next(s)
-                                                    if i == 0 else None)))  # fmt: skip
+                    nodes.append(self._shard_update_node(s, i))
             return self._end_step(s, nodes)
         if s == 0:
             nodes.append(("gather", partial(eng.record_gather, self.x, self.y, self.n, self.dtype, pos0, rows,
@@ -1064,9 +1063,14 @@ class _TrainContext(_Owner):
                 nodes.append((f"dgrad{i}", partial(_run, layer.dx[rows], autotune, eng.stream, w, layer.dout.ptr,
                                                    prev.dout.ptr, prev.dout.ptr, aux=prev.aux.ptr)))  # fmt: skip
             if eng.sharded:  # the layer's weights are read for the last time this step: its part can be updated
-                nodes.append(("update", partial(eng.record_shard_update, i, s, self.steps, self._gather_next(s)
-                                                if i == 0 else None)))  # fmt: skip
+                nodes.append(self._shard_update_node(s, i))
         return self._end_step(s, nodes)
+
+    def _shard_update_node(self, s: int, layer: int) -> tuple:
+        """Step s's sharded update of `layer`'s part; the last layer updated (the first) also gathers the next
+        batch."""
+        gather = self._gather_next(s) if layer == 0 else None
+        return ("update", partial(self.eng.record_shard_update, layer, s, self.steps, gather))
 
     def _end_step(self, s: int, nodes: list) -> list:
         """`nodes` followed by the step's end: the join with the side stream, then (unless sharded: done there)
