@@ -439,7 +439,8 @@ def test_epoch_leaving_a_non_finite_state_diverges_and_keeps_the_last_finite_one
 @pytest.mark.parametrize("where", ["nowhere", "parameter", "optimizer state"])
 def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
     from fastnn.cuda import driver
-    from fastnn.engine.cuda_engine import _STATE_DTYPE, CudaEngine
+    from fastnn.engine.cuda_engine import CudaEngine
+    from fastnn.engine.epochs import EPOCH_STATE_DTYPE
 
     model = MLP([16, 8, 3])
     cfg = EngineConfig(model=model, optimizer=AdamW(lr=1e-3), batch_size=8, precision=precision)
@@ -457,7 +458,7 @@ def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
         eng.write_epoch_state(5, 0, 0, hist.ptr)
         eng.record_epoch_end()
         eng.stream.synchronize()
-        st = np.zeros(1, dtype=_STATE_DTYPE)
+        st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
         eng.epoch_state.download(st.view(np.uint8))
         bad = where != "nowhere"
         assert (int(st["bad_state"][0]), int(st["diverged"][0]), int(st["epoch"][0])) == (bad, bad, 6)
@@ -490,10 +491,10 @@ def _assert_at_epoch(t, epochs: int, x, y, spe: int) -> None:
 
 
 def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
-    from fastnn.engine import cuda_engine
+    from fastnn.engine import epochs
 
     x, y = _data(300, 16, 3)
-    real, calls = cuda_engine.EpochStats, [0]
+    real, calls = epochs.EpochStats, [0]
 
     def stats(*args, **kwargs):  # Ctrl-C inside report(1), before the epoch counts as reported
         calls[0] += 1
@@ -504,7 +505,7 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
     t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
                 device="cuda", seed=4, engine=engine)  # fmt: skip
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # context: the engine fixture's patch stays
-        m.setattr(cuda_engine, "EpochStats", stats)
+        m.setattr(epochs, "EpochStats", stats)
         t.fit(x, y, epochs=3)
     _assert_at_epoch(t, 3, x, y, 10)  # all three queued epochs ran and are recorded, epoch 1 included
     t.close()
@@ -512,7 +513,8 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
 
 def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch, engine):
     from fastnn.engine import replicas
-    from fastnn.engine.cuda_engine import INFLIGHT_EPOCHS, CudaEngine
+    from fastnn.engine.cuda_engine import CudaEngine
+    from fastnn.engine.epochs import INFLIGHT_EPOCHS
 
     x, y = _data(300, 16, 3)
     calls = [0]

@@ -1,4 +1,4 @@
-"""The epoch loop every GPU engine shares (cuda_engine.drive_epochs), driven with fake runs on the CPU: what is
+"""The epoch loop every GPU engine shares (epochs.drive_epochs), driven with fake runs on the CPU: what is
 reported after an interrupt or a failure, so that the trainer's counters match the weights."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fastnn.engine.base import Engine, EpochStats
-from fastnn.engine.cuda_engine import EpochRuns, drive_epochs
+from fastnn.engine.epochs import EpochRuns, drive_epochs
 
 
 class _Run:
@@ -112,7 +112,7 @@ class _PolledRun(_Run):
 
 
 def test_the_fake_runs_use_only_what_an_epoch_run_has():
-    from fastnn.engine.cuda_engine import EpochRun
+    from fastnn.engine.epochs import EpochRun
 
     used = {n for n in vars(_PolledRun) | vars(_Run) if not n.startswith("_")} - {"epochs", "first_epoch"}
     assert used <= set(dir(EpochRun)), used - set(dir(EpochRun))

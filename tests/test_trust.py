@@ -473,15 +473,15 @@ def test_chunked_fit_equals_one_table_and_stops_cleanly_at_a_bad_step(monkeypatc
 
 def test_epoch_state_struct_and_its_numpy_dtype_agree() -> None:
     from fastnn.cuda import nvrtc
-    from fastnn.engine.cuda_engine import _BAD_STATE_OFFSET, _STATE_DTYPE
+    from fastnn.engine.epochs import BAD_STATE_OFFSET, EPOCH_STATE_DTYPE
 
     source = (nvrtc.native_dir() / "common.cuh").read_text()
     body = re.search(r"struct EpochState \{(.*?)\};", source, re.S).group(1)
     fields = re.findall(r"^\s*([\w ]+?\*?)\s*(\w+);", body, re.M)
     sizes = {"u32": 4, "u64": 8, "const float*": 8, "double*": 8}
-    assert [name for _, name in fields] == list(_STATE_DTYPE.names)
-    assert [sizes[t.strip()] for t, _ in fields] == [_STATE_DTYPE[n].itemsize for n in _STATE_DTYPE.names]
-    assert _BAD_STATE_OFFSET == _STATE_DTYPE.fields["bad_state"][1] == 20
+    assert [name for _, name in fields] == list(EPOCH_STATE_DTYPE.names)
+    assert [sizes[t.strip()] for t, _ in fields] == [EPOCH_STATE_DTYPE[n].itemsize for n in EPOCH_STATE_DTYPE.names]
+    assert BAD_STATE_OFFSET == EPOCH_STATE_DTYPE.fields["bad_state"][1] == 20
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

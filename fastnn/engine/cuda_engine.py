@@ -16,7 +16,6 @@ forward is Z^T = W @ H^T with W in torch's (out, in) layout read as transposed.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,14 +28,15 @@ from ..cuda import nccl  # the module only: NCCL itself loads on first use (opti
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
 from ..data import input_affine
 from ..distributed import share
-from ..errors import ConfigError, TrainingDiverged
+from ..errors import ConfigError
 from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
-from .base import PRECISIONS, Engine, EngineConfig, EpochStats, OnEpoch, steps_per_epoch
+from .base import PRECISIONS, Engine, EngineConfig, OnEpoch, steps_per_epoch
+from .epochs import EPOCH_STATE_DTYPE, INFLIGHT_EPOCHS, EpochRun, EpochRuns, drive_epochs
 from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
-__all__ = ["CudaEngine", "EpochRun", "EpochRuns", "drive_epochs"]
+__all__ = ["CudaEngine"]
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
 UPDATE_THREADS = 256
@@ -58,16 +58,8 @@ GEMM_SM_CARVEOUT = 0
 #: whole state on every rank, as without sharding. The update, which does not shrink with a rank's share of the
 #: batch, then shrinks with the world size. benchmarks/bench_scaling.py --sharded compares.
 SHARDED_UPDATE = False
-INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 AUTOTUNE_ALGOS = 16  # heuristic candidates each plan keeps; autotune times them on the real shapes
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
-
-# EpochState of native/common.cuh
-_STATE_DTYPE = np.dtype(
-    [("epoch", "<u4"), ("epoch_in_fit", "<u4"), ("step0", "<u8"), ("diverged", "<u4"), ("bad_state", "<u4"),
-     ("lr", "<u8"), ("hist", "<u8")]
-)  # fmt: skip
-_BAD_STATE_OFFSET = _STATE_DTYPE.fields["bad_state"][1]  # copied to the host after every epoch
 
 _modules_lock = threading.Lock()
 _modules: dict[tuple[int, str], object] = {}  # (device, file) -> driver.Module: loaded once per process
@@ -558,7 +550,7 @@ class CudaEngine(Engine):
 
     def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
         """Start a fit's device state: epoch counters, step count, and where its lr table and history are."""
-        st = np.zeros(1, dtype=_STATE_DTYPE)
+        st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
         st["epoch"], st["step0"], st["lr"], st["hist"] = epoch, step0, lr, hist
         self.epoch_state.upload(st.view(np.uint8))
 
@@ -699,177 +691,6 @@ class CudaEngine(Engine):
         out = np.empty((ctx.n, self.config.model.classes), dtype=self.spec.logits)
         ctx.probs.download(out)
         return out.astype(np.float32)
-
-
-class EpochRun:
-    """One fit_epochs call on one engine: its captured epoch prepared, then epoch k queued, waited for, read.
-
-    Epoch k of the call queues the epoch graph, timing events, the copies of its history and divergence flag to
-    pinned memory and, after the epochs in `eval_after`, the evaluation graph; `drive_epochs` runs the calls of
-    one engine or of several replicas in step (EpochRuns)."""
-
-    def __init__(self, eng: CudaEngine, first_epoch: int, first_step: int, lrs: np.ndarray, eval_data,
-                 eval_after: frozenset[int]) -> None:  # fmt: skip
-        ctx = eng._train
-        if ctx is None:
-            raise RuntimeError("set_train_data must come before fit_epochs")
-        self.eng, self.ctx, self.first_epoch, self.eval_after = eng, ctx, first_epoch, eval_after
-        self.epochs = len(lrs) // ctx.steps
-        self.ev = None
-        if self.epochs == 0:
-            return
-        eng.dev.make_current()
-        ctx.prepare(self.epochs, lrs)
-        eng.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
-        eng._drv.copy_dtod(eng.snapshot.ptr, eng.train_state.ptr, eng._state_bytes, eng.stream)
-        self.ev = eng._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
-        self.hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
-        self.ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
-        self.bad_state = ctx.flags_host.view(np.uint32, (ctx.capacity,))
-
-    def launch(self, k: int) -> None:
-        """Queue epoch k (and its evaluation) behind the epochs already queued."""
-        eng, ctx, drv = self.eng, self.ctx, self.eng._drv
-        eng.dev.make_current()
-        start, end, _ = ctx.events[k % len(ctx.events)]
-        start.record(eng.stream)
-        ctx.graph.launch(eng.stream)
-        end.record(eng.stream)
-        drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, eng.stream)
-        drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, eng.epoch_state.ptr + _BAD_STATE_OFFSET, 4, eng.stream)
-        if self.ev is not None and k in self.eval_after:
-            self.ev.run(ctx.eval_host.ptr + 16 * k)
-        self._done_event(k).record(eng.stream)
-
-    def _done_event(self, k: int):
-        return self.ctx.events[k % len(self.ctx.events)][2]
-
-    def wait(self, k: int) -> None:
-        """Block until epoch k's queued work is done (the queue still holds the epochs after it)."""
-        self.eng._wait(self._done_event(k))
-
-    def finished(self, k: int) -> bool:
-        """Whether epoch k's queued work is done (without blocking)."""
-        self.eng.dev.make_current()
-        return self._done_event(k).query()
-
-    def drain(self) -> None:
-        """Block until everything queued has run."""
-        self.eng.dev.make_current()
-        self.eng.stream.synchronize()
-
-    def diverged(self, k: int) -> TrainingDiverged | None:
-        """The error to raise for epoch k (its events have completed) if its loss or the state it left is not
-        finite; bad_state is sticky, but epochs are read in order and the first diverged one raises."""
-        loss_sum = self.hist[k, 0]
-        if math.isfinite(loss_sum) and not self.bad_state[k]:
-            return None
-        state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
-        return TrainingDiverged(self.first_epoch + k + 1, float(loss_sum / self.ctx.samples), state)  # 1-based
-
-    def restore(self) -> None:
-        """Put the training state back to the snapshot: the end of the last finite epoch."""
-        eng = self.eng
-        self.drain()
-        eng._drv.copy_dtod(eng.train_state.ptr, eng.snapshot.ptr, eng._state_bytes, eng.stream)
-        eng._refresh_half_copy()
-        eng.stream.synchronize()
-
-    def stats(self, k: int) -> EpochStats:
-        """Epoch k's numbers (its events have completed)."""
-        ctx = self.ctx
-        start, end, _ = ctx.events[k % len(ctx.events)]
-        loss_sum, correct = self.hist[k]
-        stats = EpochStats(
-            epoch=self.first_epoch + k,
-            loss=float(loss_sum / ctx.samples),
-            accuracy=float(correct / ctx.samples),
-            samples=ctx.samples,
-            seconds=start.elapsed_ms(end) / 1000.0,
-        )
-        if self.ev is not None and k in self.eval_after:
-            stats.eval_loss = float(self.ev_hist[k, 0] / self.ev.n)
-            stats.eval_accuracy = float(self.ev_hist[k, 1] / self.ev.n)
-        return stats
-
-
-class EpochRuns:
-    """The EpochRuns of one fit_epochs call, one per GPU, driven in step; the first is read and reported.
-
-    One GPU (or one process of a distributed run) queues and waits from the calling thread; the replica engine
-    overrides launch and wait. `queued` counts the epochs queued on every run; `failed` is set once the GPUs can
-    no longer finish what is queued (communicators aborted): nothing is then drained or reported."""
-
-    def __init__(self, runs: list[EpochRun]) -> None:
-        self.runs, self.lead = runs, runs[0]
-        self.queued = 0
-        self.failed = False
-
-    def launch(self, k: int) -> None:
-        """Queue epoch k on every run."""
-        for run in self.runs:
-            run.launch(k)
-        self.queued = k + 1
-
-    def wait(self, k: int) -> None:
-        """Block until epoch k is done on every run."""
-        for run in self.runs:
-            run.wait(k)
-
-    def drain(self) -> None:
-        for run in self.runs:
-            run.drain()
-
-    def restore(self) -> None:
-        for run in self.runs:
-            run.restore()
-
-
-def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: bool) -> None:
-    """Train the epochs of `runs`, reported through `engine`, keeping INFLIGHT_EPOCHS queued ahead of the one
-    waited for (one if `stoppable`: nothing may train past the epoch reported). Divergence restores every run's
-    state and raises."""
-    lead = runs.lead
-    epochs = lead.epochs
-
-    def report(k: int) -> None:
-        """Epoch k's numbers (its events have completed): divergence check, then on_epoch."""
-        error = lead.diverged(k)
-        if error is not None:
-            runs.restore()
-            raise error
-        engine.report(lead.stats(k), on_epoch)
-
-    def reported() -> int:
-        """Epochs of this call reported so far: one counts from the moment `report` marks it."""
-        last = engine.last_reported
-        return 0 if last is None else last.epoch - lead.first_epoch + 1
-
-    inflight = 1 if stoppable else INFLIGHT_EPOCHS
-    try:
-        while reported() < epochs:
-            while runs.queued < epochs and runs.queued - reported() < inflight:
-                runs.launch(runs.queued)
-            k = reported()
-            runs.wait(k)
-            report(k)
-    except (TrainingDiverged, nccl.NcclError, nccl.CommAborted):
-        raise  # a peer failed, the communicator is aborted and the queued epochs will never finish
-    except BaseException:
-        if runs.failed:
-            raise  # the GPUs were stopped: the queued epochs will never finish
-        # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
-        # let them finish and report every one not yet reported (an epoch whose report was interrupted
-        # before it counted included), so the trainer's counters match the weights they made.
-        runs.drain()
-        for k in range(reported(), runs.queued):
-            try:
-                report(k)
-            except TrainingDiverged:
-                break  # the weights went back to the last finite epoch, already reported
-            except Exception:  # on_epoch failed after the epoch counted: report the next
-                continue
-        raise
 
 
 class _TrainContext(_Owner):

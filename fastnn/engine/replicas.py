@@ -23,7 +23,8 @@ from ..cuda import nccl
 from ..errors import ConfigError, DeviceUnavailable
 from ..gpu_arrays import CudaArray, check_on_device
 from .base import Engine, EngineConfig, OnEpoch
-from .cuda_engine import CudaEngine, EpochRun, EpochRuns, drive_epochs
+from .cuda_engine import CudaEngine
+from .epochs import EpochRun, EpochRuns, drive_epochs
 
 __all__ = ["ReplicaEngine"]
 
