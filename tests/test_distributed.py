@@ -146,6 +146,72 @@ def test_trainer_refuses_distributed_where_it_cannot_run():
             fastnn.Trainer(model, device="cuda", distributed=group, devices=devices)
 
 
+class _HeldGraph:
+    """A graph executable as nccl.Comm.hold sees it; records its destruction in `events`."""
+
+    def __init__(self, name: str, events: list) -> None:
+        self.name, self.events, self.closed = name, events, False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.events.append(f"close {self.name}")
+
+
+def _fake_comm(monkeypatch, events: list):
+    """A Comm over a stand-in NCCL that records ncclCommDestroy and ncclCommAbort in `events`."""
+    from fastnn.cuda import nccl
+
+    lib = type("Lib", (), {})()
+    lib.ncclCommDestroy = lambda ptr: events.append(f"destroy {ptr}")
+    lib.ncclCommAbort = lambda ptr: events.append(f"abort {ptr}")
+    monkeypatch.setattr(nccl, "_lib", lambda: lib)
+
+    def make(handle: int):
+        comm = nccl.Comm.__new__(nccl.Comm)
+        comm._bind(handle, 2, 0)
+        return comm
+
+    return nccl, make
+
+
+def test_a_communicator_ends_only_after_the_graphs_holding_its_collectives(monkeypatch):
+    """NCCL's destroy and abort wait until every graph that captured the communicator's collectives is gone
+    (with two or more ranks; one rank makes no such graphs), so every way of ending it destroys them first:
+    close, abort, and the garbage collector."""
+    import gc
+
+    events: list = []
+    nccl, make = _fake_comm(monkeypatch, events)
+    comm = make(1)
+    closed_by_its_trainer, live = _HeldGraph("a", events), _HeldGraph("b", events)
+    comm.hold(closed_by_its_trainer)
+    closed_by_its_trainer.close()
+    comm.hold(live)
+    assert comm._graphs == [live]  # graphs already closed are let go
+    comm.close()
+    comm.close()
+    assert events == ["close a", "close b", "destroy 1"]
+
+    events.clear()
+    comm = make(2)
+    comm.hold(_HeldGraph("c", events))
+    comm.abort()
+    comm.abort()
+    assert events == ["close c", "abort 2"] and comm.closed and comm.async_error() is None
+    late = _HeldGraph("d", events)
+    with pytest.raises(nccl.CommAborted, match="rank 0 of 2: the communicator was aborted"):
+        comm.hold(late)  # captured after the abort: destroyed at once
+    assert late.closed
+
+    events.clear()
+    comm = make(3)
+    comm.hold(_HeldGraph("e", events))
+    del comm  # a trainer and its group left to the garbage collector
+    gc.collect()
+    assert events == ["close e", "destroy 3"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,11 +335,11 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
     monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
-    # The ranks' agreement check (MAX and MIN of 11 values), each layer's gradient once per step (5 steps, and the
+    # The ranks' agreement check (MAX and MIN of 12 values), each layer's gradient once per step (5 steps, and the
     # autotuning run of step 0), and the history once.
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
-    assert calls[:2] == [11, 11] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    assert calls[:2] == [12, 12] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
     plain = _train("cuda", "fp32")
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
@@ -577,6 +643,91 @@ def test_one_replica_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
     np.testing.assert_array_equal(one[1], plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("end", ["close", "abort"])
+def test_a_group_ended_under_an_open_trainer_takes_its_epoch_graph(end):
+    """Ending a group whose trainer still holds its epoch graph destroys the graph first (NCCL would wait for it
+    forever with two ranks; see nccl.Comm); later fits are refused by name, and the weights are still there."""
+    nccl = _require_nccl()
+    x, y, model, kw = _case()
+    group = distributed.init(0, 1, uid=distributed.unique_id(), device=0)
+    t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda", engine="graph",
+                       distributed=group, **kw)  # fmt: skip
+    try:
+        t.fit(x, y, epochs=1)
+        graph = t._engine._train.graph
+        assert group.comm._graphs == [graph] and not graph.closed
+        before = t.state_dict()
+        getattr(group, end)()
+        assert graph.closed
+        with pytest.raises(nccl.CommAborted, match="rank 0 of 1 on GPU 0: the communicator was closed or aborted"):
+            t.fit(x, y, epochs=1)
+        assert t.epoch == 1
+        for name, value in t.state_dict().items():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+    finally:
+        t.close()
+        group.close()
+
+
+def _rank_ends_group_first(rank: int, world: int, conn, end: str) -> None:
+    """One rank of a run that ends its group (`end`: close or abort) while its trainer still holds the epoch graph,
+    which NCCL waits for; a later fit must be refused. Its refusal up `conn`."""
+    from fastnn.cuda import nccl
+
+    try:
+        group = distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank)
+        x, y, model, kw = _case()
+        t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda",
+                           engine="graph", distributed=group, **kw)  # fmt: skip
+        t.fit(x, y, epochs=1)
+        getattr(group, end)()
+        try:
+            t.fit(x, y, epochs=1)
+            conn.send(("error", f"rank {rank}: a fit after the group's {end} was not refused"))
+        except nccl.CommAborted as exc:
+            t.state_dict()
+            t.close()
+            conn.send(("ok", str(exc)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("end", ["close", "abort"])
+def test_two_processes_end_their_groups_under_open_trainers(end):
+    """With two ranks each epoch graph holds NCCL persistent plans, and ncclCommDestroy and ncclCommAbort wait until
+    they are destroyed: ending the group first must still return (a spawned pair: a hang fails after 300 s)."""
+    _need_gpus(2)
+    results = _spawn(2, _rank_ends_group_first, lambda rank: (end,), relay_id=True)
+    for rank, (tag, payload) in enumerate(results):
+        assert tag == "ok", payload
+        assert f"rank {rank} of 2 on GPU {rank}: the communicator was closed or aborted" in payload
+
+
+def _drop_unclosed_replicas(rank: int, world: int, conn) -> None:
+    """A devices=2 trainer left to the garbage collector after a fit: its communicators' finalizers must destroy
+    the epoch graphs before NCCL waits for them."""
+    import gc
+
+    try:
+        x, y, model, kw = _case()
+        t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", devices=2, **kw)
+        t.fit(x, y, epochs=1)
+        del t
+        gc.collect()
+        conn.send(("ok", None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+@pytest.mark.gpu
+def test_a_dropped_two_gpu_trainer_is_collected():
+    _need_gpus(2)
+    ((tag, payload),) = _spawn(1, _drop_unclosed_replicas, lambda rank: (), relay_id=False)
+    assert tag == "ok", payload
 
 
 def _failing_set_train_data(monkeypatch, ordinals: list[int]) -> None:

@@ -10,9 +10,11 @@ Nothing here creates NVLink multicast objects; NCCL's own use of them follows NC
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -168,7 +170,14 @@ def unique_id() -> bytes:
 
 class Comm(LibraryObject):
     """One rank's NCCL communicator on the current CUDA device (ncclCommInitRank: collective, it returns once
-    every rank has joined). Destroyed by close(), a `with` block, or garbage collection."""
+    every rank has joined). Destroyed by close(), a `with` block, or garbage collection.
+
+    NCCL's destroy and abort wait until every graph that captured the communicator's collectives is destroyed
+    (its persistent plans; with several ranks in a process, the last rank's destroy or abort waits for every
+    rank's graphs). So the graphs are handed to `hold`, and every way of ending the communicator destroys them
+    first: otherwise ending it while a trainer still holds its epoch graph (after an error, or a trainer left to
+    the garbage collector) would never return. A one-rank communicator makes no persistent plans, so one GPU
+    cannot show this."""
 
     def __init__(self, world: int, uid: bytes, rank: int) -> None:
         if not isinstance(uid, (bytes, bytearray)) or len(uid) != UNIQUE_ID_BYTES:
@@ -182,9 +191,11 @@ class Comm(LibraryObject):
         self._bind(int(handle.value), world, rank)
 
     def _bind(self, handle: int, world: int, rank: int) -> None:
-        super().__init__(handle, _lib().ncclCommDestroy)
+        self._graphs: list[Any] = []  # graph executables holding captured collectives of this communicator
+        super().__init__(handle, functools.partial(_destroy_after, self._graphs, _lib().ncclCommDestroy))
         self.world, self.rank = int(world), int(rank)
-        self._lock = threading.Lock()  # abort (any thread) against async_error (the thread waiting on this rank)
+        # abort (any thread) against async_error (the thread waiting on this rank) and hold (a capturing thread)
+        self._lock = threading.Lock()
 
     @classmethod
     def clique(cls, devices: list[int]) -> list[Comm]:
@@ -204,13 +215,28 @@ class Comm(LibraryObject):
             comms.append(comm)
         return comms
 
+    def hold(self, graph: Any) -> None:
+        """Destroy `graph` (a driver.GraphExec that captured this communicator's collectives) before the
+        communicator, however it ends; at once, raising CommAborted, if it has already ended."""
+        with self._lock:
+            ended = self.closed
+            if not ended:
+                self._graphs[:] = [g for g in self._graphs if not g.closed]
+                self._graphs.append(graph)
+        if ended:
+            graph.close()
+            raise CommAborted(f"rank {self.rank} of {self.world}: the communicator was aborted (an error elsewhere)")
+
     def abort(self) -> None:
         """Tear the communicator down without waiting for peers (ncclCommAbort): after an error, so that no rank
-        hangs in a collective its peers will never join."""
+        hangs in a collective its peers will never join. Its graphs are destroyed first (one still running is
+        freed when it ends: the abort makes its collectives return)."""
         with self._lock:
-            if not self.closed:
-                self._finalizer.detach()
-                _lib().ncclCommAbort(self.ptr)
+            if self.closed:
+                return
+            self._finalizer.detach()  # closed from here on: async_error no longer reads it, hold refuses
+        # Outside the lock: the last rank's abort waits for graphs that a capturing thread may be about to hold.
+        _destroy_after(self._graphs, _lib().ncclCommAbort, self.ptr)
 
     def async_error(self) -> int | None:
         """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None (also once closed
@@ -221,6 +247,16 @@ class Comm(LibraryObject):
                 return None
             _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
         return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else r.value
+
+
+def _destroy_after(graphs: list[Any], end: Callable[[int], Any], ptr: int) -> None:
+    """Destroy `graphs`, then end the communicator `ptr` with `end` (ncclCommDestroy or ncclCommAbort): NCCL's
+    end waits until they are gone."""
+    for graph in graphs:
+        with contextlib.suppress(Exception):  # one graph's failure must not keep the communicator alive
+            graph.close()
+    graphs.clear()
+    end(ptr)
 
 
 def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:

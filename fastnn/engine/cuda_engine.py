@@ -476,16 +476,16 @@ class CudaEngine(Engine):
 
     def _check_ranks_agree(self, n: int) -> None:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
-        another training set size, batch size, model, seed, precision or update sharding. One small MAX and MIN
-        all-reduce."""
+        another training set size, batch size, model, seed, precision, update sharding or optimizer (its number of
+        state buffers). One small MAX and MIN all-reduce."""
         cfg, g = self.config, self.group
         what = ("training set rows", "batch_size", "drop_last", "padded parameter count", "layers",
                 "layer widths (a checksum)", "seed (low 32 bits)", "seed (high 32 bits)", "precision", "world",
-                "sharded update (cuda_engine.SHARDED_UPDATE)")  # fmt: skip
+                "sharded update (cuda_engine.SHARDED_UPDATE)", "optimizer state buffers")  # fmt: skip
         widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
         mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers), widths,
                          cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world,
-                         int(self.sharded)], dtype=np.float64)  # fmt: skip
+                         int(self.sharded), len(self._opt_names)], dtype=np.float64)  # fmt: skip
         k = mine.size
         self._agree.upload(np.concatenate([mine, mine]))
         nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
@@ -601,7 +601,15 @@ class CudaEngine(Engine):
             graph.close()
 
     # ------------------------------------------------------------------ Engine API
+    def _check_group(self) -> None:
+        """Refuse to train once the group's communicator has ended: the epoch graph went with it (nccl.Comm.hold)."""
+        g = self.group
+        if g is not None and g.comm.closed:
+            raise nccl.CommAborted(f"rank {g.rank} of {g.world} on GPU {g.device}: the communicator was closed or "
+                                   "aborted; save or read the weights, then make a new group and Trainer")  # fmt: skip
+
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        self._check_group()
         self.dev.make_current()
         if self.group is not None:
             self._check_ranks_agree(x.shape[0])
@@ -622,6 +630,7 @@ class CudaEngine(Engine):
         self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
     ) -> None:
         self.last_reported = None
+        self._check_group()
         run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
         drive_epochs(self, EpochRuns([run]), on_epoch, stoppable)
 
@@ -792,6 +801,8 @@ class _TrainContext(_Owner):
         self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
         if self.graph is None:
             self.graph = self.own(self._capture_epoch())
+            if eng.group is not None:  # its collectives keep NCCL from ending the communicator until it is gone
+                eng.group.comm.hold(self.graph)
         self.hist.memset(0, eng.stream)
 
     def reserve(self, epochs: int) -> None:
