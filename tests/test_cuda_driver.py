@@ -235,6 +235,27 @@ def test_a_free_while_this_thread_captures_waits_for_the_capture_to_end(ctx_call
     assert "fakeFree failed" in str(failure.exc_value)
 
 
+def test_a_deferring_call_frees_what_it_dropped_once_it_returns_or_raises(ctx_calls):
+    """A replica's epoch launch defers this thread's frees (another GPU may be waiting on the launch); they run as
+    it returns, and when it raises."""
+    from fastnn.cuda import _capture
+
+    freed = []
+
+    def launch(tag: str, fail: bool = False) -> str:
+        _Thing(lambda h: freed.append(h) or (SUCCESS,), tag).close()
+        assert freed == [] and _capture.capturing()
+        if fail:
+            raise RuntimeError("launch failed")
+        return tag
+
+    assert _capture.deferring(launch)("a") == "a" and freed == ["a"]
+    freed.clear()
+    with pytest.raises(RuntimeError, match="launch failed"):
+        _capture.deferring(launch)("b", fail=True)
+    assert freed == ["b"] and not _capture.capturing()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------

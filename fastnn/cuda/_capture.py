@@ -5,16 +5,20 @@ synchronizes: cuMemFree, cuMemFreeHost, cuGraphExecDestroy, and the library dest
 (cudnnDestroy, cublasLtDestroy, ncclCommDestroy: each measured to invalidate a capture on an H200). The garbage
 collector may run any finalizer in the middle of a capture, for instance a dropped trainer's while another trainer
 captures its epoch, so driver objects and library objects release through `release`, which defers while this
-thread captures. Other threads are unaffected (thread-local mode) and free at once.
+thread captures. Other threads are unaffected (thread-local mode) and free at once. `deferring` opens the same
+scope around work that other GPUs wait on (a replica's epoch launch), since a free synchronizes its device.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _state = threading.local()  # .depth: captures under way on this thread; .deferred: [(fn, args)] to run after
 
@@ -51,6 +55,21 @@ def end() -> None:
                     object=None,
                 )
             )
+
+
+def deferring(fn: Callable[..., T]) -> Callable[..., T]:
+    """fn with this thread's releases deferred to its end, as during a capture: for work that other GPUs wait on,
+    where a free (which synchronizes the device it frees on) could wait for them in turn."""
+
+    @functools.wraps(fn)
+    def deferred(*args: Any, **kwargs: Any) -> T:
+        begin()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end()
+
+    return deferred
 
 
 def release(fn: Callable[..., Any], *args: Any) -> None:

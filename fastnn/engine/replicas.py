@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..cuda import nccl
+from ..cuda import _capture, nccl
 from ..errors import ConfigError, DeviceUnavailable
 from ..gpu_arrays import CudaArray, check_on_device
 from .base import Engine, EngineConfig, OnEpoch
@@ -39,6 +39,7 @@ class ReplicaEngine(Engine):
     name = "graph"
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], devices: Sequence[int]) -> None:
+        from ..cuda import driver
         from ..distributed import Group
 
         self.devices = list(devices)
@@ -51,6 +52,9 @@ class ReplicaEngine(Engine):
         self._pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="fastnn-gpu")
         try:
             try:
+                # ncclCommInitAll ends by making the runtime's device current again: with no context current that is
+                # GPU 0, which would get a context even when it is not one of `devices`.
+                driver.get_device(self.devices[0]).make_current()
                 comms = nccl.Comm.clique(self.devices)
             except nccl.NcclError as exc:  # NCCL's own message, with the GPUs it was asked for
                 exc.args = (f"devices={self.devices!r}: {exc.args[0]}",)
@@ -199,7 +203,9 @@ class _ReplicaRuns(EpochRuns):
         self.engine = engine
 
     def launch(self, k: int) -> None:
-        futures = [self.engine._pool.submit(run.launch, k) for run in self.runs]
+        # Releases deferred to the end of each launch: a collection on GPU B's thread could free GPU A's memory,
+        # and cuMemFree waits for GPU A, whose queued collectives wait for this very launch of B's.
+        futures = [self.engine._pool.submit(_capture.deferring(run.launch), k) for run in self.runs]
         try:
             wait(futures)
         except BaseException:  # Ctrl-C: the launches still finish, and epoch k counts as queued if they all did
