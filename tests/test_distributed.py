@@ -200,7 +200,7 @@ def test_a_communicator_ends_only_after_the_graphs_holding_its_collectives(monke
     comm.abort()
     assert events == ["close c", "abort 2"] and comm.closed and comm.async_error() is None
     late = _HeldGraph("d", events)
-    with pytest.raises(nccl.CommAborted, match="rank 0 of 2: the communicator was aborted"):
+    with pytest.raises(nccl.CommAborted, match="rank 0 of 2: the communicator was closed or aborted"):
         comm.hold(late)  # captured after the abort: destroyed at once
     assert late.closed
 
@@ -210,6 +210,35 @@ def test_a_communicator_ends_only_after_the_graphs_holding_its_collectives(monke
     del comm  # a trainer and its group left to the garbage collector
     gc.collect()
     assert events == ["close e", "destroy 3"]
+
+
+@pytest.mark.parametrize("end", ["close", "abort"])
+def test_a_graph_captured_while_its_communicator_ends_is_destroyed_by_its_capturer(monkeypatch, end):
+    """The last rank's destroy or abort waits for every graph; one that a capturing thread finishes meanwhile is
+    destroyed by that thread's hold, which must not wait for the end to return (NCCL is called outside the lock)."""
+    import threading
+
+    events: list = []
+    nccl, make = _fake_comm(monkeypatch, events)
+    late = _HeldGraph("late", events)
+    refused = []
+
+    def capturer() -> None:
+        try:
+            comm.hold(late)
+        except nccl.CommAborted as exc:
+            refused.append(exc)
+
+    def nccl_end(ptr: int) -> None:  # NCCL waiting for the graph the other thread is holding
+        thread = threading.Thread(target=capturer)
+        thread.start()
+        thread.join(10)
+        events.append("ended" if not thread.is_alive() else "hold blocked")
+
+    monkeypatch.setattr(nccl._lib(), "ncclCommDestroy" if end == "close" else "ncclCommAbort", nccl_end)
+    comm = make(4)
+    getattr(comm, end)()
+    assert events == ["close late", "ended"] and late.closed and len(refused) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -672,6 +701,25 @@ def test_a_group_ended_under_an_open_trainer_takes_its_epoch_graph(end):
         group.close()
 
 
+@pytest.mark.gpu
+def test_a_trainer_collected_while_its_group_lives_frees_its_epoch_graph():
+    """The communicator keeps its graphs until it ends (to destroy them first); a trainer collected before that
+    must not leave its epoch graph, and with two ranks NCCL's plans, alive until then."""
+    import gc
+
+    _require_nccl()
+    x, y, model, kw = _case()
+    with distributed.init(0, 1, uid=distributed.unique_id(), device=0) as group:
+        t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
+                           distributed=group, **kw)  # fmt: skip
+        t.fit(x, y, epochs=1)
+        graph = t._engine._train.graph
+        assert group.comm._graphs == [graph]
+        del t
+        gc.collect()
+        assert graph.closed and not group.comm.closed
+
+
 def _rank_ends_group_first(rank: int, world: int, conn, end: str) -> None:
     """One rank of a run that ends its group (`end`: close or abort) while its trainer still holds the epoch graph,
     which NCCL waits for; a later fit must be refused. Its refusal up `conn`."""
@@ -711,14 +759,18 @@ def _drop_unclosed_replicas(rank: int, world: int, conn) -> None:
     """A devices=2 trainer left to the garbage collector after a fit: its communicators' finalizers must destroy
     the epoch graphs before NCCL waits for them."""
     import gc
+    import weakref
 
     try:
         x, y, model, kw = _case()
         t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", devices=2, **kw)
         t.fit(x, y, epochs=1)
+        comms = [weakref.ref(group.comm) for group in t._engine.groups]
+        graphs = [weakref.ref(replica._train.graph) for replica in t._engine.replicas]
         del t
         gc.collect()
-        conn.send(("ok", None))
+        alive = [ref() is not None for ref in comms + graphs]
+        conn.send(("ok", None) if not any(alive) else ("error", f"still alive (communicators, graphs): {alive}"))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 

@@ -24,7 +24,7 @@ _state = threading.local()  # .depth: captures under way on this thread; .deferr
 
 
 def capturing() -> bool:
-    """True while this thread records a stream capture."""
+    """True while this thread records a stream capture, or runs a `deferring` call: its releases wait."""
     return getattr(_state, "depth", 0) > 0
 
 

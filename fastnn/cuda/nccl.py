@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from . import _capture
 from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, stream_ptr
 
 __all__ = [
@@ -225,18 +226,31 @@ class Comm(LibraryObject):
                 self._graphs.append(graph)
         if ended:
             graph.close()
-            raise CommAborted(f"rank {self.rank} of {self.world}: the communicator was aborted (an error elsewhere)")
+            raise CommAborted(f"rank {self.rank} of {self.world}: the communicator was closed or aborted")
+
+    def close(self) -> None:
+        """Destroy it (ncclCommDestroy) after its graphs; idempotent."""
+        ended = self._end()
+        if ended is not None:
+            _, release, args, _ = ended
+            release(*args)  # what the finalizer would have run
 
     def abort(self) -> None:
         """Tear the communicator down without waiting for peers (ncclCommAbort): after an error, so that no rank
         hangs in a collective its peers will never join. Its graphs are destroyed first (one still running is
         freed when it ends: the abort makes its collectives return)."""
+        if self._end() is not None:
+            # Through _capture, like the graphs' own destroys: on a thread that defers them, NCCL's abort would
+            # otherwise wait for graphs destroyed only after it returns.
+            _capture.release(_destroy_after, self._graphs, _lib().ncclCommAbort, self.ptr)
+
+    def _end(self) -> tuple | None:
+        """Mark the communicator ended, under the lock (async_error no longer reads it, hold refuses): its
+        finalizer detached, as (obj, func, args, kwargs); None if it had already ended. NCCL is called after,
+        outside the lock: the last rank's destroy or abort waits for graphs that a capturing thread may be about
+        to hold, which hold then destroys itself."""
         with self._lock:
-            if self.closed:
-                return
-            self._finalizer.detach()  # closed from here on: async_error no longer reads it, hold refuses
-        # Outside the lock: the last rank's abort waits for graphs that a capturing thread may be about to hold.
-        _destroy_after(self._graphs, _lib().ncclCommAbort, self.ptr)
+            return self._finalizer.detach()
 
     def async_error(self) -> int | None:
         """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None (also once closed

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
-from ..cuda import nccl  # the module only: NCCL itself loads on first use (optional)
+from ..cuda import _capture, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
 from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
 from ..data import input_affine
 from ..distributed import share
@@ -474,6 +475,9 @@ class CudaEngine(Engine):
             raise nccl.CommAborted(f"rank {g.rank} of {g.world} on GPU {g.device}: the communicator was aborted "
                                    "(an error on another GPU) while this rank waited for a collective")  # fmt: skip
 
+    # Frees deferred to the end: a collection on this thread could free another GPU's memory (cuMemFree waits for
+    # that GPU), and that GPU may be waiting in a collective for this one's.
+    @_capture.deferring
     def _check_ranks_agree(self, n: int) -> None:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
         another training set size, batch size, model, seed, precision, update sharding or optimizer (its number of
@@ -803,6 +807,8 @@ class _TrainContext(_Owner):
             self.graph = self.own(self._capture_epoch())
             if eng.group is not None:  # its collectives keep NCCL from ending the communicator until it is gone
                 eng.group.comm.hold(self.graph)
+                # The communicator keeps it until it ends; a context collected before that frees it with itself.
+                weakref.finalize(self, self.graph.close).atexit = False  # the process's end frees it anyway
         self.hist.memset(0, eng.stream)
 
     def reserve(self, epochs: int) -> None:
@@ -830,6 +836,7 @@ class _TrainContext(_Owner):
                 setattr(self, name, self.own(buf))
             self.capacity = cap
 
+    @_capture.deferring  # the autotuning step's all-reduces: see _check_ranks_agree
     def _capture_epoch(self):
         """Autotune each full-batch plan in step order on real data (no update), then capture the epoch."""
         eng = self.eng

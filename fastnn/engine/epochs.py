@@ -64,6 +64,8 @@ class EpochRun:
         eng.dev.make_current()
         start, end, _ = ctx.events[k % len(ctx.events)]
         start.record(eng.stream)
+        if ctx.graph.closed:
+            eng._check_group()  # the group ended under this fit (another thread): its graph went with it
         ctx.graph.launch(eng.stream)
         end.record(eng.stream)
         drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, eng.stream)
