@@ -235,6 +235,31 @@ def test_a_free_while_this_thread_captures_waits_for_the_capture_to_end(ctx_call
     assert "fakeFree failed" in str(failure.exc_value)
 
 
+def test_in_context_runs_with_the_context_current_and_restores_the_threads(ctx_calls, monkeypatch):
+    """Library handles are destroyed through driver.in_context: their context pushed (a finalizer runs on any
+    thread), popped after even a failing destroy; nothing runs when the context is gone; None runs as is."""
+    from fastnn.cuda import _loader
+
+    def failing() -> None:
+        raise RuntimeError("destroy failed")
+
+    ran = []
+    assert driver.in_context("ctx", lambda a: ran.append(a) or "done", 1) == "done"
+    with pytest.raises(RuntimeError, match="destroy failed"):
+        driver.in_context("ctx", failing)
+    assert driver.in_context(None, ran.append, 2) is None
+    assert ctx_calls == ["ctx", "pop", "ctx", "pop"] and ran == [1, 2]
+    gone = (cu.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,)
+    monkeypatch.setattr(cu, "cuCtxPushCurrent", lambda ctx: gone)
+    assert driver.in_context("ctx", ran.append, 3) == gone and ran == [1, 2]
+    monkeypatch.setattr(driver, "current_context", lambda: "made-in")
+    destroy = _loader.in_current_context(ran.append)
+    monkeypatch.setattr(driver, "current_context", lambda: "another")
+    monkeypatch.setattr(cu, "cuCtxPushCurrent", lambda ctx: ctx_calls.append(ctx) or (SUCCESS,))
+    destroy(4)
+    assert ctx_calls[-2:] == ["made-in", "pop"] and ran == [1, 2, 4]
+
+
 def test_a_deferring_call_frees_what_it_dropped_once_it_returns_or_raises(ctx_calls):
     """A replica's epoch launch defers this thread's frees (another GPU may be waiting on the launch); they run as
     it returns, and when it raises."""
@@ -535,6 +560,38 @@ def test_frees_on_another_thread_during_a_capture_do_not_invalidate_it(dev, modu
 
     _capture_survives(dev, module, close_elsewhere)
     assert all(v.closed for v in victims)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cudnn", "cublaslt"])
+def test_a_library_handle_is_destroyed_in_its_own_context_from_any_thread(dev, monkeypatch, kind):
+    """cudnnDestroy and cublasLtDestroy synchronize and free on the current device; a collection may run them on a
+    thread where no context (or another GPU's) is current: the handle's own is made current around the destroy,
+    and the thread's own is back after."""
+    from fastnn.cuda import cublaslt, cudnn
+
+    lib = cudnn if kind == "cudnn" else cublaslt
+    seen = []
+    real = lib._destroy_by_name
+    monkeypatch.setattr(lib, "_destroy_by_name", lambda name, ptr: (seen.append(driver.current_context()),
+                                                                      real(name, ptr)))  # fmt: skip
+    stream = driver.Stream(dev)
+    handle = _library_object(kind, dev, stream)
+
+    def destroy_elsewhere() -> None:
+        _check_ctx(cu.cuCtxSetCurrent(None))  # a fresh thread has none; make sure
+        handle.close()
+        seen.append(driver.current_context())
+
+    other = threading.Thread(target=destroy_elsewhere)
+    other.start()
+    other.join()
+    assert len(seen) == 2 and int(seen[0]) == int(dev.context) and seen[1] is None, seen
+    stream.close()
+
+
+def _check_ctx(result) -> None:
+    assert result[0] == SUCCESS, result
 
 
 def _library_object(kind: str, dev, stream):

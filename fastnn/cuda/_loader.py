@@ -130,6 +130,15 @@ def _destroy_quietly(destroy: Callable[[int], Any], ptr: int) -> None:
         destroy(ptr)
 
 
+def in_current_context(destroy: Callable[[int], Any]) -> Callable[[int], Any]:
+    """`destroy` run with the CUDA context current now made current again (driver.in_context), for a library
+    handle made in it: cudnnDestroy and cublasLtDestroy synchronize and free on the current device, and a garbage
+    collection may run them on a thread where another GPU's context is current."""
+    from . import driver  # cuda-python: loaded by the time any handle exists
+
+    return functools.partial(driver.in_context, driver.current_context(), destroy)
+
+
 class LibraryObject:
     """A handle or descriptor a ctypes-bound library created, destroyed exactly once: by close(), at the
     end of a `with` block, or when garbage-collected. Not at interpreter exit: the process's end frees

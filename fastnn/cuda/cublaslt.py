@@ -31,7 +31,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, c_int_value, int_range, stream_ptr
+from ._loader import (
+    CudaLibraryError,
+    LibraryObject,
+    argument_error,
+    bind_library,
+    c_int_value,
+    in_current_context,
+    int_range,
+    stream_ptr,
+)
 
 __all__ = [
     "ComputeType",
@@ -388,18 +397,22 @@ def _destroy_by_name(name: str, ptr: int) -> None:
 
 
 class _Owned(LibraryObject):
-    """Something cuBLASLt created that must be destroyed exactly once (by its `_destroy` function)."""
+    """Something cuBLASLt created that must be destroyed exactly once (by its `_destroy` function); a handle
+    (`_in_context`) with the CUDA context it was made in current."""
 
     _destroy = ""
+    _in_context = False
 
     def __init__(self, ptr: int) -> None:
-        super().__init__(ptr, functools.partial(_destroy_by_name, self._destroy))
+        destroy = functools.partial(_destroy_by_name, self._destroy)
+        super().__init__(ptr, in_current_context(destroy) if self._in_context else destroy)
 
 
 class Handle(_Owned):
     """A cuBLASLt context (cublasLtCreate) on the current CUDA context; one per device is enough."""
 
     _destroy = "cublasLtDestroy"
+    _in_context = True
 
     def __init__(self, device: Any = None) -> None:
         """Args: device: a fastnn.cuda.driver.Device to make current first (else the current context is used).

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DeviceUnavailable
-from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, stream_ptr
+from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, in_current_context, stream_ptr
 
 __all__ = [
     "CudnnError",
@@ -180,18 +180,22 @@ def _destroy_by_name(name: str, ptr: int) -> None:
 
 
 class _Owned(LibraryObject):
-    """Something cuDNN created that must be destroyed exactly once (by its `_destroy` function)."""
+    """Something cuDNN created that must be destroyed exactly once (by its `_destroy` function); a handle
+    (`_in_context`) with the CUDA context it was made in current."""
 
     _destroy = ""
+    _in_context = False
 
     def __init__(self, ptr: int) -> None:
-        super().__init__(ptr, functools.partial(_destroy_by_name, self._destroy))
+        destroy = functools.partial(_destroy_by_name, self._destroy)
+        super().__init__(ptr, in_current_context(destroy) if self._in_context else destroy)
 
 
 class Handle(_Owned):
     """A cuDNN context (cudnnCreate) bound to a stream; create it and set the stream before any capture."""
 
     _destroy = "cudnnDestroy"
+    _in_context = True
 
     def __init__(self, stream: Any = None, device: Any = None) -> None:
         """Args: stream: a driver.Stream (or raw cudaStream_t int) to run on; device: a driver.Device to

@@ -290,19 +290,33 @@ def _resolve(device: Device | None) -> Device:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> None:
-    """Free one driver resource with its context current (a finalizer may run on any thread), then restore the
-    thread's own: a collection on a GPU's worker thread must not leave another GPU's context current there.
-    Called through _capture.release, so a free on a capturing thread waits for the capture's end."""
+def current_context() -> Any:
+    """The CUcontext current on this thread, or None: a library handle made now belongs to it (see in_context)."""
+    err, ctx = cu.cuCtxGetCurrent()
+    return ctx if err == _SUCCESS and int(ctx) else None
+
+
+def in_context(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) with `ctx` current, then the thread's own context back: a finalizer may run on any thread, and a
+    collection on one GPU's worker thread must neither free on another GPU's context nor leave it current there.
+    When `ctx` cannot be made current (gone at process exit), fn is not run and the push's result is returned;
+    with ctx None, fn runs in whatever context is current."""
+    if ctx is None:
+        return fn(*args)
+    pushed = cu.cuCtxPushCurrent(ctx)
+    if pushed[0] != _SUCCESS:
+        return pushed
     try:
-        pushed = cu.cuCtxPushCurrent(ctx)
-        if pushed[0] != _SUCCESS:
-            result = pushed  # the context is gone (process exit) or the call failed: reported below
-        else:
-            try:
-                result = free(handle)
-            finally:
-                cu.cuCtxPopCurrent()
+        return fn(*args)
+    finally:
+        cu.cuCtxPopCurrent()
+
+
+def _release(ctx: Any, free: Callable[[Any], Any], handle: Any, what: str) -> None:
+    """Free one driver resource with its context current (in_context). Called through _capture.release, so a free
+    on a capturing thread waits for the capture's end."""
+    try:
+        result = in_context(ctx, free, handle)  # a failed push (the context gone) is reported below like a free's
     except Exception:  # binding already torn down: the process is exiting and the driver frees all
         return
     err = result[0] if isinstance(result, tuple) else result
