@@ -226,7 +226,11 @@ class Comm(LibraryObject):
                 self._graphs.append(graph)
         if ended:
             graph.close()
-            raise CommAborted(f"rank {self.rank} of {self.world}: the communicator was closed or aborted")
+            raise self.ended_error()
+
+    def ended_error(self) -> CommAborted:
+        """The error for using this communicator after it was closed or aborted."""
+        return CommAborted(f"rank {self.rank} of {self.world}: the communicator was closed or aborted")
 
     def close(self) -> None:
         """Destroy it (ncclCommDestroy) after its graphs; idempotent."""
@@ -302,7 +306,7 @@ def _checked(comm: Comm, dtype: Any) -> int:
     except (KeyError, TypeError):
         raise ConfigError(f"dtype must be one of {sorted(str(d) for d in _DTYPES)}, got {dtype!r}") from None
     if comm.closed:
-        raise CommAborted(f"rank {comm.rank} of {comm.world}: the communicator was aborted (an error elsewhere)")
+        raise comm.ended_error()
     return int(dt)
 
 

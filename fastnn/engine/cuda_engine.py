@@ -634,7 +634,6 @@ class CudaEngine(Engine):
         self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
     ) -> None:
         self.last_reported = None
-        self._check_group()
         run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
         drive_epochs(self, EpochRuns([run]), on_epoch, stoppable)
 
