@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import ConfigError, DeviceUnavailable
 
-__all__ = ["Group", "init", "share", "unique_id"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Group", "init", "share", "unique_id"]
 
 #: Environment variables launchers set: (rank, world size, local rank), first match wins.
 LAUNCHER_ENV = (
@@ -53,14 +53,23 @@ def unique_id() -> str:
     return nccl.unique_id().hex()
 
 
+#: How long a rank waits for the others by default (init's timeout): PyTorch's default for NCCL.
+DEFAULT_TIMEOUT_S = 600.0
+
+
 @dataclass
 class Group:
-    """This process's place in a data-parallel run: its rank, the world size, its GPU and NCCL communicator."""
+    """This process's place in a data-parallel run: its rank, the world size, its GPU and NCCL communicator.
+
+    timeout: the longest a rank waits for work holding collectives (an epoch, a fit's agreement check) before it
+    concludes that the other ranks will not join them, aborts the communicator and raises
+    `fastnn.cuda.nccl.CollectiveTimeout`; None waits forever."""
 
     rank: int
     world: int
     device: int
     comm: Any = field(repr=False)
+    timeout: float | None = None
 
     def close(self) -> None:
         """Destroy the communicator (after every Trainer using it is closed)."""
@@ -130,8 +139,9 @@ def _parse_uid(uid: Any) -> bytes:
     return bytes(uid)
 
 
-def _exchange_file(path: Path, rank: int, timeout: float) -> bytes:
-    """Rank 0 makes the id and writes it to `path` (atomically: a rename); the others wait for the file."""
+def _exchange_file(path: Path, rank: int, timeout: float | None) -> bytes:
+    """Rank 0 makes the id and writes it to `path` (atomically: a rename); the others wait for the file (at most
+    `timeout` seconds; None: forever)."""
     from .cuda import nccl
 
     if rank == 0:
@@ -140,7 +150,7 @@ def _exchange_file(path: Path, rank: int, timeout: float) -> bytes:
         tmp.write_text(uid.hex())
         os.replace(tmp, path)
         return uid
-    deadline = time.monotonic() + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
             text = path.read_text()
@@ -148,7 +158,7 @@ def _exchange_file(path: Path, rank: int, timeout: float) -> bytes:
             text = ""
         if text:
             return _parse_uid(text)
-        if time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             raise ConfigError(f"id_file {str(path)!r}: rank 0 did not write the NCCL id within {timeout:g} s")
         time.sleep(0.05)
 
@@ -160,13 +170,18 @@ def init(
     uid: bytes | str | None = None,
     id_file: str | os.PathLike[str] | None = None,
     device: int | None = None,
-    timeout: float = 300.0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
 ) -> Group:
     """Join a data-parallel run: this process becomes `rank` of `world` on GPU `device`.
 
     rank, world and device default to the launcher's environment variables (torchrun's RANK, WORLD_SIZE and
     LOCAL_RANK; Open MPI's, MPICH's and Slurm's equivalents, see LAUNCHER_ENV); device then defaults to the local
     rank. Every rank must call it; it returns once all have joined (ncclCommInitRank).
+
+    timeout: seconds a rank waits for the others: for rank 0's id_file, and in training for an epoch or a fit's
+    agreement check to complete (see Group); past it the communicator is aborted and the wait raises rather than
+    hanging on a rank that died or stopped. Set it above your longest epoch and your longest gap between one
+    rank's fits and another's (a rank evaluating or saving alone); None waits forever.
 
     Raises:
         ConfigError: a missing or invalid rank, world, device or id (the message names it), before NCCL is used.
@@ -184,8 +199,9 @@ def init(
         device = env_local if env_local is not None else 0
     if uid is not None and id_file is not None:
         raise ConfigError("pass uid or id_file, not both")
-    if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    timeout = None if timeout is None else float(timeout)
     uid_bytes = _parse_uid(uid) if uid is not None else None
     from .device import require_cuda
 
@@ -199,7 +215,7 @@ def init(
         raise DeviceUnavailable(f"fastnn.distributed needs NCCL: {reason}")
     if uid_bytes is None:
         if id_file is not None:
-            uid_bytes = _exchange_file(Path(id_file), rank, float(timeout))
+            uid_bytes = _exchange_file(Path(id_file), rank, timeout)
         elif world == 1 or os.environ.get("NCCL_COMM_ID"):
             uid_bytes = nccl.unique_id()  # alone, or every rank derives the same id from NCCL_COMM_ID
         else:
@@ -214,4 +230,4 @@ def init(
         raise
     if id_file is not None and rank == 0:  # every rank has joined: the id is spent, so no later run reads it
         Path(id_file).unlink(missing_ok=True)
-    return Group(rank=rank, world=world, device=device, comm=comm)
+    return Group(rank=rank, world=world, device=device, comm=comm, timeout=timeout)

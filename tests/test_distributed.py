@@ -69,7 +69,9 @@ def test_split_gradient_sums_to_the_whole_batch_gradient():
         ({"rank": 0, "world": 2, "uid": "zz"}, "uid must be the hex string of an NCCL unique id"),
         ({"rank": 0, "world": 2, "uid": b"short"}, "uid must be an NCCL unique id of 128 bytes"),
         ({"rank": 0, "world": 2, "uid": "00" * 128, "id_file": "f"}, "pass uid or id_file, not both"),
-        ({"rank": 0, "world": 2, "timeout": 0}, "timeout must be a positive number of seconds, got 0"),
+        ({"rank": 0, "world": 2, "timeout": 0}, "timeout must be a positive number of seconds or None, got 0"),
+        ({"rank": 0, "world": 2, "timeout": True}, "timeout must be a positive number of seconds or None, got True"),
+        ({"rank": 0, "world": 2, "timeout": "60"}, "timeout must be a positive number of seconds or None, got '60'"),
     ],
 )
 def test_init_refuses_bad_arguments_before_any_work(monkeypatch, kwargs, message):
@@ -241,6 +243,59 @@ def test_a_graph_captured_while_its_communicator_ends_is_destroyed_by_its_captur
     assert events == ["close late", "ended"] and late.closed and len(refused) == 1
 
 
+class _WaitingGroup:
+    """What CudaEngine._wait_comm uses of a Group: a peer that never comes (no async error, the wait never ends)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        from types import SimpleNamespace
+
+        self.rank, self.world, self.device, self.timeout = 1, 2, 3, timeout
+        self.comm = SimpleNamespace(closed=False)
+        self.aborts = 0
+
+    def async_error(self):
+        return None
+
+    def abort(self) -> None:
+        self.aborts += 1
+        self.comm.closed = True
+
+
+class _Event:
+    """An event that completes after `polls` queries (None: never)."""
+
+    def __init__(self, polls: int | None) -> None:
+        self.polls = polls
+
+    def query(self) -> bool:
+        if self.polls is None:
+            return False
+        self.polls -= 1
+        return self.polls < 0
+
+
+def test_a_rank_waiting_past_its_groups_timeout_aborts_and_raises():
+    """A peer that died or stopped training leaves this rank's collective spinning, and NCCL need not report it:
+    past the group's timeout the communicator is aborted and the wait raises, naming the rank, GPU and timeout."""
+    import time
+    from types import SimpleNamespace
+
+    from fastnn.cuda import nccl
+    from fastnn.engine.cuda_engine import CudaEngine
+
+    eng = SimpleNamespace(group=_WaitingGroup(timeout=0.05))
+    start = time.monotonic()
+    with pytest.raises(nccl.CollectiveTimeout, match=r"rank 1 of 2 on GPU 3: the other ranks did not join .* 0.05 s"):
+        CudaEngine._wait_comm(eng, _Event(None))
+    assert eng.group.aborts == 1 and 0.05 <= time.monotonic() - start < 5
+    assert issubclass(nccl.CollectiveTimeout, nccl.CommAborted)  # drive_epochs drains nothing after it
+
+    for timeout in (None, 30.0):  # waits that end in time are left alone
+        eng = SimpleNamespace(group=_WaitingGroup(timeout))
+        CudaEngine._wait_comm(eng, _Event(20))
+        assert eng.group.aborts == 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
@@ -364,11 +419,11 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
     monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
-    # The ranks' agreement check (MAX and MIN of 12 values), each layer's gradient once per step (5 steps, and the
-    # autotuning run of step 0), and the history once.
+    # The ranks' agreement checks (MAX and MIN of 12 values on the data, of 6 on the call), each layer's gradient
+    # once per step (5 steps, and the autotuning run of step 0), and the history once; no stop votes (no callbacks).
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
-    assert calls[:2] == [12, 12] and len(calls) == 2 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    assert calls[:4] == [12, 12, 6, 6] and len(calls) == 4 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
     plain = _train("cuda", "fp32")
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
@@ -753,6 +808,121 @@ def test_two_processes_end_their_groups_under_open_trainers(end):
     for rank, (tag, payload) in enumerate(results):
         assert tag == "ok", payload
         assert f"rank {rank} of 2 on GPU {rank}: the communicator was closed or aborted" in payload
+
+
+@pytest.mark.gpu
+def test_a_stoppable_fit_votes_after_every_epoch(monkeypatch):
+    """With callbacks, every rank votes after every epoch whether it stops (a MIN and a MAX of one value, outside
+    the graph): a group of one stops where its callback does, having voted once per epoch trained."""
+    nccl = _require_nccl()
+    calls = []
+    real = nccl.all_reduce
+    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    x, y, model, kw = _case()
+    with (
+        distributed.init(0, 1, device=0) as group,
+        fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
+                       distributed=group, **kw) as t,
+    ):  # fmt: skip
+        h = t.fit(x, y, epochs=4, callbacks=[lambda record: record["epoch"] == 2])
+        assert len(h) == 2 and t.epoch == 2
+    assert calls.count(1) == 2 * 2, calls  # the only one-value all-reduces: two votes of two each
+
+
+def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
+    """One rank of a run whose ranks stop or fit differently (`case`): "stop" (rank 1's callback stops after epoch
+    2 of 4, rank 0's never does), or "epochs" (rank r asks for 3 + r epochs, then both for 2). Its (epochs done,
+    epochs of each fit or the refusal, weights) up `conn`."""
+    try:
+        with distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank) as group:
+            x, y, model, kw = _case()
+            with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda",
+                                engine="graph", distributed=group, **kw) as t:  # fmt: skip
+                if case == "stop":
+                    h = t.fit(x, y, epochs=4, callbacks=[lambda record: rank == 1 and record["epoch"] == 2])
+                    answer = [len(h)]
+                else:
+                    try:
+                        t.fit(x, y, epochs=3 + rank)
+                        answer = ["not refused"]
+                    except ConfigError as exc:
+                        answer = [str(exc), t.epoch, len(t.fit(x, y, epochs=2))]
+                conn.send(("ok", (t.epoch, answer, t.state_dict())))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+@pytest.mark.gpu
+def test_a_stop_on_one_rank_stops_every_rank_after_the_same_epoch():
+    """A callback that stops one rank only would leave the others waiting in the next epoch's collectives: the
+    ranks vote after every epoch, and all stop after epoch 2 with identical weights."""
+    _need_gpus(2)
+    results = _spawn(2, _rank_with_callbacks, lambda rank: ("stop",), relay_id=True)
+    for tag, payload in results:
+        assert tag == "ok", payload
+    (e0, a0, w0), (e1, a1, w1) = (payload for _, payload in results)
+    assert (e0, a0, e1, a1) == (2, [2], 2, [2])
+    for name in w0:
+        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+
+
+@pytest.mark.gpu
+def test_ranks_asking_for_different_epochs_are_refused_before_any_epoch():
+    """Each call's epoch and step counters, steps, learning rates and stoppability are compared first: ranks asking
+    for 3 and 4 epochs are refused by name on both, train none, and can go on with a fit they agree on."""
+    _need_gpus(2)
+    results = _spawn(2, _rank_with_callbacks, lambda rank: ("epochs",), relay_id=True)
+    for rank, (tag, payload) in enumerate(results):
+        assert tag == "ok", payload
+        epochs, (message, refused_at, then), _ = payload
+        assert f"rank {rank} of 2: every rank must train the same model" in message, message
+        assert "steps to train (epochs of this fit)" in message and (refused_at, then, epochs) == (0, 2, 2), payload
+
+
+def _rank_loses_its_peer(rank: int, world: int, conn) -> None:
+    """Rank 1 dies after a first fit (os._exit: nothing closed); rank 0, with a 5 s timeout, fits again and must
+    raise instead of waiting for it forever. Rank 0's (error type, message, seconds waited, epochs done)."""
+    import os
+    import time
+
+    from fastnn.cuda import nccl
+
+    try:
+        group = distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank, timeout=5)
+        x, y, model, kw = _case()
+        t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
+                           distributed=group, **kw)  # fmt: skip
+        t.fit(x, y, epochs=1)
+        if rank == 1:
+            conn.send(("ok", "gone"))
+            conn.close()
+            os._exit(0)
+        before, start = t.state_dict(), time.monotonic()
+        try:
+            t.fit(x, y, epochs=2)
+            conn.send(("error", "rank 0: the fit whose peer is gone returned"))
+            return
+        except (nccl.NcclError, nccl.CommAborted) as exc:
+            waited = time.monotonic() - start
+            after = t.state_dict()
+            same = all(np.array_equal(after[name], before[name]) for name in before)
+            t.close()
+            group.close()
+            conn.send(("ok", (type(exc).__name__, str(exc), waited, t.epoch, same)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+@pytest.mark.gpu
+def test_a_rank_whose_peer_died_raises_instead_of_hanging():
+    """A dead peer on the same machine leaves a collective spinning, and NCCL need not report it: past the group's
+    timeout the rank aborts its communicator and raises (or raises NCCL's own error first), keeping its weights."""
+    _need_gpus(2)
+    (tag0, payload), (tag1, gone) = _spawn(2, _rank_loses_its_peer, lambda rank: (), relay_id=True)
+    assert (tag0, tag1, gone) == ("ok", "ok", "gone"), (payload, gone)
+    kind, message, waited, epochs, same = payload
+    assert kind in ("CollectiveTimeout", "NcclError"), message
+    assert "rank 0 of 2 on GPU 0" in message and waited < 120 and epochs == 1 and same, payload
 
 
 def _drop_unclosed_replicas(rank: int, world: int, conn) -> None:

@@ -158,3 +158,75 @@ def test_a_failing_gpu_stops_the_replicas_without_draining():
         drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
     assert seen == [] and runs.failed and len(engine.aborted) == 1
     assert [r.drained for r in runs.runs] == [0, 0]
+
+
+# ---- a process of a data-parallel run: every rank votes after every epoch of a stoppable fit ---------------------
+
+
+class _Voting(EpochRuns):
+    """One rank's runs with a stop vote; `others` is the lowest other rank stopping after each epoch (None: none)."""
+
+    def __init__(self, epochs: int, others: list[int | None], wait_interrupted_at: int | None = None) -> None:
+        super().__init__([_Run(epochs)], stop_vote=self._vote)
+        self.others, self.votes, self.wait_interrupted_at = others, [], wait_interrupted_at
+
+    def _vote(self, stopping: bool) -> int | None:
+        k = len(self.votes)
+        self.votes.append(stopping)
+        return 0 if stopping else self.others[k]
+
+    def wait(self, k: int) -> None:
+        if k == self.wait_interrupted_at:
+            raise KeyboardInterrupt
+        super().wait(k)
+
+
+def test_a_stop_on_another_rank_stops_this_one_after_the_same_epoch():
+    from fastnn.control import StopTraining
+
+    runs = _Voting(4, others=[None, 1, None, None])
+    seen = []
+    with pytest.raises(StopTraining, match="rank 1 stopped after epoch 12"):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=True)
+    assert seen == [10, 11] and runs.runs[0].launched == [0, 1] and runs.votes == [False, False]
+
+
+@pytest.mark.parametrize("how", ["StopTraining", "an error in a callback", "divergence"])
+def test_a_rank_that_stops_votes_so_and_raises_its_own_error(how):
+    from fastnn.control import StopTraining
+    from fastnn.errors import TrainingDiverged
+
+    runs = _Voting(4, others=[None] * 4)
+    seen = []
+
+    def on_epoch(stats):
+        seen.append(stats.epoch)
+        if len(seen) == 2 and how == "StopTraining":
+            raise StopTraining("stopped after epoch 12")
+        if len(seen) == 2 and how == "an error in a callback":
+            raise ValueError("callback")
+
+    error = {"StopTraining": StopTraining, "an error in a callback": ValueError, "divergence": TrainingDiverged}[how]
+    if how == "divergence":
+        runs.runs[0].diverged = lambda k: TrainingDiverged(11 + k, float("nan")) if k == 1 else None
+    with pytest.raises(error):
+        drive_epochs(_Engine(), runs, on_epoch, stoppable=True)
+    assert runs.runs[0].launched == [0, 1] and runs.votes == [False, True]
+    assert seen == ([10] if how == "divergence" else [10, 11])
+
+
+def test_an_interrupt_while_waiting_reports_the_epoch_then_votes_to_stop():
+    runs = _Voting(4, others=[None] * 4, wait_interrupted_at=1)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=True)
+    assert seen == [10, 11] and runs.runs[0].drained == 1 and runs.votes == [False, True]
+
+
+def test_ranks_vote_only_in_a_stoppable_fit():
+    runs = _Voting(3, others=[1, 1, 1])
+    drive_epochs(_Engine(), runs, lambda s: None, stoppable=False)
+    assert runs.votes == [] and runs.runs[0].launched == [0, 1, 2]
+    runs = _Voting(3, others=[None] * 3)
+    drive_epochs(_Engine(), runs, lambda s: None, stoppable=True)
+    assert runs.votes == [False, False, False]

@@ -27,6 +27,7 @@ from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_libra
 __all__ = [
     "UNIQUE_ID_BYTES",
     "Comm",
+    "CollectiveTimeout",
     "CommAborted",
     "DataType",
     "NcclError",
@@ -102,6 +103,11 @@ class NcclError(CudaLibraryError):
 
 class CommAborted(RuntimeError):
     """A communicator was used, or waited on, after it was aborted (an error elsewhere ended the group)."""
+
+
+class CollectiveTimeout(CommAborted):
+    """A rank waited longer than its group's timeout for collectives the other ranks never joined; the
+    communicator was aborted."""
 
 
 _STATUS = object()  # marks functions returning ncclResult_t in _SIGNATURES

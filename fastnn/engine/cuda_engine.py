@@ -19,6 +19,7 @@ import contextlib
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -195,6 +196,11 @@ class CudaEngine(Engine):
         self._closed = True
         try:
             self.dev.make_current()
+            if self.group is not None and not self.group.comm.closed:
+                # Polled, at most the group's timeout: a queued collective may wait for a peer that is gone. Ended
+                # meanwhile (timed out, or aborted by another thread), its collectives return.
+                with contextlib.suppress(nccl.CommAborted):
+                    self.sync()
             self.stream.synchronize()
         finally:
             for ctx in (self._eval, self._train):
@@ -459,12 +465,30 @@ class CudaEngine(Engine):
         else:
             self._wait_comm(event)
 
+    def sync(self) -> None:
+        """Block until everything queued on the stream has run; for a group through _wait_comm, since queued
+        collectives may wait for peers that never come."""
+        if self.group is None:
+            self.stream.synchronize()
+        else:
+            self._join.record(self.stream)
+            self._wait_comm(self._join)
+
     def _wait_comm(self, event) -> None:
         """Poll until `event` completes, so that a failed or vanished peer (NCCL's asynchronous error) aborts the
-        communicator and raises rather than leaving this rank spinning in a collective."""
+        communicator and raises rather than leaving this rank spinning in a collective. Past the group's timeout
+        the peers are taken for gone (a rank that died or stopped early, which NCCL need not report: a dead peer
+        on this machine leaves the collective spinning) and the communicator is aborted too."""
         g = self.group
+        deadline = None if g.timeout is None else time.monotonic() + g.timeout
         while not event.query():
             error = g.async_error()
+            if error is None and deadline is not None and time.monotonic() > deadline:
+                error = nccl.CollectiveTimeout(
+                    f"rank {g.rank} of {g.world} on GPU {g.device}: the other ranks did not join this rank's "
+                    f"collectives within {g.timeout:g} s (distributed.init's timeout): one may have died, stopped "
+                    "training or be busy elsewhere; the communicator was aborted"
+                )
             if error is not None:
                 g.abort()
                 raise error
@@ -478,19 +502,10 @@ class CudaEngine(Engine):
     # Frees deferred to the end: a collection on this thread could free another GPU's memory (cuMemFree waits for
     # that GPU), and that GPU may be waiting in a collective for this one's.
     @_capture.deferring
-    def _check_ranks_agree(self, n: int) -> None:
-        """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives:
-        another training set size, batch size, model, seed, precision, update sharding or optimizer (its number of
-        state buffers). One small MAX and MIN all-reduce."""
-        cfg, g = self.config, self.group
-        what = ("training set rows", "batch_size", "drop_last", "padded parameter count", "layers",
-                "layer widths (a checksum)", "seed (low 32 bits)", "seed (high 32 bits)", "precision", "world",
-                "sharded update (cuda_engine.SHARDED_UPDATE)", "optimizer state buffers")  # fmt: skip
-        widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
-        mine = np.array([n, cfg.batch_size, int(cfg.drop_last), self.layout.total, len(cfg.model.layers), widths,
-                         cfg.seed & 0xFFFFFFFF, cfg.seed >> 32, PRECISIONS.index(cfg.precision), g.world,
-                         int(self.sharded), len(self._opt_names)], dtype=np.float64)  # fmt: skip
-        k = mine.size
+    def _ranks_min_max(self, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ranks' MIN and MAX of each of `mine` (float64, at most 16 values, exact integers below 2**53): one
+        small MIN and one MAX all-reduce outside any graph, which every rank must issue at the same point."""
+        g, k = self.group, mine.size
         self._agree.upload(np.concatenate([mine, mine]))
         nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
         low = self._agree.ptr + 8 * k
@@ -499,11 +514,55 @@ class CudaEngine(Engine):
         self._wait_comm(self._join)
         out = np.empty(2 * k, dtype=np.float64)
         self._agree.download(out)
-        bad = [f"{name} (this rank {mine[i]:.0f}; the ranks' values range from {out[k + i]:.0f} to {out[i]:.0f})"
-               for i, name in enumerate(what) if out[i] != out[k + i]]  # fmt: skip
+        return out[k:], out[:k]
+
+    def _check_ranks_agree(self, items: list[tuple[str, int]]) -> None:
+        """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives
+        or train differently: `items` are (what, this rank's value), compared across the ranks."""
+        g = self.group
+        mine = np.array([value for _, value in items], dtype=np.float64)
+        low, high = self._ranks_min_max(mine)
+        bad = [f"{name} (this rank {mine[i]:.0f}; the ranks' values range from {low[i]:.0f} to {high[i]:.0f})"
+               for i, (name, _) in enumerate(items) if low[i] != high[i]]  # fmt: skip
         if bad:
             raise ConfigError(f"rank {g.rank} of {g.world}: every rank must train the same model with the same "
                               f"arguments on the same data; they differ in " + "; ".join(bad))  # fmt: skip
+
+    def _check_data_agrees(self, n: int) -> None:
+        """Before a fit's data is uploaded: the same training set size, batch size, model, seed, precision, update
+        sharding and optimizer (its number of state buffers) on every rank."""
+        cfg, g = self.config, self.group
+        widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
+        self._check_ranks_agree([
+            ("training set rows", n), ("batch_size", cfg.batch_size), ("drop_last", int(cfg.drop_last)),
+            ("padded parameter count", self.layout.total), ("layers", len(cfg.model.layers)),
+            ("layer widths (a checksum)", widths), ("seed (low 32 bits)", cfg.seed & 0xFFFFFFFF),
+            ("seed (high 32 bits)", cfg.seed >> 32), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
+            ("sharded update (cuda_engine.SHARDED_UPDATE)", int(self.sharded)),
+            ("optimizer state buffers", len(self._opt_names)),
+        ])  # fmt: skip
+
+    def _check_call_agrees(self, first_epoch: int, first_step: int, lrs: np.ndarray, stoppable: bool) -> None:
+        """Before a call's epochs: the same epoch and step counters (they key the shuffle), number of steps,
+        learning rates, and whether callbacks or early stopping may stop it (a stoppable fit votes after every
+        epoch, _vote_stop) on every rank. Otherwise one rank would wait in collectives the others never issue, or
+        the replicas would drift apart."""
+        table = np.ascontiguousarray(lrs, dtype=np.float32)
+        self._check_ranks_agree([
+            ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", first_step & 0xFFFFFFFF),
+            ("steps done (high 32 bits)", first_step >> 32), ("steps to train (epochs of this fit)", table.size),
+            ("learning rates (a CRC of this fit's schedule)", zlib.crc32(table.tobytes())),
+            ("callbacks or early stopping given", int(stoppable)),
+        ])  # fmt: skip
+
+    def _vote_stop(self, stopping: bool) -> int | None:
+        """After each epoch of a stoppable fit, every rank votes: the lowest rank that stops after this epoch (a
+        callback, early stopping, an error, Ctrl-C), or None if none does. A stop on one rank then stops all of
+        them after the same epoch instead of leaving the others waiting in the next epoch's collectives."""
+        g = self.group
+        low, _ = self._ranks_min_max(np.array([g.rank if stopping else g.world], dtype=np.float64))
+        first = int(low[0])
+        return first if first < g.world else None
 
     def record_join(self) -> None:
         """Make the main stream wait for everything queued on the side stream: the all-reduces (before the update),
@@ -590,7 +649,7 @@ class CudaEngine(Engine):
 
     def capture(self, record) -> object:
         """Record `record()` on the stream into a graph and instantiate it."""
-        self.stream.synchronize()
+        self.sync()  # a group's autotuning step queued all-reduces
         self.stream.begin_capture()
         try:
             record()
@@ -616,7 +675,7 @@ class CudaEngine(Engine):
         self._check_group()
         self.dev.make_current()
         if self.group is not None:
-            self._check_ranks_agree(x.shape[0])
+            self._check_data_agrees(x.shape[0])
         key = _data_key(x, y)
         ctx = self._train
         if ctx is not None and ctx.key == key:
@@ -634,8 +693,12 @@ class CudaEngine(Engine):
         self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
     ) -> None:
         self.last_reported = None
+        if self.group is not None:
+            self.dev.make_current()
+            self._check_call_agrees(first_epoch, first_step, lrs, stoppable)
         run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
-        drive_epochs(self, EpochRuns([run]), on_epoch, stoppable)
+        vote = self._vote_stop if self.group is not None else None
+        drive_epochs(self, EpochRuns([run], stop_vote=vote), on_epoch, stoppable)
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         """Microseconds per node of the first training step, and of the whole step ("step").

@@ -3,16 +3,20 @@
 `EpochRun` is one graph engine's fit: its captured epoch queued with timing events and the copies of its history
 and divergence flag to pinned memory. `EpochRuns` drives one such run per GPU in step (one for the graph engine, one
 per replica for `devices=`), and `drive_epochs` is the loop both engines share: INFLIGHT_EPOCHS queued ahead,
-divergence restoring the last finite epoch, a Ctrl-C letting the queued epochs finish and counting them.
+divergence restoring the last finite epoch, a Ctrl-C letting the queued epochs finish and counting them, and for a
+process of a data-parallel run a stop on any rank stopping every rank after the same epoch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..control import StopTraining
 from ..cuda import nccl  # the module only: NCCL itself loads on first use (optional)
 from ..errors import TrainingDiverged
 from .base import Engine, EpochStats, OnEpoch
@@ -87,9 +91,9 @@ class EpochRun:
         return self._done_event(k).query()
 
     def drain(self) -> None:
-        """Block until everything queued has run."""
+        """Block until everything queued has run (with a group, at most its timeout: CudaEngine.sync)."""
         self.eng.dev.make_current()
-        self.eng.stream.synchronize()
+        self.eng.sync()
 
     def diverged(self, k: int) -> TrainingDiverged | None:
         """The error to raise for epoch k (its events have completed) if its loss or the state it left is not
@@ -131,10 +135,14 @@ class EpochRuns:
 
     One GPU (or one process of a distributed run) queues and waits from the calling thread; the replica engine
     overrides launch and wait. `queued` counts the epochs queued on every run; `failed` is set once the GPUs can
-    no longer finish what is queued (communicators aborted): nothing is then drained or reported."""
+    no longer finish what is queued (communicators aborted): nothing is then drained or reported.
 
-    def __init__(self, runs: list[EpochRun]) -> None:
+    stop_vote (a process of a data-parallel run, CudaEngine._vote_stop): called by every rank after every epoch
+    of a stoppable fit with whether this rank stops after it; returns the lowest rank that does, or None."""
+
+    def __init__(self, runs: list[EpochRun], stop_vote: Callable[[bool], int | None] | None = None) -> None:
         self.runs, self.lead = runs, runs[0]
+        self.stop_vote = stop_vote
         self.queued = 0
         self.failed = False
 
@@ -161,7 +169,8 @@ class EpochRuns:
 def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: bool) -> None:
     """Train the epochs of `runs`, reported through `engine`, keeping INFLIGHT_EPOCHS queued ahead of the one
     waited for (one if `stoppable`: nothing may train past the epoch reported). Divergence restores every run's
-    state and raises."""
+    state and raises. With a stop vote, a stoppable fit's ranks vote after every epoch: one that stops (raising
+    from on_epoch) votes so and raises its own error, the others raise StopTraining naming it."""
     lead = runs.lead
     epochs = lead.epochs
 
@@ -178,6 +187,25 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
         last = engine.last_reported
         return 0 if last is None else last.epoch - lead.first_epoch + 1
 
+    voting = stoppable and runs.stop_vote is not None
+    voted = 0  # epochs of this call this rank has voted on (voting)
+
+    def vote(k: int, stopping: bool) -> int | None:
+        nonlocal voted
+        voted = k + 1
+        return runs.stop_vote(stopping)
+
+    def report_and_vote(k: int) -> None:
+        """report(k), then every rank's vote on stopping after epoch k (nothing is queued past it)."""
+        try:
+            report(k)
+        except BaseException:
+            vote(k, True)  # the others stop after this epoch too; this rank raises its own error
+            raise
+        rank = vote(k, False)
+        if rank is not None:
+            raise StopTraining(f"rank {rank} stopped after epoch {lead.first_epoch + k + 1}")
+
     inflight = 1 if stoppable else INFLIGHT_EPOCHS
     try:
         while reported() < epochs:
@@ -185,7 +213,10 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
                 runs.launch(runs.queued)
             k = reported()
             runs.wait(k)
-            report(k)
+            if voting:
+                report_and_vote(k)
+            else:
+                report(k)
     except (TrainingDiverged, nccl.NcclError, nccl.CommAborted):
         raise  # a peer failed, the communicator is aborted and the queued epochs will never finish
     except BaseException:
@@ -202,4 +233,7 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
                 break  # the weights went back to the last finite epoch, already reported
             except Exception:  # on_epoch failed after the epoch counted: report the next
                 continue
+        if voting and voted < runs.queued:  # interrupted waiting for an epoch: the others stop after it too
+            with contextlib.suppress(Exception):  # the interrupt is the error to report
+                vote(runs.queued - 1, True)
         raise
