@@ -322,7 +322,8 @@ class Trainer:
                 ks = range(first, first + n)
                 eval_after = frozenset(k - first for k in ks if (k + 1) % eval_every == 0 or k == epochs - 1)
                 self._engine.fit_epochs(self.epoch, self.step, lrs, eval_set, eval_after if eval_set else frozenset(),
-                                        commit, stoppable=stoppable, on_step=on_step)  # fmt: skip
+                                        commit, stoppable=stoppable, on_step=on_step,
+                                        end_epoch=epoch0 + epochs)  # fmt: skip
         except StopTraining:
             pass  # commit recorded the epoch that asked to stop; the engine trained none after it
         except BaseException:

@@ -419,11 +419,11 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
     monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
-    # The ranks' agreement checks (MAX and MIN of 12 values on the data, of 6 on the call), each layer's gradient
+    # The ranks' agreement checks (MAX and MIN of 12 values on the data, of 7 on the call), each layer's gradient
     # once per step (5 steps, and the autotuning run of step 0), and the history once; no stop votes (no callbacks).
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
-    assert calls[:4] == [12, 12, 6, 6] and len(calls) == 4 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
+    assert calls[:4] == [12, 12, 7, 7] and len(calls) == 4 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
     plain = _train("cuda", "fp32")
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
@@ -831,15 +831,18 @@ def test_a_stoppable_fit_votes_after_every_epoch(monkeypatch):
 
 def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
     """One rank of a run whose ranks stop or fit differently (`case`): "stop" (rank 1's callback stops after epoch
-    2 of 4, rank 0's never does), or "epochs" (rank r asks for 3 + r epochs, then both for 2). Its (epochs done,
-    epochs of each fit or the refusal, weights) up `conn`."""
+    2 of 4; rank 0 has none), or "epochs" (rank r asks for 3 + r epochs, in calls of one epoch each, then both for
+    2). Its (epochs done, epochs of each fit or the refusal, weights) up `conn`."""
     try:
+        if case == "epochs":
+            fastnn.trainer.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
         with distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank) as group:
             x, y, model, kw = _case()
             with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda",
                                 engine="graph", distributed=group, **kw) as t:  # fmt: skip
                 if case == "stop":
-                    h = t.fit(x, y, epochs=4, callbacks=[lambda record: rank == 1 and record["epoch"] == 2])
+                    stop = [lambda record: record["epoch"] == 2] if rank == 1 else None
+                    h = t.fit(x, y, epochs=4, callbacks=stop)
                     answer = [len(h)]
                 else:
                     try:
@@ -854,8 +857,9 @@ def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
 
 @pytest.mark.gpu
 def test_a_stop_on_one_rank_stops_every_rank_after_the_same_epoch():
-    """A callback that stops one rank only would leave the others waiting in the next epoch's collectives: the
-    ranks vote after every epoch, and all stop after epoch 2 with identical weights."""
+    """A callback given to one rank only, which stops it, would leave the other waiting in the next epoch's
+    collectives: every rank votes after every epoch (any rank's callbacks make the fit stoppable on all), and both
+    stop after epoch 2 with identical weights."""
     _need_gpus(2)
     results = _spawn(2, _rank_with_callbacks, lambda rank: ("stop",), relay_id=True)
     for tag, payload in results:
@@ -868,21 +872,25 @@ def test_a_stop_on_one_rank_stops_every_rank_after_the_same_epoch():
 
 @pytest.mark.gpu
 def test_ranks_asking_for_different_epochs_are_refused_before_any_epoch():
-    """Each call's epoch and step counters, steps, learning rates and stoppability are compared first: ranks asking
-    for 3 and 4 epochs are refused by name on both, train none, and can go on with a fit they agree on."""
+    """Each call's epoch and step counters, the epoch its fit ends at, its steps and learning rates are compared
+    first: ranks asking for 3 and 4 epochs (in calls of one epoch) are refused by name on both before any epoch,
+    and can go on with a fit they agree on."""
     _need_gpus(2)
     results = _spawn(2, _rank_with_callbacks, lambda rank: ("epochs",), relay_id=True)
     for rank, (tag, payload) in enumerate(results):
         assert tag == "ok", payload
         epochs, (message, refused_at, then), _ = payload
         assert f"rank {rank} of 2: every rank must train the same model" in message, message
-        assert "steps to train (epochs of this fit)" in message and (refused_at, then, epochs) == (0, 2, 2), payload
+        assert "epochs after this fit (epochs done + epochs) (this rank" in message, message
+        assert (refused_at, then, epochs) == (0, 2, 2), payload
 
 
-def _rank_loses_its_peer(rank: int, world: int, conn) -> None:
-    """Rank 1 dies after a first fit (os._exit: nothing closed); rank 0, with a 5 s timeout, fits again and must
-    raise instead of waiting for it forever. Rank 0's (error type, message, seconds waited, epochs done)."""
+def _rank_loses_its_peer(rank: int, world: int, conn, when: str) -> None:
+    """Rank 1 dies (os._exit: nothing closed) after a first fit, `when` = "between fits", or 0.5 s into the second,
+    "during a fit" (thousands of short epochs); rank 0, with a 5 s timeout, must raise instead of waiting for it
+    forever. Rank 0's (error type, message, seconds waited, epochs done, weights unchanged by the second fit)."""
     import os
+    import threading
     import time
 
     from fastnn.cuda import nccl
@@ -896,11 +904,13 @@ def _rank_loses_its_peer(rank: int, world: int, conn) -> None:
         if rank == 1:
             conn.send(("ok", "gone"))
             conn.close()
-            os._exit(0)
+            if when == "between fits":
+                os._exit(0)
+            threading.Timer(0.5, os._exit, (0,)).start()
         before, start = t.state_dict(), time.monotonic()
         try:
-            t.fit(x, y, epochs=2)
-            conn.send(("error", "rank 0: the fit whose peer is gone returned"))
+            t.fit(x, y, epochs=100_000)
+            conn.send(("error", f"rank {rank}: the fit whose peer is gone returned"))
             return
         except (nccl.NcclError, nccl.CommAborted) as exc:
             waited = time.monotonic() - start
@@ -914,15 +924,21 @@ def _rank_loses_its_peer(rank: int, world: int, conn) -> None:
 
 
 @pytest.mark.gpu
-def test_a_rank_whose_peer_died_raises_instead_of_hanging():
+@pytest.mark.parametrize("when", ["between fits", "during a fit"])
+def test_a_rank_whose_peer_died_raises_instead_of_hanging(when):
     """A dead peer on the same machine leaves a collective spinning, and NCCL need not report it: past the group's
-    timeout the rank aborts its communicator and raises (or raises NCCL's own error first), keeping its weights."""
+    timeout the rank aborts its communicator and raises (or raises NCCL's own error first), its weights readable:
+    unchanged if no epoch of the fit ran, else partway through."""
     _need_gpus(2)
-    (tag0, payload), (tag1, gone) = _spawn(2, _rank_loses_its_peer, lambda rank: (), relay_id=True)
+    (tag0, payload), (tag1, gone) = _spawn(2, _rank_loses_its_peer, lambda rank: (when,), relay_id=True)
     assert (tag0, tag1, gone) == ("ok", "ok", "gone"), (payload, gone)
     kind, message, waited, epochs, same = payload
     assert kind in ("CollectiveTimeout", "NcclError"), message
-    assert "rank 0 of 2 on GPU 0" in message and waited < 120 and epochs == 1 and same, payload
+    assert "rank 0 of 2 on GPU 0" in message and waited < 120, payload
+    if when == "between fits":
+        assert epochs == 1 and same, payload  # refused in the fit's first agreement check
+    else:
+        assert 1 < epochs < 100_001 and not same, payload
 
 
 def _drop_unclosed_replicas(rank: int, world: int, conn) -> None:

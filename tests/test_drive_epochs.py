@@ -23,10 +23,10 @@ class _Run:
     def wait(self, k: int) -> None:
         assert k in self.launched
 
-    def drain(self) -> None:
+    def drain(self, queued: int) -> None:
         self.drained += 1
 
-    def restore(self) -> None:
+    def restore(self, queued: int) -> None:
         pass
 
     def diverged(self, k: int):
@@ -164,16 +164,23 @@ def test_a_failing_gpu_stops_the_replicas_without_draining():
 
 
 class _Voting(EpochRuns):
-    """One rank's runs with a stop vote; `others` is the lowest other rank stopping after each epoch (None: none)."""
+    """One rank's runs with a stop vote; `others` is the lowest other rank stopping after each epoch (None: none);
+    a Ctrl-C lands while the host waits for epoch `wait_interrupted_at`, or during vote `ctrl_c_in_vote`."""
 
-    def __init__(self, epochs: int, others: list[int | None], wait_interrupted_at: int | None = None) -> None:
+    def __init__(self, epochs: int, others: list[int | None], wait_interrupted_at: int | None = None,
+                 ctrl_c_in_vote: int | None = None) -> None:  # fmt: skip
         super().__init__([_Run(epochs)], stop_vote=self._vote)
         self.others, self.votes, self.wait_interrupted_at = others, [], wait_interrupted_at
+        self.ctrl_c_in_vote = ctrl_c_in_vote
 
     def _vote(self, stopping: bool) -> int | None:
         k = len(self.votes)
         self.votes.append(stopping)
-        return 0 if stopping else self.others[k]
+        if k == self.ctrl_c_in_vote:
+            _ctrl_c()
+        if stopping:
+            return 0 if self.others[k] is None else min(0, self.others[k])
+        return self.others[k]
 
     def wait(self, k: int) -> None:
         if k == self.wait_interrupted_at:
@@ -230,3 +237,92 @@ def test_ranks_vote_only_in_a_stoppable_fit():
     runs = _Voting(3, others=[None] * 3)
     drive_epochs(_Engine(), runs, lambda s: None, stoppable=True)
     assert runs.votes == [False, False, False]
+
+
+def _ctrl_c() -> None:
+    """Press Ctrl-C: SIGINT to this process, delivered to the main thread before the next bytecode."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs between bytecodes
+        pass
+
+
+def _need_python_sigint() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        pytest.skip("needs the main thread with Python's own SIGINT handler")
+
+
+def test_ctrl_c_is_held_back_until_the_block_is_done():
+    """hold_ctrl_c: a first Ctrl-C is recorded and raised after the block (or left to the caller), a second raises
+    at once, holds nest, and the previous handler is back afterwards."""
+    import signal
+
+    from fastnn.engine.epochs import hold_ctrl_c
+
+    _need_python_sigint()
+    done = []
+    with pytest.raises(KeyboardInterrupt), hold_ctrl_c():
+        _ctrl_c()
+        done.append("finished")
+    assert done == ["finished"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    with hold_ctrl_c(reraise=False) as hits:
+        with hold_ctrl_c():  # joins the outer hold: nothing raised on leaving it
+            _ctrl_c()
+        done.append("inner left")
+    assert hits == [True] and done[-1] == "inner left"
+
+    with pytest.raises(KeyboardInterrupt), hold_ctrl_c(reraise=False):
+        _ctrl_c()
+        _ctrl_c()  # pressed again: the user insists
+        done.append("not reached")
+    assert done[-1] == "inner left" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _CtrlCInLaunch(_Run):
+    def launch(self, k: int) -> None:
+        super().launch(k)
+        if k == 1:
+            _ctrl_c()  # after the epoch's graph launch, before its done event: it must still count
+
+
+def test_an_epoch_whose_launch_is_interrupted_is_queued_whole_and_counted():
+    _need_python_sigint()
+    runs = EpochRuns([_CtrlCInLaunch(3)])
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=False)
+    assert runs.queued == 2 and seen == [10, 11] and runs.runs[0].drained == 1
+
+
+def test_ctrl_c_during_a_vote_that_goes_on_stops_after_the_next_epoch():
+    """The vote said go on (the others queue the next epoch): this rank trains it too, then votes to stop."""
+    _need_python_sigint()
+    runs = _Voting(4, others=[None] * 4, ctrl_c_in_vote=0)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=True)
+    assert runs.votes == [False, True] and runs.runs[0].launched == [0, 1] and seen == [10, 11]
+
+
+def test_ctrl_c_during_a_vote_where_another_rank_stops_stops_here():
+    _need_python_sigint()
+    runs = _Voting(4, others=[1, None, None, None], ctrl_c_in_vote=0)
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: None, stoppable=True)
+    assert runs.votes == [False] and runs.runs[0].launched == [0]
+
+
+def test_ctrl_c_during_the_last_vote_of_a_call_raises_after_it():
+    _need_python_sigint()
+    runs = _Voting(2, others=[None] * 2, ctrl_c_in_vote=1)
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: None, stoppable=True)
+    assert runs.votes == [False, False] and runs.runs[0].launched == [0, 1]

@@ -95,6 +95,7 @@ class Engine(ABC):
         on_epoch: OnEpoch,
         stoppable: bool = False,
         on_step: Callable[[], None] | None = None,
+        end_epoch: int | None = None,
     ) -> None:
         """Train len(lrs) // steps_per_epoch epochs; lrs[i] is the rate of step first_step + i.
 
@@ -116,6 +117,8 @@ class Engine(ABC):
         (an idle gap of a host round trip per epoch instead of up to INFLIGHT_EPOCHS queued).
         on_step: called after every training step by engines that run steps from the host (the NumPy
         engine, for a progress bar); the GPU engines run an epoch as one graph and never call it.
+        end_epoch: the absolute epoch index the whole `fit` ends at (it may span several calls); a process of a
+        data-parallel run compares it across the ranks before training (None: this call's end).
         """
 
     @abstractmethod

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..gpu_arrays import CudaArray, check_on_device
 from ..shuffle import feistel_bits
 from .base import PRECISIONS, Engine, EngineConfig, OnEpoch, steps_per_epoch
-from .epochs import EPOCH_STATE_DTYPE, INFLIGHT_EPOCHS, EpochRun, EpochRuns, drive_epochs
+from .epochs import EPOCH_STATE_DTYPE, INFLIGHT_EPOCHS, EpochRun, EpochRuns, drive_epochs, hold_ctrl_c
 from .placement import choose_placement
 from .plan import ParamLayout, PrecisionSpec, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
 
@@ -198,9 +198,14 @@ class CudaEngine(Engine):
             self.dev.make_current()
             if self.group is not None and not self.group.comm.closed:
                 # Polled, at most the group's timeout: a queued collective may wait for a peer that is gone. Ended
-                # meanwhile (timed out, or aborted by another thread), its collectives return.
-                with contextlib.suppress(nccl.CommAborted):
+                # meanwhile (timed out, aborted by another thread, NCCL's error), its collectives return.
+                try:
                     self.sync()
+                except (nccl.CommAborted, nccl.NcclError):
+                    pass
+                except BaseException:  # Ctrl-C: the buffers are freed next, so the collectives must end first
+                    self.group.abort()
+                    raise
             self.stream.synchronize()
         finally:
             for ctx in (self._eval, self._train):
@@ -506,27 +511,30 @@ class CudaEngine(Engine):
         """The ranks' MIN and MAX of each of `mine` (float64, at most 16 values, exact integers below 2**53): one
         small MIN and one MAX all-reduce outside any graph, which every rank must issue at the same point."""
         g, k = self.group, mine.size
-        self._agree.upload(np.concatenate([mine, mine]))
-        nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
-        low = self._agree.ptr + 8 * k
-        nccl.all_reduce(g.comm, low, low, k, np.float64, self.stream, nccl.RedOp.MIN)
-        self._join.record(self.stream)
+        with hold_ctrl_c():  # both or neither: a peer would wait for the second one forever
+            self._agree.upload(np.concatenate([mine, mine]))
+            nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, self.stream, nccl.RedOp.MAX)
+            low = self._agree.ptr + 8 * k
+            nccl.all_reduce(g.comm, low, low, k, np.float64, self.stream, nccl.RedOp.MIN)
+            self._join.record(self.stream)
         self._wait_comm(self._join)
         out = np.empty(2 * k, dtype=np.float64)
         self._agree.download(out)
         return out[k:], out[:k]
 
-    def _check_ranks_agree(self, items: list[tuple[str, int]]) -> None:
+    def _check_ranks_agree(self, items: list[tuple[str, int]], any_of: tuple[int, ...] = ()) -> list[int]:
         """Refuse (ConfigError, on every rank) a data-parallel run whose ranks would issue different collectives
-        or train differently: `items` are (what, this rank's value), compared across the ranks."""
+        or train differently: `items` are (what, this rank's value), compared across the ranks. `any_of` are
+        values that may differ, compared with the items (one exchange); their MAX over the ranks is returned."""
         g = self.group
-        mine = np.array([value for _, value in items], dtype=np.float64)
+        mine = np.array([value for _, value in items] + list(any_of), dtype=np.float64)
         low, high = self._ranks_min_max(mine)
         bad = [f"{name} (this rank {mine[i]:.0f}; the ranks' values range from {low[i]:.0f} to {high[i]:.0f})"
                for i, (name, _) in enumerate(items) if low[i] != high[i]]  # fmt: skip
         if bad:
             raise ConfigError(f"rank {g.rank} of {g.world}: every rank must train the same model with the same "
                               f"arguments on the same data; they differ in " + "; ".join(bad))  # fmt: skip
+        return [int(v) for v in high[len(items) :]]
 
     def _check_data_agrees(self, n: int) -> None:
         """Before a fit's data is uploaded: the same training set size, batch size, model, seed, precision, update
@@ -542,18 +550,22 @@ class CudaEngine(Engine):
             ("optimizer state buffers", len(self._opt_names)),
         ])  # fmt: skip
 
-    def _check_call_agrees(self, first_epoch: int, first_step: int, lrs: np.ndarray, stoppable: bool) -> None:
-        """Before a call's epochs: the same epoch and step counters (they key the shuffle), number of steps,
-        learning rates, and whether callbacks or early stopping may stop it (a stoppable fit votes after every
-        epoch, _vote_stop) on every rank. Otherwise one rank would wait in collectives the others never issue, or
-        the replicas would drift apart."""
+    def _check_call_agrees(self, first_epoch: int, first_step: int, lrs: np.ndarray, end_epoch: int | None,
+                           stoppable: bool) -> bool:  # fmt: skip
+        """Before a call's epochs: the same epoch and step counters (they key the shuffle), epoch the fit ends at,
+        steps and learning rates of this call on every rank; otherwise one rank would wait in collectives the
+        others never issue, or the replicas would drift apart. Returns whether any rank's fit is stoppable (has
+        callbacks or early stopping): then every rank votes after every epoch (_vote_stop), so that callbacks
+        given to one rank only (a logger or checkpointer on rank 0) leave the ranks in step."""
         table = np.ascontiguousarray(lrs, dtype=np.float32)
-        self._check_ranks_agree([
+        end = first_epoch + table.size // self._train.steps if end_epoch is None else end_epoch
+        (any_stoppable,) = self._check_ranks_agree([
             ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", first_step & 0xFFFFFFFF),
-            ("steps done (high 32 bits)", first_step >> 32), ("steps to train (epochs of this fit)", table.size),
-            ("learning rates (a CRC of this fit's schedule)", zlib.crc32(table.tobytes())),
-            ("callbacks or early stopping given", int(stoppable)),
-        ])  # fmt: skip
+            ("steps done (high 32 bits)", first_step >> 32), ("epochs after this fit (epochs done + epochs)", end),
+            ("steps in this call", table.size),
+            ("learning rates (a CRC of this call's schedule)", zlib.crc32(table.tobytes())),
+        ], any_of=(int(stoppable),))  # fmt: skip
+        return bool(any_stoppable)
 
     def _vote_stop(self, stopping: bool) -> int | None:
         """After each epoch of a stoppable fit, every rank votes: the lowest rank that stops after this epoch (a
@@ -690,12 +702,15 @@ class CudaEngine(Engine):
         self._train = self._train_context(self, x, y, key)
 
     def fit_epochs(
-        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
-    ) -> None:
+        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None,
+        end_epoch=None,
+    ) -> None:  # fmt: skip
         self.last_reported = None
         if self.group is not None:
+            if self._train is None:
+                raise RuntimeError("set_train_data must come before fit_epochs")
             self.dev.make_current()
-            self._check_call_agrees(first_epoch, first_step, lrs, stoppable)
+            stoppable = self._check_call_agrees(first_epoch, first_step, lrs, end_epoch, stoppable)
         run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
         vote = self._vote_stop if self.group is not None else None
         drive_epochs(self, EpochRuns([run], stop_vote=vote), on_epoch, stoppable)

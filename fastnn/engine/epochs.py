@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +26,8 @@ from .base import Engine, EpochStats, OnEpoch
 if TYPE_CHECKING:
     from .cuda_engine import CudaEngine
 
-__all__ = ["BAD_STATE_OFFSET", "EPOCH_STATE_DTYPE", "INFLIGHT_EPOCHS", "EpochRun", "EpochRuns", "drive_epochs"]
+__all__ = ["BAD_STATE_OFFSET", "EPOCH_STATE_DTYPE", "INFLIGHT_EPOCHS", "EpochRun", "EpochRuns", "drive_epochs",
+           "hold_ctrl_c"]  # fmt: skip
 
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 
@@ -34,6 +37,43 @@ EPOCH_STATE_DTYPE = np.dtype(
      ("lr", "<u8"), ("hist", "<u8")]
 )  # fmt: skip
 BAD_STATE_OFFSET = EPOCH_STATE_DTYPE.fields["bad_state"][1]  # copied to the host after every epoch
+
+
+_held: list[bool] | None = None  # the outermost hold_ctrl_c's record of a Ctrl-C (main thread only)
+
+
+@contextlib.contextmanager
+def hold_ctrl_c(reraise: bool = True) -> Iterator[list[bool]]:
+    """Hold back Ctrl-C (SIGINT) while the block runs: what it queues must be queued whole (an epoch and the copies
+    that count it; the collectives every rank must issue alike, which one rank must not stop halfway). A first
+    Ctrl-C is recorded in the yielded list and, if `reraise`, raised as KeyboardInterrupt once the block is done; a
+    second raises at once. A hold inside another joins it. Only on the main thread with Python's own handler
+    installed (signals reach no other thread); elsewhere nothing is held."""
+    global _held
+    if _held is not None:
+        yield _held
+        return
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield []
+        return
+    hits: list[bool] = []
+
+    def record(signum, frame) -> None:
+        if hits:
+            raise KeyboardInterrupt  # pressed again: the user insists
+        hits.append(True)
+
+    previous = signal.signal(signal.SIGINT, record)
+    _held = hits
+    try:
+        yield hits
+    finally:
+        _held = None
+        signal.signal(signal.SIGINT, previous)
+    if hits and reraise:
+        raise KeyboardInterrupt
 
 
 class EpochRun:
@@ -90,9 +130,12 @@ class EpochRun:
         self.eng.dev.make_current()
         return self._done_event(k).query()
 
-    def drain(self) -> None:
-        """Block until everything queued has run (with a group, at most its timeout: CudaEngine.sync)."""
+    def drain(self, queued: int) -> None:
+        """Block until everything queued (epochs up to `queued`) has run: epoch by epoch, so that a group's timeout
+        bounds each epoch's wait rather than all of them together, then the rest (CudaEngine.sync)."""
         self.eng.dev.make_current()
+        for k in range(max(0, queued - len(self.ctx.events)), queued):
+            self.wait(k)
         self.eng.sync()
 
     def diverged(self, k: int) -> TrainingDiverged | None:
@@ -104,10 +147,10 @@ class EpochRun:
         state = None if not math.isfinite(loss_sum) else "a weight or optimizer state value is inf or NaN"
         return TrainingDiverged(self.first_epoch + k + 1, float(loss_sum / self.ctx.samples), state)  # 1-based
 
-    def restore(self) -> None:
-        """Put the training state back to the snapshot: the end of the last finite epoch."""
+    def restore(self, queued: int) -> None:
+        """Put the training state back to the snapshot: the end of the last finite epoch (`queued` as drain)."""
         eng = self.eng
-        self.drain()
+        self.drain(queued)
         eng._drv.copy_dtod(eng.train_state.ptr, eng.snapshot.ptr, eng._state_bytes, eng.stream)
         eng._refresh_half_copy()
         eng.stream.synchronize()
@@ -147,10 +190,11 @@ class EpochRuns:
         self.failed = False
 
     def launch(self, k: int) -> None:
-        """Queue epoch k on every run."""
-        for run in self.runs:
-            run.launch(k)
-        self.queued = k + 1
+        """Queue epoch k on every run: whole, and counted as queued, whenever a Ctrl-C lands (hold_ctrl_c)."""
+        with hold_ctrl_c():
+            for run in self.runs:
+                run.launch(k)
+            self.queued = k + 1
 
     def wait(self, k: int) -> None:
         """Block until epoch k is done on every run."""
@@ -159,11 +203,11 @@ class EpochRuns:
 
     def drain(self) -> None:
         for run in self.runs:
-            run.drain()
+            run.drain(self.queued)
 
     def restore(self) -> None:
         for run in self.runs:
-            run.restore()
+            run.restore(self.queued)
 
 
 def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: bool) -> None:
@@ -189,11 +233,16 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
 
     voting = stoppable and runs.stop_vote is not None
     voted = 0  # epochs of this call this rank has voted on (voting)
+    held = False  # a Ctrl-C held back during a vote that went on: this rank stops after the next epoch
 
     def vote(k: int, stopping: bool) -> int | None:
-        nonlocal voted
+        """This rank's vote after epoch k, Ctrl-C held back meanwhile: the vote's collectives are issued whole."""
+        nonlocal voted, held
         voted = k + 1
-        return runs.stop_vote(stopping)
+        with hold_ctrl_c(reraise=False) as hits:
+            rank = runs.stop_vote(stopping)
+        held = held or bool(hits)
+        return rank
 
     def report_and_vote(k: int) -> None:
         """report(k), then every rank's vote on stopping after epoch k (nothing is queued past it)."""
@@ -202,9 +251,13 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
         except BaseException:
             vote(k, True)  # the others stop after this epoch too; this rank raises its own error
             raise
-        rank = vote(k, False)
+        stopping = held  # Ctrl-C pressed during the last vote, which went on: this rank stops now
+        rank = vote(k, stopping)
+        if stopping or (held and rank is not None):  # pressed during this vote, and every rank stops here anyway
+            raise KeyboardInterrupt
         if rank is not None:
             raise StopTraining(f"rank {rank} stopped after epoch {lead.first_epoch + k + 1}")
+        # Pressed during this vote, which went on: the others queue the next epoch, so this rank does too.
 
     inflight = 1 if stoppable else INFLIGHT_EPOCHS
     try:
@@ -217,6 +270,8 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
                 report_and_vote(k)
             else:
                 report(k)
+        if held:  # pressed during the last epoch's vote, which went on: the others go on to the next call
+            raise KeyboardInterrupt
     except (TrainingDiverged, nccl.NcclError, nccl.CommAborted):
         raise  # a peer failed, the communicator is aborted and the queued epochs will never finish
     except BaseException:

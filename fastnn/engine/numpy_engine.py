@@ -171,6 +171,7 @@ class NumpyEngine(Engine):
         on_epoch: OnEpoch,
         stoppable: bool = False,
         on_step: Callable[[], None] | None = None,
+        end_epoch: int | None = None,
     ) -> None:
         # Steps run one by one from here, so no epoch ever runs ahead of the one reported: always stoppable.
         if self._x is None or self._y is None:

@@ -135,8 +135,9 @@ class ReplicaEngine(Engine):
         self._on_each(lambda eng: eng.set_train_data(x if eng is reader else host, y), self.replicas)
 
     def fit_epochs(
-        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None
-    ) -> None:
+        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None,
+        end_epoch=None,
+    ) -> None:  # fmt: skip
         self._check_usable()
         self.last_reported = None
         # One replica evaluates (the weights are the same on all): the one on the GPU of a GPU array's eval data.
