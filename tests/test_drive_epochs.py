@@ -178,9 +178,7 @@ class _Voting(EpochRuns):
         self.votes.append(stopping)
         if k == self.ctrl_c_in_vote:
             _ctrl_c()
-        if stopping:
-            return 0 if self.others[k] is None else min(0, self.others[k])
-        return self.others[k]
+        return 0 if stopping else self.others[k]  # this rank is rank 0: the lowest to stop when it does
 
     def wait(self, k: int) -> None:
         if k == self.wait_interrupted_at:
@@ -264,6 +262,7 @@ def test_ctrl_c_is_held_back_until_the_block_is_done():
     at once, holds nest, and the previous handler is back afterwards."""
     import signal
 
+    from fastnn.engine import epochs
     from fastnn.engine.epochs import hold_ctrl_c
 
     _need_python_sigint()
@@ -284,6 +283,11 @@ def test_ctrl_c_is_held_back_until_the_block_is_done():
         _ctrl_c()  # pressed again: the user insists
         done.append("not reached")
     assert done[-1] == "inner left" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert epochs._held is None  # the next hold holds again
+
+    with pytest.raises(ValueError), hold_ctrl_c():  # the block's own error wins over a held press
+        _ctrl_c()
+        raise ValueError("block")
 
 
 class _CtrlCInLaunch(_Run):
@@ -326,3 +330,39 @@ def test_ctrl_c_during_the_last_vote_of_a_call_raises_after_it():
     with pytest.raises(KeyboardInterrupt):
         drive_epochs(_Engine(), runs, lambda s: None, stoppable=True)
     assert runs.votes == [False, False] and runs.runs[0].launched == [0, 1]
+
+
+class _CtrlCBeforeLaunch(_Voting):
+    """Ctrl-C lands after the vote on epoch 0 went on, before epoch 1 is queued (outside any hold)."""
+
+    def launch(self, k: int) -> None:
+        if k == 1 and not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+        super().launch(k)
+
+
+def test_ctrl_c_between_a_vote_that_went_on_and_the_next_launch_still_queues_that_epoch():
+    """The others queue epoch 1 after the vote: this rank queues it too, reports it, then votes to stop."""
+    runs = _CtrlCBeforeLaunch(4, others=[None] * 4)
+    runs.pressed = False
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, lambda s: seen.append(s.epoch), stoppable=True)
+    assert runs.votes == [False, True] and runs.runs[0].launched == [0, 1] and seen == [10, 11]
+
+
+def test_a_stop_asked_after_a_held_ctrl_c_raises_the_ctrl_c():
+    """fit swallows StopTraining: a Ctrl-C held during the previous vote must not turn into a quiet stop."""
+    from fastnn.control import StopTraining
+
+    _need_python_sigint()
+    runs = _Voting(4, others=[None] * 4, ctrl_c_in_vote=0)
+
+    def on_epoch(stats):
+        if stats.epoch == 11:
+            raise StopTraining("a callback")
+
+    with pytest.raises(KeyboardInterrupt):
+        drive_epochs(_Engine(), runs, on_epoch, stoppable=True)
+    assert runs.votes == [False, True] and runs.runs[0].launched == [0, 1]

@@ -46,28 +46,34 @@ _held: list[bool] | None = None  # the outermost hold_ctrl_c's record of a Ctrl-
 def hold_ctrl_c(reraise: bool = True) -> Iterator[list[bool]]:
     """Hold back Ctrl-C (SIGINT) while the block runs: what it queues must be queued whole (an epoch and the copies
     that count it; the collectives every rank must issue alike, which one rank must not stop halfway). A first
-    Ctrl-C is recorded in the yielded list and, if `reraise`, raised as KeyboardInterrupt once the block is done; a
-    second raises at once. A hold inside another joins it. Only on the main thread with Python's own handler
-    installed (signals reach no other thread); elsewhere nothing is held."""
+    Ctrl-C is recorded in the yielded list and, if `reraise`, raised as KeyboardInterrupt once the block is done
+    (unless the block raises: its error wins); a second one raises at once. A hold inside another joins it. Only
+    on the main thread with Python's own handler installed (signals reach no other thread); elsewhere nothing is
+    held."""
     global _held
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
     if _held is not None:
         yield _held
         return
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
         yield []
         return
     hits: list[bool] = []
 
     def record(signum, frame) -> None:
-        if hits:
-            raise KeyboardInterrupt  # pressed again: the user insists
+        global _held
+        if hits:  # pressed again: the user insists; Python's handler is back whatever line the press landed on
+            _held = None
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
         hits.append(True)
 
-    previous = signal.signal(signal.SIGINT, record)
-    _held = hits
     try:
+        _held = hits
+        signal.signal(signal.SIGINT, record)
         yield hits
     finally:
         _held = None
@@ -233,14 +239,16 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
 
     voting = stoppable and runs.stop_vote is not None
     voted = 0  # epochs of this call this rank has voted on (voting)
+    went_on = False  # the last vote went on: every rank queues the epoch after it
     held = False  # a Ctrl-C held back during a vote that went on: this rank stops after the next epoch
 
     def vote(k: int, stopping: bool) -> int | None:
         """This rank's vote after epoch k, Ctrl-C held back meanwhile: the vote's collectives are issued whole."""
-        nonlocal voted, held
-        voted = k + 1
+        nonlocal voted, went_on, held
         with hold_ctrl_c(reraise=False) as hits:
+            voted = k + 1
             rank = runs.stop_vote(stopping)
+            went_on = rank is None
         held = held or bool(hits)
         return rank
 
@@ -248,8 +256,10 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
         """report(k), then every rank's vote on stopping after epoch k (nothing is queued past it)."""
         try:
             report(k)
-        except BaseException:
+        except BaseException as exc:
             vote(k, True)  # the others stop after this epoch too; this rank raises its own error
+            if held and isinstance(exc, StopTraining):
+                raise KeyboardInterrupt from None  # the Ctrl-C held earlier, not a stop fit would swallow
             raise
         stopping = held  # Ctrl-C pressed during the last vote, which went on: this rank stops now
         rank = vote(k, stopping)
@@ -280,6 +290,11 @@ def drive_epochs(engine: Engine, runs: EpochRuns, on_epoch: OnEpoch, stoppable: 
         # Interrupted (Ctrl-C while waiting, or an error reporting an epoch) with epochs still queued:
         # let them finish and report every one not yet reported (an epoch whose report was interrupted
         # before it counted included), so the trainer's counters match the weights they made.
+        if voting and went_on and voted == runs.queued < epochs:
+            # Interrupted after a vote that went on, before queuing the next epoch: the others queue it, so this
+            # rank does too (then reports it and votes to stop after it, below).
+            with contextlib.suppress(Exception):
+                runs.launch(runs.queued)
         runs.drain()
         for k in range(reported(), runs.queued):
             try:
