@@ -299,7 +299,7 @@ def test_divergence_keeps_last_finite_weights(engine):
     t.close()
 
 
-def test_trainers_closed_in_a_loop_release_device_memory(engine):
+def test_trainers_closed_in_a_loop_release_device_memory(engine, request):
     from fastnn.cuda import driver
 
     model = MLP([784, 256, 10])
@@ -313,7 +313,9 @@ def test_trainers_closed_in_a_loop_release_device_memory(engine):
 
     one()  # first use loads kernels and library state that stay for the process
     free0 = dev.mem_info()[0]
-    for _ in range(100):
+    # A replica trainer makes an NCCL clique and a thread pool (about 0.5 s): 25 of them still find any leaked
+    # buffer (the trainer's own are MBs, a communicator's more), and the other entries loop 100 times in seconds.
+    for _ in range(25 if request.node.callspec.params["engine"] in ("graph-replicas", "graph-sharded") else 100):
         one()
     free1 = dev.mem_info()[0]
     assert free0 - free1 < 8 << 20, (free0 - free1) / 2**20
