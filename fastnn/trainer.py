@@ -139,6 +139,7 @@ class Trainer:
             device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
             group=distributed, devices=devices,
         )
+        self._distributed = distributed
         self._closed = False
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
@@ -272,6 +273,12 @@ class Trainer:
         lrs = lr_table(self._schedule, self.step, min(chunk, epochs) * spe)
         call_history = History()
         if epochs == 0:
+            if self._distributed is not None:
+                # The other ranks compare their fit with this one before training: take part (trains nothing),
+                # so that a rank asking for other epochs is refused by name rather than left waiting.
+                self._engine.set_train_data(x, y)
+                self._engine.fit_epochs(self.epoch, self.step, lrs, None, frozenset(), lambda stats: None,
+                                        end_epoch=self.epoch)  # fmt: skip
             return call_history
         epoch0, step0, hist0 = self.epoch, self.step, len(self.history)
         if stopper is not None:

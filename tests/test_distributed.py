@@ -811,6 +811,30 @@ def test_two_processes_end_their_groups_under_open_trainers(end):
 
 
 @pytest.mark.gpu
+def test_a_fit_of_no_epochs_still_takes_part_in_the_ranks_checks(monkeypatch):
+    """A rank asked for epochs=0 runs the data and call checks the others run before training (12 and 7 values,
+    a MAX and a MIN each), so that they are refused by name instead of waiting for it; it trains nothing."""
+    nccl = _require_nccl()
+    calls = []
+    real = nccl.all_reduce
+    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    x, y, model, kw = _case()
+    with (
+        distributed.init(0, 1, device=0) as group,
+        fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
+                       distributed=group, **kw) as t,
+    ):  # fmt: skip
+        before = t.state_dict()
+        assert len(t.fit(x, y, epochs=0)) == 0 and t.epoch == 0
+        assert calls == [12, 12, 7, 7], calls
+        for name, value in t.state_dict().items():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+    with fastnn.Trainer(model, device="cuda", engine="graph", **kw) as alone:  # one GPU: no checks, no upload
+        alone.fit(x, y, epochs=0)
+        assert alone._engine._train is None
+
+
+@pytest.mark.gpu
 def test_a_stoppable_fit_votes_after_every_epoch(monkeypatch):
     """With callbacks, every rank votes after every epoch whether it stops (a MIN and a MAX of one value, outside
     the graph): a group of one stops where its callback does, having voted once per epoch trained."""
@@ -831,8 +855,9 @@ def test_a_stoppable_fit_votes_after_every_epoch(monkeypatch):
 
 def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
     """One rank of a run whose ranks stop or fit differently (`case`): "stop" (rank 1's callback stops after epoch
-    2 of 4; rank 0 has none), or "epochs" (rank r asks for 3 + r epochs, in calls of one epoch each, then both for
-    2). Its (epochs done, epochs of each fit or the refusal, weights) up `conn`."""
+    2 of 4; rank 0 has none), "epochs" (rank r asks for 3 + r epochs, in calls of one epoch each, then both for 2)
+    or "no epochs" (rank r asks for 2 * r epochs, then both for 2). Its (epochs done, epochs of each fit or the
+    refusal, weights) up `conn`."""
     try:
         if case == "epochs":
             fastnn.trainer.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
@@ -846,7 +871,7 @@ def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
                     answer = [len(h)]
                 else:
                     try:
-                        t.fit(x, y, epochs=3 + rank)
+                        t.fit(x, y, epochs=3 + rank if case == "epochs" else 2 * rank)
                         answer = ["not refused"]
                     except ConfigError as exc:
                         answer = [str(exc), t.epoch, len(t.fit(x, y, epochs=2))]
@@ -871,12 +896,13 @@ def test_a_stop_on_one_rank_stops_every_rank_after_the_same_epoch():
 
 
 @pytest.mark.gpu
-def test_ranks_asking_for_different_epochs_are_refused_before_any_epoch():
+@pytest.mark.parametrize("case", ["epochs", "no epochs"])
+def test_ranks_asking_for_different_epochs_are_refused_before_any_epoch(case):
     """Each call's epoch and step counters, the epoch its fit ends at, its steps and learning rates are compared
-    first: ranks asking for 3 and 4 epochs (in calls of one epoch) are refused by name on both before any epoch,
-    and can go on with a fit they agree on."""
+    first: ranks asking for 3 and 4 epochs (in calls of one epoch), or for 0 and 2, are refused by name on both
+    before any epoch, and can go on with a fit they agree on."""
     _need_gpus(2)
-    results = _spawn(2, _rank_with_callbacks, lambda rank: ("epochs",), relay_id=True)
+    results = _spawn(2, _rank_with_callbacks, lambda rank: (case,), relay_id=True)
     for rank, (tag, payload) in enumerate(results):
         assert tag == "ok", payload
         epochs, (message, refused_at, then), _ = payload
