@@ -7,6 +7,7 @@ Every GPU comparison of the engine suite also runs through the data-parallel pat
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import re
 import traceback
@@ -402,6 +403,26 @@ def _run_ranks(world: int, precision: str, id_file: str | None = None, batch_of_
     return [payload for _, payload in results]
 
 
+def _count_all_reduces(monkeypatch) -> list[int]:
+    """The element count of every nccl.all_reduce the test makes from here on, in order (each still runs)."""
+    nccl = _require_nccl()
+    calls: list[int] = []
+    real = nccl.all_reduce
+    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    return calls
+
+
+@contextlib.contextmanager
+def _trainer_in_group_of_one(model, kw: dict, optimizer=None):
+    """An fp32 graph-engine Trainer in a data-parallel group of one rank on GPU 0, closed before its group."""
+    with (
+        distributed.init(0, 1, device=0) as group,
+        fastnn.Trainer(model, optimizer or fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
+                       distributed=group, **kw) as t,
+    ):  # fmt: skip
+        yield t
+
+
 def _assert_same_training(a, b, rtol: float, atol: float) -> None:
     (sa, la, aa), (sb, lb, ab) = a, b
     np.testing.assert_allclose(la, lb, rtol=rtol)
@@ -413,10 +434,7 @@ def _assert_same_training(a, b, rtol: float, atol: float) -> None:
 @pytest.mark.gpu
 def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm):
     """A group of one: the same captured graph plus all-reduces over one rank (identities), bit for bit."""
-    nccl = _require_nccl()
-    calls = []
-    real = nccl.all_reduce
-    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    calls = _count_all_reduces(monkeypatch)
     with distributed.init(0, 1, device=0) as group:
         one = _train("cuda", "fp32", group)
     # The ranks' agreement checks (MAX and MIN of 12 values on the data, of 7 on the call), each layer's gradient
@@ -500,11 +518,7 @@ def test_gemm_sm_carveout_leaves_sms_and_trains_like_numpy(monkeypatch):
     monkeypatch.setattr(cuda_engine, "GEMM_SM_CARVEOUT", 16)
     x, y, model, kw = _case()
     target = lambda plan: plan._d.desc.get(lt.MatmulDescAttribute.SM_COUNT_TARGET)  # noqa: E731
-    with (
-        distributed.init(0, 1, device=0) as group,
-        fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda", engine="graph",
-                       distributed=group, **kw) as t,
-    ):  # fmt: skip
+    with _trainer_in_group_of_one(model, kw, fastnn.SGD(lr=0.05, momentum=0.9)) as t:
         h = t.fit(x, y, epochs=3)
         one = t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
         eng = t._engine
@@ -814,16 +828,9 @@ def test_two_processes_end_their_groups_under_open_trainers(end):
 def test_a_fit_of_no_epochs_still_takes_part_in_the_ranks_checks(monkeypatch):
     """A rank asked for epochs=0 runs the data and call checks the others run before training (12 and 7 values,
     a MAX and a MIN each), so that they are refused by name instead of waiting for it; it trains nothing."""
-    nccl = _require_nccl()
-    calls = []
-    real = nccl.all_reduce
-    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    calls = _count_all_reduces(monkeypatch)
     x, y, model, kw = _case()
-    with (
-        distributed.init(0, 1, device=0) as group,
-        fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
-                       distributed=group, **kw) as t,
-    ):  # fmt: skip
+    with _trainer_in_group_of_one(model, kw) as t:
         before = t.state_dict()
         assert len(t.fit(x, y, epochs=0)) == 0 and t.epoch == 0
         assert calls == [12, 12, 7, 7], calls
@@ -838,16 +845,9 @@ def test_a_fit_of_no_epochs_still_takes_part_in_the_ranks_checks(monkeypatch):
 def test_a_stoppable_fit_votes_after_every_epoch(monkeypatch):
     """With callbacks, every rank votes after every epoch whether it stops (a MIN and a MAX of one value, outside
     the graph): a group of one stops where its callback does, having voted once per epoch trained."""
-    nccl = _require_nccl()
-    calls = []
-    real = nccl.all_reduce
-    monkeypatch.setattr(nccl, "all_reduce", lambda *a, **k: (calls.append(a[3]), real(*a, **k)))
+    calls = _count_all_reduces(monkeypatch)
     x, y, model, kw = _case()
-    with (
-        distributed.init(0, 1, device=0) as group,
-        fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
-                       distributed=group, **kw) as t,
-    ):  # fmt: skip
+    with _trainer_in_group_of_one(model, kw) as t:
         h = t.fit(x, y, epochs=4, callbacks=[lambda record: record["epoch"] == 2])
         assert len(h) == 2 and t.epoch == 2
     assert calls.count(1) == 2 * 2, calls  # the only one-value all-reduces: two votes of two each
