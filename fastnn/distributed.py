@@ -10,14 +10,21 @@ the same weights and report the same history (sums over all ranks). Save checkpo
 The communicator needs one NCCL unique id shared by all ranks. The id names a socket that the process which
 made it listens on, so it must come from a rank that stays up (rank 0), not from a separate command:
 - `uid=` passed in (bytes or its hex string), from a pipe, a queue or the user's own rendezvous;
-- `id_file=` a path all ranks can read (a shared filesystem): rank 0 writes it, the others wait for it;
+- `id_file=` a path all ranks can read (a shared filesystem): rank 0 writes it, the others wait for it. Rank 0
+  writes it 0600 through a temporary file beside it (created exclusively, never through a link) renamed over the
+  path; the others read it only if it is a regular file owned by their user that no one else may write, so no
+  other local user can read the id or hand the ranks one of theirs (which would let them join the run);
 - neither, with NCCL_COMM_ID=host:port set for every rank: NCCL derives the id from that address.
 NCCL is optional: `pip install "fastnn[multi-cu12]"` (or multi-cu13).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,27 +147,125 @@ def _parse_uid(uid: Any) -> bytes:
 
 
 def _exchange_file(path: Path, rank: int, timeout: float | None) -> bytes:
-    """Rank 0 makes the id and writes it to `path` (atomically: a rename); the others wait for the file (at most
-    `timeout` seconds; None: forever)."""
+    """Rank 0 makes the id and writes it to `path`; the others wait for it (at most `timeout` seconds; None:
+    forever) and read it. ConfigError naming id_file for a path that cannot be used or a file not to be trusted."""
     from .cuda import nccl
 
     if rank == 0:
         uid = nccl.unique_id()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(uid.hex())
-        os.replace(tmp, path)
+        _write_id_file(path, uid)
         return uid
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            text = ""
-        if text:
-            return _parse_uid(text)
+        uid = _read_id_file(path)
+        if uid is not None:
+            return uid
         if deadline is not None and time.monotonic() > deadline:
             raise ConfigError(f"id_file {str(path)!r}: rank 0 did not write the NCCL id within {timeout:g} s")
         time.sleep(0.05)
+
+
+def _path_error(path: Path, exc: OSError) -> ConfigError:
+    """The ConfigError for an OSError met at id_file: 'ENOENT (No such file or directory)', the name to search."""
+    reason = f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})" if exc.errno else str(exc)
+    return ConfigError(f"id_file {str(path)!r}: {reason}")
+
+
+def _check_folder(path: Path) -> None:
+    """Refuse an id_file whose folder does not exist or that is itself a folder: no rank could ever use it."""
+    try:
+        if not path.parent.is_dir():
+            problem = "is not a folder" if path.parent.exists() else "does not exist"
+            raise ConfigError(f"id_file {str(path)!r}: its folder {str(path.parent)!r} {problem}")
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise ConfigError(f"id_file {str(path)!r} is a folder; pass the path of a file in it")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a name too long, a folder this user may not search
+        raise _path_error(path, exc) from exc
+
+
+def _write_id_file(path: Path, uid: bytes) -> None:
+    """Write `uid` (hex) to `path` for the other ranks: into a temporary file beside it, created exclusively and
+    without following a link (mkstemp: mode 0600, this user's), then renamed over `path`. A name planted in a shared
+    folder (a link to another file) is never written through, no rank reads a partial id, no other user can read
+    it, and nothing is left behind when a step fails."""
+    _check_folder(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _path_error(path, exc) from exc
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(uid.hex())
+        os.replace(tmp, path)  # a link or a file already at `path` is replaced, never written through
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _path_error(path, exc) from exc
+        raise
+
+
+def _read_id_file(path: Path) -> bytes | None:
+    """The NCCL id in `path`; None while there is none yet (no file, or an empty one). Only a regular file owned
+    by this user and writable by no one else is read (checked before opening it and again on what was opened), at
+    most an id's worth, never blocking: a FIFO or device there (/dev/zero) is refused, not read."""
+    from .cuda.nccl import UNIQUE_ID_BYTES
+
+    try:
+        _check_trusted(path, os.lstat(path))  # a FIFO or a device is refused before an open could block on it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        _check_folder(path)  # a missing folder will not appear: refused now rather than at the timeout
+        return None
+    except OSError as exc:  # unreadable; or replaced by a link since the lstat (ELOOP)
+        raise _path_error(path, exc) from exc
+    limit = 2 * UNIQUE_ID_BYTES + 2  # the id's hex string and a line break
+    try:
+        _check_trusted(path, os.fstat(fd))  # what was opened, not what was at the path a moment before
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        raise _path_error(path, exc) from exc
+    finally:
+        os.close(fd)
+    if not data.strip():
+        return None
+    if len(data) > limit:
+        raise ConfigError(f"id_file {str(path)!r} holds more than an NCCL id ({2 * UNIQUE_ID_BYTES} hex digits)")
+    try:
+        return _parse_uid(data.decode("ascii", errors="replace"))
+    except ConfigError as exc:
+        raise ConfigError(f"id_file {str(path)!r} does not hold an NCCL id: {exc}") from None
+
+
+def _check_trusted(path: Path, st: os.stat_result) -> None:
+    """Refuse an id file that is not a regular file, or that another user owns or may write: its id could be
+    someone else's, whose process would then join this run and receive every gradient."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFLNK: "a symbolic link", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}  # fmt: skip
+        what = kind.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise ConfigError(f"id_file {str(path)!r} is {what}: refused, only a regular file written by rank 0 is read")
+    me = os.geteuid()
+    if st.st_uid != me or st.st_mode & 0o022:
+        raise ConfigError(
+            f"id_file {str(path)!r} is owned by {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: refused, "
+            f"the NCCL id is read only from a file of this user ({_user(me)}) that no one else may write (rank 0 "
+            "writes it 0600); remove it, or pass a path in a folder of your own"
+        )
+
+
+def _user(uid: int) -> str:
+    """'uid 1000 (alice)', or 'uid 1000' where the name is unknown."""
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def init(
@@ -178,13 +283,19 @@ def init(
     LOCAL_RANK; Open MPI's, MPICH's and Slurm's equivalents, see LAUNCHER_ENV); device then defaults to the local
     rank. Every rank must call it; it returns once all have joined (ncclCommInitRank).
 
+    id_file: rank 0 writes the id there (mode 0600, through a temporary file beside it renamed over the path) and
+    removes it once every rank has joined; the others wait for it and read it only if it is a regular file owned by
+    their user and writable by no one else. A FIFO, a device or a link there, a foreign or group/other-writable
+    file, a missing folder or a folder at the path are refused with a ConfigError naming id_file.
+
     timeout: seconds a rank waits for the others: for rank 0's id_file, and in training for an epoch or a fit's
     agreement check to complete (see Group); past it the communicator is aborted and the wait raises rather than
     hanging on a rank that died or stopped. Set it above your longest epoch and your longest gap between one
     rank's fits and another's (a rank evaluating or saving alone); None waits forever.
 
     Raises:
-        ConfigError: a missing or invalid rank, world, device or id (the message names it), before NCCL is used.
+        ConfigError: a missing or invalid rank, world, device, id or id_file (the message names it), before NCCL is
+            used; an id_file not to be trusted, or none written within timeout.
         DeviceUnavailable: NCCL is not installed (the message names the extra) or no usable GPU.
     """
     env_rank, env_world, env_local = _from_launcher()
@@ -203,6 +314,13 @@ def init(
         raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     timeout = None if timeout is None else float(timeout)
     uid_bytes = _parse_uid(uid) if uid is not None else None
+    id_path = None
+    if id_file is not None:
+        try:
+            id_path = Path(id_file)
+        except TypeError:
+            raise ConfigError(f"id_file must be a str or os.PathLike, got {id_file!r}") from None
+        _check_folder(id_path)
     from .device import require_cuda
 
     require_cuda()
@@ -214,8 +332,8 @@ def init(
     if not ok:
         raise DeviceUnavailable(f"fastnn.distributed needs NCCL: {reason}")
     if uid_bytes is None:
-        if id_file is not None:
-            uid_bytes = _exchange_file(Path(id_file), rank, timeout)
+        if id_path is not None:
+            uid_bytes = _exchange_file(id_path, rank, timeout)
         elif world == 1 or os.environ.get("NCCL_COMM_ID"):
             uid_bytes = nccl.unique_id()  # alone, or every rank derives the same id from NCCL_COMM_ID
         else:
@@ -228,6 +346,7 @@ def init(
     except nccl.NcclError as exc:  # NCCL's own message, with which rank and GPU met it
         exc.args = (f"rank {rank} of {world} on GPU {device}: {exc.args[0]}",)
         raise
-    if id_file is not None and rank == 0:  # every rank has joined: the id is spent, so no later run reads it
-        Path(id_file).unlink(missing_ok=True)
+    if id_path is not None and rank == 0:  # every rank has joined: the id is spent, so no later run reads it
+        with contextlib.suppress(OSError):  # only tidying: a folder made read-only meanwhile loses nothing
+            id_path.unlink(missing_ok=True)
     return Group(rank=rank, world=world, device=device, comm=comm, timeout=timeout)
