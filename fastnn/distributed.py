@@ -117,12 +117,17 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"environment variable {name} must be an integer, got {raw!r}") from None
 
 
-def _from_launcher() -> tuple[int | None, int | None, int | None]:
+def _from_launcher(rank: Any, world: Any, device: Any) -> tuple[Any, Any, Any]:
+    """rank, world and device, each taken from the launcher's environment where not passed: the first launcher of
+    LAUNCHER_ENV whose rank and world variables are both set. Only the variables used are parsed, so an explicit
+    argument wins over a stray variable (RANK=node-a) instead of being refused because of it."""
     for rank_var, world_var, local_var in LAUNCHER_ENV:
-        rank, world = _env_int(rank_var), _env_int(world_var)
-        if rank is not None and world is not None:
-            return rank, world, _env_int(local_var)
-    return None, None, None
+        if rank_var in os.environ and world_var in os.environ:
+            rank = _env_int(rank_var) if rank is None else rank
+            world = _env_int(world_var) if world is None else world
+            device = _env_int(local_var) if device is None else device
+            break
+    return rank, world, device
 
 
 def _check_index(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -281,7 +286,8 @@ def init(
 
     rank, world and device default to the launcher's environment variables (torchrun's RANK, WORLD_SIZE and
     LOCAL_RANK; Open MPI's, MPICH's and Slurm's equivalents, see LAUNCHER_ENV); device then defaults to the local
-    rank. Every rank must call it; it returns once all have joined (ncclCommInitRank).
+    rank. An argument passed wins over its variable, and a variable not needed is not read. Every rank must call
+    it; it returns once all have joined (ncclCommInitRank).
 
     id_file: rank 0 writes the id there (mode 0600, through a temporary file beside it renamed over the path) and
     removes it once every rank has joined; the others wait for it and read it only if it is a regular file owned by
@@ -298,16 +304,13 @@ def init(
             used; an id_file not to be trusted, or none written within timeout.
         DeviceUnavailable: NCCL is not installed (the message names the extra) or no usable GPU.
     """
-    env_rank, env_world, env_local = _from_launcher()
-    rank = env_rank if rank is None else rank
-    world = env_world if world is None else world
+    rank, world, device = _from_launcher(rank, world, device)
     if rank is None or world is None:
         raise ConfigError("rank and world are needed: pass them, or start the processes with a launcher that sets "
                           "RANK and WORLD_SIZE (torchrun), OMPI_COMM_WORLD_* (mpirun) or SLURM_* (srun)")  # fmt: skip
     world = _check_index("world", world, 1)
     rank = _check_index("rank", rank, 0, world)
-    if device is None:
-        device = env_local if env_local is not None else 0
+    device = 0 if device is None else device
     if uid is not None and id_file is not None:
         raise ConfigError("pass uid or id_file, not both")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):

@@ -97,6 +97,55 @@ def test_init_reads_the_launchers_environment(monkeypatch):
         distributed.init()
 
 
+class _Reached(Exception):
+    """Raised by a stand-in for the first step after init's argument checks."""
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [{"RANK": "node-a", "WORLD_SIZE": "2"}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "auto"},
+     {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": ""}],
+)  # fmt: skip
+def test_explicit_arguments_win_over_launcher_variables_which_are_not_parsed_unless_used(monkeypatch, stray):
+    """A stray variable of a launcher (another job's, a shell's) must not break init(rank=0, world=1, device=0):
+    the arguments passed win, and a variable that is not used is not parsed."""
+    import fastnn.device
+
+    for names in distributed.LAUNCHER_ENV:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name, value in stray.items():
+        monkeypatch.setenv(name, value)
+
+    def reached():
+        raise _Reached
+
+    monkeypatch.setattr(fastnn.device, "require_cuda", reached)
+    with pytest.raises(_Reached):
+        distributed.init(rank=0, world=1, device=0)
+
+
+def test_a_launcher_variable_is_parsed_only_for_the_argument_it_stands_for(monkeypatch):
+    """rank and world passed, device not: LOCAL_RANK gives the device, RANK=node-a is not read; a LOCAL_RANK that is
+    not an integer is then refused by name."""
+    import fastnn.device
+    from fastnn.cuda import driver
+
+    for names in distributed.LAUNCHER_ENV:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "node-a")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(fastnn.device, "require_cuda", lambda: None)
+    monkeypatch.setattr(driver, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device must be an integer in \[0, 2\), got 3"):
+        distributed.init(rank=0, world=1)  # GPU 3 from LOCAL_RANK, refused: this machine has 2
+    monkeypatch.setenv("LOCAL_RANK", "")
+    with pytest.raises(ConfigError, match="environment variable LOCAL_RANK must be an integer, got ''"):
+        distributed.init(rank=0, world=1)
+
+
 def _require_nccl():
     from fastnn.cuda import nccl
 
