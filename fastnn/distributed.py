@@ -287,22 +287,25 @@ def init(
     rank, world and device default to the launcher's environment variables (torchrun's RANK, WORLD_SIZE and
     LOCAL_RANK; Open MPI's, MPICH's and Slurm's equivalents, see LAUNCHER_ENV); device then defaults to the local
     rank. An argument passed wins over its variable, and a variable not needed is not read. Every rank must call
-    it; it returns once all have joined (ncclCommInitRank).
+    it; it returns once all have joined (ncclCommInitRankConfig).
 
     id_file: rank 0 writes the id there (mode 0600, through a temporary file beside it renamed over the path) and
     removes it once every rank has joined; the others wait for it and read it only if it is a regular file owned by
     their user and writable by no one else. A FIFO, a device or a link there, a foreign or group/other-writable
     file, a missing folder or a folder at the path are refused with a ConfigError naming id_file.
 
-    timeout: seconds a rank waits for the others: for rank 0's id_file, and in training for an epoch or a fit's
-    agreement check to complete (see Group); past it the communicator is aborted and the wait raises rather than
-    hanging on a rank that died or stopped. Set it above your longest epoch and your longest gap between one
-    rank's fits and another's (a rank evaluating or saving alone); None waits forever.
+    timeout: seconds a rank waits for the others: for rank 0's id_file, for every rank to join the communicator
+    (a wrong world size, or a peer that died before joining, raises CollectiveTimeout rather than hanging), and in
+    training for an epoch or a fit's agreement check to complete (see Group); past it the communicator is aborted
+    and the wait raises rather than hanging on a rank that died or stopped. Set it above your longest epoch and
+    your longest gap between one rank's fits and another's (a rank evaluating or saving alone); None waits forever.
 
     Raises:
         ConfigError: a missing or invalid rank, world, device, id or id_file (the message names it), before NCCL is
             used; an id_file not to be trusted, or none written within timeout.
         DeviceUnavailable: NCCL is not installed (the message names the extra) or no usable GPU.
+        fastnn.cuda.nccl.CollectiveTimeout: the other ranks did not join the communicator within timeout.
+        fastnn.cuda.nccl.NcclError: NCCL refused the communicator (its message, naming the rank and GPU).
     """
     rank, world, device = _from_launcher(rank, world, device)
     if rank is None or world is None:
@@ -344,10 +347,17 @@ def init(
                               "(a path every rank can read), or set NCCL_COMM_ID=host:port for every rank")  # fmt: skip
     dev = driver.get_device(device)
     dev.make_current()
+    where = f"rank {rank} of {world} on GPU {device}"
     try:
-        comm = nccl.Comm(world, uid_bytes, rank)
+        comm = nccl.Comm(world, uid_bytes, rank, timeout=timeout)
+    except nccl.CollectiveTimeout:
+        raise nccl.CollectiveTimeout(
+            f"{where}: the other ranks did not join the communicator within {timeout:g} s (distributed.init's "
+            f"timeout): check that every rank was started with world={world} and the same id, and that none has "
+            "died; the communicator was aborted"
+        ) from None
     except nccl.NcclError as exc:  # NCCL's own message, with which rank and GPU met it
-        exc.args = (f"rank {rank} of {world} on GPU {device}: {exc.args[0]}",)
+        exc.args = (f"{where}: {exc.args[0]}",)
         raise
     if id_path is not None and rank == 0:  # every rank has joined: the id is spent, so no later run reads it
         with contextlib.suppress(OSError):  # only tidying: a folder made read-only meanwhile loses nothing

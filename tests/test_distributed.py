@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import re
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -196,6 +197,169 @@ def test_trainer_refuses_distributed_where_it_cannot_run():
     for devices in (2, [0], [1]):
         with pytest.raises(ConfigError, match=re.escape(f"devices={devices} with distributed=: a distributed run")):
             fastnn.Trainer(model, device="cuda", distributed=group, devices=devices)
+
+
+def _nccl_header() -> str:
+    """The nccl.h of the installed NCCL wheel."""
+    try:
+        import nvidia.nccl
+    except ImportError:
+        pytest.skip("no NCCL wheel installed")
+    for folder in nvidia.nccl.__path__:
+        header = os.path.join(folder, "include", "nccl.h")
+        if os.path.exists(header):
+            return header
+    pytest.skip("the NCCL wheel has no include/nccl.h")
+
+
+def test_config_struct_is_the_installed_headers_ncclConfig_t(tmp_path):
+    """The binding's ncclConfig_t and NCCL_CONFIG_INITIALIZER against the header of the installed wheel, compiled:
+    the fields both declare sit at the same offsets and start out with the same bytes (one list of fields is a
+    prefix of the other: NCCL only appends), and with the header the binding follows, the sizes agree too."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from fastnn.cuda import nccl
+
+    header = _nccl_header()
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    with open(header) as f:
+        text = f.read()
+    body = re.search(r"typedef struct ncclConfig_v\d+ \{(.*?)\} ncclConfig_t;", text, re.S).group(1)
+    theirs = re.findall(r"(\w+)\s*;", re.sub(r"/\*.*?\*/", "", body, flags=re.S))
+    ours = [name for name, _ in nccl._Config._fields_]
+    common = min(len(theirs), len(ours))
+    assert theirs[:common] == ours[:common], (theirs, ours)
+    version = int(re.search(r"#define NCCL_VERSION_CODE (\d+)", text).group(1))
+    (tmp_path / "cuda_runtime.h").write_text("typedef struct CUevent_st* cudaEvent_t;\n"
+                                             "typedef struct CUstream_st* cudaStream_t;\n")  # fmt: skip
+    (tmp_path / "cuda_fp16.h").write_text("")
+    offsets = "".join(f'printf("%zu\\n", offsetof(ncclConfig_t, {name}));' for name in theirs[:common])
+    (tmp_path / "probe.c").write_text(
+        "#define CUDART_VERSION 0\n#include <stdio.h>\n#include <stddef.h>\n#include <nccl.h>\n"
+        "int main(void) { ncclConfig_t c = NCCL_CONFIG_INITIALIZER; const unsigned char* p = (const void*)&c;\n"
+        f'printf("%zu\\n", sizeof c); {offsets}\n'
+        'for (size_t i = 0; i < sizeof c; i++) printf("%02x", p[i]); printf("\\n"); return 0; }\n'
+    )
+    include = os.path.dirname(header)
+    probe = tmp_path / "probe"
+    subprocess.run([compiler, f"-I{tmp_path}", f"-I{include}", "-o", str(probe), f"{probe}.c"], check=True,
+                   capture_output=True)  # fmt: skip
+    lines = subprocess.run([str(probe)], check=True, capture_output=True, text=True).stdout.split()
+    size, their_offsets, their_bytes = int(lines[0]), [int(v) for v in lines[1:-1]], bytes.fromhex(lines[-1])
+    assert their_offsets == [getattr(nccl._Config, name).offset for name in ours[:common]]
+    config = nccl._Config.initializer()
+    assert config.size == ctypes.sizeof(config) and config.version == nccl._CONFIG_VERSION
+    last = getattr(nccl._Config, ours[common - 1])
+    shared = last.offset + last.size
+    assert bytes(config)[8:shared] == their_bytes[8:shared]  # past `size`, which is each one's own sizeof
+    if version == nccl._CONFIG_VERSION:
+        assert size == ctypes.sizeof(nccl._Config) and bytes(config) == their_bytes
+
+
+class _FakeNccl:
+    """A stand-in NCCL for nccl.Comm: ncclCommGetAsyncError reports `states` in turn (the last one from then on);
+    the calls, the config passed and the communicators ended are recorded."""
+
+    def __init__(self, states: list[int], handle: int = 7) -> None:
+        self.states, self.handle = list(states), handle
+        self.polls, self.events, self.config = 0, [], None
+
+    def ncclCommInitRankConfig(self, comm, world, uid, rank, config):
+        self.config = type(config._obj).from_buffer_copy(config._obj)
+        comm._obj.value = self.handle
+        return 7  # ncclInProgress: joined by NCCL's own thread
+
+    def ncclCommGetAsyncError(self, ptr, state):
+        self.polls += 1
+        state._obj.value = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return 0
+
+    def ncclAllReduce(self, *args):
+        self.events.append("all_reduce")
+        self.states = [7, 7, 0]  # queued by NCCL's thread, which finishes after two more polls
+        return 7
+
+    def ncclCommAbort(self, ptr):
+        self.events.append(f"abort {ptr}")
+        return 0
+
+    def ncclCommDestroy(self, ptr):
+        self.events.append(f"destroy {ptr}")
+        return 0
+
+    def ncclGetErrorString(self, status):
+        return b"remote process exited or there was a network error"
+
+    def ncclGetLastError(self, comm):
+        return b"peer 1 closed the connection"
+
+
+def test_a_communicator_whose_peers_never_come_times_out_and_is_aborted(monkeypatch):
+    """Rank 0 alone in a world of two (a world-size typo, a peer that died before joining): the non-blocking
+    creation is polled until the timeout, then aborted, and raises CollectiveTimeout instead of hanging."""
+    import ctypes
+    import time
+
+    from fastnn.cuda import nccl
+
+    fake = _FakeNccl([nccl.Result.IN_PROGRESS])
+    monkeypatch.setattr(nccl, "_lib", lambda: fake)
+    start = time.monotonic()
+    with pytest.raises(nccl.CollectiveTimeout, match=r"ncclCommInitRankConfig: the other ranks did not join within "
+                       r"0.2 s; the communicator was aborted"):  # fmt: skip
+        nccl.Comm(2, bytes(128), 0, timeout=0.2)
+    assert 0.2 <= time.monotonic() - start < 5 and fake.polls > 1
+    assert fake.events == ["abort 7"]
+    config = fake.config
+    assert (config.size, config.magic, config.version) == (ctypes.sizeof(nccl._Config), 0xCAFEBEEF, 23203)
+    assert config.blocking == 0 and config.minCTAs == -(2**31) and config.netName is None  # the rest: NCCL's own
+
+
+def test_a_communicator_is_returned_once_every_rank_joined_and_its_calls_are_waited_for(monkeypatch):
+    """Joined after a few polls: the communicator is returned, not aborted; a collective NCCL queues on its own
+    thread returns only once it is queued (the stream's next work, or the capture's end, must come after it)."""
+    from fastnn.cuda import nccl
+
+    fake = _FakeNccl([nccl.Result.IN_PROGRESS] * 3 + [nccl.Result.SUCCESS])
+    monkeypatch.setattr(nccl, "_lib", lambda: fake)
+    comm = nccl.Comm(2, bytes(128), 0, timeout=5)
+    assert fake.polls == 4 and not comm.closed and not comm.blocking and fake.events == []
+    nccl.all_reduce(comm, 0, 0, 4, np.float32, None)
+    assert fake.events == ["all_reduce"] and fake.states == [0] and fake.polls == 7
+    comm.close()
+    assert fake.events == ["all_reduce", "destroy 7"]
+
+
+def test_a_communicator_nccl_fails_to_make_is_aborted_and_raises_its_error(monkeypatch):
+    from fastnn.cuda import nccl
+
+    fake = _FakeNccl([nccl.Result.IN_PROGRESS, nccl.Result.REMOTE_ERROR])
+    monkeypatch.setattr(nccl, "_lib", lambda: fake)
+    with pytest.raises(nccl.NcclError, match="ncclCommInitRankConfig failed: remote process exited .* peer 1 closed"):
+        nccl.Comm(2, bytes(128), 0, timeout=5)
+    assert fake.events == ["abort 7"]
+
+
+def test_init_raises_collective_timeout_naming_rank_world_gpu_and_timeout(monkeypatch):
+    """init's timeout bounds the communicator's creation too, through a stand-in NCCL that never sees the peer."""
+    import fastnn.device
+    from fastnn.cuda import driver, nccl
+
+    fake = _FakeNccl([nccl.Result.IN_PROGRESS])
+    monkeypatch.setattr(nccl, "_lib", lambda: fake)
+    monkeypatch.setattr(nccl, "available", lambda: (True, "NCCL (stand-in)"))
+    monkeypatch.setattr(fastnn.device, "require_cuda", lambda: None)
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    monkeypatch.setattr(driver, "get_device", lambda ordinal: type("Dev", (), {"make_current": lambda self: None})())
+    with pytest.raises(nccl.CollectiveTimeout, match=r"rank 0 of 2 on GPU 0: the other ranks did not join the "
+                       r"communicator within 0.2 s \(distributed.init's timeout\): check that every rank was started "
+                       r"with world=2"):  # fmt: skip
+        distributed.init(0, 2, uid=bytes(128), device=0, timeout=0.2)
+    assert fake.events == ["abort 7"]
 
 
 class _HeldGraph:
@@ -634,8 +798,26 @@ def test_ranks_on_one_gpu_are_refused_with_nccls_message_naming_rank_and_gpu():
     own words, and neither process hangs."""
     _require_nccl()
     for rank, (_, answer) in enumerate(_spawn(2, _same_gpu_rank, lambda rank: (), relay_id=True)):
-        assert f"rank {rank} of 2 on GPU 0: ncclCommInitRank failed" in answer, answer
+        assert f"rank {rank} of 2 on GPU 0: ncclCommInitRankConfig failed" in answer, answer
         assert "Duplicate GPU" in answer, answer
+
+
+@pytest.mark.gpu
+def test_init_alone_in_a_world_of_two_raises_collective_timeout_instead_of_hanging():
+    """Rank 0 with world=2 and no rank 1 (a world-size typo, a peer that died before joining) was still blocked 45 s
+    into timeout=5 with a blocking ncclCommInitRank: the non-blocking creation is aborted at the timeout and raises,
+    and NCCL makes communicators afterwards as before."""
+    import time
+
+    nccl = _require_nccl()
+    start = time.monotonic()
+    with pytest.raises(nccl.CollectiveTimeout, match=r"rank 0 of 2 on GPU 0: the other ranks did not join the "
+                       r"communicator within 3 s"):  # fmt: skip
+        distributed.init(0, 2, uid=distributed.unique_id(), device=0, timeout=3)
+    waited = time.monotonic() - start
+    assert 3 <= waited < 30, waited
+    with distributed.init(0, 1, device=0, timeout=30) as group:
+        assert not group.comm.closed and not group.comm.blocking
 
 
 @pytest.mark.gpu

@@ -2,10 +2,17 @@
 
 NCCL comes from NVIDIA's wheels (nvidia-nccl-cu12 / -cu13, the extras "multi-cu12" / "multi-cu13"), found by
 cuda.pathfinder's "nccl" like every other library fastnn loads. ctypes rather than nccl4py: the few functions
-needed here are plain C (no callbacks, one 128-byte struct passed by value), the other bindings already share
-the loading, range checks and error plumbing used below, and it adds no package of its own. Status names come
-from ncclGetErrorString, and NCCL's description of the last failure (ncclGetLastError) is added to the message.
-Nothing here creates NVLink multicast objects; NCCL's own use of them follows NCCL_NVLS_ENABLE, left as set.
+needed here are plain C (no callbacks, one 128-byte struct passed by value, one config struct by pointer), the
+other bindings already share the loading, range checks and error plumbing used below, and it adds no package of its
+own. Status names come from ncclGetErrorString, and NCCL's description of the last failure (ncclGetLastError) is
+added to the message. Nothing here creates NVLink multicast objects; NCCL's own use of them follows
+NCCL_NVLS_ENABLE, left as set.
+
+A communicator of ranks in separate processes is non-blocking (ncclConfig_t.blocking = 0): its creation, and
+every later call on it, returns at once with ncclInProgress while NCCL works on a thread of its own, and Comm
+polls ncclCommGetAsyncError until it is done, at most the communicator's timeout; so a peer that never comes (a
+wrong world size, a rank that died before joining) ends in an abort and CollectiveTimeout instead of a call that
+never returns. ncclInProgress is handled here and never leaves this module.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import threading
+import time
 from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
@@ -97,6 +105,55 @@ class _UniqueId(ctypes.Structure):
         return ctypes.string_at(ctypes.addressof(self), UNIQUE_ID_BYTES)
 
 
+# ncclConfig_t and NCCL_CONFIG_INITIALIZER as the nccl.h of nvidia-nccl-cu12 2.32.3 declares them (struct
+# ncclConfig_v23100). NCCL reads the first `size` bytes it knows of and keeps its defaults for the rest, and new
+# fields are only ever appended, so an older library (2.19 on) reads the prefix it defines and a newer one the
+# fields below; `version` is that header's NCCL_VERSION_CODE, saying which fields these bytes hold.
+_CONFIG_VERSION = 23203  # NCCL_VERSION_CODE (2.32.3)
+_API_MAGIC = 0xCAFEBEEF  # NCCL_API_MAGIC
+_CONFIG_UNDEF_INT = -(2**31)  # NCCL_CONFIG_UNDEF_INT = INT_MIN; NCCL_CONFIG_UNDEF_PTR = NULL
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("blocking", ctypes.c_int),
+        ("cgaClusterSize", ctypes.c_int),
+        ("minCTAs", ctypes.c_int),
+        ("maxCTAs", ctypes.c_int),
+        ("netName", ctypes.c_char_p),
+        ("splitShare", ctypes.c_int),
+        ("trafficClass", ctypes.c_int),
+        ("commName", ctypes.c_char_p),
+        ("collnetEnable", ctypes.c_int),
+        ("CTAPolicy", ctypes.c_int),
+        ("shrinkShare", ctypes.c_int),
+        ("nvlsCTAs", ctypes.c_int),
+        ("nChannelsPerNetPeer", ctypes.c_int),
+        ("nvlinkCentricSched", ctypes.c_int),
+        ("graphUsageMode", ctypes.c_int),
+        ("numRmaCtx", ctypes.c_int),
+        ("maxP2pPeers", ctypes.c_int),
+        ("graphStreamOrdering", ctypes.c_int),
+        ("launchOrderImplicit", ctypes.c_int),
+        ("numRmaSig", ctypes.c_int),
+        ("rmaEagerInit", ctypes.c_int),
+        ("hostCftMode", ctypes.c_int),
+        ("nvlsHostMode", ctypes.c_int),
+    ]
+
+    @classmethod
+    def initializer(cls) -> _Config:
+        """NCCL_CONFIG_INITIALIZER: size, magic and version set, every option undefined (NCCL's default)."""
+        config = cls(size=ctypes.sizeof(cls), magic=_API_MAGIC, version=_CONFIG_VERSION)
+        for name, ctype in cls._fields_[3:]:
+            if ctype is ctypes.c_int:
+                setattr(config, name, _CONFIG_UNDEF_INT)  # pointers stay NULL
+        return config
+
+
 class NcclError(CudaLibraryError):
     """An NCCL call failed; `.status_name` is NCCL's own description (ncclGetErrorString)."""
 
@@ -115,7 +172,10 @@ _p = ctypes.c_void_p
 _SIGNATURES = {
     "ncclGetVersion": (_STATUS, [ctypes.POINTER(ctypes.c_int)]),
     "ncclGetUniqueId": (_STATUS, [ctypes.POINTER(_UniqueId)]),
-    "ncclCommInitRank": (_STATUS, [ctypes.POINTER(_p), ctypes.c_int, _UniqueId, ctypes.c_int]),
+    "ncclCommInitRankConfig": (
+        _STATUS,
+        [ctypes.POINTER(_p), ctypes.c_int, _UniqueId, ctypes.c_int, ctypes.POINTER(_Config)],
+    ),
     "ncclCommInitAll": (_STATUS, [ctypes.POINTER(_p), ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
     "ncclCommDestroy": (_STATUS, [_p]),
     "ncclCommAbort": (_STATUS, [_p]),
@@ -134,13 +194,19 @@ def status_name(status: int) -> str:
     return name.decode(errors="replace") if name else f"NCCL result {int(status)}"
 
 
+def _error(status: int, what: str) -> NcclError:
+    """The NcclError for `status` from `what`, with NCCL's description of the last failure (ncclGetLastError)."""
+    error = NcclError(status, status_name(status), what)
+    detail = _lib().ncclGetLastError(None)
+    if detail:
+        error.args = (f"{error.args[0]}: {detail.decode(errors='replace').strip()}",)
+    return error
+
+
 def _errcheck(result: int, func: Any, args: tuple) -> int:
-    if result != Result.SUCCESS:
-        error = NcclError(result, status_name(result), func.__name__)
-        detail = _lib().ncclGetLastError(None)
-        if detail:
-            error.args = (f"{error.args[0]}: {detail.decode(errors='replace').strip()}",)
-        raise error
+    # ncclInProgress is not a failure: a non-blocking communicator's call goes on in the background (Comm._settle).
+    if result not in (Result.SUCCESS, Result.IN_PROGRESS):
+        raise _error(result, func.__name__)
     return result
 
 
@@ -176,8 +242,9 @@ def unique_id() -> bytes:
 
 
 class Comm(LibraryObject):
-    """One rank's NCCL communicator on the current CUDA device (ncclCommInitRank: collective, it returns once
-    every rank has joined). Destroyed by close(), a `with` block, or garbage collection.
+    """One rank's NCCL communicator on the current CUDA device (ncclCommInitRankConfig, non-blocking: it returns once
+    every rank has joined, or raises CollectiveTimeout after `timeout` seconds without them, None: no limit).
+    Destroyed by close(), a `with` block, or garbage collection.
 
     NCCL's destroy and abort wait until every graph that captured the communicator's collectives is destroyed
     (its persistent plans; with several ranks in a process, the last rank's destroy or abort waits for every
@@ -186,23 +253,67 @@ class Comm(LibraryObject):
     the garbage collector) would never return. A one-rank communicator makes no persistent plans, so one GPU
     cannot show this."""
 
-    def __init__(self, world: int, uid: bytes, rank: int) -> None:
+    def __init__(self, world: int, uid: bytes, rank: int, timeout: float | None = None) -> None:
         if not isinstance(uid, (bytes, bytearray)) or len(uid) != UNIQUE_ID_BYTES:
             raise ConfigError(f"uid must be {UNIQUE_ID_BYTES} bytes from nccl.unique_id(), got {_describe(uid)}")
         lib = _lib()
         handle = _p()
+        config = _Config.initializer()
+        config.blocking = 0  # NCCL works on its own thread and this one polls: a peer that never comes can be given up
         try:
-            lib.ncclCommInitRank(ctypes.byref(handle), world, _UniqueId.of(bytes(uid)), rank)
+            lib.ncclCommInitRankConfig(ctypes.byref(handle), world, _UniqueId.of(bytes(uid)), rank,
+                                       ctypes.byref(config))  # fmt: skip
         except ctypes.ArgumentError as exc:
-            raise argument_error(exc, "ncclCommInitRank") from None
-        self._bind(int(handle.value), world, rank)
+            raise argument_error(exc, "ncclCommInitRankConfig") from None
+        except NcclError:
+            if handle.value:  # failed after NCCL made it (its thread's error, reported at once): free it
+                with contextlib.suppress(NcclError):
+                    lib.ncclCommAbort(handle)
+            raise
+        self._bind(int(handle.value), world, rank, blocking=False, timeout=timeout)
+        self._settle("ncclCommInitRankConfig", "the other ranks did not join")
 
-    def _bind(self, handle: int, world: int, rank: int) -> None:
+    def _bind(self, handle: int, world: int, rank: int, blocking: bool = True, timeout: float | None = None) -> None:
         self._graphs: list[Any] = []  # graph executables holding captured collectives of this communicator
         super().__init__(handle, functools.partial(_destroy_after, self._graphs, _lib().ncclCommDestroy))
         self.world, self.rank = int(world), int(rank)
+        self.blocking, self.timeout = blocking, timeout
         # abort (any thread) against async_error (the thread waiting on this rank) and hold (a capturing thread)
         self._lock = threading.Lock()
+
+    def _settle(self, what: str, late: str) -> None:
+        """Wait until NCCL has finished the last call `what` on this communicator (non-blocking: it goes on in
+        NCCL's thread), at most `timeout` seconds; past it abort the communicator and raise CollectiveTimeout
+        ("what: late within ... s"). NCCL's failure meanwhile aborts it and raises NcclError; so does an
+        interruption (Ctrl-C), since the call never finished."""
+        if self.blocking:
+            return
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        pause = 0.0001  # a collective's launch takes NCCL's thread well under a millisecond; a peer may take minutes
+        try:
+            while (status := self._state()) == Result.IN_PROGRESS:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CollectiveTimeout(f"{what}: {late} within {self.timeout:g} s; the communicator was aborted")
+                time.sleep(pause)
+                pause = min(2 * pause, 0.005)
+        except BaseException:
+            self.abort()
+            raise
+        if status is None:
+            raise self.ended_error()  # aborted by another thread meanwhile
+        if status != Result.SUCCESS:
+            error = _error(status, what)
+            self.abort()
+            raise error
+
+    def _state(self) -> int | None:
+        """ncclCommGetAsyncError's ncclResult_t (ncclInProgress while a call goes on); None once closed or aborted."""
+        r = ctypes.c_int()
+        with self._lock:
+            if self.closed:
+                return None
+            _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
+        return r.value
 
     @classmethod
     def clique(cls, devices: list[int]) -> list[Comm]:
@@ -265,12 +376,8 @@ class Comm(LibraryObject):
     def async_error(self) -> int | None:
         """The ncclResult_t of an asynchronous failure (a peer gone, a network error), or None (also once closed
         or aborted: `closed` tells)."""
-        r = ctypes.c_int()
-        with self._lock:
-            if self.closed:
-                return None
-            _lib().ncclCommGetAsyncError(self.ptr, ctypes.byref(r))
-        return None if r.value in (Result.SUCCESS, Result.IN_PROGRESS) else r.value
+        status = self._state()
+        return None if status in (None, Result.SUCCESS, Result.IN_PROGRESS) else status
 
 
 def _destroy_after(graphs: list[Any], end: Callable[[int], Any], ptr: int) -> None:
@@ -286,7 +393,7 @@ def _destroy_after(graphs: list[Any], end: Callable[[int], Any], ptr: int) -> No
 def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:
     """Queue recv = op over ranks of send (`count` elements of numpy `dtype`; in place when send == recv)."""
     dt = _checked(comm, dtype)
-    _call("ncclAllReduce", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
+    _call(comm, "ncclAllReduce", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
 
 
 def reduce_scatter(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any,
@@ -294,14 +401,14 @@ def reduce_scatter(comm: Comm, send: int, recv: int, count: int, dtype: Any, str
     """Queue recv (`count` elements) = op over ranks of part `rank` of send (world * count elements); in place
     when recv == send + rank * count elements."""
     dt = _checked(comm, dtype)
-    _call("ncclReduceScatter", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
+    _call(comm, "ncclReduceScatter", send, recv, count, dt, int(op), comm.ptr, stream_ptr(stream))
 
 
 def all_gather(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any) -> None:
     """Queue part r of recv (world * count elements) = rank r's send (`count` elements); in place when
     send == recv + rank * count elements."""
     dt = _checked(comm, dtype)
-    _call("ncclAllGather", send, recv, count, dt, comm.ptr, stream_ptr(stream))
+    _call(comm, "ncclAllGather", send, recv, count, dt, comm.ptr, stream_ptr(stream))
 
 
 def _checked(comm: Comm, dtype: Any) -> int:
@@ -316,11 +423,14 @@ def _checked(comm: Comm, dtype: Any) -> int:
     return int(dt)
 
 
-def _call(name: str, *args: Any) -> None:
+def _call(comm: Comm, name: str, *args: Any) -> None:
+    """Queue the collective `name` on `comm`; on a non-blocking communicator, wait until NCCL has queued it (its
+    thread launches the kernels: the caller's next work on the stream, or the end of a capture, must come after)."""
     try:
         getattr(_lib(), name)(*args)
     except ctypes.ArgumentError as exc:
         raise argument_error(exc, name) from None
+    comm._settle(name, "NCCL did not finish queuing it (connecting to the other ranks first)")
 
 
 def _describe(value: Any) -> str:
