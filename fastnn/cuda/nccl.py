@@ -288,14 +288,20 @@ class Comm(LibraryObject):
         interruption (Ctrl-C), since the call never finished."""
         if self.blocking:
             return
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        pause = 0.0001  # a collective's launch takes NCCL's thread well under a millisecond; a peer may take minutes
+        start = time.monotonic()
+        deadline = None if self.timeout is None else start + self.timeout
+        # Spun for the first 2 ms: NCCL's thread queues a collective in tens of microseconds, and an epoch graph
+        # captures thousands of them (a sleep's ~100 us each would add up). Then polled ever more slowly: a peer
+        # joining may take seconds.
+        pause = 0.0005
         try:
             while (status := self._state()) == Result.IN_PROGRESS:
-                if deadline is not None and time.monotonic() > deadline:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
                     raise CollectiveTimeout(f"{what}: {late} within {self.timeout:g} s; the communicator was aborted")
-                time.sleep(pause)
-                pause = min(2 * pause, 0.005)
+                if now - start > 0.002:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.005)
         except BaseException:
             self.abort()
             raise
