@@ -33,7 +33,7 @@ from .engine.placement import check_placement
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
-from .history import History, check_records
+from .history import History, check_records, encode_records
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
 from .progress import check_progress, reporter
@@ -478,12 +478,13 @@ class Trainer:
             "drop_last": c.drop_last,
             "epoch": self.epoch,
             "step": self.step,
-            "history": list(self.history),
+            "history": encode_records(self.history),  # NaN evaluation results as "nan": strict JSON
             "history_epoch_base": 1,  # records number epochs from 1 (files without this key: from 0)
         }
         state = self._engine.get_state()
         try:
             _checked_progress(json.loads(json.dumps(config)))  # what load will read back, NaN and all
+            json.dumps(config, allow_nan=False)  # and nothing else non-finite: the file holds strict JSON
             checked_state(state, _state_shapes(c.model, c.optimizer), c.precision, "state")
         except (DataError, ValueError) as exc:
             raise DataError(
