@@ -141,6 +141,7 @@ class Trainer:
         )
         self._distributed = distributed
         self._closed = False
+        self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
@@ -229,6 +230,8 @@ class Trainer:
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
         """
         self._check_open()
+        self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the counters "
+                                "and history would go backwards")  # fmt: skip
         model, cfg = self._config.model, self._config
         x = self._inputs(x, "x")
         y = check_labels(y, x.shape[0], model.classes, "y")
@@ -321,6 +324,7 @@ class Trainer:
         self._engine.set_train_data(x, y)
         on_step = display.step if display is not None and display.per_step else None
         stoppable = stopper is not None or bool(hooks)
+        self._fitting = True
         try:
             for first in range(0, epochs, chunk):
                 n = min(chunk, epochs - first)
@@ -341,6 +345,7 @@ class Trainer:
                     commit(done)
             raise
         finally:
+            self._fitting = False
             if display is not None:
                 display.close()
         rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
@@ -454,6 +459,7 @@ class Trainer:
                 finite in float32 (or, with precision "fp16"/"mixed", in float16: see `fastnn.state`).
         """
         self._check_open()
+        self._check_not_fitting("load_state_dict", "the running fit would go on from weights it did not train")
         shapes = _param_shapes(self._config.model)
         self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
 
@@ -548,7 +554,13 @@ class Trainer:
     # ---- lifetime ---------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the engine's resources (GPU memory, graphs); the trainer is unusable afterwards."""
+        """Release the engine's resources (GPU memory, graphs); the trainer is unusable afterwards.
+
+        Raises:
+            FastnnError: called while this trainer's fit runs (from a callback): the engine is in use.
+        """
+        self._check_not_fitting("close", "its engine is training; return True from the callback (or raise "
+                                "fastnn.StopTraining) to stop the fit, then close")  # fmt: skip
         if not self._closed:
             self._closed = True
             self._engine.close()
@@ -562,6 +574,12 @@ class Trainer:
     def _check_open(self) -> None:
         if self._closed:
             raise FastnnError("this Trainer is closed")
+
+    def _check_not_fitting(self, method: str, why: str) -> None:
+        """Refuse `method` while a fit of this trainer runs (called from one of its callbacks, or a thread)."""
+        if self._fitting:
+            raise FastnnError(f"Trainer.{method} was called while this trainer's fit is running (from a callback?): "
+                              f"{why}; call it after fit returns")  # fmt: skip
 
 
 def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:
