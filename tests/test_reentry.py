@@ -5,28 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_training_control import EVAL, TRAIN, C, _reference, _trainer
 
-from fastnn import MLP, SGD, FastnnError, Trainer
-
-D, C = 8, 3
-
-
-def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, D)).astype(np.float32), rng.integers(0, C, n)
-
-
-TRAIN, EVAL = _data(64, 0), _data(32, 1)
-
-
-def _trainer() -> Trainer:
-    return Trainer(MLP([D, 16, C]), SGD(lr=0.05, momentum=0.9), batch_size=16, device="cpu", seed=3)
-
-
-def _reference(epochs: int) -> Trainer:
-    t = _trainer()
-    t.fit(*TRAIN, epochs=epochs, eval_data=EVAL)
-    return t
+from fastnn import FastnnError, Trainer
 
 
 def _assert_like(t: Trainer, reference: Trainer) -> None:
@@ -85,12 +66,10 @@ def test_an_estimators_partial_fit_from_its_trainers_callback_is_refused() -> No
 @pytest.mark.parametrize("method", list(CALLS))
 def test_a_callback_cannot_refit_close_or_replace_the_weights_on_the_gpu(engine: str, method: str) -> None:
     """On the GPU a close() there failed later with a misleading ConfigError; the engine queues epochs ahead."""
-    from test_training_control import TRAIN as GPU_TRAIN
-    from test_training_control import _reference as cpu_reference
     from test_training_control_gpu import _assert_close, _gpu, _state
 
     call = {
-        "fit": lambda t: t.fit(*GPU_TRAIN, epochs=1),
+        "fit": lambda t: t.fit(*TRAIN, epochs=1),
         "close": lambda t: t.close(),
         "load_state_dict": lambda t: t.load_state_dict(t.state_dict()),
     }[method]
@@ -101,8 +80,8 @@ def test_a_callback_cannot_refit_close_or_replace_the_weights_on_the_gpu(engine:
                 call(t)
 
         with pytest.raises(FastnnError, match=f"Trainer.{method} was called while this trainer's fit is running"):
-            t.fit(*GPU_TRAIN, epochs=8, callbacks=[at_2])
+            t.fit(*TRAIN, epochs=8, callbacks=[at_2])
         assert (t.epoch, t.step, t.history["epoch"]) == (2, 8, [1, 2])
-        _assert_close(_state(t), _state(cpu_reference(2)))
-        t.fit(*GPU_TRAIN, epochs=1)  # still usable
+        _assert_close(_state(t), _state(_reference(2)))
+        t.fit(*TRAIN, epochs=1)  # still usable
         assert t.epoch == 3
