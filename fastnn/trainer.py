@@ -211,14 +211,15 @@ class Trainer:
         trains past a stop), a host round trip per epoch and never per step.
 
         progress: True, False, or "auto" (on when stdout is a terminal): a line per epoch, or on the CPU with
-        tqdm installed a bar per epoch that moves with every step.
+        tqdm installed a bar per epoch that moves with every step. A stream that fails (a closed stdout, a broken
+        pipe) turns the display off with one RuntimeWarning; training goes on.
 
         Everything is validated before any training; the schedule is evaluated for every step of a chunk
         of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
         at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
         A trainer counts at most 2**32 epochs (`fastnn.state.MAX_EPOCH`).
 
-        Interrupted (Ctrl-C, an error printing progress or in a callback), the counters, history and weights
+        Interrupted (Ctrl-C, an error in a callback), the counters, history and weights
         all describe the end of the same epoch: the last one whose training finished.
 
         Raises:
@@ -228,6 +229,7 @@ class Trainer:
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
+            FastnnError: the trainer is closed, or this fit is called while one of its own runs (from a callback).
         """
         self._check_open()
         self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the counters "
@@ -457,6 +459,7 @@ class Trainer:
         Raises:
             DataError: a name is missing or unexpected, or an array has the wrong shape or values that are not
                 finite in float32 (or, with precision "fp16"/"mixed", in float16: see `fastnn.state`).
+            FastnnError: called while this trainer's fit runs (from a callback).
         """
         self._check_open()
         self._check_not_fitting("load_state_dict", "the running fit would go on from weights it did not train")
