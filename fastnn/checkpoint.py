@@ -13,11 +13,9 @@ count; only then the data, exactly the declared bytes of each member.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .datasets import _temp_beside
+from . import _files
 from .errors import ConfigError, DataError
 
 __all__ = ["FORMAT", "VERSION", "load", "save"]
@@ -79,60 +77,30 @@ def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str,
         if path.is_dir():
             raise DataError(f"cannot save checkpoint {str(path)!r}: it is a folder")
     except OSError as exc:  # a name too long, a folder we may not search
-        raise DataError(f"cannot save checkpoint {str(path)!r}: {_reason(exc)}") from exc
+        raise DataError(f"cannot save checkpoint {str(path)!r}: {_files.reason(exc)}") from exc
     payload: dict[str, np.ndarray] = {
         _FORMAT_KEY: np.array(FORMAT),
         _VERSION_KEY: np.array(VERSION, dtype=np.int64),
-        _CONFIG_KEY: np.array(json.dumps(config)),
+        _CONFIG_KEY: np.array(json.dumps(config, allow_nan=False)),  # strict JSON: any tool reads it
     }
     for name, arr in arrays.items():
         if name.startswith("__fastnn_"):
             raise ValueError(f"array name {name!r} is reserved for the checkpoint format")
         payload[name] = np.asarray(arr)
-    tmp = _temp_beside(path)  # same folder, so os.replace is an atomic rename
     try:
-        try:
-            old_mode = stat.S_IMODE(os.stat(path).st_mode)
-        except FileNotFoundError:
-            old_mode = None
-        with open(tmp, "xb") as f:
+        # A temp file in the same folder, then a rename: a new file gets the umask's mode, a replaced one keeps its.
+        with _files.replacing(path, keep_mode=True, fsync=True) as f:
             np.savez(f, **payload)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the rename makes it visible
-        if old_mode is not None:
-            os.chmod(tmp, old_mode)
-        os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise DataError(
-            f"cannot save checkpoint {str(path)!r}: {_reason(exc)}; the previous file, if any, is unchanged"
+            f"cannot save checkpoint {str(path)!r}: {_files.reason(exc)}; the previous file, if any, is unchanged"
         ) from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_folder(parent, path)
-
-
-def _reason(exc: OSError) -> str:
-    """'ENOSPC (No space left on device)': the symbolic name a user can search for, and the text."""
-    return f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})" if exc.errno else str(exc)
-
-
-def _fsync_folder(folder: Path, path: Path) -> None:
-    """fsync `folder` so the rename itself is durable; file systems that cannot fsync a folder are let be."""
     try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return  # e.g. a folder we may write but not read: the file is saved, only its durability is weaker
-    try:
-        os.fsync(fd)
+        _files.sync_folder(parent)  # the rename itself survives a power loss
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES):
-            raise DataError(
-                f"checkpoint {str(path)!r} was written but its folder could not be synced: {exc.strerror or exc}"
-            ) from exc
-    finally:
-        os.close(fd)
+        raise DataError(
+            f"checkpoint {str(path)!r} was written but its folder could not be synced: {exc.strerror or exc}"
+        ) from exc
 
 
 ExpectedShapes = Callable[[dict[str, Any]], Mapping[str, tuple[int, ...]]]
@@ -160,7 +128,7 @@ def load(
     try:
         is_file = path.is_file()
     except OSError as exc:
-        raise DataError(f"cannot read {where}: {_reason(exc)}") from exc
+        raise DataError(f"cannot read {where}: {_files.reason(exc)}") from exc
     if not is_file:
         raise DataError(f"{where} does not exist or is not a file")
     try:

@@ -22,8 +22,6 @@ import http.client
 import io
 import math
 import os
-import secrets
-import urllib.request
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _files
+from ._download import fetch as _fetch
 from .errors import ConfigError, DataError
 
 __all__ = [
@@ -172,28 +172,6 @@ def _parse_idx(
         raise DataError(f"{path}: cannot read IDX file: {e.strerror or e}") from None
 
 
-def _temp_beside(path: Path) -> Path:
-    """A fresh temporary name in `path`'s folder (same file system, so os.replace is atomic).
-
-    Opened with mode "xb" rather than mkstemp so the file gets the umask's permissions, not 0600:
-    a dataset folder may be shared. At most 100 characters of the name are kept, so a target whose name is
-    near the file system's 255-byte limit still has a temporary name that fits.
-    """
-    return path.with_name(f".{path.name[:100]}.{os.getpid()}.{secrets.token_hex(4)}.part")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it: readers never see a partial file."""
-    tmp = _temp_beside(path)
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_idx(path: PathLike, array: np.ndarray, compress: bool = True) -> None:
     """Write `array` as an IDX file (gzipped when `compress`), atomically.
 
@@ -215,7 +193,7 @@ def write_idx(path: PathLike, array: np.ndarray, compress: bool = True) -> None:
     data = header + np.ascontiguousarray(array, dtype=_IDX_DTYPES[code]).tobytes()
     if compress:
         data = gzip.compress(data, mtime=0)  # mtime=0: the same array always gives the same bytes
-    _write_atomic(Path(path), data)
+    _files.write_bytes(path, data)  # the umask's mode, not mkstemp's 0600: a dataset folder may be shared
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -352,6 +330,11 @@ SYSTEM_DATA_DIR = Path("/usr/share/datasets")
 #: Mirror override: base URLs separated by commas or whitespace; `{name}` is replaced by the dataset name.
 MIRRORS_ENV = "FASTNN_DATASET_MIRRORS"
 
+#: Slowest average download rate accepted (bytes/s) once `timeout` seconds have passed: a mirror that falls
+#: behind is abandoned for the next one, so a file of S bytes takes at most about timeout + S / this per mirror
+#: (16 KiB/s: MNIST's largest file in 10 minutes). Lower it for a slower link.
+DOWNLOAD_MIN_RATE = 16 * 1024
+
 
 #: Largest number of rows an unverified (verify=False) MNIST-layout file may declare: 1,000,000 images are
 #: 784 MB. A header declaring more is refused before any data is read (raise it here for larger data sets).
@@ -439,39 +422,15 @@ def _mirrors(spec: DatasetSpec, mirrors: Sequence[str] | None) -> list[str]:
     return [u if u.endswith("/") else u + "/" for u in urls]
 
 
-def _fetch(url: str, dest: Path, rf: RemoteFile, timeout: float) -> None:
-    """Download `url` into `dest` through a temporary file, checking size and sha256 before the rename."""
-    tmp = _temp_beside(dest)
-    try:
-        digest, got = hashlib.sha256(), 0
-        request = urllib.request.Request(url, headers={"User-Agent": "fastnn"})
-        with open(tmp, "xb") as out, urllib.request.urlopen(request, timeout=timeout) as resp:
-            length = resp.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) != rf.size:
-                raise DataError(f"server announces {length} bytes, expected {rf.size}")
-            while got <= rf.size:  # bounded: one chunk past the expected size is enough to say "too large"
-                chunk = resp.read(1 << 20)
-                if not chunk:
-                    break
-                got += len(chunk)
-                digest.update(chunk)
-                out.write(chunk)
-        if got != rf.size:
-            raise DataError(f"received {got} bytes, expected {rf.size}" + (" (interrupted?)" if got < rf.size else ""))
-        if digest.hexdigest() != rf.sha256:
-            raise DataError(f"sha256 mismatch: got {digest.hexdigest()}, expected {rf.sha256}")
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def download(
     name: str, dest: PathLike | None = None, *, mirrors: Sequence[str] | None = None, timeout: float = 30.0
 ) -> Path:
     """Download the dataset's files missing from `dest` (default `~/.cache/fastnn/<name>`); returns `dest`.
 
-    Each file is tried on each mirror in turn; `timeout` (seconds) bounds every network wait. Files already
-    in `dest` are verified (size and sha256) first: success means all four files are the named dataset's.
+    Each file is tried on each mirror in turn; `timeout` (seconds) bounds every network wait, and a mirror
+    sending less than DOWNLOAD_MIN_RATE bytes/s on average after the first `timeout` seconds is abandoned for
+    the next (so a file takes at most about timeout + size / DOWNLOAD_MIN_RATE seconds per mirror). Files
+    already in `dest` are verified (size and sha256) first: success means all four files are the named dataset's.
 
     Raises:
         ConfigError: unknown name, `dest` not a folder path, or mirrors not a sequence of URLs.
@@ -521,11 +480,11 @@ def _fetch_missing(spec: DatasetSpec, folder: Path, urls: list[str], timeout: fl
         for base in urls:
             url = base + rf.name
             try:
-                _fetch(url, folder / rf.name, rf, timeout)
+                _fetch(url, folder / rf.name, rf.size, rf.sha256, timeout, DOWNLOAD_MIN_RATE)
                 break
             except (OSError, ValueError, http.client.HTTPException) as e:
-                # OSError: refused connections, socket timeouts, HTTP errors (URLError); ValueError: bad
-                # URLs and our own size/sha256 DataError; HTTPException: broken or incomplete responses.
+                # OSError: refused connections, socket timeouts, HTTP errors (URLError); ValueError: bad URLs
+                # and our own size/sha256/too-slow DataError; HTTPException: broken or incomplete responses.
                 errors.append(f"{url}: {e}")
         else:
             raise DataError(f"download of {rf.name} into {folder} failed:\n    " + "\n    ".join(errors))
@@ -657,7 +616,8 @@ def load(
         root: a folder to look in first, and to download into (default `~/.cache/fastnn/<name>`).
         download: fetch the files from the mirrors when no folder holds all four.
         mirrors: base URLs replacing the built-in mirrors (also `$FASTNN_DATASET_MIRRORS`).
-        timeout: seconds for each network wait.
+        timeout: seconds for each network wait; also the grace before DOWNLOAD_MIN_RATE applies, so a mirror
+            dripping bytes is given up after about `timeout` seconds (see `download`).
         verify: check every file's size and sha256 against the named dataset's before using it (the two
             datasets share file names); the top of `$FASTNN_DATA` may hold either, and a folder there holding
             the other dataset's files is passed over. False reads any MNIST-layout files (your own data), up to

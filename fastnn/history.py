@@ -11,7 +11,7 @@ import numbers
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["FIELDS", "History", "check_records"]
+__all__ = ["FIELDS", "History", "check_records", "encode_records"]
 
 #: The fields of every record, in table order; eval fields are None for epochs not evaluated; epoch counts from 1.
 FIELDS = ("epoch", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "seconds")
@@ -48,7 +48,12 @@ class History:
         return dict(self._records[key])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, History) and self._records == other._records
+        """The same records, NaN matching NaN (an evaluation's NaN loss is a value like any other)."""
+        return (
+            isinstance(other, History)
+            and len(self) == len(other)
+            and all(_same(a[f], b[f]) for a, b in zip(self._records, other._records) for f in FIELDS)
+        )
 
     def to_dict(self) -> dict[str, list[Any]]:
         """Columns: each field's values in epoch order (JSON-serialisable)."""
@@ -107,16 +112,40 @@ class History:
         return fig
 
 
-def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
-    """`records` if they are a history fastnn could have written, else ValueError naming the record and field.
+#: How a non-finite evaluation value is written in a checkpoint's JSON, which has no NaN or infinity.
+_ENCODED = {"nan": math.nan, "inf": math.inf}
 
-    Each record holds exactly FIELDS: epoch an integer in [first, 2**32 + first) (first = 1, so [1, 2**32]; checkpoints
-    written before epochs were numbered from 1 hold first = 0), losses finite and >= 0, accuracies in
-    [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not evaluated) or both
-    numbers. `Trainer.save` and `Trainer.load` apply this same check.
+
+def encode_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records as strict JSON holds them: a NaN or infinite evaluation value as the string "nan" or "inf".
+
+    Evaluation results are reports, not training state: an eval set the model cannot score (a NaN loss) is
+    recorded as it is, and must not stop the trainer from being saved. `check_records` decodes them.
+    """
+    out = []
+    for r in records:
+        r = dict(r)
+        for field in ("eval_loss", "eval_accuracy"):
+            value = r[field]
+            if isinstance(value, float) and (math.isnan(value) or value == math.inf):
+                r[field] = "nan" if math.isnan(value) else "inf"
+        out.append(r)
+    return out
+
+
+def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
+    """The records of a history fastnn could have written, as `encode_records` wrote them, decoded; else
+    ValueError naming the record and field.
+
+    Each record holds exactly FIELDS: epoch an integer in [first, 2**32 + first) (first = 1, so [1, 2**32];
+    checkpoints written before epochs were numbered from 1 hold first = 0), train_loss finite and >= 0,
+    train_accuracy in [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not
+    evaluated) or both given: eval_loss a number >= 0 or "nan" or "inf", eval_accuracy a number in [0, 1] or
+    "nan". `Trainer.save` and `Trainer.load` apply this same check.
     """
     if not isinstance(records, list):
         raise ValueError(f"history must be a list of records, got {type(records).__name__}")
+    decoded = []
     for i, r in enumerate(records):
         if not isinstance(r, dict) or set(r) != set(FIELDS):
             raise ValueError(f"history[{i}] must be a record of the fields {FIELDS}, got {r!r}")
@@ -130,12 +159,19 @@ def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
             else:  # losses and seconds
                 ok, rule = number and math.isfinite(value) and value >= 0, "a finite number >= 0"
             if field.startswith("eval_"):
-                ok, rule = ok or value is None, f"None or {rule}"
+                codes = ("nan", "inf") if field == "eval_loss" else ("nan",)
+                ok = ok or value is None or (isinstance(value, str) and value in codes)
+                rule = f"None, {rule} or one of {codes}"
             if not ok:
                 raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
         if (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
             raise ValueError(f"history[{i}] has only one of eval_loss and eval_accuracy: {r!r}")
-    return records
+        decoded.append({f: _ENCODED[v] if isinstance(v, str) else v for f, v in r.items()})
+    return decoded
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def _num(v: float | None) -> str:

@@ -10,6 +10,7 @@ tqdm both print the lines alone.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, TextIO
 
 import numpy as np
@@ -74,17 +75,18 @@ class EpochReporter:
 
 
 class _TqdmLines(EpochReporter):
-    """GPU epochs: one line each through tqdm.write (so it interleaves with any other bar on screen)."""
+    """GPU epochs: one line each through tqdm.write (so it interleaves with any other bar on screen), flushed
+    (tqdm.write does not) so that the line shows while the next epoch trains, in a pipe too."""
 
     def epoch(self, record: dict[str, Any]) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(format_epoch(record, self.last), file=self.stream or sys.stdout)
+        self.note(format_epoch(record, self.last))
 
     def note(self, text: str) -> None:
         from tqdm import tqdm
 
-        tqdm.write(text, file=self.stream or sys.stdout)
+        out = self.stream or sys.stdout
+        tqdm.write(text, file=out)
+        out.flush()
 
 
 class _TqdmBar(_TqdmLines):
@@ -132,12 +134,49 @@ def _have_tqdm() -> bool:
     return True
 
 
+class _Guarded:
+    """An EpochReporter whose stream failing (a broken pipe after `| head -1`, a closed sys.stdout, any OSError
+    or ValueError from a write) turns the display off with one warning: a display never stops the training."""
+
+    def __init__(self, inner: EpochReporter) -> None:
+        self._inner, self.per_step, self.failed = inner, inner.per_step, False
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.failed:
+            return
+        try:
+            getattr(self._inner, method)(*args)
+        except (OSError, ValueError) as exc:
+            self.failed = True
+            warnings.warn(
+                f"fastnn: progress display turned off, training goes on: writing it failed ({exc!r})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def step(self) -> None:
+        self._call("step")
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        self._call("epoch", record)
+
+    def note(self, text: str) -> None:
+        self._call("note", text)
+
+    def close(self) -> None:
+        self._call("close")
+
+
 def reporter(first: int, last: int, steps: int, per_step: bool, stream: TextIO | None = None) -> EpochReporter:
-    """The display for epochs `first`..`last` (1-based) of `steps` steps; a moving bar when `per_step` and tqdm."""
+    """The display for epochs `first`..`last` (1-based) of `steps` steps; a moving bar when `per_step` and tqdm.
+
+    A failing stream turns it off with one RuntimeWarning; it never raises from a write.
+    """
     if not _have_tqdm():
-        return EpochReporter(last, steps, stream)
-    if not per_step:
-        return _TqdmLines(last, steps, stream)
-    bar = _TqdmBar(last, steps, stream)
-    bar.number = first
-    return bar
+        shown: EpochReporter = EpochReporter(last, steps, stream)
+    elif not per_step:
+        shown = _TqdmLines(last, steps, stream)
+    else:
+        shown = _TqdmBar(last, steps, stream)
+        shown.number = first
+    return _Guarded(shown)  # type: ignore[return-value]

@@ -33,7 +33,7 @@ from .engine.placement import check_placement
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
-from .history import History, check_records
+from .history import History, check_records, encode_records
 from .model import MLP, init_parameters, param_names
 from .optim import SGD, AdamW, Optimizer
 from .progress import check_progress, reporter
@@ -141,6 +141,7 @@ class Trainer:
         )
         self._distributed = distributed
         self._closed = False
+        self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
@@ -210,14 +211,15 @@ class Trainer:
         trains past a stop), a host round trip per epoch and never per step.
 
         progress: True, False, or "auto" (on when stdout is a terminal): a line per epoch, or on the CPU with
-        tqdm installed a bar per epoch that moves with every step.
+        tqdm installed a bar per epoch that moves with every step. A stream that fails (a closed stdout, a broken
+        pipe) turns the display off with one RuntimeWarning; training goes on.
 
         Everything is validated before any training; the schedule is evaluated for every step of a chunk
         of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
         at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
         A trainer counts at most 2**32 epochs (`fastnn.state.MAX_EPOCH`).
 
-        Interrupted (Ctrl-C, an error printing progress or in a callback), the counters, history and weights
+        Interrupted (Ctrl-C, an error in a callback), the counters, history and weights
         all describe the end of the same epoch: the last one whose training finished.
 
         Raises:
@@ -227,8 +229,11 @@ class Trainer:
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
+            FastnnError: the trainer is closed, or this fit is called while one of its own runs (from a callback).
         """
         self._check_open()
+        self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the counters "
+                                "and history would go backwards")  # fmt: skip
         model, cfg = self._config.model, self._config
         x = self._inputs(x, "x")
         y = check_labels(y, x.shape[0], model.classes, "y")
@@ -321,6 +326,7 @@ class Trainer:
         self._engine.set_train_data(x, y)
         on_step = display.step if display is not None and display.per_step else None
         stoppable = stopper is not None or bool(hooks)
+        self._fitting = True
         try:
             for first in range(0, epochs, chunk):
                 n = min(chunk, epochs - first)
@@ -341,6 +347,7 @@ class Trainer:
                     commit(done)
             raise
         finally:
+            self._fitting = False
             if display is not None:
                 display.close()
         rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
@@ -452,8 +459,10 @@ class Trainer:
         Raises:
             DataError: a name is missing or unexpected, or an array has the wrong shape or values that are not
                 finite in float32 (or, with precision "fp16"/"mixed", in float16: see `fastnn.state`).
+            FastnnError: called while this trainer's fit runs (from a callback).
         """
         self._check_open()
+        self._check_not_fitting("load_state_dict", "the running fit would go on from weights it did not train")
         shapes = _param_shapes(self._config.model)
         self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
 
@@ -478,12 +487,13 @@ class Trainer:
             "drop_last": c.drop_last,
             "epoch": self.epoch,
             "step": self.step,
-            "history": list(self.history),
+            "history": encode_records(self.history),  # NaN evaluation results as "nan": strict JSON
             "history_epoch_base": 1,  # records number epochs from 1 (files without this key: from 0)
         }
         state = self._engine.get_state()
         try:
             _checked_progress(json.loads(json.dumps(config)))  # what load will read back, NaN and all
+            json.dumps(config, allow_nan=False)  # and nothing else non-finite: the file holds strict JSON
             checked_state(state, _state_shapes(c.model, c.optimizer), c.precision, "state")
         except (DataError, ValueError) as exc:
             raise DataError(
@@ -547,7 +557,13 @@ class Trainer:
     # ---- lifetime ---------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the engine's resources (GPU memory, graphs); the trainer is unusable afterwards."""
+        """Release the engine's resources (GPU memory, graphs); the trainer is unusable afterwards.
+
+        Raises:
+            FastnnError: called while this trainer's fit runs (from a callback): the engine is in use.
+        """
+        self._check_not_fitting("close", "its engine is training; return True from the callback (or raise "
+                                "fastnn.StopTraining) to stop the fit, then close")  # fmt: skip
         if not self._closed:
             self._closed = True
             self._engine.close()
@@ -561,6 +577,12 @@ class Trainer:
     def _check_open(self) -> None:
         if self._closed:
             raise FastnnError("this Trainer is closed")
+
+    def _check_not_fitting(self, method: str, why: str) -> None:
+        """Refuse `method` while a fit of this trainer runs (called from one of its callbacks, or a thread)."""
+        if self._fitting:
+            raise FastnnError(f"Trainer.{method} was called while this trainer's fit is running (from a callback?): "
+                              f"{why}; call it after fit returns")  # fmt: skip
 
 
 def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:

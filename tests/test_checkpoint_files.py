@@ -8,7 +8,9 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
+import pickle
 import stat
 import zipfile
 from pathlib import Path
@@ -250,3 +252,68 @@ def test_folder_is_fsynced_after_the_rename(good: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(ckpt.os, "replace", spy_replace)
     t.save(good)
     assert events == ["fsync file", "replace", "fsync dir"]
+
+
+# ---- evaluation results are reports: a NaN one is saved as it is ----------------------------------------------
+
+
+def _overflowing(t: Trainer, rows: int) -> np.ndarray:
+    """Finite inputs (so fit and evaluate take them) on which a hidden unit overflows float32 to inf, and the
+    loss becomes NaN: each feature 3e38 with the sign of the weight of the unit with the largest sum |w|."""
+    w = t.state_dict()["0.weight"]
+    return np.tile(3e38 * np.sign(w[np.abs(w).sum(axis=1).argmax()]), (rows, 1)).astype(np.float32)
+
+
+def _nan_evaluation() -> tuple[Trainer, tuple[np.ndarray, np.ndarray]]:
+    """A trainer whose second epoch's evaluation loss is NaN; training itself is on ordinary data."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(48, D)).astype(np.float32), rng.integers(0, C, 48)
+    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu")
+    t.fit(x, y, epochs=1, eval_data=(x, y))
+    t.fit(x, y, epochs=1, eval_data=(_overflowing(t, 48), y))
+    assert math.isfinite(t.history[0]["eval_loss"]) and math.isnan(t.history[1]["eval_loss"])
+    return t, (x, y)
+
+
+def test_a_nan_evaluation_loss_is_saved_and_loaded_as_it_is(tmp_path: Path) -> None:
+    """save() refused such a trainer for the rest of its life ("history[1]['eval_loss'] must be None or a finite
+    number"): evaluation results are reports, not training state."""
+    t, (x, y) = _nan_evaluation()
+    path = tmp_path / "m.npz"
+    t.save(path)
+    text = _members(path)["__fastnn_config__.npy"]
+    config, _ = ckpt.load(path)
+    assert [r["eval_loss"] for r in config["history"]][1] == "nan"  # strict JSON: no bare NaN in the file
+    assert b"NaN" not in text
+    loaded = Trainer.load(path, device="cpu")
+    assert loaded.history == t.history and math.isnan(loaded.history[1]["eval_loss"])
+    assert (loaded.epoch, loaded.step) == (t.epoch, t.step) == (2, 6)
+    for name, value in t._engine.get_state().items():
+        np.testing.assert_array_equal(loaded._engine.get_state()[name], value, err_msg=name)
+    t.fit(x, y, epochs=1)  # and both go on alike
+    loaded.fit(x, y, epochs=1)
+    np.testing.assert_array_equal(loaded.state_dict()["0.weight"], t.state_dict()["0.weight"])
+    # The encoding refuses what fastnn does not write: other strings, and a bare NaN token.
+    for tampered in ("NaN", "banana", math.nan, -1.0):
+        config["history"][1]["eval_loss"] = tampered
+        members = _members(path)
+        members["__fastnn_config__.npy"] = _npy(np.array(json.dumps(config)))
+        _rejected(_write(tmp_path / "bad.npz", members), "history[1]['eval_loss']", repr(tampered))
+
+
+def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path) -> None:
+    """Pickling an estimator saves its trainer: a NaN evaluation loss broke joblib and GridSearchCV(n_jobs>1)."""
+    pytest.importorskip("sklearn")
+    from sklearn.exceptions import ConvergenceWarning
+
+    from fastnn.sklearn import MLPClassifier
+
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(48, 32)).astype(np.float32), rng.integers(0, C, 48)
+    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size=16, device="cpu")
+    with pytest.warns(ConvergenceWarning):
+        clf.fit(x, y)
+    clf.trainer_.fit(x, clf._encode(y), epochs=1, eval_data=(_overflowing(clf.trainer_, 48), clf._encode(y)))
+    copy = pickle.loads(pickle.dumps(clf))
+    assert copy.trainer_.history == clf.trainer_.history and math.isnan(copy.trainer_.history[-1]["eval_loss"])
+    np.testing.assert_array_equal(copy.predict_proba(x), clf.predict_proba(x))

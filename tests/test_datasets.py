@@ -10,13 +10,14 @@ import http.server
 import os
 import socket
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fastnn import datasets
+from fastnn import _download, datasets
 from fastnn.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -513,8 +514,8 @@ def test_interrupted_download_leaves_nothing(isolated, monkeypatch, mode):
     assert "train-images-idx3-ubyte.gz" in str(e.value)
     if mode == "cut":
         assert "2001" in str(e.value) or "ncomplete" in str(e.value)
-    else:
-        assert "timed out" in str(e.value)
+    else:  # the read's own timeout or the minimum rate, whichever comes first
+        assert "timed out" in str(e.value) or "too slow" in str(e.value)
     assert not root.exists() or leftovers(root) == []
 
 
@@ -537,13 +538,92 @@ def test_keyboard_interrupt_mid_download_leaves_nothing(isolated, monkeypatch):
                 raise KeyboardInterrupt
             return b"\x1f\x8b" + b"\0" * 100
 
-    monkeypatch.setattr(datasets.urllib.request, "urlopen", lambda *a, **k: Response())
+    monkeypatch.setattr(_download, "_open", lambda *a, **k: Response())
     root = isolated / "dl"
     root.mkdir()
     with pytest.raises(KeyboardInterrupt):
         datasets.download("mnist", root, mirrors=["http://example.invalid/"], timeout=5)
     assert Response.chunks == 2
     assert leftovers(root) == []
+
+
+def _dripping_server(release: threading.Event, where: str = "body", seconds: float = 3.0):
+    """Answers every request slowly: one byte every 20 ms, each well within any socket timeout, in the headers
+    or the body; it stops by itself after `seconds` (then ends the headers and the body) or when released."""
+
+    class Handler(_QuietHandler):
+        def do_GET(self) -> None:
+            self.server.requests.append(self.path)
+            drip = time.monotonic() + seconds
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n" + (b"X-Slow: " if where == "headers" else b"\r\n"))
+                while time.monotonic() < drip and not release.is_set():
+                    self.wfile.write(b"a" if where == "headers" else b"\0")
+                    self.wfile.flush()
+                    time.sleep(0.02)
+                self.wfile.write(b"\r\n\r\n" if where == "headers" else b"")
+            except OSError:  # the client hung up: what a download that gave up does
+                pass
+            self.close_connection = True
+
+    return serve(Handler)
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_a_dripping_mirror_is_abandoned_after_the_timeout(isolated, monkeypatch, where):
+    """timeout=0.3 used to bound each socket wait only: a byte every 20 ms kept one file going for as long as the
+    server liked (here 3 s, then a short body). Now a mirror falls behind DOWNLOAD_MIN_RATE once `timeout` has
+    passed, and the error names it."""
+    files = tuple(datasets.RemoteFile(s + ".gz", "0" * 64, 4002) for s in STEMS)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", datasets.DatasetSpec("mnist", files, ()))
+    root = isolated / "dl"
+    release = threading.Event()
+    try:
+        with _dripping_server(release, where) as (slow, _), _dripping_server(release, where) as (slower, _):
+            start = time.monotonic()
+            with pytest.raises(DataError) as e:
+                datasets.download("mnist", root, mirrors=[slow, slower], timeout=0.3)
+            elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    message = str(e.value)
+    assert elapsed < 2.5, f"two attempts took {elapsed:.1f} s"
+    assert f"{slow}/train-images-idx3-ubyte.gz: mirror too slow" in message, message
+    assert f"{slower}/train-images-idx3-ubyte.gz: mirror too slow" in message, message
+    assert "timeout=0.3" in message and "bytes/s" in message
+    assert not root.exists() or leftovers(root) == []
+
+
+def test_a_dripping_mirror_gives_way_to_the_next(isolated, monkeypatch):
+    """The next mirror is steady but slow (each file's transfer takes longer than the timeout): it is not cut
+    off, the minimum rate being an average, while the dripping one is given up after about the timeout."""
+    served = isolated / "served"
+    x, *_ = make_dataset(served)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", spec_for(served))
+    root = isolated / "dl"
+    release, transfers = threading.Event(), []
+
+    class Steady(_QuietHandler):
+        def copyfile(self, source, outputfile) -> None:
+            start = time.monotonic()
+            while chunk := source.read(4096):  # 80 KiB/s: well above DOWNLOAD_MIN_RATE
+                outputfile.write(chunk)
+                outputfile.flush()
+                time.sleep(0.05)
+            transfers.append(time.monotonic() - start)
+
+    try:
+        with _dripping_server(release) as (slow, dripper), serve(partial(Steady, directory=str(served))) as (good, _):
+            start = time.monotonic()
+            out = datasets.load("mnist", root=root, mirrors=[slow, good], timeout=0.3)
+            elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    assert len(dripper.requests) == 4  # each file tried there first
+    assert max(transfers) > 0.3  # the largest file took longer than the timeout, and was not cut off
+    assert elapsed < 6, f"{elapsed:.1f} s: the dripping mirror held each file for its whole 3 s"
+    np.testing.assert_array_equal(out[0], x.reshape(-1, 784))
+    assert leftovers(root) == sorted(s + ".gz" for s in STEMS)
 
 
 def test_builtin_specs_are_well_formed():

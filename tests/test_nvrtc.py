@@ -316,6 +316,98 @@ def test_planted_cubin_with_a_recomputed_digest_is_not_trusted(kernels, cache, c
 def test_key_file_that_others_can_read_is_not_used(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
     (cache / ".key").chmod(0o644)
-    nvrtc.compile_native("k.cu", "sm_90")
-    nvrtc.compile_native("k.cu", "sm_90")
+    with pytest.warns(RuntimeWarning, match=r"its key .*\.key is open to others \(mode 0644\).*fix: remove"):
+        nvrtc.compile_native("k.cu", "sm_90")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per folder
+        nvrtc.compile_native("k.cu", "sm_90")
     assert len(compiles) == 3  # no trusted key: compiled in memory, the cache neither read nor written
+
+
+# ---- the key and entries are written whole or not at all; a failing write never fails the compile -------------
+
+
+def test_damaged_key_is_made_anew(kernels, cache, compiles):
+    """A key of the wrong length (what an interrupted or short write left) disabled the cache for good."""
+    cache.mkdir(mode=0o700)
+    key = cache / ".key"
+    key.write_bytes(b"k" * 16)
+    key.chmod(0o600)
+    first = nvrtc.compile_native("k.cu", "sm_90")
+    assert nvrtc.compile_native("k.cu", "sm_90") == first
+    assert len(compiles) == 1  # the second came from the cache, signed with the new key
+    assert key.stat().st_size == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.read_bytes() != b"k" * 16
+    assert not any(p.name.endswith(".tmp") for p in cache.iterdir())
+
+
+_SHORT_WRITE = r"""
+import resource, signal, sys, warnings
+from pathlib import Path
+from fastnn.cuda import nvrtc
+nvrtc.native_dir = lambda: Path(sys.argv[1])
+nvrtc.nvrtc_version()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    cubin = nvrtc.compile_native("k.cu", "sm_90")
+print(cubin[:4] == b"\x7fELF", [str(w.message) for w in caught])
+"""
+
+
+def test_short_write_of_the_key_leaves_no_key(kernels, cache, compiles):
+    """A process whose file size limit is 16 bytes: writing the 32-byte key stops halfway (a real short write,
+    then EFBIG). It still compiles, warns once, and leaves no key behind, so the next process caches."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FASTNN_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", _SHORT_WRITE, str(kernels)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    compiled, warned = r.stdout.strip().split(" ", 1)
+    assert compiled == "True"
+    assert "cannot write the kernel cache's key" in warned and "EFBIG" in warned and warned.count("fastnn:") == 1
+    assert list(cache.iterdir()) == []  # no short key, no temporary file
+    first = nvrtc.compile_native("k.cu", "sm_90")
+    assert nvrtc.compile_native("k.cu", "sm_90") == first and len(compiles) == 1  # cached from now on
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """disk_full(test): from now on every file opened for writing whose name passes `test` is /dev/full (ENOSPC)."""
+    real_open, full = os.open, [lambda name: False]
+
+    def open_(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR) and full[0](Path(os.fsdecode(path)).name):
+            return real_open("/dev/full", os.O_WRONLY)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    return lambda test: full.__setitem__(0, test)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_disk_full_writing_the_key_compiles_in_memory_with_one_warning(kernels, cache, compiles, disk_full):
+    disk_full(lambda name: ".key" in name)
+    with pytest.warns(RuntimeWarning, match=r"cannot write the kernel cache's key .*ENOSPC") as caught:
+        first = nvrtc.compile_native("k.cu", "sm_90")  # the ENOSPC used to escape raw from here
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per folder
+        assert nvrtc.compile_native("k.cu", "sm_90") == first
+    assert len(compiles) == 2 and list(cache.iterdir()) == []
+    disk_full(lambda name: False)  # space again: the key is made and the cache used
+    nvrtc.compile_native("k.cu", "sm_90")
+    assert nvrtc.compile_native("k.cu", "sm_90") == first and len(compiles) == 3
+    assert (cache / ".key").stat().st_size == 32
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_disk_full_writing_an_entry_warns_once(kernels, cache, compiles, disk_full):
+    disk_full(lambda name: ".cubin" in name)
+    with pytest.warns(RuntimeWarning, match=rf"cannot write to the kernel cache {cache} .*ENOSPC.*not cached"):
+        first = nvrtc.compile_native("k.cu", "sm_90")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per folder
+        assert nvrtc.compile_native("k.cu", "sm_90", ("--use_fast_math",)) != first
+    assert len(compiles) == 2 and _entries(cache) == []

@@ -14,13 +14,13 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _files
 from ..errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -167,7 +167,7 @@ def native_sources() -> list[Path]:
 
 
 _resolved_dirs: dict[str, Path] = {}  # $FASTNN_CACHE_DIR as set -> the absolute folder it meant at first use
-_warned: set[Path] = set()
+_warned: set[tuple[Path, str]] = set()  # (cache folder, problem) already warned about
 _lock = threading.Lock()
 
 
@@ -225,48 +225,64 @@ def _trusted_dir() -> Path | None:
     reason = _refusal(directory)
     if reason is None:
         return directory
-    with _lock:
-        if directory not in _warned:
-            _warned.add(directory)
-            warnings.warn(
-                f"fastnn: not using the kernel cache {directory}: {reason}; compiling kernels in memory instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+    message = f"fastnn: not using the kernel cache {directory}: {reason}; compiling kernels in memory instead"
+    _warn_once(directory, "folder", message)
     return None
 
 
-def _cache_secret(directory: Path) -> bytes | None:
-    """The per-user HMAC key in `directory` (created on first use, 0600); None if it cannot be had safely."""
-    path = directory / _KEY_FILE
+def _warn_once(directory: Path, problem: str, message: str) -> None:
+    """One RuntimeWarning per cache folder and kind of problem: a failing cache must not flood the output."""
+    with _lock:
+        if (directory, problem) in _warned:
+            return
+        _warned.add((directory, problem))
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
+    """(key, why not, remake): the key at `path` when it can be trusted, else None, the reason, and whether
+    making a new key is the cure (missing, or our own private file of the wrong size: what a short write left)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    else:
-        try:
-            os.write(fd, secrets.token_bytes(_KEY_BYTES))
-        finally:
-            os.close(fd)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None, "is missing", True
+    except OSError as exc:
+        return None, f"cannot be opened ({exc.strerror or exc}; a link?)", False
     try:
         st = os.fstat(fd)
-        if (
-            not stat.S_ISREG(st.st_mode)
-            or (hasattr(os, "getuid") and st.st_uid != os.getuid())
-            or st.st_mode & 0o077
-            or st.st_size != _KEY_BYTES
-        ):
-            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None, "is not a regular file", False
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            return None, f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})", False
+        if st.st_mode & 0o077:
+            return None, f"is open to others (mode {stat.S_IMODE(st.st_mode):04o})", False
         key = os.read(fd, _KEY_BYTES + 1)
     finally:
         os.close(fd)
-    return key if len(key) == _KEY_BYTES else None
+    if len(key) != _KEY_BYTES:
+        return None, f"holds {len(key)} bytes, not {_KEY_BYTES}", True
+    return key, "", False
+
+
+def _cache_secret(directory: Path) -> bytes | None:
+    """The per-user HMAC key in `directory`: made when missing (0600, whole or not at all), made anew when
+    damaged; None with one warning when it cannot be had safely, and kernels are then compiled in memory."""
+    path = directory / _KEY_FILE
+    key, why, remake = _read_secret(path)
+    if key is None and remake:
+        try:  # a new key only appears whole: written to a temporary file, its length checked, then renamed
+            _files.write_bytes(path, secrets.token_bytes(_KEY_BYTES), mode=0o600, exclusive=why == "is missing")
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        except OSError as exc:
+            message = f"cannot write the kernel cache's key {path} ({_files.reason(exc)})"
+            _warn_once(directory, "key", f"fastnn: {message}; compiling kernels in memory instead")
+            return None
+        key, why, _ = _read_secret(path)
+    if key is None:
+        message = f"not using the kernel cache {directory}: its key {path} {why}"
+        _warn_once(directory, "key", f"fastnn: {message}; compiling kernels in memory instead (fix: remove {path})")
+    return key
 
 
 def _mac(secret: bytes, name: str, cubin: bytes) -> bytes:
@@ -317,18 +333,17 @@ def _read_cache(path: Path, secret: bytes) -> bytes | None:
 
 
 def _write_cache(path: Path, cubin: bytes, secret: bytes) -> None:
-    """Store `cubin` atomically (temp file + os.replace), 0600; an unwritable cache is silently skipped."""
+    """Store `cubin` atomically, 0600; a failing write (disk full, read-only) warns once and is skipped: the
+    kernel compiled fine, only the next process compiles it again."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + _mac(secret, path.name, cubin) + b"\n" + cubin)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError:
-        pass
+        _files.write_bytes(path, _MAGIC + _mac(secret, path.name, cubin) + b"\n" + cubin, mode=0o600)
+    except OSError as exc:
+        _warn_once(
+            path.parent,
+            "write",
+            f"fastnn: cannot write to the kernel cache {path.parent} ({_files.reason(exc)}); kernels are compiled "
+            f"but not cached",
+        )
 
 
 def compile_native(filename: str, arch: str, options: Sequence[str] = ()) -> bytes:
