@@ -258,7 +258,7 @@ def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable():
         raise DeviceUnavailable("no usable GPU: test says so")
 
-    monkeypatch.setattr(select, "cuda_engine_class", unavailable)
+    monkeypatch.setattr(select, "graph_engine_class", unavailable)
 
 
 def test_auto_falls_back_to_cpu_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
