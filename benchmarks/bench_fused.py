@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import fastnn
+from fastnn.engine import Tuning
 
 WORKLOADS = {
     # name: (sizes, lr, batch, epochs, samples)
@@ -31,27 +32,30 @@ WORKLOADS = {
 SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 
-def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, momentum: float = 0.0) -> dict:
-    from fastnn.engine import fused_plan
+def tuning_of(engine: str, phases: bool = False) -> Tuning:
+    """The Tuning an --engines entry names: "-lean" holds the fused engine to its lean layout, "-fma" computes the
+    products with scalar FMA; phases: the fused kernel prints its phase timing (-DFUSED_PROFILE)."""
+    return Tuning(
+        fused_layouts=("lean",) if "-lean" in engine else Tuning().fused_layouts,
+        tensor_cores="-fma" not in engine,
+        fused_profile=phases,
+    )
 
+
+def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, momentum: float = 0.0,
+        phases: bool = False) -> dict:  # fmt: skip
     x, y, xt, yt = data
     x, y = x[:samples], y[:samples]
-    layouts, tensor_cores = fused_plan.LAYOUTS, fused_plan.TENSOR_CORES
-    if "-lean" in engine:
-        fused_plan.LAYOUTS = ("lean",)
-    if "-fma" in engine:
-        fused_plan.TENSOR_CORES = False
     try:
         t = fastnn.Trainer(fastnn.MLP(sizes), optimizer=fastnn.SGD(lr=lr, momentum=momentum), batch_size=batch,
-                           precision=precision, device="cuda", seed=0, engine=engine.split("-")[0])  # fmt: skip
+                           precision=precision, device="cuda", seed=0, engine=engine.split("-")[0],
+                           tuning=tuning_of(engine, phases))  # fmt: skip
     except fastnn.ConfigError as exc:
-        fused_plan.LAYOUTS, fused_plan.TENSOR_CORES = layouts, tensor_cores
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
     try:
         return _timed(t, x, y, xt, yt, epochs, batch) | {"sizes": sizes, "engine": engine, "precision": precision,
                                                           "momentum": momentum}
     finally:
-        fused_plan.LAYOUTS, fused_plan.TENSOR_CORES = layouts, tensor_cores
         t.close()
 
 
@@ -80,18 +84,6 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="compile the fused kernel with -DFUSED_PROFILE: "
                     "it prints the cycles per step of each phase (CTA 0), so the next limit is visible")
     args = ap.parse_args()
-    if args.phases:
-        import dataclasses
-
-        from fastnn.engine import fused_engine, fused_plan
-
-        def profiled(*a, **k):
-            plan = fused_plan.fused_plan(*a, **k)
-            if isinstance(plan, str):
-                return plan
-            return dataclasses.replace(plan, options=(*plan.options, "-DFUSED_PROFILE"))
-
-        fused_engine.fused_plan = profiled
     data = fastnn.datasets.load("fashion-mnist", root=args.data, download=False)
     jobs = []
     for name in args.only.split(","):
@@ -104,7 +96,7 @@ def main() -> None:
         for job in jobs:
             pair = {}
             for engine in args.engines.split(","):
-                r = run(*job, data, prec, engine, args.momentum)
+                r = run(*job, data, prec, engine, args.momentum, args.phases)
                 rows.append(r)
                 pair[engine] = r
                 if "refused" in r:

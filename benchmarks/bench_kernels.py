@@ -3,8 +3,10 @@
     python benchmarks/bench_kernels.py --data DIR [--workload logreg|mlp128|mlp4096|all] [--precision mixed]
 
 Each node of the step (gather, each GEMM, softmax, loss, update) is captured 1,000 times into a
-graph of its own and the replay is timed with device events; "step" is the whole step the same way.
-The share column is each node's time over the sum of the nodes.
+graph of its own and the replay is timed with device events (the graph engine's profile_step, timing
+as its GEMM autotuner does); "step" is the whole step the same way. The share column is each node's
+time over the sum of the nodes. Kernel experiments that left the product (the hidden layers' bias
+gradients from a column-sum kernel) are in benchmarks/kernels/.
 """
 
 from __future__ import annotations
@@ -36,20 +38,14 @@ def main() -> None:
     ap.add_argument("--workload", default="all", choices=[*WORKLOADS, "all"])
     ap.add_argument("--precision", default="mixed")
     ap.add_argument("--repeats", type=int, default=1000)
-    ap.add_argument("--hidden-bgrad", choices=["wgrad", "kernel"], default=None,
-                    help="where hidden layers' bias gradients come from (the engine's HIDDEN_BIAS_GRAD)")  # fmt: skip
     args = ap.parse_args()
-    if args.hidden_bgrad:
-        from fastnn.engine import cuda_engine
-
-        cuda_engine.HIDDEN_BIAS_GRAD = args.hidden_bgrad
     x, y, _, _ = fastnn.datasets.load("fashion-mnist", root=args.data, download=False)
     x, y = x[:8192], y[:8192]
     for name in WORKLOADS if args.workload == "all" else [args.workload]:
         for prec in args.precision.split(","):
             rows = profile(name, x, y, prec, args.repeats)
             total = sum(us for node, us in rows if node != "step")
-            print(f"\n{name} ({prec}, hidden bias grads: {args.hidden_bgrad or 'default'}): us per node")
+            print(f"\n{name} ({prec}): us per node")
             print(f"{'node':10s} {'us':>8s} {'share':>7s}")
             for node, us in rows:
                 share = "" if node == "step" else f"{100 * us / total:6.1f}%"

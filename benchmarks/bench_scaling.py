@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 import fastnn
+from fastnn.engine import Tuning
 
 WORKLOADS = {  # name: (sizes, lr, global batch, timed epochs, samples, precision)
     "mlp4096": ([784, 4096, 4096, 4096, 10], 0.01, 8192, 3, 60000, "mixed"),
@@ -39,13 +40,16 @@ WORKLOADS = {  # name: (sizes, lr, global batch, timed epochs, samples, precisio
 
 
 class Knobs(NamedTuple):
-    """Data-parallel settings under test: cuda_engine.SHARDED_UPDATE, COMM_HIGH_PRIORITY and GEMM_SM_CARVEOUT,
-    NCCL_MAX_NCHANNELS."""
+    """Data-parallel settings under test: Tuning.sharded_update, comm_high_priority and gemm_sm_carveout (the
+    engine's), NCCL_MAX_NCHANNELS (NCCL's)."""
 
     sharded: bool = False
     high: bool = False
     carveout: int = 0
     channels: int = 0  # 0: NCCL's choice
+
+    def tuning(self) -> Tuning:
+        return Tuning(sharded_update=self.sharded, comm_high_priority=self.high, gemm_sm_carveout=self.carveout)
 
     def label(self) -> str:
         tags = [", sharded"] if self.sharded else []
@@ -58,15 +62,17 @@ class Knobs(NamedTuple):
 DEFAULT_KNOBS = Knobs()
 
 
-def _train(name: str, data_dir: str, group, devices: int = 1, share: int = 1) -> tuple[float, int, float]:
+def _train(name: str, data_dir: str, group, devices: int = 1, share: int = 1,
+           tuning: Tuning | None = None) -> tuple[float, int, float]:  # fmt: skip
     """(timed seconds, timed samples, final train loss) of one rank (or of one process on `devices` GPUs);
-    share: train at 1/share of the workload's batch."""
+    share: train at 1/share of the workload's batch; tuning: the data-parallel settings under test."""
     sizes, lr, batch, epochs, samples, precision = WORKLOADS[name]
     batch //= share
     x, y = fastnn.datasets.load("fashion-mnist", root=data_dir, download=False)[:2]
     x, y = x[:samples], y[:samples]
     with fastnn.Trainer(fastnn.MLP(sizes), fastnn.SGD(lr=lr, momentum=0.9), batch_size=batch, precision=precision,
-                        device="cuda", engine="graph", seed=0, distributed=group, devices=devices) as t:  # fmt: skip
+                        device="cuda", engine="graph", seed=0, distributed=group, devices=devices,
+                        tuning=tuning) as t:  # fmt: skip
         t.fit(x, y, epochs=1, progress=False)
         h = t.fit(x, y, epochs=epochs, progress=False)
         return float(np.sum(h["seconds"])), epochs * len(x), float(h[-1]["train_loss"])
@@ -74,16 +80,11 @@ def _train(name: str, data_dir: str, group, devices: int = 1, share: int = 1) ->
 
 def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: bool, devices: int, knobs: Knobs,
           share: int) -> None:  # fmt: skip
-    from fastnn.engine import cuda_engine
-
-    cuda_engine.SHARDED_UPDATE = knobs.sharded
-    cuda_engine.COMM_HIGH_PRIORITY = knobs.high
-    cuda_engine.GEMM_SM_CARVEOUT = knobs.carveout
     if knobs.channels:  # read by NCCL when this process makes its first communicator
         os.environ["NCCL_MAX_NCHANNELS"] = str(knobs.channels)
     try:
         if plain:
-            conn.send(("ok", [_train(n, data_dir, None, devices, share) for n in names]))
+            conn.send(("ok", [_train(n, data_dir, None, devices, share, knobs.tuning()) for n in names]))
             return
         from fastnn import distributed
 
@@ -93,7 +94,7 @@ def _rank(rank: int, world: int, conn, names: list[str], data_dir: str, plain: b
         else:
             uid = conn.recv()
         with distributed.init(rank, world, uid=uid, device=rank) as group:
-            conn.send(("ok", [_train(n, data_dir, group) for n in names]))
+            conn.send(("ok", [_train(n, data_dir, group, tuning=knobs.tuning()) for n in names]))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 

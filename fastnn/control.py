@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, DataError, FastnnError
+from .errors import ConfigError, DataError, StopTraining
 
 __all__ = [
     "MONITORS",
@@ -40,13 +40,6 @@ SPLIT_STREAM = 0x5B17
 
 #: A callback receives each epoch's record (a dict copy of the History record) once it is recorded.
 Callback = Callable[[dict[str, Any]], Any]
-
-
-class StopTraining(FastnnError):
-    """Raised by a `fit` callback to stop training after the epoch it was called for (that epoch is kept).
-
-    `fit` catches it and returns normally; returning True from a callback does the same.
-    """
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["FastnnError", "ConfigError", "DataError", "DeviceUnavailable", "TrainingDiverged"]
+__all__ = ["FastnnError", "ConfigError", "DataError", "DeviceUnavailable", "StopTraining", "TrainingDiverged"]
 
 
 class FastnnError(Exception):
@@ -19,6 +19,14 @@ class DataError(FastnnError, ValueError):
 
 class DeviceUnavailable(FastnnError, RuntimeError):
     """The requested device cannot be used; the message says why and how to fix it."""
+
+
+class StopTraining(FastnnError):
+    """Raised by a `fit` callback to stop training after the epoch it was called for (that epoch is kept).
+
+    `fit` catches it and returns normally; returning True from a callback does the same. (Defined here, below
+    the engines, whose epoch loop raises it on the ranks that another rank stopped; `fastnn.control` exports it.)
+    """
 
 
 class TrainingDiverged(FastnnError, ArithmeticError):

@@ -31,6 +31,7 @@ from .data import check_inputs, check_labels, check_normalize
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
+from .engine.tuning import Tuning, check_tuning
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
 from .history import History, check_records, encode_records
@@ -86,6 +87,8 @@ class Trainer:
         devices: the GPUs of this process to train on: a count N (GPUs 0..N-1) or a list of ordinals, default 1.
             Several: data-parallel with a replica of the graph engine on each (NCCL, the "multi" extra), results
             as on one GPU up to summation order; one: that GPU alone (any engine).
+        tuning: advanced: a `fastnn.engine.Tuning`, the engines' measured choices (benchmarks and tests compare
+            variants with it); None takes the measured winners. It changes how training runs, not what it computes.
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -108,6 +111,7 @@ class Trainer:
         data_placement: str = "auto",
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
+        tuning: Tuning | None = None,
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
@@ -133,6 +137,7 @@ class Trainer:
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
             data_placement=data_placement,
+            tuning=check_tuning(tuning),
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
@@ -511,10 +516,12 @@ class Trainer:
         data_placement: str = "auto",
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
+        tuning: Tuning | None = None,
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
-        A schedule is code and is not saved: pass the same `schedule` again to continue with it.
+        A schedule is code and is not saved: pass the same `schedule` again to continue with it; the same for
+        `tuning` (see `Trainer`).
 
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
@@ -528,6 +535,7 @@ class Trainer:
         check_distributed(device, engine, distributed)
         check_devices(device, engine, devices, distributed)
         check_schedule(schedule)
+        check_tuning(tuning)
         try:
             model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
@@ -538,7 +546,7 @@ class Trainer:
             state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
             trainer = cls(
                 model, optimizer, device=device, schedule=schedule, engine=engine, data_placement=data_placement,
-                distributed=distributed, devices=devices, **kwargs
+                distributed=distributed, devices=devices, tuning=tuning, **kwargs
             )
         except (DataError, EngineRefused):
             raise  # already names the file and the array, or the caller's engine choice

@@ -217,8 +217,9 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Benchmark-only phase timing (benchmarks/bench_fused.py --phases compiles with -DFUSED_PROFILE): CTA 0's
-// thread 0 sums clock64() cycles per phase over the epoch and prints them at the end.
+// Benchmark-only phase timing, compiled in with -DFUSED_PROFILE (the host plan adds it for
+// Tuning(fused_profile=True), as benchmarks/bench_fused.py --phases asks): CTA 0's thread 0 sums
+// clock64() cycles per phase over the epoch and prints them at the end.
 #ifdef FUSED_PROFILE
 #define PROF_MARK(ph)                          \
     do {                                       \

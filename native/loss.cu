@@ -72,16 +72,3 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
 XENT(xent_f32_f16, float, half_t)
 XENT(xent_f32_f32, float, float)
 XENT(xent_f16_f16, half_t, half_t)
-
-// Column sums of a row-major (rows, cols) matrix: the bias gradient where no cuBLASLt epilogue
-// gives it. Launch: grid = ceil(cols / 128), block = 128.
-template <typename T>
-__device__ void colsum(const T* __restrict__ m, int rows, int cols, T* __restrict__ out) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    float s = 0.f;
-    for (int r = 0; r < rows; ++r) s += to_f(m[(u64)r * cols + j]);
-    out[j] = from_f<T>(s);
-}
-extern "C" __global__ void colsum_f16(const half_t* m, int rows, int cols, half_t* out) { colsum(m, rows, cols, out); }
-extern "C" __global__ void colsum_f32(const float* m, int rows, int cols, float* out) { colsum(m, rows, cols, out); }

@@ -3,81 +3,76 @@ the GPU engine matrix every GPU comparison runs on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
-#: The GPU engine matrix: "fused-lean" is engine="fused" held to its lean shared-memory layout (no fp16 weight
-#: copy, momentum holding the gradient), which it otherwise takes only for models the standard one cannot hold.
-#: "graph-nccl" is the graph engine in a data-parallel group of one rank: every step's gradients go through the
-#: NCCL all-reduces captured on the side stream and the history through its epoch-end sum (an identity for one
-#: rank, so every tolerance stays), which is what one GPU can check of the data-parallel path. "graph-replicas" is
-#: `devices=`'s engine (engine/replicas.py) on GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of
-#: one: its threads, communicators and lock-step epochs without a peer). "graph-sharded" is graph-replicas with the
-#: optimizer update sharded over the GPUs (cuda_engine.SHARDED_UPDATE: reduce-scatters, per-layer updates and
-#: all-gathers, the state gathered at each epoch's end).
-GPU_ENGINES = ("graph", "fused", "fused-lean", "graph-nccl", "graph-replicas", "graph-sharded")
+from fastnn.engine import Tuning
 
 _nccl_group = []  # the one-rank group, made once per session (a communicator per test would cost ~0.1 s each)
 
 
-@pytest.fixture(params=GPU_ENGINES)
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The engine= to pass to Trainer for one entry of GPU_ENGINES."""
-    if request.param == "fused-lean":
-        from fastnn.engine import fused_plan
+def _require_nccl() -> None:
+    from fastnn.cuda import nccl
 
-        monkeypatch.setattr(fused_plan, "LAYOUTS", ("lean",))
-        return "fused"
-    if request.param == "graph-nccl":
-        from fastnn import distributed, trainer
-        from fastnn.cuda import nccl
+    ok, reason = nccl.available()
+    if not ok:
+        pytest.skip(f"NCCL is not installed: {reason}")
 
-        ok, reason = nccl.available()
-        if not ok:
-            pytest.skip(f"NCCL is not installed: {reason}")
-        if not _nccl_group:
-            _nccl_group.append(distributed.init(0, 1, device=0))
-        real = trainer.create_engine
 
-        def with_group(device, config, state, *, engine="auto", stacklevel=2, group=None, devices=1):
-            if group is None and device != "cpu" and devices == 1:
-                group = _nccl_group[0]
-            return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group,
-                        devices=devices)  # fmt: skip
+def _group_of_one() -> dict[str, Any]:
+    """The graph engine in a data-parallel group of one rank (made once per session)."""
+    _require_nccl()
+    if not _nccl_group:
+        from fastnn import distributed
 
-        monkeypatch.setattr(trainer, "create_engine", with_group)
-        return "graph"
-    if request.param in ("graph-replicas", "graph-sharded"):
-        from fastnn import trainer
-        from fastnn.cuda import driver, nccl
-        from fastnn.engine import cuda_engine
-        from fastnn.engine.replicas import ReplicaEngine
+        _nccl_group.append(distributed.init(0, 1, device=0))
+    return {"engine": "graph", "distributed": _nccl_group[0]}
 
-        monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", request.param == "graph-sharded")
 
-        ok, reason = nccl.available()
-        if not ok:
-            pytest.skip(f"NCCL is not installed: {reason}")
-        ordinals = [0, 1] if driver.device_count() >= 2 else [0]
-        real = trainer.create_engine
+def _replicas(**tuning: Any) -> dict[str, Any]:
+    """devices='s replica engine on GPUs 0 and 1 where there are two, else a replica of one on GPU 0."""
+    _require_nccl()
+    from fastnn.cuda import driver
 
-        def replicated(device, config, state, *, engine="auto", stacklevel=2, group=None, devices=1):
-            if device == "cpu" or group is not None or devices != 1:
-                return real(device, config, state, engine=engine, stacklevel=stacklevel + 1, group=group,
-                            devices=devices)  # fmt: skip
-            return ReplicaEngine(config, state, ordinals)
+    two = driver.device_count() >= 2
+    return {"engine": "graph", "devices": [0, 1] if two else [0], "tuning": Tuning(one_gpu_replica=not two, **tuning)}
 
-        monkeypatch.setattr(trainer, "create_engine", replicated)
-        return "graph"
-    return request.param
+
+#: The GPU engine matrix: each entry's Trainer keyword arguments (a new engine joins with one entry). "fused-lean" is
+#: engine="fused" held to its lean shared-memory layout (no fp16 weight copy, momentum holding the gradient), which
+#: it otherwise takes only for models the standard one cannot hold. "graph-nccl" is the graph engine in a
+#: data-parallel group of one rank: every step's gradients go through the NCCL all-reduces captured on the side
+#: stream and the history through its epoch-end sum (an identity for one rank, so every tolerance stays), which is
+#: what one GPU can check of the data-parallel path. "graph-replicas" is `devices=`'s engine (engine/replicas.py) on
+#: GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of one: its threads, communicators and lock-step
+#: epochs without a peer). "graph-sharded" is graph-replicas with the optimizer update sharded over the GPUs
+#: (Tuning.sharded_update: reduce-scatters, per-layer updates and all-gathers, the state gathered at each epoch's
+#: end).
+GPU_ENGINES: dict[str, Callable[[], dict[str, Any]]] = {
+    "graph": lambda: {"engine": "graph"},
+    "fused": lambda: {"engine": "fused"},
+    "fused-lean": lambda: {"engine": "fused", "tuning": Tuning(fused_layouts=("lean",))},
+    "graph-nccl": _group_of_one,
+    "graph-replicas": _replicas,
+    "graph-sharded": lambda: _replicas(sharded_update=True),
+}
+
+
+@pytest.fixture(params=list(GPU_ENGINES))
+def engine(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The Trainer keyword arguments (engine=, and tuning=, distributed= or devices= where the entry needs them) of
+    one entry of GPU_ENGINES: `Trainer(..., **engine)`."""
+    return GPU_ENGINES[request.param]()
 
 
 @pytest.fixture
-def one_gemm_algorithm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every GEMM plan keeps only cuBLASLt's first heuristic choice, so that two trainers run the same algorithms
-    and can be compared bit for bit (autotuning by timing may pick differently from one trainer to the next)."""
-    from fastnn.engine import cuda_engine
-
-    monkeypatch.setattr(cuda_engine, "AUTOTUNE_ALGOS", 1)
+def one_gemm_algorithm() -> Tuning:
+    """A Tuning whose GEMM plans keep only cuBLASLt's first heuristic choice, so that two trainers run the same
+    algorithms and can be compared bit for bit (autotuning by timing may pick differently from one trainer to the
+    next): pass it as `tuning=` (dataclasses.replace it for other choices)."""
+    return Tuning(autotune_algos=1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

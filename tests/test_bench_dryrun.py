@@ -464,3 +464,21 @@ def test_final_preset_covers_every_published_contender():
     ns = bench_mnist.parse_args(["--final", "3", "--out", "x"])
     assert ns.e2e and ns.tta and ns.out == "x" and ns.drift == "fastnn-mixed"
     assert bench_mnist.parse_args(["--final", "2"]).drift == "fastnn-mixed,torch-graph-amp"
+
+
+# ---- kernel experiments (benchmarks/kernels/): one file each, kept compiling beside the product -----------------
+
+
+@pytest.mark.parametrize("path", sorted((BENCH / "kernels").glob("*.py")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_each_kernel_experiment_compiles_and_states_its_result(path, arch, monkeypatch, tmp_path):
+    """Every experiment that left the product still compiles (NVRTC, no GPU) against today's native/ headers, and
+    its docstring records the measurement that decided it."""
+    import importlib.util
+
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    spec = importlib.util.spec_from_file_location(f"kernel_experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert "Result" in module.__doc__ and "us" in module.__doc__, path
+    assert module.compile_kernel(arch)[:4] == b"\x7fELF"

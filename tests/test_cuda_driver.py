@@ -495,6 +495,35 @@ def test_graph_capture_replay_equals_eager(dev, module):
         obj.close()
 
 
+@pytest.mark.gpu
+def test_time_captured_replays_the_recording_twice_and_times_one(dev, module):
+    """driver.time_captured (the GEMM autotuner's and the profiler's timer): the recording is captured, not run
+    eagerly (record() is called once), the graph replays twice (the warm-up untimed) and the time is one replay's;
+    a recording that raises leaves the stream out of capture, usable."""
+    n = 1 << 20
+    stream = driver.Stream(dev)
+    x, y = driver.DeviceBuffer(4 * n), driver.DeviceBuffer(4 * n)
+    x.upload(np.ones(n, np.float32))
+    y.upload(np.zeros(n, np.float32))
+    calls = []
+
+    def record() -> None:
+        calls.append(1)
+        for _ in range(10):
+            _saxpy(module, 1.0, x, y, n, stream)
+
+    ms = driver.time_captured(stream, record)
+    assert calls == [1] and 0 < ms < 1000
+    np.testing.assert_array_equal(y.download(np.empty(n, np.float32)), 20.0)  # two replays of ten saxpys
+    with pytest.raises(ZeroDivisionError):
+        driver.time_captured(stream, lambda: 1 / 0)
+    _saxpy(module, 1.0, x, y, n, stream)  # the stream is no longer capturing: this runs
+    stream.synchronize()
+    np.testing.assert_array_equal(y.download(np.empty(n, np.float32)), 21.0)
+    for obj in (x, y, stream):
+        obj.close()
+
+
 def _capture_survives(dev, module, during) -> None:
     """Capture y += 2x, `during()`, y += 3x on one stream: the capture must end valid, every release deferred
     during it must have run at its end, and the graph must give y = 5x."""

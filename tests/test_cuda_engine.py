@@ -17,20 +17,22 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig, steps_per_epoch
 from fastnn.model import init_parameters
 from fastnn.shuffle import permutation
 
 pytestmark = pytest.mark.gpu
 
-def _engine_class(engine: str):
-    if engine == "fused":
-        from fastnn.engine.fused_engine import FusedEngine
+def _engine_class(engine: dict):
+    """The engine class an entry of the `engine` fixture trains with (built directly: no group, no replicas)."""
+    if engine["engine"] == "fused":
+        from fastnn.engine.fused import FusedEngine
 
         return FusedEngine
-    from fastnn.engine.cuda_engine import CudaEngine
+    from fastnn.engine.graph import GraphEngine
 
-    return CudaEngine
+    return GraphEngine
 
 
 def _fused_must_hold(model: MLP, optimizer) -> bool:
@@ -46,21 +48,23 @@ def _fused_must_hold(model: MLP, optimizer) -> bool:
     return max(sizes[1:-1]) <= (256 if plain_sgd else 128)
 
 
-def _refused(engine: str, model: MLP, optimizer, batch: int, precision: str, **kw) -> bool:
-    """True (after checking the refusal) when engine="fused" cannot hold this case; False when it can."""
-    if engine != "fused":
+def _refused(engine: dict, model: MLP, optimizer, batch: int, precision: str, **kw) -> bool:
+    """True (after checking the refusal) when the `engine` fixture's entry is engine="fused" and cannot hold this
+    case; False when it can."""
+    if engine["engine"] != "fused":
         return False
     from fastnn.cuda import driver
-    from fastnn.engine.fused_engine import FusedEngine
+    from fastnn.engine.fused import FusedEngine
 
-    cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision, seed=7, **kw)
+    cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision, seed=7,
+                       tuning=engine.get("tuning", Tuning()), **kw)  # fmt: skip
     reason = FusedEngine.unsupported_reason(cfg, driver.get_device(0))
     if reason is None:
         return False
     assert not _fused_must_hold(model, optimizer), f"the fused engine must hold {model}: {reason}"
     with pytest.raises(fastnn.ConfigError, match="engine='fused'") as info:
         Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
-                engine="fused", **kw)  # fmt: skip
+                **engine, **kw)  # fmt: skip
     assert reason in str(info.value) and any(ch.isdigit() for ch in reason), reason  # names the limit
     return True
 
@@ -78,11 +82,13 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _pair(model, optimizer, batch, precision="fp32", engine="graph", **kw):
+def _pair(model, optimizer, batch, precision="fp32", engine=None, **kw):
+    """A CPU trainer and a GPU one built by `engine` (an entry of the `engine` fixture; default the graph engine)."""
+    engine = engine or {"engine": "graph"}
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cpu", seed=7, **kw)
     gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
-                  engine=engine, **kw)  # fmt: skip
-    assert gpu.engine == engine
+                  **engine, **kw)  # fmt: skip
+    assert gpu.engine == engine["engine"]
     return cpu, gpu
 
 
@@ -108,7 +114,7 @@ def test_fp32_trajectory_matches_numpy_after_200_steps(engine):
 
 
 def test_gathered_order_is_the_shuffle_definition():
-    from fastnn.engine.cuda_engine import CudaEngine
+    from fastnn.engine.graph import GraphEngine, kernels
 
     n, d, B = 1000, 8, 64
     x = np.zeros((n, d), dtype=np.float32)
@@ -116,16 +122,16 @@ def test_gathered_order_is_the_shuffle_definition():
     y = (np.arange(n) % 10).astype(np.int32)
     model = MLP([d, 10])
     cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=B, precision="fp32", seed=12345678901)
-    eng = CudaEngine(cfg, init_parameters(model, 0))
+    eng = GraphEngine(cfg, init_parameters(model, 0))
     try:
         eng.set_train_data(x, y)
-        ctx = eng._train
+        ctx = eng.train_context
         orders = []
         for epoch in (0, 1, 5):
             eng.write_epoch_state(epoch, 0)
             seen = []
             for s, rows in enumerate(ctx.rows):
-                eng.record_gather(ctx.x, ctx.y, n, x.dtype, s * B, rows, ctx.x_batch, ctx.y_batch.ptr, True)
+                kernels.record_gather(eng, ctx.x, ctx.y, n, x.dtype, s * B, rows, ctx.x_batch, ctx.y_batch.ptr, True)
                 xb = np.empty((rows, d), dtype=np.float32)
                 yb = np.empty(rows, dtype=np.int32)
                 eng.stream.synchronize()
@@ -177,8 +183,8 @@ def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, preci
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7)
     gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
-                  engine=engine)  # fmt: skip
-    assert gpu.engine == engine
+                  **engine)  # fmt: skip
+    assert gpu.engine == engine["engine"]
     cpu.fit(x, y, epochs=2)
     gpu.fit(x, y, epochs=2)
     params, loss, flips, probs = TOLERANCES[precision]
@@ -211,9 +217,9 @@ def test_per_feature_normalize_matches_numpy(engine, dtype):
     x, y = _data(200, 12, 3, dtype=dtype)
     rng = np.random.default_rng(1)
     norm = (rng.uniform(0.2, 0.6, 12), rng.uniform(0.1, 0.5, 12))
-    if engine == "fused":  # the fused kernel takes two numbers: refused by name, and "auto" takes the graph engine
+    if engine["engine"] == "fused":  # the fused kernel takes two numbers: refused by name; "auto" takes the graph one
         with pytest.raises(fastnn.ConfigError, match="not per-feature vectors"):
-            Trainer(model, device="cuda", engine="fused", normalize=norm)
+            Trainer(model, device="cuda", normalize=norm, **engine)
         with Trainer(model, device="cuda", normalize=norm) as auto:
             assert auto.engine == "graph"
         return
@@ -228,7 +234,7 @@ def test_per_feature_normalize_matches_numpy(engine, dtype):
 def test_second_fit_continues_like_one_long_fit(engine):
     model = MLP([32, 20, 4])
     x, y = _data(500, 32, 4)
-    kw = dict(optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1, engine=engine)
+    kw = dict(optimizer=AdamW(lr=1e-3), batch_size=50, precision="fp32", device="cuda", seed=1, **engine)
     one = Trainer(model, **kw)
     two = Trainer(model, **kw)
     one.fit(x, y, epochs=4)
@@ -270,7 +276,7 @@ def test_other_precisions_train_on_fashion_mnist(precision, engine):
     x, y, xt, yt = _fashion()
     model = MLP([784, 128, 10])
     t = Trainer(model, optimizer=SGD(lr=0.05, momentum=0.9), batch_size=128, precision=precision, device="cuda",
-                engine=engine)  # fmt: skip
+                **engine)  # fmt: skip
     t.fit(x, y, epochs=3)
     assert t.evaluate(xt, yt)["accuracy"] >= 0.84
     t.close()
@@ -284,7 +290,7 @@ def test_divergence_keeps_last_finite_weights(engine):
     def sched(step):  # a sane first epoch, then an absurd rate
         return 0.05 if step < spe else 1e6
 
-    kw = dict(optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, engine=engine)
+    kw = dict(optimizer=SGD(lr=0.05), batch_size=64, precision="mixed", device="cuda", seed=3, **engine)
     ref = Trainer(model, **kw)
     ref.fit(x, y, epochs=1)
     t = Trainer(model, schedule=sched, **kw)
@@ -307,7 +313,7 @@ def test_trainers_closed_in_a_loop_release_device_memory(engine, request):
     dev = driver.get_device(0)
 
     def one():
-        with Trainer(model, batch_size=128, device="cuda", engine=engine) as t:
+        with Trainer(model, batch_size=128, device="cuda", **engine) as t:
             t.fit(x, y, epochs=1)
             t.evaluate(x[:100], y[:100])
 
@@ -339,7 +345,8 @@ def test_load_state_dict_keeps_optimizer_state_like_numpy(engine):
 def test_interrupted_fit_reports_every_epoch_that_ran(engine):
     model = MLP([16, 8, 3])
     x, y = _data(300, 16, 3)
-    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.05), batch_size=30, precision="fp32")
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.05), batch_size=30, precision="fp32",
+                       tuning=engine.get("tuning", Tuning()))  # fmt: skip
     eng = _engine_class(engine)(cfg, init_parameters(model, 0))
     try:
         eng.set_train_data(x, y.astype(np.int32))
@@ -366,7 +373,7 @@ def test_interrupted_fit_reports_every_epoch_that_ran(engine):
 def test_auto_engine_and_the_engine_matrix_agree():
     """engine="auto" picks one of the two GPU engines by the fused engine's rule; both train the same model."""
     from fastnn.cuda import driver
-    from fastnn.engine.fused_engine import FusedEngine, prefer_fused
+    from fastnn.engine.fused import FusedEngine, prefer_fused
 
     model = MLP([784, 10])
     t = Trainer(model, batch_size=128, device="cuda")
@@ -388,7 +395,7 @@ def test_auto_engine_and_the_engine_matrix_agree():
 )
 def test_fused_holds_the_models_it_must(sizes):
     from fastnn.cuda import driver
-    from fastnn.engine.fused_engine import FusedEngine
+    from fastnn.engine.fused import FusedEngine
 
     model = MLP(sizes)
     for batch in (32, 128):
@@ -421,7 +428,7 @@ def _diverging_case(case: str):
 def test_epoch_leaving_a_non_finite_state_diverges_and_keeps_the_last_finite_one(case, tmp_path, engine):
     kw, x, y = _diverging_case(case)
     model = MLP([4, 8, 3])
-    with Trainer(model, batch_size=len(x), device="cuda", seed=1, engine=engine, **kw) as t:
+    with Trainer(model, batch_size=len(x), device="cuda", seed=1, **engine, **kw) as t:
         before = t._engine.get_state()
         with pytest.raises(fastnn.TrainingDiverged) as info:
             t.fit(x, y, epochs=2)
@@ -441,12 +448,12 @@ def test_epoch_leaving_a_non_finite_state_diverges_and_keeps_the_last_finite_one
 @pytest.mark.parametrize("where", ["nowhere", "parameter", "optimizer state"])
 def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
     from fastnn.cuda import driver
-    from fastnn.engine.cuda_engine import CudaEngine
     from fastnn.engine.epochs import EPOCH_STATE_DTYPE
+    from fastnn.engine.graph import GraphEngine, kernels
 
     model = MLP([16, 8, 3])
     cfg = EngineConfig(model=model, optimizer=AdamW(lr=1e-3), batch_size=8, precision=precision)
-    eng = CudaEngine(cfg, init_parameters(model, 0))
+    eng = GraphEngine(cfg, init_parameters(model, 0))
     hist = driver.DeviceBuffer(256)
     try:
         state = eng.get_state()
@@ -458,13 +465,13 @@ def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
         hist.memset(0)
         eng.snapshot.memset(0)
         eng.write_epoch_state(5, 0, 0, hist.ptr)
-        eng.record_epoch_end()
+        kernels.record_epoch_end(eng)
         eng.stream.synchronize()
         st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
         eng.epoch_state.download(st.view(np.uint8))
         bad = where != "nowhere"
         assert (int(st["bad_state"][0]), int(st["diverged"][0]), int(st["epoch"][0])) == (bad, bad, 6)
-        live = np.empty(eng._state_bytes, dtype=np.uint8)
+        live = np.empty(eng.state_bytes, dtype=np.uint8)
         snap = np.empty_like(live)
         eng.train_state.download(live)
         eng.snapshot.download(snap)
@@ -505,8 +512,8 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
         return real(*args, **kwargs)
 
     t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
-                device="cuda", seed=4, engine=engine)  # fmt: skip
-    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # context: the engine fixture's patch stays
+                device="cuda", seed=4, **engine)  # fmt: skip
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr(epochs, "EpochStats", stats)
         t.fit(x, y, epochs=3)
     _assert_at_epoch(t, 3, x, y, 10)  # all three queued epochs ran and are recorded, epoch 1 included
@@ -515,8 +522,8 @@ def test_interrupt_inside_report_does_not_drop_the_epoch(monkeypatch, engine):
 
 def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch, engine):
     from fastnn.engine import replicas
-    from fastnn.engine.cuda_engine import CudaEngine
     from fastnn.engine.epochs import INFLIGHT_EPOCHS
+    from fastnn.engine.graph import GraphEngine
 
     x, y = _data(300, 16, 3)
     calls = [0]
@@ -531,10 +538,10 @@ def test_ctrl_c_while_waiting_records_exactly_the_epochs_that_ran(monkeypatch, e
         return wait
 
     t = Trainer(MLP([16, 8, 3]), optimizer=SGD(lr=0.05, momentum=0.9), batch_size=30, precision="fp32",
-                device="cuda", seed=4, engine=engine)  # fmt: skip
+                device="cuda", seed=4, **engine)  # fmt: skip
     t.fit(x, y, epochs=1)  # autotuning and capture (which may wait on events) happen here, not below
-    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):  # context: the engine fixture's patch stays
-        m.setattr(CudaEngine, "_wait", interrupting(CudaEngine._wait))
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(GraphEngine, "wait", interrupting(GraphEngine.wait))
         m.setattr(replicas._ReplicaRuns, "wait", interrupting(replicas._ReplicaRuns.wait))
         t.fit(x, y, epochs=INFLIGHT_EPOCHS + 2)  # Ctrl-C in the first wait, with INFLIGHT_EPOCHS queued
     _assert_at_epoch(t, 1 + INFLIGHT_EPOCHS, x, y, 10)
@@ -555,7 +562,7 @@ def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path, engine)
     files["__fastnn_config__"] = np.array(json.dumps(config))
     np.savez(tmp_path / "top.npz", **files)
     cpu = Trainer.load(tmp_path / "top.npz", device="cpu")
-    gpu = Trainer.load(tmp_path / "top.npz", device="cuda", engine=engine)
+    gpu = Trainer.load(tmp_path / "top.npz", device="cuda", **engine)
     hc, hg = cpu.fit(x, y, epochs=2), gpu.fit(x, y, epochs=2)  # epochs 2**32 - 2 and 2**32 - 1 (shuffle keys)
     assert hg["epoch"] == hc["epoch"] == [2**32 - 1, 2**32]  # numbered from 1
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4)

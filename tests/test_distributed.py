@@ -8,6 +8,7 @@ Every GPU comparison of the engine suite also runs through the data-parallel pat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 
 import fastnn
 from fastnn import distributed
+from fastnn.engine import Tuning
 from fastnn.errors import ConfigError, DeviceUnavailable
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -458,7 +460,7 @@ def test_a_graph_captured_while_its_communicator_ends_is_destroyed_by_its_captur
 
 
 class _WaitingGroup:
-    """What CudaEngine._wait_comm uses of a Group: a peer that never comes (no async error, the wait never ends)."""
+    """What graph.waiting.wait_for uses of a Group: a peer that never comes (no async error, the wait never ends)."""
 
     def __init__(self, timeout: float | None) -> None:
         from types import SimpleNamespace
@@ -492,22 +494,21 @@ def test_a_rank_waiting_past_its_groups_timeout_aborts_and_raises():
     """A peer that died or stopped training leaves this rank's collective spinning, and NCCL need not report it:
     past the group's timeout the communicator is aborted and the wait raises, naming the rank, GPU and timeout."""
     import time
-    from types import SimpleNamespace
 
     from fastnn.cuda import nccl
-    from fastnn.engine.cuda_engine import CudaEngine
+    from fastnn.engine.graph.waiting import wait_for
 
-    eng = SimpleNamespace(group=_WaitingGroup(timeout=0.05))
+    group = _WaitingGroup(timeout=0.05)
     start = time.monotonic()
     with pytest.raises(nccl.CollectiveTimeout, match=r"rank 1 of 2 on GPU 3: the other ranks did not join .* 0.05 s"):
-        CudaEngine._wait_comm(eng, _Event(None))
-    assert eng.group.aborts == 1 and 0.05 <= time.monotonic() - start < 5
+        wait_for(_Event(None), group)
+    assert group.aborts == 1 and 0.05 <= time.monotonic() - start < 5
     assert issubclass(nccl.CollectiveTimeout, nccl.CommAborted)  # drive_epochs drains nothing after it
 
     for timeout in (None, 30.0):  # waits that end in time are left alone
-        eng = SimpleNamespace(group=_WaitingGroup(timeout))
-        CudaEngine._wait_comm(eng, _Event(20))
-        assert eng.group.aborts == 0
+        group = _WaitingGroup(timeout)
+        wait_for(_Event(20), group)
+        assert group.aborts == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -533,13 +534,14 @@ def _case():
     return x, y, model, kw
 
 
-def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int | None = None, devices=1):
+def _train(device: str, precision: str, group=None, epochs: int = 3, batch: int | None = None, devices=1,
+           tuning: Tuning | None = None):  # fmt: skip
     x, y, model, kw = _case()
     if batch is not None:
         kw["batch_size"] = batch
     t = fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device=device,
                        engine="graph" if device == "cuda" else "auto", distributed=group, devices=devices,
-                       **kw)  # fmt: skip
+                       tuning=tuning, **kw)  # fmt: skip
     try:
         h = t.fit(x, y, epochs=epochs)
         return t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
@@ -559,17 +561,14 @@ def _piped_id(rank: int, conn) -> str:
 def _rank_main(rank: int, world: int, conn, precision: str, id_file: str | None, batch: int | None,
                sharded: bool = False) -> None:  # fmt: skip
     """One process of a data-parallel run on GPU `rank` (the id through pipes, or id_file), its update sharded or
-    not (cuda_engine.SHARDED_UPDATE); results up `conn`."""
-    from fastnn.engine import cuda_engine
-
-    cuda_engine.SHARDED_UPDATE = sharded
+    not (Tuning.sharded_update); results up `conn`."""
     try:
         if id_file is None:
             group = distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank)
         else:
             group = distributed.init(rank, world, id_file=id_file, device=rank)
         with group:
-            conn.send(("ok", _train("cuda", precision, group, batch=batch)))
+            conn.send(("ok", _train("cuda", precision, group, batch=batch, tuning=Tuning(sharded_update=sharded))))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
@@ -626,12 +625,12 @@ def _count_all_reduces(monkeypatch) -> list[int]:
 
 
 @contextlib.contextmanager
-def _trainer_in_group_of_one(model, kw: dict, optimizer=None):
+def _trainer_in_group_of_one(model, kw: dict, optimizer=None, tuning: Tuning | None = None):
     """An fp32 graph-engine Trainer in a data-parallel group of one rank on GPU 0, closed before its group."""
     with (
         distributed.init(0, 1, device=0) as group,
         fastnn.Trainer(model, optimizer or fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
-                       distributed=group, **kw) as t,
+                       distributed=group, tuning=tuning, **kw) as t,
     ):  # fmt: skip
         yield t
 
@@ -649,13 +648,13 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
     """A group of one: the same captured graph plus all-reduces over one rank (identities), bit for bit."""
     calls = _count_all_reduces(monkeypatch)
     with distributed.init(0, 1, device=0) as group:
-        one = _train("cuda", "fp32", group)
+        one = _train("cuda", "fp32", group, tuning=one_gemm_algorithm)
     # The ranks' agreement checks (MAX and MIN of 12 values on the data, of 7 on the call), each layer's gradient
     # once per step (5 steps, and the autotuning run of step 0), and the history once; no stop votes (no callbacks).
     x, _, model, kw = _case()
     steps, layers = -(-len(x) // kw["batch_size"]), len(model.layers)
     assert calls[:4] == [12, 12, 7, 7] and len(calls) == 4 + (steps + 1) * layers + 1 and calls[-1] == 2, calls
-    plain = _train("cuda", "fp32")
+    plain = _train("cuda", "fp32", tuning=one_gemm_algorithm)
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
     np.testing.assert_array_equal(one[1], plain[1])
@@ -666,13 +665,11 @@ def test_one_rank_group_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algori
 @pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
 def test_sharded_update_of_one_rank_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm, precision,
                                                                  optimizer):  # fmt: skip
-    """cuda_engine.SHARDED_UPDATE over one rank: reduce-scatters, per-layer updates on the side stream and
+    """Tuning.sharded_update over one rank: reduce-scatters, per-layer updates on the side stream and
     all-gathers in place (identities for one rank) give one GPU's weights and optimizer state bit for bit; the
     epoch graph holds a reduce-scatter and an all-gather per layer and step, and at its end an all-gather per layer
     of each partial region (the fp32 master in "mixed", each optimizer state)."""
     nccl = _require_nccl()
-    from fastnn.engine import cuda_engine
-
     opt = fastnn.SGD(lr=0.05, momentum=0.9) if optimizer == "momentum" else fastnn.AdamW(lr=0.01)
     x, y, model, kw = _case()
     calls = {"reduce_scatter": 0, "all_gather": 0}
@@ -682,11 +679,11 @@ def test_sharded_update_of_one_rank_trains_exactly_like_one_gpu(monkeypatch, one
                                                                                  calls[_name] + 1), _real(*a, **k)))
     states = []
     for sharded in (True, False):
-        monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", sharded)
+        tuning = dataclasses.replace(one_gemm_algorithm, sharded_update=sharded)
         with (
             distributed.init(0, 1, device=0) as group,
             fastnn.Trainer(model, opt, precision=precision, device="cuda", engine="graph", distributed=group,
-                           **kw) as t,
+                           tuning=tuning, **kw) as t,
         ):  # fmt: skip
             h = t.fit(x, y, epochs=3)
             assert t._engine.sharded is sharded
@@ -706,42 +703,38 @@ def test_sharded_update_of_one_rank_trains_exactly_like_one_gpu(monkeypatch, one
 
 @pytest.mark.gpu
 def test_high_priority_all_reduces_train_the_same(monkeypatch, one_gemm_algorithm):
-    """cuda_engine.COMM_HIGH_PRIORITY (the all-reduce stream at the highest priority, kept per graph node) changes
+    """Tuning.comm_high_priority (the all-reduce stream at the highest priority, kept per graph node) changes
     when the collectives run, not what they compute: a group of one trains bit for bit like one GPU."""
     _require_nccl()
-    from fastnn.engine import cuda_engine
-
-    monkeypatch.setattr(cuda_engine, "COMM_HIGH_PRIORITY", True)
     with distributed.init(0, 1, device=0) as group:
-        one = _train("cuda", "fp32", group)
-    plain = _train("cuda", "fp32")
+        one = _train("cuda", "fp32", group, tuning=dataclasses.replace(one_gemm_algorithm, comm_high_priority=True))
+    plain = _train("cuda", "fp32", tuning=one_gemm_algorithm)
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
 
 
 @pytest.mark.gpu
 def test_gemm_sm_carveout_leaves_sms_and_trains_like_numpy(monkeypatch):
-    """cuda_engine.GEMM_SM_CARVEOUT: a data-parallel engine's backward GEMMs target that many SMs fewer (its forward
+    """Tuning.gemm_sm_carveout: a data-parallel engine's backward GEMMs target that many SMs fewer (its forward
     GEMMs, and any one-GPU engine's, every SM); the carved plans may pick other algorithms, so training matches the
     NumPy engine with the suite's tolerance rather than bit for bit."""
     _require_nccl()
     from fastnn.cuda import cublaslt as lt
-    from fastnn.engine import cuda_engine
 
-    monkeypatch.setattr(cuda_engine, "GEMM_SM_CARVEOUT", 16)
+    carve = Tuning(gemm_sm_carveout=16)
     x, y, model, kw = _case()
     target = lambda plan: plan._d.desc.get(lt.MatmulDescAttribute.SM_COUNT_TARGET)  # noqa: E731
-    with _trainer_in_group_of_one(model, kw, fastnn.SGD(lr=0.05, momentum=0.9)) as t:
+    with _trainer_in_group_of_one(model, kw, fastnn.SGD(lr=0.05, momentum=0.9), tuning=carve) as t:
         h = t.fit(x, y, epochs=3)
         one = t.state_dict(), np.array(h["train_loss"]), np.array(h["train_accuracy"])
         eng = t._engine
-        layers = eng._train.layers
+        layers = eng.train_context.layers
         backward = [p for layer in layers for p in (*layer.dw.values(), *layer.dx.values())]
         assert backward and {target(p) for p in backward} == {eng.dev.sm_count - 16}
         assert {target(p) for layer in layers for p in layer.fwd.values()} == {0}
-    with fastnn.Trainer(model, precision="fp32", device="cuda", engine="graph", **kw) as plain:
-        plain.fit(x[:64], y[:64], epochs=1)
-        assert {target(p) for layer in plain._engine._train.layers for p in layer.dw.values()} == {0}
+    with fastnn.Trainer(model, precision="fp32", device="cuda", engine="graph", tuning=carve, **kw) as plain:
+        plain.fit(x[:64], y[:64], epochs=1)  # one GPU: no all-reduces beside its GEMMs, every SM
+        assert {target(p) for layer in plain._engine.train_context.layers for p in layer.dw.values()} == {0}
     _assert_same_training(one, _train("cpu", "fp32"), rtol=1e-4, atol=1e-4)
 
 
@@ -898,12 +891,10 @@ def test_devices_train_like_one_gpu_and_numpy(precision, sharded, tmp_path, one_
     one-GPU training (up to summation order) and of the NumPy engine; the checkpoint is one GPU's file (a one-GPU
     trainer loads it and predicts the same)."""
     _need_gpus(2)
-    from fastnn.engine import cuda_engine
-
-    monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", sharded)
     x, y, model, kw = _case()
     with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision=precision, device="cuda",
-                        devices=[1, 0], **kw) as t:  # fmt: skip
+                        devices=[1, 0], tuning=dataclasses.replace(one_gemm_algorithm, sharded_update=sharded),
+                        **kw) as t:  # fmt: skip
         assert t.engine == "graph"
         h = t.fit(x, y, epochs=3)
         both = t._engine.replicas
@@ -914,7 +905,7 @@ def test_devices_train_like_one_gpu_and_numpy(precision, sharded, tmp_path, one_
         t.save(tmp_path / "two.npz")
         probs = t.predict_proba(x)
     tol = 1e-4 if precision == "fp32" else 2e-2
-    _assert_same_training(result, _train("cuda", precision), rtol=tol, atol=tol)
+    _assert_same_training(result, _train("cuda", precision, tuning=one_gemm_algorithm), rtol=tol, atol=tol)
     _assert_same_training(result, _train("cpu", "fp32"), rtol=tol, atol=tol)
     with fastnn.Trainer.load(tmp_path / "two.npz", device="cuda", engine="graph") as one:
         np.testing.assert_array_equal(one.predict_proba(x), probs)
@@ -929,14 +920,12 @@ def test_sharded_devices_train_exactly_like_unsharded(monkeypatch, one_gemm_algo
     update is elementwise, so the weights, optimizer state and history agree bit for bit; a part left stale on one
     rank (a weight read from storage that no step gathers) would show here."""
     _need_gpus(2)
-    from fastnn.engine import cuda_engine
-
     opt = fastnn.SGD(lr=0.05, momentum=0.9) if optimizer == "momentum" else fastnn.AdamW(lr=0.01)
     x, y, model, kw = _case()
     runs = []
     for sharded in (True, False):
-        monkeypatch.setattr(cuda_engine, "SHARDED_UPDATE", sharded)
-        with fastnn.Trainer(model, opt, precision=precision, device="cuda", devices=2, **kw) as t:
+        tuning = dataclasses.replace(one_gemm_algorithm, sharded_update=sharded)
+        with fastnn.Trainer(model, opt, precision=precision, device="cuda", devices=2, tuning=tuning, **kw) as t:
             h = t.fit(x, y, epochs=3)
             assert all(eng.sharded is sharded for eng in t._engine.replicas)
             states = [eng.get_state() for eng in t._engine.replicas]
@@ -951,24 +940,18 @@ def test_sharded_devices_train_exactly_like_unsharded(monkeypatch, one_gemm_algo
         np.testing.assert_array_equal(a, b)
 
 
-def _replicas_everywhere(monkeypatch, ordinals: list[int]) -> None:
-    """Make every Trainer on the GPU a ReplicaEngine over `ordinals` (also a list of one, which devices= would give
-    to the plain engine)."""
-    from fastnn import trainer
-    from fastnn.engine.replicas import ReplicaEngine
-
-    monkeypatch.setattr(trainer, "create_engine", lambda device, config, state, **kw: ReplicaEngine(config, state,
-                                                                                                    ordinals))
+def _replicas_on(ordinals: list[int], tuning: Tuning | None = None) -> dict:
+    """Trainer arguments for the replica engine over `ordinals`, also over a list of one (which devices= alone gives
+    to the plain engine: Tuning.one_gpu_replica)."""
+    return {"devices": ordinals, "tuning": dataclasses.replace(tuning or Tuning(), one_gpu_replica=True)}
 
 
 @pytest.mark.gpu
 def test_one_replica_trains_exactly_like_one_gpu(monkeypatch, one_gemm_algorithm):
     """The replica engine over one GPU (its threads, communicator and lock-step epochs): bit for bit one GPU's."""
     _require_nccl()
-    with monkeypatch.context() as m:
-        _replicas_everywhere(m, [0])
-        one = _train("cuda", "fp32")
-    plain = _train("cuda", "fp32")
+    one = _train("cuda", "fp32", **_replicas_on([0], one_gemm_algorithm))
+    plain = _train("cuda", "fp32", tuning=one_gemm_algorithm)
     for name in plain[0]:
         np.testing.assert_array_equal(one[0][name], plain[0][name], err_msg=name)
     np.testing.assert_array_equal(one[1], plain[1])
@@ -986,7 +969,7 @@ def test_a_group_ended_under_an_open_trainer_takes_its_epoch_graph(end):
                        distributed=group, **kw)  # fmt: skip
     try:
         t.fit(x, y, epochs=1)
-        graph = t._engine._train.graph
+        graph = t._engine.train_context.graph
         assert group.comm._graphs == [graph] and not graph.closed
         before = t.state_dict()
         getattr(group, end)()
@@ -1013,7 +996,7 @@ def test_a_trainer_collected_while_its_group_lives_frees_its_epoch_graph():
         t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", engine="graph",
                            distributed=group, **kw)  # fmt: skip
         t.fit(x, y, epochs=1)
-        graph = t._engine._train.graph
+        graph = t._engine.train_context.graph
         assert group.comm._graphs == [graph]
         del t
         gc.collect()
@@ -1069,7 +1052,7 @@ def test_a_fit_of_no_epochs_still_takes_part_in_the_ranks_checks(monkeypatch):
             np.testing.assert_array_equal(value, before[name], err_msg=name)
     with fastnn.Trainer(model, device="cuda", engine="graph", **kw) as alone:  # one GPU: no checks, no upload
         alone.fit(x, y, epochs=0)
-        assert alone._engine._train is None
+        assert alone._engine.train_context is None
 
 
 @pytest.mark.gpu
@@ -1209,7 +1192,7 @@ def _drop_unclosed_replicas(rank: int, world: int, conn) -> None:
         t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", devices=2, **kw)
         t.fit(x, y, epochs=1)
         comms = [weakref.ref(group.comm) for group in t._engine.groups]
-        graphs = [weakref.ref(replica._train.graph) for replica in t._engine.replicas]
+        graphs = [weakref.ref(replica.train_context.graph) for replica in t._engine.replicas]
         del t
         gc.collect()
         alive = [ref() is not None for ref in comms + graphs]
@@ -1226,17 +1209,17 @@ def test_a_dropped_two_gpu_trainer_is_collected():
 
 
 def _failing_set_train_data(monkeypatch, ordinals: list[int]) -> None:
-    """CudaEngine.set_train_data raises on the GPUs in `ordinals` (after its agreement check: the others go on)."""
-    from fastnn.engine.cuda_engine import CudaEngine
+    """GraphEngine.set_train_data raises on the GPUs in `ordinals` (after its agreement check: the others go on)."""
+    from fastnn.engine.graph import GraphEngine
 
-    real = CudaEngine.set_train_data
+    real = GraphEngine.set_train_data
 
     def failing(self, *args):
         if self.dev.ordinal in ordinals:
             raise DeviceUnavailable(f"simulated failure on GPU {self.dev.ordinal}")
         return real(self, *args)
 
-    monkeypatch.setattr(CudaEngine, "set_train_data", failing)
+    monkeypatch.setattr(GraphEngine, "set_train_data", failing)
 
 
 @pytest.mark.gpu
@@ -1244,9 +1227,9 @@ def test_a_failure_on_every_gpu_leaves_the_trainer_usable(monkeypatch):
     """The same refusal on every GPU leaves no replica waiting for another: nothing is aborted."""
     _require_nccl()
     ordinals = [0, 1] if _gpu_count() >= 2 else [0]
-    _replicas_everywhere(monkeypatch, ordinals)
     x, y, model, kw = _case()
-    with fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **kw) as t:
+    with fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **_replicas_on(ordinals),
+                        **kw) as t:  # fmt: skip
         t.fit(x, y, epochs=1)
         with monkeypatch.context() as m:
             _failing_set_train_data(m, ordinals)
@@ -1262,9 +1245,8 @@ def test_a_failure_on_one_gpu_aborts_the_group_and_keeps_the_weights(monkeypatch
     the error is GPU 1's, later fits are refused by name, and the weights of the last finished fit can still be
     read and saved."""
     _need_gpus(2)
-    _replicas_everywhere(monkeypatch, [0, 1])
     x, y, model, kw = _case()
-    t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **kw)
+    t = fastnn.Trainer(model, fastnn.SGD(lr=0.05), precision="fp32", device="cuda", **_replicas_on([0, 1]), **kw)
     try:
         t.fit(x, y, epochs=1)
         before = t.state_dict()

@@ -366,3 +366,23 @@ def test_a_stop_asked_after_a_held_ctrl_c_raises_the_ctrl_c():
     with pytest.raises(KeyboardInterrupt):
         drive_epochs(_Engine(), runs, on_epoch, stoppable=True)
     assert runs.votes == [False, True] and runs.runs[0].launched == [0, 1]
+
+
+def test_the_gpu_engines_provide_what_the_epoch_loop_uses():
+    """The graph engine (and so the fused one) and its contexts have every method of the protocols EpochRun drives
+    them through (epochs.EpochEngine, EpochTrainContext, EpochEvalContext): no private attribute is reached into."""
+    pytest.importorskip("cuda.bindings")
+    from fastnn.engine.epochs import EpochEngine, EpochEvalContext, EpochTrainContext
+    from fastnn.engine.fused import FusedEngine
+    from fastnn.engine.fused.engine import FusedTrainContext
+    from fastnn.engine.graph import GraphEngine
+    from fastnn.engine.graph.contexts import EvalContext, TrainContext
+
+    pairs = [(EpochEngine, GraphEngine), (EpochEngine, FusedEngine), (EpochTrainContext, TrainContext),
+             (EpochTrainContext, FusedTrainContext), (EpochEvalContext, EvalContext)]  # fmt: skip
+    for protocol, cls in pairs:
+        methods = [n for n, v in vars(protocol).items()
+                   if not n.startswith("_") and (callable(v) or isinstance(v, property))]  # fmt: skip
+        assert methods, protocol
+        for name in methods:
+            assert callable(getattr(cls, name, None)) or isinstance(getattr(cls, name, None), property), (cls, name)

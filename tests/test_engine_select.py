@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, Trainer
-from fastnn.engine import select
+from fastnn.engine import Tuning, select
 from fastnn.engine.numpy_engine import NumpyEngine
 from fastnn.errors import ConfigError, DeviceUnavailable
 
@@ -87,11 +87,11 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """A 'GPU' whose graph and fused engines are NumPy engines; the fused one holds layers up to 100 wide
     and its rule prefers it below 64."""
     _FakeFused.built = 0
-    monkeypatch.setattr(select, "cuda_engine_class", lambda: _FakeGraph)
-    fused = types.ModuleType("fastnn.engine.fused_engine")
+    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    fused = types.ModuleType("fastnn.engine.fused")
     fused.FusedEngine = _FakeFused
     fused.prefer_fused = lambda config, device: max(config.model.sizes[1:]) < 64
-    monkeypatch.setitem(sys.modules, "fastnn.engine.fused_engine", fused)
+    monkeypatch.setitem(sys.modules, "fastnn.engine.fused", fused)
     from fastnn.cuda import driver
 
     monkeypatch.setattr(driver, "get_device", lambda ordinal=0: object())
@@ -129,8 +129,8 @@ def test_load_with_a_refused_engine_blames_the_engine_not_the_file(fake_gpu, tmp
 
 
 def test_fused_module_that_fails_to_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(select, "cuda_engine_class", lambda: _FakeGraph)
-    monkeypatch.setitem(sys.modules, "fastnn.engine.fused_engine", None)  # import raises ImportError
+    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    monkeypatch.setitem(sys.modules, "fastnn.engine.fused", None)  # import raises ImportError
     assert Trainer(MLP([20, 10]), device="cuda").engine == "graph"  # auto: the graph engine
     with pytest.raises(select.EngineRefused, match="engine='fused' is unavailable"):
         Trainer(MLP([20, 10]), device="cuda", engine="fused")
@@ -140,7 +140,7 @@ def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: 
     def unavailable():
         raise DeviceUnavailable("no usable GPU: test says so")
 
-    monkeypatch.setattr(select, "cuda_engine_class", unavailable)
+    monkeypatch.setattr(select, "graph_engine_class", unavailable)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t = Trainer(MLP([12, 4]), device="auto", engine="fused")
@@ -198,8 +198,18 @@ def test_one_device_trains_on_that_gpu_with_any_engine(fake_gpu) -> None:
     assert Trainer(MLP([20, 10]), device="cuda", devices=1)._engine.ordinal == 0
 
 
-def test_several_devices_build_a_replica_engine_over_them(fake_gpu, monkeypatch) -> None:
-    made = []
+def test_several_devices_build_a_replica_engine_over_them(fake_gpu, fake_replicas) -> None:
+    made = fake_replicas
+    # MLP([20, 10]): one GPU would take the fused engine (test_auto_takes_fused...); several take the replicas
+    assert Trainer(MLP([20, 10]), device="cuda", devices=2).engine == "replicas (fake)"
+    Trainer(MLP([20, 10]), device="auto", devices=(1, 0))
+    assert made == [[0, 1], [1, 0]] and fake_gpu.built == 0
+
+
+@pytest.fixture
+def fake_replicas(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The replica engine faked (a NumPy engine); the list records the devices of each one made."""
+    made: list = []
 
     class FakeReplicas(_FakeGraph):
         name = "replicas (fake)"
@@ -211,10 +221,59 @@ def test_several_devices_build_a_replica_engine_over_them(fake_gpu, monkeypatch)
     replicas = types.ModuleType("fastnn.engine.replicas")
     replicas.ReplicaEngine = FakeReplicas
     monkeypatch.setitem(sys.modules, "fastnn.engine.replicas", replicas)
-    # MLP([20, 10]): one GPU would take the fused engine (test_auto_takes_fused...); several take the replicas
-    assert Trainer(MLP([20, 10]), device="cuda", devices=2).engine == "replicas (fake)"
-    Trainer(MLP([20, 10]), device="auto", devices=(1, 0))
-    assert made == [[0, 1], [1, 0]] and fake_gpu.built == 0
+    return made
+
+
+def test_one_gpu_replica_tuning_builds_the_replica_engine_on_one_gpu(fake_gpu, fake_replicas) -> None:
+    """Tuning.one_gpu_replica: devices= of one GPU gets the replica engine (what the GPU suite's "graph-replicas"
+    entry runs on one GPU); engine="fused" and the CPU ignore it, and without it one GPU gets its own engine."""
+    replica = Tuning(one_gpu_replica=True)
+    assert Trainer(MLP([20, 10]), device="cuda", devices=[0], tuning=replica).engine == "replicas (fake)"
+    assert Trainer(MLP([20, 80, 10]), device="cuda", engine="graph", tuning=replica).engine == "replicas (fake)"
+    assert Trainer(MLP([20, 10]), device="cuda", engine="fused", tuning=replica).engine == "fused"
+    assert Trainer(MLP([20, 10]), device="cpu", tuning=replica).engine == "numpy"
+    assert Trainer(MLP([20, 80, 10]), device="cuda", devices=[0]).engine == "graph"
+    assert fake_replicas == [[0], [0]]
+
+
+@pytest.mark.parametrize("tuning", [Tuning(), None])
+def test_tuning_reaches_the_engine_config(fake_gpu, tuning) -> None:
+    t = Trainer(MLP([20, 10]), device="cuda", tuning=Tuning(autotune_algos=3) if tuning else None)
+    assert t.config.tuning == (Tuning(autotune_algos=3) if tuning else Tuning())
+
+
+@pytest.mark.parametrize(
+    ("tuning", "message"),
+    [
+        ({"tuning": {"sharded_update": True}}, "tuning must be a fastnn.engine.Tuning or None, got dict"),
+        ({"tuning": "fast"}, "tuning must be a fastnn.engine.Tuning or None, got str"),
+    ],
+)
+def test_a_bad_tuning_is_refused_by_name_before_any_work(fake_gpu, tmp_path, tuning, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Trainer(MLP([20, 10]), device="cuda", **tuning)
+    path = tmp_path / "m.npz"
+    Trainer(MLP([20, 10]), device="cpu").save(path)
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the caller's argument, not the file's
+        Trainer.load(path, device="cuda", **tuning)
+    assert fake_gpu.built == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"autotune_algos": 0}, "Tuning.autotune_algos must be an integer >= 1, got 0"),
+        ({"autotune_algos": 2.0}, "Tuning.autotune_algos must be an integer >= 1, got 2.0"),
+        ({"gemm_sm_carveout": -1}, "Tuning.gemm_sm_carveout must be an integer >= 0, got -1"),
+        ({"sharded_update": 1}, "Tuning.sharded_update must be True or False, got 1"),
+        ({"fused_layouts": ["lean"]}, "Tuning.fused_layouts must be a non-empty tuple of ('standard', 'lean'), got"),
+        ({"fused_layouts": ()}, "Tuning.fused_layouts must be a non-empty tuple"),
+        ({"fused_layouts": ("thin",)}, "got ('thin',)"),
+    ],
+)
+def test_a_bad_tuning_field_is_refused_naming_it(fields, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Tuning(**fields)
 
 
 def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_path) -> None:

@@ -9,14 +9,16 @@ import pytest
 
 from fastnn import MLP, SGD, AdamW
 from fastnn.cuda import nvrtc
-from fastnn.engine import fused_plan as fp
+from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig
+from fastnn.engine.fused import plan as fp
 
 MOMENTUM = SGD(lr=0.01, momentum=0.9)
 
 
-def _plan(sizes, optimizer=MOMENTUM, precision="mixed", batch=32, x_dtype=np.float32):
-    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision)
+def _plan(sizes, optimizer=MOMENTUM, precision="mixed", batch=32, x_dtype=np.float32, tuning=None):
+    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision,
+                       tuning=tuning or Tuning())  # fmt: skip
     return fp.fused_plan(cfg, x_dtype)
 
 
@@ -70,11 +72,26 @@ def test_a_model_too_big_is_refused_naming_bytes_and_what_is_held(sizes, optimiz
 @pytest.mark.parametrize(
     "precision,batch,mma", [("mixed", 128, "1"), ("fp16", 32, "1"), ("fp32", 128, "0"), ("mixed", 8, "0")]
 )
-def test_tensor_cores_for_half_operands_in_chunks_of_16_rows_or_more(precision, batch, mma, monkeypatch):
+def test_tensor_cores_for_half_operands_in_chunks_of_16_rows_or_more(precision, batch, mma):
     plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8)
     assert _option(plan, "FUSED_MMA") == mma, (plan.rows, plan.options)
-    monkeypatch.setattr(fp, "TENSOR_CORES", False)
-    assert _option(_plan([784, 10], MOMENTUM, precision, batch, np.uint8), "FUSED_MMA") == "0"
+    fma = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(tensor_cores=False))
+    assert _option(fma, "FUSED_MMA") == "0"
+
+
+def test_a_lean_only_tuning_takes_the_lean_layout_where_the_standard_one_fits():
+    lean = _plan([784, 128, 128, 128, 10], tuning=Tuning(fused_layouts=("lean",)))
+    assert (_option(lean, "FUSED_FOLD"), _option(lean, "FUSED_OPC")) == ("1", "0")
+
+
+def test_the_phase_profile_is_a_tuning_compiled_in_as_a_define(monkeypatch, tmp_path):
+    """Tuning.fused_profile (bench_fused.py --phases) adds -DFUSED_PROFILE to the plan's options, and the kernel
+    compiles with it; by default the plan carries no such define."""
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    assert "-DFUSED_PROFILE" not in _plan([784, 10]).options
+    plan = _plan([784, 128, 10], tuning=Tuning(fused_profile=True))
+    assert plan.options[-1] == "-DFUSED_PROFILE"
+    assert nvrtc.compile_native("fused.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
 
 
 def test_a_model_accepted_for_float_inputs_fits_uint8_inputs_too():
@@ -111,9 +128,7 @@ def test_the_kernel_compiles_for_each_layout(
     sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(fp, "LAYOUTS", (layout,))
-    monkeypatch.setattr(fp, "TENSOR_CORES", tensor_cores)
-    plan = _plan(sizes, optimizer, precision, 32, x_dtype)
+    plan = _plan(sizes, optimizer, precision, 32, x_dtype, Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores))
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
     assert cubin[:4] == b"\x7fELF"

@@ -23,7 +23,7 @@ def _data(dtype):
 
 
 def _trainer(engine):
-    return Trainer(MLP([D, 32, C]), SGD(lr=0.1, momentum=0.9), batch_size=32, device="cuda", seed=1, engine=engine)
+    return Trainer(MLP([D, 32, C]), SGD(lr=0.1, momentum=0.9), batch_size=32, device="cuda", seed=1, **engine)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32], ids=["uint8", "float32"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.machinery
 import os
 import re
@@ -133,13 +132,3 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
         assert usable is False and "cublasLt" in reason and "fastnn[cu12]" in reason
     finally:
         fastnn.device.cuda_status.cache_clear()
-
-
-@pytest.mark.parametrize(
-    "path", sorted(str(p.relative_to(REPO)) for p in (REPO / "fastnn").rglob("*.py") if p.parent.name != "cuda")
-)
-def test_layers_above_the_bindings_do_not_use_ctypes(path):
-    tree = ast.parse((REPO / path).read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert "ctypes" not in imported

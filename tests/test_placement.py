@@ -46,9 +46,9 @@ def test_host_placed_training_equals_device_placed(dtype, opt, one_gemm_algorith
     runs = {}
     for placement in ("device", "host"):
         with Trainer(MLP([20, 16, 4]), opt, batch_size=32, device="cuda", engine="graph", seed=3,
-                     data_placement=placement) as t:  # fmt: skip
+                     data_placement=placement, tuning=one_gemm_algorithm) as t:  # fmt: skip
             h = t.fit(x, y, epochs=3, eval_data=(x, y), progress=False)
-            assert t._engine._train.placement == placement
+            assert t._engine.train_context.placement == placement
             runs[placement] = (t.state_dict(), [r["train_loss"] for r in h], t.predict_proba(x))
             x2 = x.copy()
             x2[:10] = 0  # a new array of the same shape goes into the same host buffer

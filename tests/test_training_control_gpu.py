@@ -24,11 +24,11 @@ PARAM_RTOL = 2e-4  # fp32 parameters, relative norm (README: GPU engines vs NumP
 STATE_RTOL = 1e-3  # optimizer state (momentum, Adam moments): rounding accumulates in them a little more
 
 
-def _gpu(engine: str, opt=OPTIMIZERS[0], **kw) -> Trainer:
+def _gpu(engine: dict, opt=OPTIMIZERS[0], **kw) -> Trainer:
     model = MLP([8, 64, 3])
     if _refused(engine, model, opt, 16, "fp32"):
         pytest.skip("the fused engine refuses this case (checked to be allowed)")
-    return Trainer(model, opt, batch_size=16, precision="fp32", device="cuda", seed=3, engine=engine, **kw)
+    return Trainer(model, opt, batch_size=16, precision="fp32", device="cuda", seed=3, **engine, **kw)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,7 +43,7 @@ def _assert_close(gpu: dict[str, np.ndarray], cpu: dict[str, np.ndarray]) -> Non
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=["sgd-momentum", "adamw"])
-def test_early_stopping_ends_at_the_cpu_engines_best_epoch(engine: str, opt) -> None:
+def test_early_stopping_ends_at_the_cpu_engines_best_epoch(engine: dict, opt) -> None:
     reference = _reference(EPOCHS, opt)
     best_epoch, stop = _expected_stop(reference.history["eval_loss"], 3, 0.0, lower=True)
     assert stop is not None and 1 < best_epoch < stop < EPOCHS
@@ -61,7 +61,7 @@ def test_early_stopping_ends_at_the_cpu_engines_best_epoch(engine: str, opt) -> 
 
 
 @pytest.mark.parametrize("how", ["return True", "raise StopTraining"])
-def test_a_callback_stops_the_gpu_with_no_epoch_trained_past_it(engine: str, how: str) -> None:
+def test_a_callback_stops_the_gpu_with_no_epoch_trained_past_it(engine: dict, how: str) -> None:
     seen: list[int] = []
 
     def stop_at_3(record: dict):
@@ -80,7 +80,7 @@ def test_a_callback_stops_the_gpu_with_no_epoch_trained_past_it(engine: str, how
         _assert_close(_state(t), _state(_reference(5)))
 
 
-def test_an_error_in_a_callback_keeps_the_gpu_at_its_epoch(engine: str) -> None:
+def test_an_error_in_a_callback_keeps_the_gpu_at_its_epoch(engine: dict) -> None:
     def fail_at_2(record: dict) -> None:
         if record["epoch"] == 2:
             raise RuntimeError("callback failed")
@@ -92,7 +92,7 @@ def test_an_error_in_a_callback_keeps_the_gpu_at_its_epoch(engine: str) -> None:
         _assert_close(_state(t), _state(_reference(2)))
 
 
-def test_validation_split_is_the_same_on_the_gpu(engine: str) -> None:
+def test_validation_split_is_the_same_on_the_gpu(engine: dict) -> None:
     cpu = Trainer(MLP([8, 64, 3]), OPTIMIZERS[0], batch_size=16, precision="fp32", device="cpu", seed=3)
     hc = cpu.fit(*TRAIN, epochs=3, validation_split=0.25)
     with _gpu(engine) as t:
@@ -106,7 +106,7 @@ def test_validation_split_is_the_same_on_the_gpu(engine: str) -> None:
 
 
 @pytest.mark.parametrize("tqdm_installed", [False, True])
-def test_gpu_progress_is_one_line_per_epoch(engine: str, tqdm_installed: bool, capsys, monkeypatch) -> None:
+def test_gpu_progress_is_one_line_per_epoch(engine: dict, tqdm_installed: bool, capsys, monkeypatch) -> None:
     if tqdm_installed:
         pytest.importorskip("tqdm")
     monkeypatch.setattr(progress_module, "_have_tqdm", lambda: tqdm_installed)
@@ -117,7 +117,7 @@ def test_gpu_progress_is_one_line_per_epoch(engine: str, tqdm_installed: bool, c
     assert all("eval acc" in line for line in lines)
 
 
-def test_divergence_on_the_gpu_names_the_epoch_from_1(engine: str) -> None:
+def test_divergence_on_the_gpu_names_the_epoch_from_1(engine: dict) -> None:
     with _gpu(engine, fastnn.SGD(lr=0.05), schedule=lambda s: 0.05 if s < 8 else 1e30) as t:
         t.fit(*TRAIN, epochs=2)
         with pytest.raises(fastnn.TrainingDiverged, match="in epoch 3:") as info:

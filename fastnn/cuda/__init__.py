@@ -4,6 +4,7 @@ Importing this package loads nothing; each binding module loads its library on f
 `driver` (cuda.bindings.driver), `nvrtc` (run-time compilation of native/*.cu), `cublaslt`, `cudnn`.
 """
 
+from ._capture import deferring
 from ._loader import CudaDriverError, CudaLibraryError, NvrtcError, library_path, load_library
 
-__all__ = ["CudaDriverError", "CudaLibraryError", "NvrtcError", "library_path", "load_library"]
+__all__ = ["CudaDriverError", "CudaLibraryError", "NvrtcError", "deferring", "library_path", "load_library"]

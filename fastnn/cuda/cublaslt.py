@@ -963,10 +963,9 @@ class Matmul:
         a bias gradient, pass scratch buffers or restore them afterwards. `stream` must be a driver.Stream.
         Not for use inside stream capture (it captures itself).
         """
-        from .driver import Event
+        from .driver import time_captured
 
         repeats = _positive_int("repeats", repeats)
-        start, end = Event(timing=True), Event(timing=True)
         best_ms, best_index = float("inf"), self.algo_index
 
         def run() -> None:
@@ -979,32 +978,11 @@ class Matmul:
                     run()  # a candidate that cannot run these buffers fails here, outside capture
                 except CublasError:
                     continue
-                stream.synchronize()
-                stream.begin_capture()
-                try:
-                    for _ in range(repeats):
-                        run()
-                finally:
-                    graph = stream.end_capture()
-                try:
-                    replay = graph.instantiate()
-                finally:
-                    graph.close()
-                try:
-                    replay.launch(stream)  # warm-up: uploads the graph, loads the kernel, fills caches
-                    start.record(stream)
-                    replay.launch(stream)
-                    end.record(stream)
-                    end.synchronize()
-                finally:
-                    replay.close()
-                ms = start.elapsed_ms(end) / repeats
+                ms = time_captured(stream, lambda: [run() for _ in range(repeats)]) / repeats
                 if ms < best_ms:
                     best_ms, best_index = ms, index
         finally:
             self.select(best_index)
-            start.close()
-            end.close()
         if best_ms == float("inf"):
             raise CublasError(
                 Status.NOT_SUPPORTED, status_name(Status.NOT_SUPPORTED), f"autotuning {self.describe()}: no algo ran"

@@ -12,6 +12,7 @@ should one ever differ, branch on `BINDINGS_MAJOR` in this module only.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
@@ -53,6 +54,7 @@ __all__ = [
     "get_device",
     "memset_d32",
     "pointer_device",
+    "time_captured",
 ]
 
 #: Major version of cuda-bindings (12 or 13): the one place to branch if the two APIs ever differ.
@@ -491,6 +493,43 @@ class Event(_Owned):
         if not (self.timing and end.timing):
             raise ConfigError("elapsed_ms needs two events created with timing=True")
         return float(_check(cu.cuEventElapsedTime(self.handle, end.handle), "cuEventElapsedTime"))
+
+
+def time_captured(stream: Stream, record: Callable[[], None]) -> float:
+    """Milliseconds of one replay of the graph that `record()` queues on `stream` when captured.
+
+    Timed as the engines run their work, inside a graph: eager back-to-back calls would time the host's launch
+    rate instead (a small node takes about as long to launch as to run). The first replay, which uploads the graph,
+    loads its kernels and fills caches, is not timed. What `record` queues really runs, twice. The GEMM autotuner
+    (cublaslt.Matmul.autotune) and the graph engine's profiler time with it. Not for use inside a capture.
+    """
+    start, end = Event(timing=True), Event(timing=True)
+    try:
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            record()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the recording's error is the one to report
+                stream.end_capture().close()
+            raise
+        graph = stream.end_capture()
+        try:
+            replay = graph.instantiate()
+        finally:
+            graph.close()
+        try:
+            replay.launch(stream)  # warm-up
+            start.record(stream)
+            replay.launch(stream)
+            end.record(stream)
+            end.synchronize()
+        finally:
+            replay.close()
+        return start.elapsed_ms(end)
+    finally:
+        start.close()
+        end.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

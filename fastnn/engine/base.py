@@ -2,7 +2,7 @@
 
 `Trainer` validates everything and speaks the user's words; an engine receives clean arrays and a
 frozen `EngineConfig`, owns the parameters while it lives, and trains whole epochs. The NumPy engine
-(`numpy_engine.py`) is the definition of correct; the CUDA engine (`cuda_engine.py`) must match it.
+(`numpy_engine.py`) is the definition of correct; the GPU engines (`graph/`, `fused/`) must match it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..model import MLP
 from ..optim import Optimizer
+from .tuning import Tuning
 
 __all__ = ["PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batch_slices", "steps_per_epoch"]
 
@@ -37,6 +38,7 @@ class EngineConfig:
     drop_last: bool = False
     normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn.data.check_normalize)
     data_placement: str = "auto"  #: GPU engines: where the training set lives (fastnn.engine.placement)
+    tuning: Tuning = Tuning()  #: the engines' measured choices (fastnn.engine.tuning); not saved in checkpoints
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The epoch loop of the GPU engines: a fit's epochs queued ahead on the GPU, waited for in order and reported.
 
-`EpochRun` is one graph engine's fit: its captured epoch queued with timing events and the copies of its history
+`EpochRun` is one GPU engine's fit (an engine as `EpochEngine` describes it, with a training context as
+`EpochTrainContext` does): its captured epoch queued with timing events and the copies of its history
 and divergence flag to pinned memory. `EpochRuns` drives one such run per GPU in step (one for the graph engine, one
 per replica for `devices=`), and `drive_epochs` is the loop both engines share: INFLIGHT_EPOCHS queued ahead,
 divergence restoring the last finite epoch, a Ctrl-C letting the queued epochs finish and counting them, and for a
@@ -14,20 +15,16 @@ import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..control import StopTraining
 from ..cuda import nccl  # the module only: NCCL itself loads on first use (optional)
-from ..errors import TrainingDiverged
+from ..errors import StopTraining, TrainingDiverged
 from .base import Engine, EpochStats, OnEpoch
 
-if TYPE_CHECKING:
-    from .cuda_engine import CudaEngine
-
-__all__ = ["BAD_STATE_OFFSET", "EPOCH_STATE_DTYPE", "INFLIGHT_EPOCHS", "EpochRun", "EpochRuns", "drive_epochs",
-           "hold_ctrl_c"]  # fmt: skip
+__all__ = ["BAD_STATE_OFFSET", "EPOCH_STATE_DTYPE", "INFLIGHT_EPOCHS", "EpochEngine", "EpochEvalContext", "EpochRun",
+           "EpochRuns", "EpochTrainContext", "drive_epochs", "hold_ctrl_c"]  # fmt: skip
 
 INFLIGHT_EPOCHS = 3  # epochs queued ahead of the one the host waits for, so the GPU never idles
 
@@ -37,6 +34,70 @@ EPOCH_STATE_DTYPE = np.dtype(
      ("lr", "<u8"), ("hist", "<u8")]
 )  # fmt: skip
 BAD_STATE_OFFSET = EPOCH_STATE_DTYPE.fields["bad_state"][1]  # copied to the host after every epoch
+
+
+class EpochTrainContext(Protocol):
+    """What the epoch loop uses of a GPU engine's resident training set: its captured epoch graph, the buffers the
+    graph reads (lr table) and writes (history), and the pinned copies and events of each queued epoch."""
+
+    steps: int  #: steps per epoch
+    samples: int  #: samples per epoch (the history's sums divide by it)
+    capacity: int  #: epochs the buffers below hold
+    graph: Any  #: the captured epoch (driver.GraphExec), made by `prepare`
+    events: list  #: (start, end, done) driver.Events, cycled over the queued epochs
+    lr_table: Any  #: device: the learning rate of every step of the fit
+    hist: Any  #: device: (loss sum, correct) float64 per epoch of the fit
+    hist_host: Any  #: pinned: hist copied after each epoch
+    eval_host: Any  #: pinned: (loss sum, correct) of each epoch's evaluation
+    flags_host: Any  #: pinned: EpochState.bad_state after each epoch (uint32)
+
+    def prepare(self, epochs: int, lrs: np.ndarray) -> None:
+        """Size and fill the lr table and history for `epochs`; capture the epoch once."""
+
+    def reserve(self, epochs: int) -> None:
+        """Grow the lr table and history to hold `epochs` (allocation only)."""
+
+
+class EpochEvalContext(Protocol):
+    """What the epoch loop uses of an evaluation set's captured forward graph."""
+
+    n: int  #: rows of the evaluation set
+
+    def run(self, out_ptr: int) -> None:
+        """Queue the evaluation; its (loss sum, correct) float64 pair lands at pinned `out_ptr`."""
+
+
+class EpochEngine(Protocol):
+    """What the epoch loop uses of a GPU engine (the graph engine and the engines built on it)."""
+
+    dev: Any  #: its driver.Device
+    stream: Any  #: its driver.Stream, where everything is queued
+    epoch_state: Any  #: device: EpochState (EPOCH_STATE_DTYPE)
+
+    @property
+    def train_context(self) -> EpochTrainContext | None:
+        """The resident training set (None before set_train_data)."""
+
+    def eval_context(self, x: Any, y: Any) -> EpochEvalContext:
+        """The evaluation graph for (x, y), uploaded."""
+
+    def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
+        """Start a fit's device counters, with where its lr table and history are."""
+
+    def save_snapshot(self) -> None:
+        """Queue a copy of the training state into the snapshot."""
+
+    def restore_snapshot(self) -> None:
+        """Put the training state back to the snapshot, and wait for it."""
+
+    def check_usable(self) -> None:
+        """Raise if the engine can no longer train (a data-parallel group that ended)."""
+
+    def wait(self, event: Any) -> None:
+        """Block until `event` completes (polling collectives where there are any)."""
+
+    def sync(self) -> None:
+        """Block until everything queued has run."""
 
 
 _held: list[bool] | None = None  # the outermost hold_ctrl_c's record of a Ctrl-C (main thread only)
@@ -89,12 +150,15 @@ class EpochRun:
     pinned memory and, after the epochs in `eval_after`, the evaluation graph; `drive_epochs` runs the calls of
     one engine or of several replicas in step (EpochRuns)."""
 
-    def __init__(self, eng: CudaEngine, first_epoch: int, first_step: int, lrs: np.ndarray, eval_data,
+    def __init__(self, eng: EpochEngine, first_epoch: int, first_step: int, lrs: np.ndarray, eval_data,
                  eval_after: frozenset[int]) -> None:  # fmt: skip
-        ctx = eng._train
+        from ..cuda import driver  # here, not at the top: the loop itself is tested without the CUDA bindings
+
+        ctx = eng.train_context
         if ctx is None:
             raise RuntimeError("set_train_data must come before fit_epochs")
         self.eng, self.ctx, self.first_epoch, self.eval_after = eng, ctx, first_epoch, eval_after
+        self._copy_dtoh = driver.copy_dtoh
         self.epochs = len(lrs) // ctx.steps
         self.ev = None
         if self.epochs == 0:
@@ -102,24 +166,24 @@ class EpochRun:
         eng.dev.make_current()
         ctx.prepare(self.epochs, lrs)
         eng.write_epoch_state(first_epoch, first_step, ctx.lr_table.ptr, ctx.hist.ptr)
-        eng._drv.copy_dtod(eng.snapshot.ptr, eng.train_state.ptr, eng._state_bytes, eng.stream)
-        self.ev = eng._eval_context(*eval_data) if (eval_data is not None and eval_after) else None
+        eng.save_snapshot()
+        self.ev = eng.eval_context(*eval_data) if (eval_data is not None and eval_after) else None
         self.hist = ctx.hist_host.view(np.float64, (ctx.capacity, 2))
         self.ev_hist = ctx.eval_host.view(np.float64, (ctx.capacity, 2))
         self.bad_state = ctx.flags_host.view(np.uint32, (ctx.capacity,))
 
     def launch(self, k: int) -> None:
         """Queue epoch k (and its evaluation) behind the epochs already queued."""
-        eng, ctx, drv = self.eng, self.ctx, self.eng._drv
+        eng, ctx, copy_dtoh = self.eng, self.ctx, self._copy_dtoh
         eng.dev.make_current()
         start, end, _ = ctx.events[k % len(ctx.events)]
         start.record(eng.stream)
         if ctx.graph.closed:
-            eng._check_group()  # the group ended under this fit (another thread): its graph went with it
+            eng.check_usable()  # the group ended under this fit (another thread): its graph went with it
         ctx.graph.launch(eng.stream)
         end.record(eng.stream)
-        drv.copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, eng.stream)
-        drv.copy_dtoh(ctx.flags_host.ptr + 4 * k, eng.epoch_state.ptr + BAD_STATE_OFFSET, 4, eng.stream)
+        copy_dtoh(ctx.hist_host.ptr + 16 * k, ctx.hist.ptr + 16 * k, 16, eng.stream)
+        copy_dtoh(ctx.flags_host.ptr + 4 * k, eng.epoch_state.ptr + BAD_STATE_OFFSET, 4, eng.stream)
         if self.ev is not None and k in self.eval_after:
             self.ev.run(ctx.eval_host.ptr + 16 * k)
         self._done_event(k).record(eng.stream)
@@ -129,7 +193,7 @@ class EpochRun:
 
     def wait(self, k: int) -> None:
         """Block until epoch k's queued work is done (the queue still holds the epochs after it)."""
-        self.eng._wait(self._done_event(k))
+        self.eng.wait(self._done_event(k))
 
     def finished(self, k: int) -> bool:
         """Whether epoch k's queued work is done (without blocking)."""
@@ -138,7 +202,7 @@ class EpochRun:
 
     def drain(self, queued: int) -> None:
         """Block until everything queued (epochs up to `queued`) has run: epoch by epoch, so that a group's timeout
-        bounds each epoch's wait rather than all of them together, then the rest (CudaEngine.sync)."""
+        bounds each epoch's wait rather than all of them together, then the rest (EpochEngine.sync)."""
         self.eng.dev.make_current()
         for k in range(max(0, queued - len(self.ctx.events)), queued):
             self.wait(k)
@@ -155,11 +219,8 @@ class EpochRun:
 
     def restore(self, queued: int) -> None:
         """Put the training state back to the snapshot: the end of the last finite epoch (`queued` as drain)."""
-        eng = self.eng
         self.drain(queued)
-        eng._drv.copy_dtod(eng.train_state.ptr, eng.snapshot.ptr, eng._state_bytes, eng.stream)
-        eng._refresh_half_copy()
-        eng.stream.synchronize()
+        self.eng.restore_snapshot()
 
     def stats(self, k: int) -> EpochStats:
         """Epoch k's numbers (its events have completed)."""
@@ -186,7 +247,7 @@ class EpochRuns:
     overrides launch and wait. `queued` counts the epochs queued on every run; `failed` is set once the GPUs can
     no longer finish what is queued (communicators aborted): nothing is then drained or reported.
 
-    stop_vote (a process of a data-parallel run, CudaEngine._vote_stop): called by every rank after every epoch
+    stop_vote (a process of a data-parallel run, graph's DataParallel.vote_stop): called by every rank after every epoch
     of a stoppable fit with whether this rank stops after it; returns the lowest rank that does, or None."""
 
     def __init__(self, runs: list[EpochRun], stop_vote: Callable[[bool], int | None] | None = None) -> None:

@@ -19,12 +19,13 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..cuda import _capture, nccl
+from ..cuda import deferring, nccl
 from ..errors import ConfigError, DeviceUnavailable
 from ..gpu_arrays import CudaArray, check_on_device
 from .base import Engine, EngineConfig, OnEpoch
-from .cuda_engine import CudaEngine
 from .epochs import EpochRun, EpochRuns, drive_epochs
+from .graph import GraphEngine
+from .group import Group
 
 __all__ = ["ReplicaEngine"]
 
@@ -40,11 +41,10 @@ class ReplicaEngine(Engine):
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], devices: Sequence[int]) -> None:
         from ..cuda import driver
-        from ..distributed import Group
 
         self.devices = list(devices)
         self.groups: list[Group] = []
-        self.replicas: list[CudaEngine] = []
+        self.replicas: list[GraphEngine] = []
         self._broken: str | None = None
         ok, reason = nccl.available()
         if not ok:
@@ -61,14 +61,14 @@ class ReplicaEngine(Engine):
                 raise
             world = len(comms)
             self.groups = [Group(rank=r, world=world, device=d, comm=c) for r, (d, c) in enumerate(zip(devices, comms))]
-            self.replicas = self._on_each(lambda group: CudaEngine(config, state, group=group), self.groups,
+            self.replicas = self._on_each(lambda group: GraphEngine(config, state, group=group), self.groups,
                                           undo=lambda eng: eng.close())  # fmt: skip
         except BaseException:
             self.close()
             raise
 
     @property
-    def lead(self) -> CudaEngine:
+    def lead(self) -> GraphEngine:
         """The first replica: every replica holds the same weights, so reads come from it."""
         return self.replicas[0]
 
@@ -120,7 +120,7 @@ class ReplicaEngine(Engine):
                                "communicators were aborted; save or read its weights, then make a new Trainer")
 
     # ------------------------------------------------------------------ Engine API
-    def _on_array_gpu(self, x: np.ndarray | CudaArray, name: str = "x") -> CudaEngine:
+    def _on_array_gpu(self, x: np.ndarray | CudaArray, name: str = "x") -> GraphEngine:
         """The replica that reads `x`: the one on its GPU for a GPU array (DataError naming the argument `name` if
         none is), else the lead."""
         if not isinstance(x, CudaArray):
@@ -144,9 +144,9 @@ class ReplicaEngine(Engine):
         # Its run comes first, the one drive_epochs reports.
         evaluator = self._on_array_gpu(eval_data[0], "eval_data") if eval_data is not None else self.lead
         order = [evaluator] + [eng for eng in self.replicas if eng is not evaluator]
-        if self.lead._train is not None:  # every GPU's buffers first: then no collective waits on a failed one
-            epochs = len(lrs) // self.lead._train.steps
-            self._on_each(lambda eng: eng._train.reserve(epochs), order)
+        if self.lead.train_context is not None:  # every GPU's buffers first: then no collective waits on a failed one
+            epochs = len(lrs) // self.lead.train_context.steps
+            self._on_each(lambda eng: eng.train_context.reserve(epochs), order)
         runs = self._on_each(
             lambda eng: EpochRun(eng, first_epoch, first_step, lrs, eval_data if eng is evaluator else None,
                                  eval_after),
@@ -206,7 +206,7 @@ class _ReplicaRuns(EpochRuns):
     def launch(self, k: int) -> None:
         # Releases deferred to the end of each launch: a collection on GPU B's thread could free GPU A's memory,
         # and cuMemFree waits for GPU A, whose queued collectives wait for this very launch of B's.
-        futures = [self.engine._pool.submit(_capture.deferring(run.launch), k) for run in self.runs]
+        futures = [self.engine._pool.submit(deferring(run.launch), k) for run in self.runs]
         try:
             wait(futures)
         except BaseException:  # Ctrl-C: the launches still finish, and epoch k counts as queued if they all did

@@ -1,10 +1,11 @@
 """Which engine trains: `device` ("cpu", "cuda" or "auto") and, on a GPU, `engine` ("fused", "graph" or "auto").
 
-The NumPy engine trains on the CPU. On a GPU, the graph engine (`cuda_engine.py`, one CUDA graph of
-library calls per epoch) trains any model; the fused engine (`fused_engine.py`, one persistent kernel per
-epoch with the weights on chip) trains the small models it can hold, faster. "auto" takes the fused engine
-where it holds the model and its measured rule (`fused_engine.prefer_fused`) says it is faster, else the
-graph engine. The GPU modules are imported only when a GPU is asked for, so CPU training never needs them.
+The NumPy engine trains on the CPU. On a GPU, the graph engine (`graph/`, one CUDA graph of library calls per
+epoch) trains any model; the fused engine (`fused/`, one persistent kernel per epoch with the weights on chip)
+trains the small models it can hold, faster. "auto" takes the fused engine where it holds the model and its
+measured rule (`fused.prefer_fused`) says it is faster, else the graph engine. Several GPUs of one process get the
+replica engine (`replicas.py`). The GPU modules are imported only when a GPU is asked for, so CPU training never
+needs them. A new engine joins as a package beside these, with its name in ENGINES and a branch in `_gpu_engine`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .base import Engine, EngineConfig
 
 __all__ = [
     "DEVICES", "ENGINES", "EngineRefused", "check_devices", "check_distributed", "check_engine", "choose_gpu_engine",
-    "create_engine", "cuda_engine_class",
+    "create_engine", "graph_engine_class",
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -63,7 +64,7 @@ def choose_gpu_engine(engine: str, unsupported: str | None, fused_faster: bool) 
     return "fused" if unsupported is None and fused_faster else "graph"
 
 
-def cuda_engine_class() -> type[Engine]:
+def graph_engine_class() -> type[Engine]:
     """The graph engine class, if this machine can run it.
 
     Raises:
@@ -77,10 +78,10 @@ def cuda_engine_class() -> type[Engine]:
     if not usable:
         raise DeviceUnavailable(f"no usable GPU: {reason}")
     try:
-        from .cuda_engine import CudaEngine
+        from .graph import GraphEngine
     except ImportError as exc:
-        raise DeviceUnavailable(f"the CUDA engine (fastnn.engine.cuda_engine) failed to import: {exc}") from exc
-    return CudaEngine
+        raise DeviceUnavailable(f"the graph engine (fastnn.engine.graph) failed to import: {exc}") from exc
+    return GraphEngine
 
 
 def _gpu_engine(
@@ -91,7 +92,7 @@ def _gpu_engine(
         return graph_class(config, state, ordinal)
     try:
         from ..cuda import driver
-        from .fused_engine import FusedEngine, prefer_fused
+        from .fused import FusedEngine, prefer_fused
     except ImportError as exc:
         if engine == "fused":
             raise EngineRefused(f"engine='fused' is unavailable: {exc}") from exc
@@ -105,14 +106,14 @@ def _gpu_engine(
 
 
 def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinals: list[int]) -> Engine:
-    """The engine for devices=`ordinals` (other than the default [0]): one GPU's engine on that GPU, or a replica
-    of the graph engine on each GPU (`replicas.ReplicaEngine`).
+    """The engine for devices=`ordinals` (other than the default [0], or with Tuning.one_gpu_replica): one GPU's
+    engine on that GPU, or a replica of the graph engine on each GPU (`replicas.ReplicaEngine`).
 
     Raises:
         DeviceUnavailable: no usable GPU, an ordinal with no GPU, or NCCL missing for several.
     """
     try:
-        engine_class = cuda_engine_class()
+        engine_class = graph_engine_class()
     except DeviceUnavailable as exc:
         raise DeviceUnavailable(f"devices={ordinals!r}: {exc}") from exc
     from ..cuda import driver
@@ -122,7 +123,7 @@ def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, or
     if missing:
         raise DeviceUnavailable(f"devices={ordinals!r}: this machine has {count} GPU(s), numbered from 0; there is "
                                 f"no GPU {', '.join(map(str, missing))}")  # fmt: skip
-    if len(ordinals) == 1:
+    if len(ordinals) == 1 and not (config.tuning.one_gpu_replica and engine != "fused"):
         return _gpu_engine(engine_class, config, state, engine, ordinals[0])
     from .replicas import ReplicaEngine
 
@@ -130,14 +131,14 @@ def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, or
 
 
 def check_distributed(device: str, engine: str, group: object) -> None:
-    """A data-parallel `group` (fastnn.distributed.Group) is for the graph engine on a GPU.
+    """A data-parallel `group` (fastnn.distributed.Group, defined in engine/group.py) is for the graph engine on a GPU.
 
     Raises:
         ConfigError: `group` is not a Group, or device="cpu", or engine="fused" (one GPU's on-chip state).
     """
     if group is None:
         return
-    from ..distributed import Group
+    from .group import Group
 
     if not isinstance(group, Group):
         raise ConfigError(f"distributed must be a fastnn.distributed.Group from fastnn.distributed.init(), got "
@@ -193,7 +194,8 @@ def create_engine(
 
     device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`). With a
     data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable. `devices` other than the
-    first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each.
+    first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each (on one GPU too
+    with config.tuning.one_gpu_replica).
 
     Raises:
         ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused" cannot hold the model.
@@ -204,11 +206,11 @@ def create_engine(
     check_engine(device, engine)
     check_distributed(device, engine, group)
     ordinals = check_devices(device, engine, devices, group)
-    if ordinals != [0]:
+    if ordinals != [0] or (config.tuning.one_gpu_replica and device != "cpu" and group is None):
         return _on_gpus(config, state, engine, ordinals)
     if group is not None:
         try:
-            return cuda_engine_class()(config, state, group=group)
+            return graph_engine_class()(config, state, group=group)
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(f"distributed=: {exc}") from exc
     if device == "cpu":
@@ -217,12 +219,12 @@ def create_engine(
         return NumpyEngine(config, state)
     if device == "cuda":
         try:
-            engine_class = cuda_engine_class()
+            engine_class = graph_engine_class()
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(f"device='cuda': {exc}") from exc
         return _gpu_engine(engine_class, config, state, engine)
     try:
-        return _gpu_engine(cuda_engine_class(), config, state, engine)
+        return _gpu_engine(graph_engine_class(), config, state, engine)
     except DeviceUnavailable as exc:
         warnings.warn(
             f"device='auto': {exc}; training on the CPU (NumPy engine) instead",

@@ -2,8 +2,8 @@
 
 `native/fused.cu` trains a whole epoch in one cluster of CTAs with everything in shared memory. This module
 mirrors its shared-memory layout (the kernel checks at compile time that it needs no more than the bytes
-computed here), picks the layout (standard or lean), the rows per chunk and tensor cores or FMA, and says why a
-model cannot be held, naming the limit.
+computed here), picks the layout (standard or lean), the rows per chunk and tensor cores or FMA (within what the
+config's `Tuning` allows), and says why a model cannot be held, naming the limit.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..optim import AdamW
-from .base import EngineConfig
-from .plan import param_layout
+from ...optim import AdamW
+from ..base import EngineConfig
+from ..plan import param_layout
 
-__all__ = ["CLUSTER", "LAYOUTS", "MMA_MIN_ROWS", "TENSOR_CORES", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
+__all__ = ["CLUSTER", "MIN_CC", "MMA_MIN_ROWS", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
 
 #: CTAs in the cluster: 16 (non-portable, allowed on H100/H200), the most Hopper runs as one cluster.
 CLUSTER = 16
@@ -29,17 +29,11 @@ HOPPER_SMEM = 232448
 #: Widest layer (inputs included) the kernel's register tiles and index arithmetic are written for.
 MAX_WIDTH = 4096
 MIN_CC = 90  # clusters and distributed shared memory: Hopper and newer
-#: Shared-memory layouts tried in order, each at every chunk size: "standard" keeps a gradient array per
-#: weight array and, in "mixed", an fp16 operand copy; "lean" (for models the standard one cannot hold)
-#: keeps no copy (products round the fp32 master on the fly) and, for SGD with plain momentum, folds each
-#: step's gradient into the momentum buffer instead of a gradient array (fused.cu: FOLD, OPC).
-LAYOUTS = ("standard", "lean")
-#: The products on tensor cores (mma.sync, fp16 operands, fp32 accumulation) in "mixed" and "fp16" at chunks of at
-#: least MMA_MIN_ROWS rows; "fp32" (no TF32) and smaller chunks use scalar FMA. Measured on an H100 (bench_fused.py,
-#: same call): MLP 784-128x3-10 at 16 rows 38.4 us a step against 41.2 with FMA, logistic regression at 128 rows
-#: 8.50 against 8.46, 784-256x3-10 at 4 rows 175 against 148 (16-row tiles three quarters empty). False compiles
-#: the scalar path everywhere (benchmarks compare the two).
-TENSOR_CORES = True
+# The shared-memory layouts tried (standard, lean: fused.cu's FOLD and OPC) and whether products use tensor cores
+# are Tuning.fused_layouts and Tuning.tensor_cores (fastnn/engine/tuning.py, with their measurements).
+#: The tensor-core path (mma.sync, fp16 operands, fp32 accumulation) takes chunks of at least this many rows;
+#: "fp32" (no TF32) and smaller chunks use scalar FMA. Measured on an H100 (bench_fused.py): 784-256x3-10 at 4 rows
+#: 175 us a step on tensor cores against 148 with FMA (the 16-row tiles three quarters empty).
 MMA_MIN_ROWS = 16
 
 _PREC = {"fp32": 0, "mixed": 1, "fp16": 2}
@@ -122,12 +116,13 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
     can_fold = not isinstance(opt, AdamW) and n_state == 1 and not opt.nesterov
     first = min(_up4(config.batch_size), CHUNK_ROWS[0])  # a chunk never needs more rows than the batch
     fits = None
-    for kind in LAYOUTS:
+    tuning = config.tuning
+    for kind in tuning.fused_layouts:
         lean = kind == "lean"
         half_copy = config.precision == "mixed" and not lean
         fold = lean and can_fold
         for rows in [first] + [r for r in CHUNK_ROWS if r < first]:
-            mma = TENSOR_CORES and config.precision != "fp32" and rows >= MMA_MIN_ROWS
+            mma = tuning.tensor_cores and config.precision != "fp32" and rows >= MMA_MIN_ROWS
             need = 4 * smem_floats(sizes, rows, CLUSTER, n_state, half_copy, np.dtype(x_dtype).itemsize, fold, mma)
             if need <= smem_limit:
                 fits = (rows, need, half_copy, fold, mma)
@@ -162,5 +157,5 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
         f"-DFUSED_OPC={int(half_copy)}",
         f"-DFUSED_FOLD={int(fold)}",
         f"-DFUSED_MMA={int(mma)}",
-    )
+    ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
     return FusedPlan(rows=rows, cluster=CLUSTER, threads=THREADS, smem_bytes=need, options=options)

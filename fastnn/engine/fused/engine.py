@@ -1,48 +1,38 @@
 """The fused engine: a small network's whole epoch in one persistent kernel, the weights kept on chip.
 
-It is the graph engine (`cuda_engine.py`) with another training context: the parameters and optimizer
+It is the graph engine (`graph/`) with another training context (`make_train_context`): the parameters and optimizer
 state stay in the graph engine's flat training state, and evaluation, prediction, snapshots, divergence
 handling, interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library
 nodes per step, its graph is one cluster launch of `native/fused.cu` (which loads the state into shared
 memory, trains every step of the epoch and writes the state back) followed by the graph engine's epoch-end
-nodes. The kernel is compiled per model shape (NVRTC, disk-cached); `fused_plan.py` decides what fits.
+nodes. The kernel is compiled per model shape (NVRTC, disk-cached); `plan.py` decides what fits.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
-from ..shuffle import feistel_bits
-from .base import EngineConfig
-from .cuda_engine import CudaEngine, _TrainContext
-from .fused_plan import MIN_CC, FusedPlan, fused_plan
+from ...cuda import driver
+from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32
+from ...data import input_affine
+from ...errors import ConfigError, DataError
+from ...shuffle import feistel_bits
+from ..base import EngineConfig
+from ..graph import GraphEngine
+from ..graph.contexts import TrainContext
+from ..graph.kernels import module, record_epoch_end
+from ..graph.upload import DataKey
+from .plan import MIN_CC, FusedPlan, fused_plan
 
-__all__ = ["FusedEngine", "prefer_fused"]
+__all__ = ["AUTO_MAX_HIDDEN", "FusedEngine", "FusedTrainContext", "prefer_fused"]
 
 #: The auto rule (engine="auto"): the fused engine where it holds the model and its widest hidden layer is at
 #: most this wide. Measured on an H100 with benchmarks/bench_fused.py (mixed, one process, graph vs fused):
 #: logistic regression 784-10 batch 128 15.9 vs 8.5 us/step, MLP 784-128x3-10 batch 32 45.9 vs 38.6 us/step;
 #: the width sweep (benchmarks/NOTES.md): fused faster up to h = 128 (1.17-1.91x), slower from h = 192 (0.62x).
 AUTO_MAX_HIDDEN = 128
-
-_modules_lock = threading.Lock()
-_modules: dict[tuple[int, tuple[str, ...]], object] = {}
-
-
-def _fused_module(device, options: tuple[str, ...]):
-    """native/fused.cu compiled for one shape (NVRTC, disk-cached) and loaded once per process and device."""
-    from ..cuda import driver, nvrtc
-
-    key = (device.ordinal, options)
-    with _modules_lock:
-        if key not in _modules:
-            _modules[key] = driver.Module(nvrtc.compile_native("fused.cu", device.arch, options))
-        return _modules[key]
-
 
 def _x_dtype_for_plan(config: EngineConfig) -> type:
     """The input type the engine is judged with before fit() brings data: float32, the larger (its staged rows
@@ -56,7 +46,7 @@ def prefer_fused(config: EngineConfig, device) -> bool:
     return AUTO_MAX_HIDDEN >= 0 and (not hidden or max(hidden) <= AUTO_MAX_HIDDEN)
 
 
-class FusedEngine(CudaEngine):
+class FusedEngine(GraphEngine):
     """engine="fused": one persistent cluster kernel per epoch; the graph engine's math, on chip."""
 
     name = "fused"
@@ -75,8 +65,6 @@ class FusedEngine(CudaEngine):
         return plan if isinstance(plan, str) else None
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
-        from ..cuda import driver
-
         reason = self.unsupported_reason(config, driver.get_device(ordinal))
         if reason is not None:
             raise ConfigError(f"engine='fused' cannot train this model: {reason}")
@@ -87,7 +75,7 @@ class FusedEngine(CudaEngine):
         plan = fused_plan(self.config, x_dtype, self.dev.max_shared_memory_optin)
         if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
             raise ConfigError(f"engine='fused' cannot train this model: {plan}")
-        kernel = _fused_module(self.dev, plan.options).function("fused_epoch_kernel")
+        kernel = module(self.dev, "fused.cu", plan.options).function("fused_epoch_kernel")
         if kernel.max_active_clusters((plan.cluster, 1, 1), (plan.threads, 1, 1), plan.smem_bytes, plan.cluster) < 1:
             raise ConfigError(
                 f"engine='fused' cannot train this model: a cluster of {plan.cluster} CTAs with "
@@ -95,11 +83,16 @@ class FusedEngine(CudaEngine):
             )
         return kernel, plan
 
+    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> FusedTrainContext:
+        return FusedTrainContext(self, x, y, key)
 
-class _FusedTrainContext(_TrainContext):
+
+class FusedTrainContext(TrainContext):
     """The resident training set and its epoch graph: one fused kernel launch plus the epoch-end nodes."""
 
-    def _build(self, buf: Callable) -> None:
+    eng: FusedEngine
+
+    def build(self, buf: Callable) -> None:
         if self.placement == "host":  # data_placement="auto" found the set too large for GPU memory
             raise DataError(
                 f"the training set ({self.x.nbytes:,} bytes) does not fit in GPU memory, and the fused engine reads "
@@ -107,18 +100,15 @@ class _FusedTrainContext(_TrainContext):
             )
         self.kernel, self.plan = self.eng.fused_kernel(self.dtype)
 
-    def _capture_epoch(self):
-        return self.eng.capture(self._record_epoch)
+    def capture_epoch(self):
+        return self.eng.capture(self.record_epoch)
 
-    def _record_epoch(self) -> None:
+    def record_epoch(self) -> None:
         eng = self.eng
         cfg, opt = eng.config, eng.config.optimizer
-        from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32
-        from ..data import input_affine
-
-        n_state = len(eng._opt_names)
-        s1 = eng.train_state.ptr + eng._pbytes if n_state >= 1 else 0
-        s2 = eng.train_state.ptr + eng._pbytes + eng._sbytes if n_state >= 2 else 0
+        n_state = len(eng.opt_names)
+        s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
+        s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
         scale, shift = input_affine(self.dtype, cfg.normalize)
         b1, b2 = getattr(opt, "betas", (0.0, 0.0))
         seed = cfg.seed
@@ -132,7 +122,4 @@ class _FusedTrainContext(_TrainContext):
         ]  # fmt: skip
         p = self.plan
         self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cluster=p.cluster)
-        eng.record_epoch_end()
-
-
-FusedEngine._train_context = _FusedTrainContext
+        record_epoch_end(eng)

@@ -1,0 +1,203 @@
+"""The graph engine's contexts: a resident training set with its buffers, plans and captured epoch graph, and an
+evaluation set with its captured forward graph. `epochs.EpochRun` drives a training context through the
+`epochs.EpochTrainContext` protocol; the fused engine's context is a subclass (fused/engine.py)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...cuda import deferring, driver
+from ..base import steps_per_epoch
+from ..epochs import INFLIGHT_EPOCHS
+from ..group import share
+from ..placement import choose_placement
+from . import kernels, plans, step
+from .buffers import Layer, Owner, itemsize
+
+if TYPE_CHECKING:
+    from .engine import GraphEngine
+    from .upload import DataKey
+
+__all__ = ["EVAL_ROWS", "EvalContext", "TrainContext"]
+
+EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few nodes
+
+
+class TrainContext(Owner):
+    """One resident training set with its batch buffers, plans and the captured epoch graph."""
+
+    def __init__(self, eng: GraphEngine, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
+        super().__init__()
+        self.eng = eng
+        cfg = eng.config
+        self.n, self.dtype = x.shape[0], x.dtype
+        B = cfg.batch_size
+        self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
+        self.samples = self.steps * B if cfg.drop_last else self.n
+        self.batch_rows = [min(B, self.n - s * B) for s in range(self.steps)]  # every step's whole batch
+        # This rank's part of each batch, by position (all of it on one GPU): offsets into the batch, row counts.
+        g = eng.group
+        parts = [share(r, g.rank, g.world) if g is not None else (0, r) for r in self.batch_rows]
+        self.offsets = [o for o, _ in parts]
+        self.rows = [m for _, m in parts]
+        self.graph = None
+        self.capacity = 0
+        try:
+            buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
+            self.placement = choose_placement(cfg.data_placement, x.nbytes, eng.dev.mem_info()[0])
+            if self.placement == "host":  # the gather reads rows over the bus: same kernels, same order
+                self.x = self.own(driver.MappedHostBuffer(max(int(x.nbytes), 256), eng.dev))
+            else:
+                self.x = buf(x.nbytes)
+            self.y = buf(self.n * 4)
+            self.load(x, y, key)
+            self.build(buf)
+            self.events = [
+                (self.own(driver.Event(timing=True)), self.own(driver.Event(timing=True)), self.own(driver.Event()))
+                for _ in range(INFLIGHT_EPOCHS + 1)
+            ]
+        except BaseException:
+            self.release()
+            raise
+
+    def build(self, buf: Callable) -> None:
+        """The graph engine's batch buffers, layer buffers and plans for this set's shapes."""
+        eng, spec, cfg = self.eng, self.eng.spec, self.eng.config
+        R = max(self.rows, default=0) or 1
+        self.x_batch = buf(R * cfg.model.in_features * itemsize(spec.operand))
+        self.y_batch = buf(R * 4)
+        last = len(cfg.model.layers) - 1
+        self.layers = [
+            Layer(
+                out=buf(R * d_out * itemsize(spec.logits if i == last else spec.operand)),
+                dout=buf(R * d_out * itemsize(spec.operand)),
+                aux=buf(plans.aux_bytes(eng, d_out, R)) if i < last else None,
+            )
+            for i, (_, d_out) in enumerate(cfg.model.layers)
+        ]
+        self.probs = buf(R * cfg.model.classes * itemsize(spec.logits))
+        self.softmax = {}
+        for rows in sorted(set(self.rows) - {0}):  # 0: a data-parallel rank's empty share (no GEMMs)
+            plans.forward_plans(eng, self.layers, rows, training=True, own=self.own)
+            plans.backward_plans(eng, self.layers, rows, own=self.own)
+            self.softmax[rows] = self.own(plans.softmax(eng, rows))
+
+    def load(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
+        self.eng.upload(self.x, x)
+        self.eng.upload(self.y, y)
+        self.key = key
+
+    def prepare(self, epochs: int, lrs: np.ndarray) -> None:
+        """Size and fill the per-step lr table and the per-epoch history for `epochs`; capture once.
+
+        The graph finds both through EpochState, so growing them for a longer fit needs no re-capture.
+        """
+        eng = self.eng
+        self.reserve(epochs)
+        eng.stream.synchronize()
+        self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
+        if self.graph is None:
+            self.graph = self.own(self.capture_epoch())
+            if eng.group is not None:  # its collectives keep NCCL from ending the communicator until it is gone
+                eng.group.comm.hold(self.graph)
+                # The communicator keeps it until it ends; a context collected before that frees it with itself.
+                weakref.finalize(self, self.graph.close).atexit = False  # the process's end frees it anyway
+        self.hist.memset(0, eng.stream)
+
+    def reserve(self, epochs: int) -> None:
+        """Grow the lr table and history buffers to hold `epochs` (allocation only: the replica engine makes every
+        GPU's before any GPU issues a collective, so an out-of-memory leaves no peer waiting in one)."""
+        eng = self.eng
+        eng.dev.make_current()
+        if epochs > self.capacity:
+            eng.stream.synchronize()
+            cap = max(epochs, 2 * self.capacity, 8)
+            new = {}
+            try:  # all five first: a failed allocation leaves the old ones in place
+                new["lr_table"] = driver.DeviceBuffer(cap * self.steps * 4)
+                new["hist"] = driver.DeviceBuffer(cap * 16)
+                new["hist_host"] = driver.PinnedBuffer(cap * 16)
+                new["eval_host"] = driver.PinnedBuffer(cap * 16)
+                new["flags_host"] = driver.PinnedBuffer(cap * 4)  # EpochState.bad_state after each epoch
+            except BaseException:
+                for b in new.values():
+                    b.close()
+                raise
+            for name, b in new.items():
+                if hasattr(self, name):
+                    self.drop(getattr(self, name))
+                setattr(self, name, self.own(b))
+            self.capacity = cap
+
+    @deferring  # the autotuning step's all-reduces: see parallel.DataParallel.ranks_min_max
+    def capture_epoch(self):
+        """Autotune each full-batch plan in step order on real data (no update), then capture the epoch."""
+        eng = self.eng
+        eng.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
+        self.hist.memset(0, eng.stream)
+        step.record_step(self, 0, autotune=True, update=False)
+        return eng.capture(self.record_epoch)
+
+    def record_epoch(self) -> None:
+        """Queue the epoch (captured once by capture_epoch)."""
+        step.record_epoch(self)
+
+
+class EvalContext(Owner):
+    """A captured forward-only graph over one evaluation set, in chunks of EVAL_ROWS rows."""
+
+    def __init__(self, eng: GraphEngine, x: np.ndarray, y: np.ndarray | None) -> None:
+        super().__init__()
+        self.eng = eng
+        spec, model = eng.spec, eng.config.model
+        self.n, self.dtype = x.shape[0], x.dtype
+        self.rows = [min(EVAL_ROWS, self.n - s) for s in range(0, self.n, EVAL_ROWS)]
+        try:
+            buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
+            self.x = buf(x.nbytes)
+            self.y = buf(self.n * 4)
+            self.acc = buf(16)
+            R = max(self.rows)
+            self.x_batch = buf(R * model.in_features * itemsize(spec.operand))
+            self.probs = buf(self.n * model.classes * itemsize(spec.logits))
+            last = len(model.layers) - 1
+            self.layers = [
+                Layer(out=buf(R * d_out * itemsize(spec.logits if i == last else spec.operand)))
+                for i, (_, d_out) in enumerate(model.layers)
+            ]
+            self.softmax = {}
+            for rows in set(self.rows):
+                plans.forward_plans(eng, self.layers, rows, training=False, own=self.own)
+                self.softmax[rows] = self.own(plans.softmax(eng, rows))
+            self.load(x, y)
+            self.graph = self.own(eng.capture(self._record))
+        except BaseException:
+            self.release()
+            raise
+
+    def load(self, x: np.ndarray, y: np.ndarray | None) -> None:
+        self.eng.upload(self.x, x)
+        self.eng.upload(self.y, y if y is not None else np.zeros(self.n, dtype=np.int32))
+
+    def _record(self) -> None:
+        eng = self.eng
+        classes = eng.config.model.classes
+        for start, rows in zip(range(0, self.n, EVAL_ROWS), self.rows):
+            kernels.record_gather(eng, self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
+            for _, queue in step.forward_nodes(eng, self.layers, self.x_batch.ptr, rows):
+                queue()
+            probs = self.probs.ptr + start * classes * itemsize(eng.spec.logits)
+            self.softmax[rows].forward(self.layers[-1].out.ptr, probs)
+            kernels.record_loss(eng, self.layers[-1].out.ptr, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr,
+                                0)  # fmt: skip
+
+    def run(self, out_ptr: int) -> None:
+        """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`."""
+        eng = self.eng
+        self.acc.memset(0, eng.stream)
+        self.graph.launch(eng.stream)
+        driver.copy_dtoh(out_ptr, self.acc.ptr, 16, eng.stream)

@@ -1,0 +1,311 @@
+"""`GraphEngine` (engine="graph"): every step of an epoch recorded once into a CUDA graph, then replayed.
+
+The engine owns the device, its stream and library handles, and the flat training state: [params | optimizer
+state 1 | state 2], one copy of which is the snapshot the epoch graph takes while the loss stays finite, so a
+divergence falls back to the last finite epoch. What a step records is in step.py (top to bottom); the kernels
+it launches in kernels.py, the library plans in plans.py, the resident sets and captured graphs in contexts.py,
+the data-parallel collectives and checks in parallel.py. Everything that can fail or query (plans, heuristics,
+autotuning, kernel loading) happens before capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ...cuda import cublaslt, cudnn, driver, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
+from ...data import input_affine
+from ...gpu_arrays import CudaArray
+from ..base import Engine, EngineConfig, OnEpoch
+from ..epochs import EPOCH_STATE_DTYPE, EpochRun, EpochRuns, drive_epochs
+from ..group import Group
+from ..plan import ParamLayout, PrecisionSpec, param_layout, precision_spec
+from . import kernels, profile
+from .buffers import Owner, itemsize, round256
+from .contexts import EvalContext, TrainContext
+from .parallel import DataParallel
+from .upload import DataKey, data_key, upload
+
+__all__ = ["GraphEngine"]
+
+WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
+
+
+class GraphEngine(Engine):
+    """`device="cuda"`, engine="graph": trains with one CUDA graph per epoch; the NumPy engine's math on the GPU."""
+
+    device = "cuda"
+    name = "graph"
+
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
+                 group: Group | None = None) -> None:  # fmt: skip
+        self.config = config
+        #: The data-parallel group (None: one GPU). Each step trains on this rank's share of the batch (parallel.py).
+        self.group = group
+        if group is not None:
+            ordinal = group.device
+        #: Each rank updates its part of every layer (Tuning.sharded_update); the layout splits every layer evenly.
+        self.sharded = group is not None and config.tuning.sharded_update
+        self.spec: PrecisionSpec = precision_spec(config.precision)
+        self.layout: ParamLayout = param_layout(config.model, group.world if self.sharded else 1)
+        self._res = Owner()
+        self._train: TrainContext | None = None
+        self._eval: EvalContext | None = None
+        self._closed = False
+        self._state_set = False
+        own = self._res.own
+        try:
+            self.dev = driver.get_device(ordinal)
+            self.dev.make_current()
+            self.stream = own(driver.Stream(self.dev))
+            self.lt = own(cublaslt.Handle())
+            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
+            self.dnn = own(cudnn.Handle(self.stream))
+            self.gather_mod = kernels.module(self.dev, "gather.cu")
+            self.loss_mod = kernels.module(self.dev, "loss.cu")
+            self.update_mod = kernels.module(self.dev, "update.cu")
+            self.opt_names = config.optimizer.state_names
+            total = self.layout.total
+            # Training state: [params | optimizer state 1 | state 2]; one copy of it is the snapshot.
+            self.param_bytes = round256(total * itemsize(self.spec.param))
+            self.opt_bytes = round256(total * 4)  # one optimizer state buffer (fp32)
+            self.state_bytes = self.param_bytes + len(self.opt_names) * self.opt_bytes
+            self.train_state = own(driver.DeviceBuffer(self.state_bytes))
+            self.snapshot = own(driver.DeviceBuffer(self.state_bytes))
+            self.w16 = own(driver.DeviceBuffer(total * 2)) if self.spec.half_copy else None
+            self.grads = own(driver.DeviceBuffer(total * itemsize(self.spec.grad)))
+            self.grads.memset(0)  # the padding between tensors is read by the update, never written
+            self.epoch_state = own(driver.DeviceBuffer(256))
+            self.eval_out = own(driver.PinnedBuffer(16))
+            #: The data-parallel side stream, collectives and checks (None: one GPU).
+            self.parallel = DataParallel(self, group, own) if group is not None else None
+            # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
+            # capture: nothing is allocated or uploaded while a graph records).
+            self.feature_affine: dict[np.dtype, driver.DeviceBuffer] = {}
+            if config.normalize is not None and np.ndim(config.normalize[0]) + np.ndim(config.normalize[1]):
+                for dt in (np.dtype(np.uint8), np.dtype(np.float32)):
+                    scale, shift = input_affine(dt, config.normalize)
+                    table = np.concatenate([np.broadcast_to(v, (config.model.in_features,)) for v in (scale, shift)])
+                    self.feature_affine[dt] = own(driver.DeviceBuffer(table.size * 4))
+                    self.upload(self.feature_affine[dt], table.astype(np.float32))
+            self.set_state(state)
+        except BaseException:
+            self._res.release()
+            raise
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.dev.make_current()
+            if self.group is not None and not self.group.comm.closed:
+                # Polled, at most the group's timeout: a queued collective may wait for a peer that is gone. Ended
+                # meanwhile (timed out, aborted by another thread, NCCL's error), its collectives return.
+                try:
+                    self.sync()
+                except (nccl.CommAborted, nccl.NcclError):
+                    pass
+                except BaseException:  # Ctrl-C: the buffers are freed next, so the collectives must end first
+                    self.group.abort()
+                    raise
+            self.stream.synchronize()
+        finally:
+            for ctx in (self._eval, self._train):
+                if ctx is not None:
+                    ctx.release()
+            self._train = self._eval = None
+            self._res.release()
+
+    # ------------------------------------------------------------------ parameters
+    def param_ptr(self, name: str, gemm_type: type) -> int:
+        """Address of parameter `name` in the storage whose type matches a GEMM of `gemm_type`."""
+        off, _ = self.layout.slot(name)
+        base, t = self.gemm_storage(gemm_type)
+        return base + off * itemsize(t)
+
+    def gemm_storage(self, gemm_type: type) -> tuple[int, type]:
+        """(flat buffer, element type) of the parameters a GEMM of `gemm_type` reads: the parameters themselves,
+        or in "mixed" for fp16 GEMMs the fp16 copy of the fp32 master."""
+        if gemm_type == self.spec.param:
+            return self.train_state.ptr, self.spec.param
+        return self.w16.ptr, np.float16
+
+    def out_type(self, layer: int) -> type:
+        """Type of `layer`'s forward output, and of the bias its GEMM reads: the logits' type on the last layer."""
+        return self.spec.logits if layer == len(self.config.model.layers) - 1 else self.spec.operand
+
+    def grad_ptr(self, name: str) -> int:
+        off, _ = self.layout.slot(name)
+        return self.grads.ptr + off * itemsize(self.spec.grad)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        self.dev.make_current()
+        self.stream.synchronize()
+        raw = np.empty(self.state_bytes, dtype=np.uint8)
+        self.train_state.download(raw)
+        total = self.layout.total
+        out = self.layout.unpack(raw[: total * itemsize(self.spec.param)].view(self.spec.param))
+        for i, name in enumerate(self.opt_names):
+            start = self.param_bytes + i * self.opt_bytes
+            out.update(self.layout.unpack(raw[start : start + total * 4].view(np.float32), f"opt.{name}."))
+        return out
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace the parameters, and the optimizer state where `state` holds all of it; the rest is kept
+        (zero before the first call), as the NumPy engine does."""
+        self.dev.make_current()
+        self.stream.synchronize()
+        raw = np.zeros(self.state_bytes, dtype=np.uint8)
+        if self._state_set:
+            self.train_state.download(raw)
+        params = self.layout.pack(state, self.spec.param).view(np.uint8)
+        raw[: params.size] = params
+        for i, name in enumerate(self.opt_names):
+            prefix = f"opt.{name}."
+            if all(prefix + n in state for n in self.layout.names):
+                flat = self.layout.pack({n: state[prefix + n] for n in self.layout.names}, np.float32)
+                start = self.param_bytes + i * self.opt_bytes
+                raw[start : start + flat.nbytes] = flat.view(np.uint8)
+        self.train_state.upload(raw)
+        self._state_set = True
+        kernels.refresh_half_copy(self)
+        self.stream.synchronize()
+
+    # ------------------------------------------------------------------ what epochs.EpochRun uses (EpochEngine)
+    @property
+    def train_context(self) -> TrainContext | None:
+        """The resident training set and its captured epoch (None before set_train_data)."""
+        return self._train
+
+    def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
+        """Start a fit's device state: epoch counters, step count, and where its lr table and history are."""
+        st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
+        st["epoch"], st["step0"], st["lr"], st["hist"] = epoch, step0, lr, hist
+        self.epoch_state.upload(st.view(np.uint8))
+
+    def save_snapshot(self) -> None:
+        """Queue a copy of the training state into the snapshot (a fit's starting point, kept if it diverges)."""
+        driver.copy_dtod(self.snapshot.ptr, self.train_state.ptr, self.state_bytes, self.stream)
+
+    def restore_snapshot(self) -> None:
+        """Put the training state back to the snapshot (the end of the last finite epoch) and wait for it."""
+        driver.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self.state_bytes, self.stream)
+        kernels.refresh_half_copy(self)
+        self.stream.synchronize()
+
+    def check_usable(self) -> None:
+        """Refuse to train once a data-parallel group's communicator has ended (parallel.check_usable)."""
+        if self.parallel is not None:
+            self.parallel.check_usable()
+
+    def wait(self, event) -> None:
+        """Block until `event` (the end of an epoch's queued work) completes; polled for a group (waiting.py)."""
+        if self.parallel is None:
+            event.synchronize()
+        else:
+            self.parallel.wait(event)
+
+    def sync(self) -> None:
+        """Block until everything queued on the stream has run; for a group through polling, since queued
+        collectives may wait for peers that never come."""
+        if self.parallel is None:
+            self.stream.synchronize()
+        else:
+            self.parallel.sync()
+
+    # ------------------------------------------------------------------ building blocks
+    def upload(self, dst, array: np.ndarray | CudaArray) -> None:
+        """Host (or GPU array) -> `dst` on this engine's stream (upload.upload: staged in pinned chunks)."""
+        upload(self.dev, self.stream, dst, array)
+
+    def capture(self, record) -> driver.GraphExec:
+        """Record `record()` on the stream into a graph and instantiate it."""
+        self.sync()  # a group's autotuning step queued all-reduces
+        self.stream.begin_capture()
+        try:
+            record()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the recording's error is the one to report
+                self.stream.end_capture().close()
+            raise
+        graph = self.stream.end_capture()
+        try:
+            return graph.instantiate(node_priority=self.group is not None and self.config.tuning.comm_high_priority)
+        finally:
+            graph.close()
+
+    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
+        """The training context for a new resident set (the fused engine makes its own)."""
+        return TrainContext(self, x, y, key)
+
+    # ------------------------------------------------------------------ Engine API
+    def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.check_usable()
+        self.dev.make_current()
+        if self.parallel is not None:
+            self.parallel.check_data_agrees(x.shape[0])
+        key = data_key(x, y)
+        ctx = self._train
+        if ctx is not None and ctx.key == key:
+            return  # the very same arrays: already resident
+        if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
+            ctx.load(x, y, key)  # same shape: new values into the same buffers, the graph stays valid
+            return
+        if ctx is not None:
+            self.stream.synchronize()  # queued work may still read its buffers
+            ctx.release()
+        self._train = None
+        self._train = self.make_train_context(x, y, key)
+
+    def fit_epochs(
+        self, first_epoch, first_step, lrs, eval_data, eval_after, on_epoch: OnEpoch, stoppable=False, on_step=None,
+        end_epoch=None,
+    ) -> None:  # fmt: skip
+        self.last_reported = None
+        if self.parallel is not None:
+            if self._train is None:
+                raise RuntimeError("set_train_data must come before fit_epochs")
+            self.dev.make_current()
+            stoppable = self.parallel.check_call_agrees(self._train.steps, first_epoch, first_step, lrs, end_epoch,
+                                                        stoppable)  # fmt: skip
+        run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
+        vote = self.parallel.vote_stop if self.parallel is not None else None
+        drive_epochs(self, EpochRuns([run], stop_vote=vote), on_epoch, stoppable)
+
+    def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
+        """Microseconds per node of the first training step, and of the whole step (profile.profile_step)."""
+        return profile.profile_step(self, repeats)
+
+    def eval_context(self, x: np.ndarray, y: np.ndarray | None) -> EvalContext:
+        """The forward graph for x's shape, with x and y uploaded afresh: evaluation data is small, and
+        uploading it on every call (once per `fit`, not per epoch) means an array changed in place is seen."""
+        ctx = self._eval
+        if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
+            ctx.load(x, y)
+            return ctx
+        if ctx is not None:
+            self.stream.synchronize()
+            ctx.release()
+        self._eval = None
+        self._eval = EvalContext(self, x, y)
+        return self._eval
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        self.dev.make_current()
+        ctx = self.eval_context(x, y)
+        ctx.run(self.eval_out.ptr)
+        self.stream.synchronize()
+        loss_sum, correct = self.eval_out.view(np.float64, (2,))
+        return float(loss_sum / ctx.n), float(correct / ctx.n)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        self.dev.make_current()
+        ctx = self.eval_context(x, None)
+        ctx.run(self.eval_out.ptr)
+        self.stream.synchronize()
+        out = np.empty((ctx.n, self.config.model.classes), dtype=self.spec.logits)
+        ctx.probs.download(out)
+        return out.astype(np.float32)

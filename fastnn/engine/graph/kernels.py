@@ -1,0 +1,164 @@
+"""fastnn's own kernels in the graph engine's step, queued on its stream with their arguments packed: the gather
+(native/gather.cu), the loss (loss.cu), the update fused with the next batch's gather and the epoch-end check,
+snapshot and advance (update.cu). Each file is compiled (NVRTC, disk-cached) and loaded once per process and GPU,
+when an engine is built, never during capture."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...cuda import driver, nvrtc
+from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
+from ...data import input_affine
+from ...shuffle import feistel_bits
+from .buffers import itemsize
+
+if TYPE_CHECKING:
+    from .engine import GraphEngine
+
+__all__ = [
+    "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "launch_elementwise", "module",
+    "record_epoch_end", "record_gather", "record_loss", "record_update", "record_zero_grads", "refresh_half_copy",
+]  # fmt: skip
+
+GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
+UPDATE_THREADS = 256
+
+_modules_lock = threading.Lock()
+_modules: dict[tuple[int, str, tuple[str, ...]], driver.Module] = {}  # (device, file, options) -> loaded module
+
+
+def module(device: driver.Device, filename: str, options: tuple[str, ...] = ()) -> driver.Module:
+    """native/<filename> compiled with NVRTC `options` (disk-cached) and loaded on `device`, once per process."""
+    key = (device.ordinal, filename, options)
+    with _modules_lock:
+        if key not in _modules:
+            _modules[key] = driver.Module(nvrtc.compile_native(filename, device.arch, options))
+        return _modules[key]
+
+
+def elementwise_blocks(eng: GraphEngine, n: int) -> int:
+    return max(1, min(-(-n // UPDATE_THREADS), eng.dev.sm_count * 8))
+
+
+def launch_elementwise(eng: GraphEngine, kernel: str, n: int, args: list, stream=None) -> None:
+    blocks = elementwise_blocks(eng, n)
+    eng.update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args,
+                                           stream if stream is not None else eng.stream)  # fmt: skip
+
+
+def refresh_half_copy(eng: GraphEngine) -> None:
+    """Queue the fp16 copy of the fp32 master weights ("mixed": what the GEMMs read)."""
+    if eng.w16 is not None:
+        n = eng.layout.total
+        args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.w16.ptr), arg_u64(n)]
+        launch_elementwise(eng, "cast_f32_f16", n, args)
+
+
+def record_gather(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
+                  shuffled: bool) -> None:  # fmt: skip
+    """Queue the gather of positions pos0..pos0+rows (shuffled by the epoch's order, or in order)."""
+    src, data, affine, dest = gather_args(eng, x_dev, y_dev, n, x_dtype, out, out_y)
+    state = [arg_ptr(eng.epoch_state.ptr if shuffled else 0)]
+    eng.gather_mod.function(f"gather_{src}_{eng.spec.gather_kernel_suffix}").launch(
+        (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [arg_i32(pos0)] + affine + dest, eng.stream
+    )
+
+
+def gather_args(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, out,
+                out_y: int) -> tuple[str, list, list, list]:  # fmt: skip
+    """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y)."""
+    seed = eng.config.seed
+    scale, shift = input_affine(x_dtype, eng.config.normalize)
+    data = [
+        arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(eng.config.model.in_features), arg_u32(n),
+        arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(n) // 2),
+    ]  # fmt: skip
+    src = "u8" if x_dtype == np.uint8 else "f32"
+    table = eng.feature_affine.get(np.dtype(x_dtype))
+    if table is None:
+        affine = [arg_f32(scale), arg_f32(shift), arg_ptr(0), arg_ptr(0)]
+    else:  # per feature: d scales then d shifts
+        d = eng.config.model.in_features
+        affine = [arg_f32(1.0), arg_f32(0.0), arg_ptr(table.ptr), arg_ptr(table.ptr + 4 * d)]
+    return src, data, affine, [arg_ptr(out.ptr), arg_ptr(out_y)]
+
+
+def record_loss(eng: GraphEngine, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
+                state: int, batch_rows: int | None = None) -> None:  # fmt: skip
+    """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0). The
+    gradient is of the mean over `batch_rows` (default `rows`): a data-parallel rank's part of a larger batch."""
+    # A thread per row, and at least a warp per class for the bias-gradient column sums.
+    threads = min(1024, max(-(-rows // 32) * 32, 32 * eng.config.model.classes))
+    eng.loss_mod.function(eng.spec.loss_kernel).launch(
+        (1, 1, 1),
+        (threads, 1, 1),
+        [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(eng.config.model.classes),
+         arg_f32(1.0 / (batch_rows or rows)), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
+        eng.stream,
+    )  # fmt: skip
+
+
+def record_update(eng: GraphEngine, step: int, steps: int, gather: tuple | None = None,
+                  part: tuple[int, int] | None = None, stream=None) -> None:  # fmt: skip
+    """Queue step `step`'s update of every parameter, or of the `part` = (first, count) elements of the flat
+    buffers (a sharded update), on `stream` (default the main one); with `gather` = (x_dev, y_dev, n, x_dtype,
+    pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
+    opt = eng.config.optimizer
+    first, n = part if part is not None else (0, eng.layout.total)
+    stream = stream if stream is not None else eng.stream
+    n_state = len(eng.opt_names)
+    s1 = eng.train_state.ptr + eng.param_bytes + 4 * first if n_state >= 1 else 0
+    s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes + 4 * first if n_state >= 2 else 0
+    adamw = hasattr(opt, "betas")
+    b1, b2 = opt.betas if adamw else (0.0, 0.0)
+    w = eng.train_state.ptr + first * itemsize(eng.spec.param)
+    g = eng.grads.ptr + first * itemsize(eng.spec.grad)
+    w16 = eng.w16.ptr + 2 * first if eng.w16 is not None else 0
+    args = [
+        arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
+        arg_ptr(eng.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_i32(int(adamw)),
+        arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
+        arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2),
+        arg_f32(getattr(opt, "eps", 0.0)),
+    ]  # fmt: skip
+    if gather is None:
+        launch_elementwise(eng, eng.spec.update_kernel, n, args, stream)
+        return
+    x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
+    src, data, affine, dest = gather_args(eng, x_dev, y_dev, n_data, x_dtype, out, out_y)
+    blocks = rows + elementwise_blocks(eng, n)
+    eng.update_mod.function(eng.spec.update_gather_kernel(src)).launch(
+        (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [arg_i32(pos0), arg_i32(rows)] + affine + dest,
+        stream,
+    )  # fmt: skip
+
+
+def record_zero_grads(eng: GraphEngine) -> None:
+    """Queue zeroed gradients: a rank whose share of a step is empty still joins that step's all-reduces."""
+    eng.grads.memset(0, eng.stream)
+
+
+def record_epoch_end(eng: GraphEngine) -> None:
+    """Queue the epoch-end nodes: check the state the epoch left (native/update.cu's check_state, whose
+    verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
+    if eng.parallel is not None:
+        eng.parallel.record_history_all_reduce()
+        if eng.sharded:
+            eng.parallel.record_state_gather()
+    words = eng.state_bytes // 4
+    state = arg_ptr(eng.epoch_state.ptr)
+    pwords = eng.param_bytes // 4
+    if eng.spec.param == np.float16:  # "fp16": fp16 parameters, then the fp32 optimizer state
+        f32, n32, f16, n16 = eng.train_state.ptr + eng.param_bytes, words - pwords, eng.train_state.ptr, pwords
+    else:  # fp32 parameters and optimizer state, and for "mixed" the fp16 copy the GEMMs read
+        f32, n32 = eng.train_state.ptr, words
+        f16, n16 = (eng.w16.ptr, eng.layout.total // 2) if eng.w16 is not None else (0, 0)
+    check = [arg_ptr(f32), arg_u64(n32), arg_ptr(f16), arg_u64(n16), state]
+    launch_elementwise(eng, "check_state", max(n32, n16), check)
+    args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.snapshot.ptr), arg_u64(words), state]
+    launch_elementwise(eng, "snapshot", words, args)
+    eng.update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(eng.epoch_state.ptr)], eng.stream)
