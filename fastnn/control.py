@@ -8,7 +8,6 @@ reads them: record["epoch"] == n is the n-th epoch the trainer ever trained, aft
 from __future__ import annotations
 
 import math
-import numbers
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import integer, number
 from .errors import ConfigError, DataError, FastnnError
 
 __all__ = [
@@ -82,17 +82,13 @@ class EarlyStopping:
     _waited: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        p = self.patience
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-            raise ConfigError(f"EarlyStopping patience must be an integer >= 1, got {p!r}")
-        d = self.min_delta
-        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d) or d < 0:
-            raise ConfigError(f"EarlyStopping min_delta must be a finite number >= 0, got {d!r}")
+        patience = integer("EarlyStopping patience", self.patience, 1)
+        min_delta = number("EarlyStopping min_delta", self.min_delta, "a finite number >= 0", lambda v: v >= 0)
         if not isinstance(self.monitor, str) or self.monitor not in MONITORS:
             raise ConfigError(f"EarlyStopping monitor must be one of {tuple(MONITORS)}, got {self.monitor!r}")
         if not isinstance(self.restore_best, (bool, np.bool_)):
             raise ConfigError(f"EarlyStopping restore_best must be True or False, got {self.restore_best!r}")
-        self.patience, self.min_delta, self.restore_best = int(p), float(d), bool(self.restore_best)
+        self.patience, self.min_delta, self.restore_best = patience, min_delta, bool(self.restore_best)
 
     def reset(self) -> None:
         """Forget the previous `fit` call: every call judges its own epochs."""
@@ -158,11 +154,9 @@ def check_validation_split(value: Any) -> float | None:
     """`fit`'s validation_split: None or a fraction in (0, 1)."""
     if value is None:
         return None
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-    if not ok or not 0.0 < float(value) < 1.0:
-        raise ConfigError(f"validation_split must be a fraction in (0, 1) or None, got {value!r}")
+    fraction = number("validation_split", value, "a fraction in (0, 1) or None", lambda v: 0.0 < v < 1.0)
     # As written: np.float32(0.2) is 0.2, not 0.20000000298 (which would hold out 3 rows of 10).
-    return float(str(value)) if isinstance(value, np.floating) else float(value)
+    return float(str(value)) if isinstance(value, np.floating) else fraction
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import shown
 from .errors import ConfigError, DataError
 from .gpu_arrays import CudaArray, cuda_array
 
@@ -27,9 +28,9 @@ def _stat(value: Any, what: str, features: int | None) -> float | tuple[float, .
     """normalize's mean or std as a float, or a tuple of `features` floats (a per-feature vector)."""
     try:
         arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int a float cannot hold (10**400)
         raise ConfigError(
-            f"normalize {what} must be a number or a vector of numbers, got {reprlib.repr(value)}"
+            f"normalize {what} must be a number or a vector of finite numbers, got {_unconvertible(value, what)}"
         ) from None
     if arr.ndim == 0:
         return float(arr)
@@ -39,6 +40,17 @@ def _stat(value: Any, what: str, features: int | None) -> float | tuple[float, .
             f"feature), got shape {arr.shape}"
         )
     return tuple(float(v) for v in arr)
+
+
+def _unconvertible(value: Any, what: str) -> str:
+    """For a message: the first entry of a vector `value` that is not a float ("std[3] = ..."), else `value`."""
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            try:
+                float(v)
+            except (TypeError, ValueError, OverflowError):
+                return f"{what}[{i}] = {shown(v)}"
+    return shown(value)
 
 
 def _first_bad(values: np.ndarray, bad: np.ndarray, what: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import checkpoint
+from .checks import integer
 from .control import (
     Callback,
     EarlyStopping,
@@ -45,14 +46,6 @@ __all__ = ["Trainer"]
 #: `fit` builds the per-step learning-rate table (and trains) in chunks of whole epochs of at most this many
 #: steps (one epoch when an epoch is longer): a fit of any length starts at once and holds a 4 MiB table.
 LR_CHUNK_STEPS = 2**20
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """`value` as an int in [lo, hi); bools and floats are refused so a typo cannot pass silently."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi and value >= hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
-        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
 
 
 def _check_device(device: Any) -> str:
@@ -127,9 +120,9 @@ class Trainer:
         self._config = EngineConfig(
             model=model,
             optimizer=optimizer,
-            batch_size=_check_int("batch_size", batch_size, 1),
+            batch_size=integer("batch_size", batch_size, 1),
             precision=precision,
-            seed=_check_int("seed", seed, 0, 2**64),
+            seed=integer("seed", seed, 0, 2**64),
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
             data_placement=data_placement,
@@ -232,9 +225,9 @@ class Trainer:
         model, cfg = self._config.model, self._config
         x = self._inputs(x, "x")
         y = check_labels(y, x.shape[0], model.classes, "y")
-        epochs = _check_int("epochs", epochs, 0)
+        epochs = integer("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
-        eval_every = _check_int("eval_every", eval_every, 1)
+        eval_every = integer("eval_every", eval_every, 1)
         show = check_progress(progress)
         fraction = check_validation_split(validation_split)
         stopper = check_early_stopping(early_stopping)
@@ -536,6 +529,8 @@ class Trainer:
             raise DataError(f"{where} holds an invalid config: no entry {exc}") from exc
         except (TypeError, ValueError) as exc:  # ConfigError is a ValueError: a bad value in the saved config
             raise DataError(f"{where} holds an invalid config: {exc}") from exc
+        except OverflowError as exc:  # JSON holds ints of any size; a check that takes one as a float overflows
+            raise DataError(f"{where} holds an invalid config: a number too large for a float ({exc})") from exc
         try:
             trainer._engine.set_state(state)
         except BaseException:
