@@ -54,10 +54,11 @@ class EarlyStopping:
     """Stop `fit` when `monitor` has not improved by more than `min_delta` for `patience` evaluations in a row.
 
     Improvement is measured on evaluated epochs only (with `eval_every=k`, patience counts evaluations, not
-    epochs). With `restore_best`, the trainer ends `fit` at the end of the best epoch: weights, optimizer state,
-    `trainer.epoch`/`step` and the history all go back there, so continuing equals a run that stopped there;
-    the records of the epochs trained after it are kept in `discarded`. A fit that raises (Ctrl-C, an error
-    in a callback, TrainingDiverged) is not rewound: it ends as such a fit always does.
+    epochs); a NaN or infinite value is never an improvement and counts against patience. With `restore_best`,
+    the trainer ends `fit` at the end of the best epoch: weights, optimizer state, `trainer.epoch`/`step` and
+    the history all go back there, so continuing equals a run that stopped there; the records of the epochs
+    trained after it are kept in `discarded`. A fit that raises (Ctrl-C, an error in a callback,
+    TrainingDiverged) is not rewound: it ends as such a fit always does.
 
     Args:
         patience: evaluations without improvement before stopping, an integer >= 1.
@@ -71,7 +72,7 @@ class EarlyStopping:
     min_delta: float = 0.0
     monitor: str = "eval_loss"
     restore_best: bool = True
-    #: After `fit`: the number of the best epoch of that call (None if nothing was evaluated).
+    #: After `fit`: the number of the best epoch of that call (None if no evaluation gave a finite value).
     best_epoch: int | None = field(default=None, init=False)
     #: After `fit`: the best value of `monitor`.
     best: float | None = field(default=None, init=False)
@@ -101,6 +102,8 @@ class EarlyStopping:
         if self.stopped_epoch is None and not rewound:
             return None
         how = f"stopped after epoch {self.stopped_epoch}" if self.stopped_epoch is not None else "all epochs trained"
+        if self.best is None:
+            return f"early stopping: {how}; no finite {self.monitor} was seen"
         back = f", back at the end of epoch {self.best_epoch}" if rewound else ""
         return f"early stopping: {how}; best {self.monitor} {self.best:.4f} after epoch {self.best_epoch}{back}"
 
@@ -109,8 +112,12 @@ class EarlyStopping:
         value = record[self.monitor]
         if value is None:
             return False, False
-        if self.best is None or (self.best - value if MONITORS[self.monitor] else value - self.best) > self.min_delta:
-            self.best, self.best_epoch, self._waited = float(value), int(record["epoch"]), 0
+        # A NaN (or infinite) evaluation is never an improvement: it counts against patience like a worse one,
+        # so restore_best never rewinds to it. NaN compares False both ways, hence the explicit test.
+        value = float(value)
+        gain = None if self.best is None else (self.best - value if MONITORS[self.monitor] else value - self.best)
+        if math.isfinite(value) and (gain is None or gain > self.min_delta):
+            self.best, self.best_epoch, self._waited = value, int(record["epoch"]), 0
             return True, False
         self._waited += 1
         if self._waited >= self.patience:

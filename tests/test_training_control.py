@@ -198,6 +198,50 @@ def test_early_stopping_accepts_true_and_a_patience_and_judges_each_call_afresh(
         assert es.best_epoch is not None and es.best_epoch > done
 
 
+def _records(values: list, monitor: str = "eval_loss") -> list[dict]:
+    other = "eval_accuracy" if monitor == "eval_loss" else "eval_loss"
+    return [{"epoch": i, monitor: v, other: 0.5} for i, v in enumerate(values, start=1)]
+
+
+@pytest.mark.parametrize(
+    "values,best_epoch,stopped",
+    [
+        ([math.nan, 0.6, 0.5], 3, None),  # the issue's case: a NaN first evaluation became the best
+        ([0.6, math.nan, 0.5], 3, None),
+        ([0.6, math.nan, math.nan], 1, 3),  # NaN counts against patience like a worse value
+        ([math.inf, 0.9], 2, None),
+        ([math.nan, math.nan], None, 2),
+    ],
+)
+def test_a_nan_evaluation_is_never_an_improvement(values: list, best_epoch: int | None, stopped: int | None) -> None:
+    # Issue 23 item 9: early stopping took a NaN evaluation loss as the best and rewound to it.
+    es = EarlyStopping(patience=2)
+    improved = [es.update(r)[0] for r in _records(values)]
+    assert (es.best_epoch, es.stopped_epoch) == (best_epoch, stopped)
+    assert es.best is None or math.isfinite(es.best)
+    assert not any(imp for imp, v in zip(improved, values) if not math.isfinite(v))
+    acc = EarlyStopping(patience=2, monitor="eval_accuracy")
+    assert [acc.update(r)[0] for r in _records([math.nan, 0.8], "eval_accuracy")] == [False, True]
+
+
+def test_a_fit_whose_evaluations_are_nan_is_not_rewound_to_one_of_them(capsys) -> None:
+    # A NaN evaluation loss from a real fit: one evaluation row of 3e38s overflows the logits (float32 inputs).
+    x_eval, y_eval = EVAL[0].copy(), EVAL[1]
+    x_eval[0, :] = 3e38
+    es = EarlyStopping(patience=2)
+    t = _trainer(precision="fp32")
+    h = t.fit(*TRAIN, epochs=6, eval_data=(x_eval, y_eval), early_stopping=es, progress=True)
+    assert all(math.isnan(v) for v in h["eval_loss"])
+    assert (es.best_epoch, es.best, es.stopped_epoch, es.discarded) == (None, None, 2, [])
+    assert (t.epoch, t.step, h["epoch"]) == (2, 8, [1, 2])  # stopped after patience, nothing rewound
+    reference = _trainer(precision="fp32")
+    reference.fit(*TRAIN, epochs=2)
+    _assert_state(_state(t), _state(reference))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "early stopping: stopped after epoch 2; no finite eval_loss was seen"
+    )
+
+
 # ---- callbacks -----------------------------------------------------------------------------------------------
 
 
