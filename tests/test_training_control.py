@@ -109,15 +109,20 @@ def test_validation_split_equals_passing_the_split_as_eval_data() -> None:
     assert (t.epoch, t.step) == (3, 3 * 3)  # 48 training rows: 3 steps of 16
 
 
-def test_validation_split_reuses_the_same_arrays_for_the_same_input() -> None:
-    x, y = TRAIN
-    t = _trainer()
+def test_validation_split_of_an_x_changed_in_place_uses_its_new_rows() -> None:
+    # Issue 23 item 8: the split was cached by x's identity, so after `x[:] = ...` the next fit trained and
+    # validated on the rows x held before.
+    x, y = TRAIN[0].copy(), TRAIN[1]
+    t, ref = _trainer(), _trainer()
     t.fit(x, y, epochs=1, validation_split=0.25)
-    first = t._engine._x
-    t.fit(x, y, epochs=1, validation_split=0.25)
-    assert t._engine._x is first  # the GPU engine keys its resident copy on this array's identity
-    t.fit(x, y, epochs=1, validation_split=0.5)
-    assert t._engine._x is not first and len(t._engine._x) == 32
+    ref.fit(TRAIN[0].copy(), y, epochs=1, validation_split=0.25)
+    x[:] = EVAL[0][: len(x)]  # the same array, new rows
+    h = t.fit(x, y, epochs=2, validation_split=0.25)
+    train, val = split_indices(len(x), 0.25, seed=3)
+    h_ref = ref.fit(x[train], y[train], epochs=2, eval_data=(x[val], y[val]))
+    for field in ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy"):
+        assert h[field] == h_ref[field], field
+    _assert_state(_state(t), _state(ref))
 
 
 # ---- early stopping ------------------------------------------------------------------------------------------
