@@ -166,10 +166,7 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
     dev = cuda_array(x, name)
     if dev is not None:
         if not gpu:
-            raise DataError(
-                f"{name} is {dev.describe()}, but this trainer runs on the CPU: pass a host array (torch: "
-                f"{name}.cpu().numpy(); CuPy: cupy.asnumpy({name})), or train with device='cuda'"
-            )
+            raise _host_only(dev, name)
         _check_shape(dev.shape, features, name)
         if dev.dtype not in (np.uint8, np.float32):
             raise DataError(
@@ -215,12 +212,37 @@ def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:
         )
 
 
-def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
+def _host_only(dev: CudaArray, name: str) -> DataError:
+    """The refusal of an array in GPU memory given to a trainer on the CPU, saying how to bring it over."""
+    return DataError(
+        f"{name} is {dev.describe()}, but this trainer runs on the CPU: pass a host array (torch: "
+        f"{name}.cpu().numpy(); CuPy: cupy.asnumpy({name})), or train with device='cuda'"
+    )
+
+
+def _check_label_shape(shape: tuple[int, ...], n: int, name: str) -> None:
+    if len(shape) != 1:
+        raise DataError(f"{name} must be 1-D (N,), got shape {shape}")
+    if shape[0] != n:
+        raise DataError(f"{name} has {shape[0]} labels but the inputs have {n} rows")
+
+
+def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = False) -> np.ndarray:
     """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`.
 
-    Labels in GPU memory are copied to the host for this check (4-8 bytes a row)."""
+    With `gpu`, labels in GPU memory are copied to the host for this check (4-8 bytes a row), once their
+    shape and integer dtype are checked; without it (a trainer on the CPU) they are refused, as inputs are,
+    before any CUDA library is loaded."""
     dev = cuda_array(y, name)
     if dev is not None:
+        if not gpu:
+            raise _host_only(dev, name)
+        _check_label_shape(dev.shape, n, name)
+        if dev.dtype.kind not in "biu":
+            raise DataError(
+                f"{name} is {dev.describe()}; labels must have an integer dtype: convert on the GPU first (torch: "
+                f"{name}.long(); CuPy: {name}.astype(cupy.int64))"
+            )
         y = dev.to_host()
     if not isinstance(y, np.ndarray):
         bad = _not_an_array(y, name, f"a 1-D array of {n} integer labels")
@@ -233,10 +255,7 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
                 f"{name} must be a 1-D array of {n} integer labels, got a {type(y).__name__} "
                 f"that is not a regular array (ragged?)"
             ) from None
-    if y.ndim != 1:
-        raise DataError(f"{name} must be 1-D (N,), got shape {y.shape}")
-    if y.shape[0] != n:
-        raise DataError(f"{name} has {y.shape[0]} labels but the inputs have {n} rows")
+    _check_label_shape(y.shape, n, name)
     if y.dtype.kind == "b":
         y = y.astype(np.int32)
     if y.dtype.kind not in "iu":

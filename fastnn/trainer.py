@@ -221,9 +221,9 @@ class Trainer:
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
         """
         self._check_open()
-        model, cfg = self._config.model, self._config
+        cfg = self._config
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], model.classes, "y")
+        y = self._labels(y, x.shape[0], "y")
         epochs = integer("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
         eval_every = integer("eval_every", eval_every, 1)
@@ -375,6 +375,10 @@ class Trainer:
         """`x` checked for this model; arrays in GPU memory are used in place only by the GPU engines."""
         return check_inputs(x, self._config.model.in_features, name, gpu=self.device == "cuda")
 
+    def _labels(self, y: Any, n: int, name: str) -> np.ndarray:
+        """`y` checked for this model: n labels in [0, classes); in GPU memory only for the GPU engines."""
+        return check_labels(y, n, self._config.model.classes, name, gpu=self.device == "cuda")
+
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:
             return None
@@ -385,7 +389,7 @@ class Trainer:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
         ex = self._inputs(eval_data[0], "eval_data[0]")
-        ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
+        ey = self._labels(eval_data[1], ex.shape[0], "eval_data[1]")
         return ex, ey
 
     # ---- inference --------------------------------------------------------------------------------------------
@@ -394,7 +398,7 @@ class Trainer:
         """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
         self._check_open()
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], self._config.model.classes, "y")
+        y = self._labels(y, x.shape[0], "y")
         loss, accuracy = self._engine.evaluate(x, y)
         return {"loss": float(loss), "accuracy": float(accuracy)}
 
