@@ -17,8 +17,9 @@ import numpy as np
 from .checks import shown
 from .errors import ConfigError, DataError
 from .gpu_arrays import CudaArray, cuda_array
+from .state import FP16_MAX
 
-__all__ = ["check_inputs", "check_labels", "check_normalize", "input_affine", "prepare_batch"]
+__all__ = ["check_inputs", "check_labels", "check_normalize", "check_operand_range", "input_affine", "prepare_batch"]
 
 
 Normalize = tuple[float | tuple[float, ...], float | tuple[float, ...]]
@@ -196,6 +197,40 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
             f"fill or drop them first)"
         )
     return x
+
+
+def check_operand_range(x: np.ndarray, normalize: Normalize | None, operand: type, name: str, why: str) -> None:
+    """Refuse host inputs that the network's operand type cannot hold once mapped to `x * scale + shift`.
+
+    `operand` is the type the first layer reads (float16 with precision "mixed" or "fp16"): the GPU gather
+    computes x * scale + shift in float32 and converts it, so a value float16 cannot hold becomes inf there and
+    every prediction of its row NaN, silently. Checked after `normalize`, which may bring values back in range.
+    Cheap: one min and one max per column (the map is increasing in x: scale > 0), and the offending entry is
+    looked for only when there is one. Arrays in GPU memory are not read here, as for finiteness.
+
+    Raises:
+        DataError: naming `name`, the row, column and value, what it maps to, the limit and the two fixes.
+    """
+    if np.dtype(operand) != np.float16 or (x.dtype == np.uint8 and normalize is None):  # [0, 1] fits float16
+        return
+    scale, shift = input_affine(x.dtype, normalize)
+    bounds = prepare_batch(np.stack([x.min(axis=0), x.max(axis=0)]), scale, shift)  # what the gather makes of them
+    with np.errstate(over="ignore"):
+        bad_cols = np.flatnonzero(~np.isfinite(bounds.astype(np.float16)).all(axis=0))
+    if bad_cols.size == 0:
+        return
+    cols = x[:, bad_cols]
+    scale_c, shift_c = (v[bad_cols] if np.ndim(v) else v for v in (scale, shift))
+    seen = prepare_batch(cols, scale_c, shift_c)
+    with np.errstate(over="ignore"):
+        row, j = (int(i) for i in np.argwhere(~np.isfinite(seen.astype(np.float16)))[0])
+    col, value, mapped = int(bad_cols[j]), x[row, bad_cols[j]].item(), float(seen[row, j])
+    after = "" if normalize is None and x.dtype != np.uint8 else f", which the network sees as {mapped:g}"
+    raise DataError(
+        f"{name} holds {value!r} in row {row}, column {col}{after}: {why} feeds the network float16 operands, "
+        f"which hold at most +-{FP16_MAX:g} (beyond it the row's predictions would be NaN). Scale the inputs "
+        f"(normalize=(mean, std) to the Trainer, or standardise {name}) or use precision='fp32'"
+    )
 
 
 def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:

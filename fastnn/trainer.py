@@ -28,9 +28,10 @@ from .control import (
     run_callbacks,
     split_indices,
 )
-from .data import check_inputs, check_labels, check_normalize
+from .data import check_inputs, check_labels, check_normalize, check_operand_range
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
+from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
@@ -62,6 +63,8 @@ class Trainer:
         optimizer: `SGD` or `AdamW`; None means `SGD(lr=0.1)`.
         batch_size: samples per step; the last short batch of an epoch is a step too unless `drop_last`.
         precision: "mixed" (fp16 operands, fp32 accumulation and weights), "fp16" or "fp32"; the CPU computes fp32.
+            With "mixed" and "fp16", inputs must stay within float16's range (|x| <= 65504 after `normalize`) on
+            every device, the CPU included: a DataError names the first one that does not.
         device: "cpu", "cuda", or "auto" (the GPU when usable, else the CPU with a warning).
         engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "graph"
             (one CUDA graph of library calls per epoch: any model), or "auto" (fused where it holds the model
@@ -213,8 +216,8 @@ class Trainer:
         all describe the end of the same epoch: the last one whose training finished.
 
         Raises:
-            DataError: x, y or eval_data are malformed (the message names which), or validation_split leaves
-                no row for training or validation.
+            DataError: x, y or eval_data are malformed (the message names which), hold an input beyond float16's
+                range with precision "mixed"/"fp16", or validation_split leaves no row for training or validation.
             ConfigError: epochs, eval_every, progress, validation_split, early_stopping, callbacks or the
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
@@ -373,7 +376,15 @@ class Trainer:
 
     def _inputs(self, x: Any, name: str) -> np.ndarray | CudaArray:
         """`x` checked for this model; arrays in GPU memory are used in place only by the GPU engines."""
-        return check_inputs(x, self._config.model.in_features, name, gpu=self.device == "cuda")
+        cfg = self._config
+        x = check_inputs(x, cfg.model.in_features, name, gpu=self.device == "cuda")
+        if isinstance(x, np.ndarray):
+            # On the CPU too: the NumPy engine computes in float32 whatever the precision, but the same call must
+            # give the same answer on every device, and precision "mixed"/"fp16" says float16 operands (as the
+            # state checks of fastnn.state hold the weights to float16's range on the CPU as well).
+            operand = precision_spec(cfg.precision).operand
+            check_operand_range(x, cfg.normalize, operand, name, f"precision={cfg.precision!r}")
+        return x
 
     def _labels(self, y: Any, n: int, name: str) -> np.ndarray:
         """`y` checked for this model: n labels in [0, classes); in GPU memory only for the GPU engines."""
