@@ -8,7 +8,6 @@ reads them: record["epoch"] == n is the n-th epoch the trainer ever trained, aft
 from __future__ import annotations
 
 import math
-import numbers
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import integer, number
 from .errors import ConfigError, DataError, StopTraining
 
 __all__ = [
@@ -47,10 +47,11 @@ class EarlyStopping:
     """Stop `fit` when `monitor` has not improved by more than `min_delta` for `patience` evaluations in a row.
 
     Improvement is measured on evaluated epochs only (with `eval_every=k`, patience counts evaluations, not
-    epochs). With `restore_best`, the trainer ends `fit` at the end of the best epoch: weights, optimizer state,
-    `trainer.epoch`/`step` and the history all go back there, so continuing equals a run that stopped there;
-    the records of the epochs trained after it are kept in `discarded`. A fit that raises (Ctrl-C, an error
-    in a callback, TrainingDiverged) is not rewound: it ends as such a fit always does.
+    epochs); a NaN or infinite value is never an improvement and counts against patience. With `restore_best`,
+    the trainer ends `fit` at the end of the best epoch: weights, optimizer state, `trainer.epoch`/`step` and
+    the history all go back there, so continuing equals a run that stopped there; the records of the epochs
+    trained after it are kept in `discarded`. A fit that raises (Ctrl-C, an error in a callback,
+    TrainingDiverged) is not rewound: it ends as such a fit always does.
 
     Args:
         patience: evaluations without improvement before stopping, an integer >= 1.
@@ -64,7 +65,7 @@ class EarlyStopping:
     min_delta: float = 0.0
     monitor: str = "eval_loss"
     restore_best: bool = True
-    #: After `fit`: the number of the best epoch of that call (None if nothing was evaluated).
+    #: After `fit`: the number of the best epoch of that call (None if no evaluation gave a finite value).
     best_epoch: int | None = field(default=None, init=False)
     #: After `fit`: the best value of `monitor`.
     best: float | None = field(default=None, init=False)
@@ -75,17 +76,13 @@ class EarlyStopping:
     _waited: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        p = self.patience
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-            raise ConfigError(f"EarlyStopping patience must be an integer >= 1, got {p!r}")
-        d = self.min_delta
-        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d) or d < 0:
-            raise ConfigError(f"EarlyStopping min_delta must be a finite number >= 0, got {d!r}")
+        patience = integer("EarlyStopping patience", self.patience, 1)
+        min_delta = number("EarlyStopping min_delta", self.min_delta, "a finite number >= 0", lambda v: v >= 0)
         if not isinstance(self.monitor, str) or self.monitor not in MONITORS:
             raise ConfigError(f"EarlyStopping monitor must be one of {tuple(MONITORS)}, got {self.monitor!r}")
         if not isinstance(self.restore_best, (bool, np.bool_)):
             raise ConfigError(f"EarlyStopping restore_best must be True or False, got {self.restore_best!r}")
-        self.patience, self.min_delta, self.restore_best = int(p), float(d), bool(self.restore_best)
+        self.patience, self.min_delta, self.restore_best = patience, min_delta, bool(self.restore_best)
 
     def reset(self) -> None:
         """Forget the previous `fit` call: every call judges its own epochs."""
@@ -98,6 +95,8 @@ class EarlyStopping:
         if self.stopped_epoch is None and not rewound:
             return None
         how = f"stopped after epoch {self.stopped_epoch}" if self.stopped_epoch is not None else "all epochs trained"
+        if self.best is None:
+            return f"early stopping: {how}; no finite {self.monitor} was seen"
         back = f", back at the end of epoch {self.best_epoch}" if rewound else ""
         return f"early stopping: {how}; best {self.monitor} {self.best:.4f} after epoch {self.best_epoch}{back}"
 
@@ -106,8 +105,12 @@ class EarlyStopping:
         value = record[self.monitor]
         if value is None:
             return False, False
-        if self.best is None or (self.best - value if MONITORS[self.monitor] else value - self.best) > self.min_delta:
-            self.best, self.best_epoch, self._waited = float(value), int(record["epoch"]), 0
+        # A NaN (or infinite) evaluation is never an improvement: it counts against patience like a worse one,
+        # so restore_best never rewinds to it. NaN compares False both ways, hence the explicit test.
+        value = float(value)
+        gain = None if self.best is None else (self.best - value if MONITORS[self.monitor] else value - self.best)
+        if math.isfinite(value) and (gain is None or gain > self.min_delta):
+            self.best, self.best_epoch, self._waited = value, int(record["epoch"]), 0
             return True, False
         self._waited += 1
         if self._waited >= self.patience:
@@ -151,11 +154,9 @@ def check_validation_split(value: Any) -> float | None:
     """`fit`'s validation_split: None or a fraction in (0, 1)."""
     if value is None:
         return None
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-    if not ok or not 0.0 < float(value) < 1.0:
-        raise ConfigError(f"validation_split must be a fraction in (0, 1) or None, got {value!r}")
+    fraction = number("validation_split", value, "a fraction in (0, 1) or None", lambda v: 0.0 < v < 1.0)
     # As written: np.float32(0.2) is 0.2, not 0.20000000298 (which would hold out 3 rows of 10).
-    return float(str(value)) if isinstance(value, np.floating) else float(value)
+    return float(str(value)) if isinstance(value, np.floating) else fraction
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from .checks import shown
 from .errors import ConfigError, DataError
 from .gpu_arrays import CudaArray, cuda_array
+from .state import FP16_MAX
 
-__all__ = ["check_inputs", "check_labels", "check_normalize", "input_affine", "prepare_batch"]
+__all__ = ["check_inputs", "check_labels", "check_normalize", "check_operand_range", "input_affine", "prepare_batch"]
 
 
 Normalize = tuple[float | tuple[float, ...], float | tuple[float, ...]]
@@ -27,9 +29,9 @@ def _stat(value: Any, what: str, features: int | None) -> float | tuple[float, .
     """normalize's mean or std as a float, or a tuple of `features` floats (a per-feature vector)."""
     try:
         arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int a float cannot hold (10**400)
         raise ConfigError(
-            f"normalize {what} must be a number or a vector of numbers, got {reprlib.repr(value)}"
+            f"normalize {what} must be a number or a vector of finite numbers, got {_unconvertible(value, what)}"
         ) from None
     if arr.ndim == 0:
         return float(arr)
@@ -39,6 +41,17 @@ def _stat(value: Any, what: str, features: int | None) -> float | tuple[float, .
             f"feature), got shape {arr.shape}"
         )
     return tuple(float(v) for v in arr)
+
+
+def _unconvertible(value: Any, what: str) -> str:
+    """For a message: the first entry of a vector `value` that is not a float ("std[3] = ..."), else `value`."""
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            try:
+                float(v)
+            except (TypeError, ValueError, OverflowError):
+                return f"{what}[{i}] = {shown(v)}"
+    return shown(value)
 
 
 def _first_bad(values: np.ndarray, bad: np.ndarray, what: str) -> str:
@@ -154,10 +167,7 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
     dev = cuda_array(x, name)
     if dev is not None:
         if not gpu:
-            raise DataError(
-                f"{name} is {dev.describe()}, but this trainer runs on the CPU: pass a host array (torch: "
-                f"{name}.cpu().numpy(); CuPy: cupy.asnumpy({name})), or train with device='cuda'"
-            )
+            raise _host_only(dev, name)
         _check_shape(dev.shape, features, name)
         if dev.dtype not in (np.uint8, np.float32):
             raise DataError(
@@ -189,6 +199,40 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
     return x
 
 
+def check_operand_range(x: np.ndarray, normalize: Normalize | None, operand: type, name: str, why: str) -> None:
+    """Refuse host inputs that the network's operand type cannot hold once mapped to `x * scale + shift`.
+
+    `operand` is the type the first layer reads (float16 with precision "mixed" or "fp16"): the GPU gather
+    computes x * scale + shift in float32 and converts it, so a value float16 cannot hold becomes inf there and
+    every prediction of its row NaN, silently. Checked after `normalize`, which may bring values back in range.
+    Cheap: one min and one max per column (the map is increasing in x: scale > 0), and the offending entry is
+    looked for only when there is one. Arrays in GPU memory are not read here, as for finiteness.
+
+    Raises:
+        DataError: naming `name`, the row, column and value, what it maps to, the limit and the two fixes.
+    """
+    if np.dtype(operand) != np.float16 or (x.dtype == np.uint8 and normalize is None):  # [0, 1] fits float16
+        return
+    scale, shift = input_affine(x.dtype, normalize)
+    bounds = prepare_batch(np.stack([x.min(axis=0), x.max(axis=0)]), scale, shift)  # what the gather makes of them
+    with np.errstate(over="ignore"):
+        bad_cols = np.flatnonzero(~np.isfinite(bounds.astype(np.float16)).all(axis=0))
+    if bad_cols.size == 0:
+        return
+    cols = x[:, bad_cols]
+    scale_c, shift_c = (v[bad_cols] if np.ndim(v) else v for v in (scale, shift))
+    seen = prepare_batch(cols, scale_c, shift_c)
+    with np.errstate(over="ignore"):
+        row, j = (int(i) for i in np.argwhere(~np.isfinite(seen.astype(np.float16)))[0])
+    col, value, mapped = int(bad_cols[j]), x[row, bad_cols[j]].item(), float(seen[row, j])
+    after = "" if normalize is None and x.dtype != np.uint8 else f", which the network sees as {mapped:g}"
+    raise DataError(
+        f"{name} holds {value!r} in row {row}, column {col}{after}: {why} feeds the network float16 operands, "
+        f"which hold at most +-{FP16_MAX:g} (beyond it the row's predictions would be NaN). Scale the inputs "
+        f"(normalize=(mean, std) to the Trainer, or standardise {name}) or use precision='fp32'"
+    )
+
+
 def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:
     if len(shape) != 2:
         raise DataError(f"{name} must be 2-D (N, {features}), got shape {shape}")
@@ -203,12 +247,37 @@ def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:
         )
 
 
-def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
+def _host_only(dev: CudaArray, name: str) -> DataError:
+    """The refusal of an array in GPU memory given to a trainer on the CPU, saying how to bring it over."""
+    return DataError(
+        f"{name} is {dev.describe()}, but this trainer runs on the CPU: pass a host array (torch: "
+        f"{name}.cpu().numpy(); CuPy: cupy.asnumpy({name})), or train with device='cuda'"
+    )
+
+
+def _check_label_shape(shape: tuple[int, ...], n: int, name: str) -> None:
+    if len(shape) != 1:
+        raise DataError(f"{name} must be 1-D (N,), got shape {shape}")
+    if shape[0] != n:
+        raise DataError(f"{name} has {shape[0]} labels but the inputs have {n} rows")
+
+
+def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = False) -> np.ndarray:
     """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`.
 
-    Labels in GPU memory are copied to the host for this check (4-8 bytes a row)."""
+    With `gpu`, labels in GPU memory are copied to the host for this check (4-8 bytes a row), once their
+    shape and integer dtype are checked; without it (a trainer on the CPU) they are refused, as inputs are,
+    before any CUDA library is loaded."""
     dev = cuda_array(y, name)
     if dev is not None:
+        if not gpu:
+            raise _host_only(dev, name)
+        _check_label_shape(dev.shape, n, name)
+        if dev.dtype.kind not in "biu":
+            raise DataError(
+                f"{name} is {dev.describe()}; labels must have an integer dtype: convert on the GPU first (torch: "
+                f"{name}.long(); CuPy: {name}.astype(cupy.int64))"
+            )
         y = dev.to_host()
     if not isinstance(y, np.ndarray):
         bad = _not_an_array(y, name, f"a 1-D array of {n} integer labels")
@@ -221,10 +290,7 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y") -> np.ndarray:
                 f"{name} must be a 1-D array of {n} integer labels, got a {type(y).__name__} "
                 f"that is not a regular array (ragged?)"
             ) from None
-    if y.ndim != 1:
-        raise DataError(f"{name} must be 1-D (N,), got shape {y.shape}")
-    if y.shape[0] != n:
-        raise DataError(f"{name} has {y.shape[0]} labels but the inputs have {n} rows")
+    _check_label_shape(y.shape, n, name)
     if y.dtype.kind == "b":
         y = y.astype(np.int32)
     if y.dtype.kind not in "iu":

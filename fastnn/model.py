@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import shown
 from .errors import ConfigError
 
 __all__ = ["ACTIVATIONS", "MAX_PARAMETERS", "MLP", "init_parameters", "param_names"]
@@ -39,6 +40,12 @@ class MLP:
             raise ConfigError(f"sizes must be a sequence of positive integers, got {sizes!r}") from None
         if not ok or len(sizes_t) < 2 or any(s < 1 for s in sizes_t):
             raise ConfigError(f"sizes must hold at least two positive integers, got {sizes!r}")
+        wide = [i for i, s in enumerate(sizes_t) if s >= 2**64]
+        if wide:  # alone, before the product below: 10**400 squared overflows a float in _bytes' message
+            raise ConfigError(
+                f"sizes[{wide[0]}] = {shown(sizes_t[wide[0]])} is wider than a 64-bit machine can address: at most "
+                f"2**31 parameters are supported"
+            )
         if sizes_t[-1] < 2:
             raise ConfigError(f"sizes[-1] (the number of classes) must be >= 2, got {sizes_t[-1]}")
         if activation not in ACTIVATIONS:

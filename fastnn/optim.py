@@ -8,21 +8,14 @@ as in PyTorch with a single parameter group.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import number, shown
 from .errors import ConfigError
 
 __all__ = ["SGD", "AdamW", "Optimizer", "adamw_step", "sgd_step"]
-
-
-def _number(name: str, value: object, rule: str) -> float:
-    """`value` as a float; bools and strings are refused so `lr=True` or `lr="0.1"` cannot pass as a number."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be {rule}, got {value!r}")
-    return float(value)
 
 
 def _f32(v: float) -> float:
@@ -32,21 +25,19 @@ def _f32(v: float) -> float:
 
 
 def _check_lr(lr: object) -> float:
-    v = _number("lr", lr, "a finite number > 0")
-    if not math.isfinite(v) or v <= 0:
-        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
+    v = number("lr", lr, "a finite number > 0", lambda v: v > 0)
     if not (math.isfinite(_f32(v)) and _f32(v) > 0):  # the rate every step uses is float32
-        raise ConfigError(f"lr must be a number > 0 that is finite and nonzero in float32, got {lr!r}")
+        raise ConfigError(f"lr must be a number > 0 that is finite and nonzero in float32, got {shown(lr)}")
     return v
 
 
 def _check_range(name: str, value: object, lo: float, hi: float, hi_open: bool = False) -> float:
     """A float in [lo, hi] (or [lo, hi)), also after rounding to float32: 0.9999999999 rounds to 1.0."""
     rule = f"a number in [{lo}, {hi}{')' if hi_open else ']'}"
-    v = _number(name, value, rule)
+    v = number(name, value, rule)
     for u in (v, _f32(v)):
         if not math.isfinite(u) or u < lo or (u >= hi if hi_open else u > hi):
-            raise ConfigError(f"{name} must be {rule}, also in float32, got {value!r}")
+            raise ConfigError(f"{name} must be {rule}, also in float32, got {shown(value)}")
     return v
 
 
@@ -94,7 +85,7 @@ class AdamW:
         )
         eps = _check_range("eps", self.eps, 0.0, 1.0)
         if _f32(eps) <= 0:
-            raise ConfigError(f"eps must be > 0, also in float32, got {self.eps!r}")
+            raise ConfigError(f"eps must be > 0, also in float32, got {shown(self.eps)}")
         object.__setattr__(self, "eps", eps)
         object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
 

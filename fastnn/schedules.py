@@ -8,12 +8,12 @@ engines evaluate the schedule on the host into a table of per-step rates before 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import integer, number
 from .errors import ConfigError
 
 __all__ = ["Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", "lr_table", "step_decay"]
@@ -21,29 +21,8 @@ __all__ = ["Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", 
 Schedule = Callable[[int], float]
 
 
-def _check_int(name: str, value: object, lo: int) -> int:
-    """`value` as an int >= lo; integral floats pass, bools, strings and NaN do not."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        ok = False
-    else:
-        ok = isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
-    if not ok or value < lo:  # type: ignore[operator]
-        raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
-
-
-def _check_float(name: str, value: object, rule: str, ok: Callable[[float], bool]) -> float:
-    """`value` as a finite float satisfying `ok`; bools and strings are refused."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be {rule}, got {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and ok(v)):
-        raise ConfigError(f"{name} must be {rule}, got {value!r}")
-    return v
-
-
 def _check_lr(lr: object) -> float | None:
-    return None if lr is None else _check_float("lr", lr, "None or a finite number >= 0", lambda v: v >= 0)
+    return None if lr is None else number("lr", lr, "None or a finite number >= 0", lambda v: v >= 0)
 
 
 def check_schedule(schedule: object) -> None:
@@ -74,8 +53,8 @@ class StepDecay:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_size", _check_int("step_size", self.step_size, 1))
-        object.__setattr__(self, "gamma", _check_float("gamma", self.gamma, "a finite number > 0", lambda v: v > 0))
+        object.__setattr__(self, "step_size", integer("step_size", self.step_size, 1, integral_floats=True))
+        object.__setattr__(self, "gamma", number("gamma", self.gamma, "a finite number > 0", lambda v: v > 0))
         object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:
@@ -92,15 +71,13 @@ class Cosine:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        total = _check_int("total_steps", self.total_steps, 1)
-        warmup = _check_int("warmup_steps", self.warmup_steps, 0)
+        total = integer("total_steps", self.total_steps, 1, integral_floats=True)
+        warmup = integer("warmup_steps", self.warmup_steps, 0, integral_floats=True)
         if warmup >= total:
             raise ConfigError(f"warmup_steps must be an integer in [0, total_steps={total}), got {self.warmup_steps!r}")
         object.__setattr__(self, "total_steps", total)
         object.__setattr__(self, "warmup_steps", warmup)
-        object.__setattr__(
-            self, "min_lr", _check_float("min_lr", self.min_lr, "a finite number >= 0", lambda v: v >= 0)
-        )
+        object.__setattr__(self, "min_lr", number("min_lr", self.min_lr, "a finite number >= 0", lambda v: v >= 0))
         object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import checkpoint
+from .checks import integer
 from .control import (
     Callback,
     EarlyStopping,
@@ -27,9 +28,10 @@ from .control import (
     run_callbacks,
     split_indices,
 )
-from .data import check_inputs, check_labels, check_normalize
+from .data import check_inputs, check_labels, check_normalize, check_operand_range
 from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
+from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
 from .errors import ConfigError, DataError, FastnnError
@@ -48,14 +50,6 @@ __all__ = ["Trainer"]
 LR_CHUNK_STEPS = 2**20
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """`value` as an int in [lo, hi); bools and floats are refused so a typo cannot pass silently."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi and value >= hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
-        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
-    return int(value)
-
-
 def _check_device(device: Any) -> str:
     if not isinstance(device, str) or device not in DEVICES:
         raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
@@ -70,6 +64,8 @@ class Trainer:
         optimizer: `SGD` or `AdamW`; None means `SGD(lr=0.1)`.
         batch_size: samples per step; the last short batch of an epoch is a step too unless `drop_last`.
         precision: "mixed" (fp16 operands, fp32 accumulation and weights), "fp16" or "fp32"; the CPU computes fp32.
+            With "mixed" and "fp16", inputs must stay within float16's range (|x| <= 65504 after `normalize`) on
+            every device, the CPU included: a DataError names the first one that does not.
         device: "cpu", "cuda", or "auto" (the GPU when usable, else the CPU with a warning).
         engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "graph"
             (one CUDA graph of library calls per epoch: any model), or "auto" (fused where it holds the model
@@ -131,9 +127,9 @@ class Trainer:
         self._config = EngineConfig(
             model=model,
             optimizer=optimizer,
-            batch_size=_check_int("batch_size", batch_size, 1),
+            batch_size=integer("batch_size", batch_size, 1),
             precision=precision,
-            seed=_check_int("seed", seed, 0, 2**64),
+            seed=integer("seed", seed, 0, 2**64),
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
             data_placement=data_placement,
@@ -150,7 +146,6 @@ class Trainer:
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
-        self._split_cache: tuple | None = None  # (x, y, fraction, split) of the last validation_split
 
     # ---- properties -------------------------------------------------------------------------------------------
 
@@ -228,8 +223,8 @@ class Trainer:
         all describe the end of the same epoch: the last one whose training finished.
 
         Raises:
-            DataError: x, y or eval_data are malformed (the message names which), or validation_split leaves
-                no row for training or validation.
+            DataError: x, y or eval_data are malformed (the message names which), hold an input beyond float16's
+                range with precision "mixed"/"fp16", or validation_split leaves no row for training or validation.
             ConfigError: epochs, eval_every, progress, validation_split, early_stopping, callbacks or the
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
@@ -239,12 +234,12 @@ class Trainer:
         self._check_open()
         self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the counters "
                                 "and history would go backwards")  # fmt: skip
-        model, cfg = self._config.model, self._config
+        cfg = self._config
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], model.classes, "y")
-        epochs = _check_int("epochs", epochs, 0)
+        y = self._labels(y, x.shape[0], "y")
+        epochs = integer("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
-        eval_every = _check_int("eval_every", eval_every, 1)
+        eval_every = integer("eval_every", eval_every, 1)
         show = check_progress(progress)
         fraction = check_validation_split(validation_split)
         stopper = check_early_stopping(early_stopping)
@@ -383,19 +378,29 @@ class Trainer:
     def _split(
         self, x: np.ndarray, y: np.ndarray, fraction: float
     ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """(x_train, y_train, (x_val, y_val)) of `split_indices`; the same arrays are returned for the same
-        (x, y, fraction) as last time, so the GPU engine does not upload the training part again."""
-        cached = self._split_cache
-        if cached is not None and cached[0] is x and cached[2] == fraction and np.array_equal(cached[1], y):
-            return cached[3]
+        """(x_train, y_train, (x_val, y_val)) of `split_indices`, taken from x as it is now on every call.
+
+        Not cached: a cache keyed by x's identity trained on stale rows after `x[:] = ...`, and a digest of x's
+        bytes costs more than the split itself (sha256 ~1.5 GB/s against a ~5 GB/s gather). The GPU engines
+        then load the new training part into the buffers they hold (same shape: no new graph), at bus speed."""
         train, val = split_indices(x.shape[0], fraction, self._config.seed)
-        result = (x[train], y[train], (x[val], y[val]))
-        self._split_cache = (x, y.copy(), fraction, result)
-        return result
+        return x[train], y[train], (x[val], y[val])
 
     def _inputs(self, x: Any, name: str) -> np.ndarray | CudaArray:
         """`x` checked for this model; arrays in GPU memory are used in place only by the GPU engines."""
-        return check_inputs(x, self._config.model.in_features, name, gpu=self.device == "cuda")
+        cfg = self._config
+        x = check_inputs(x, cfg.model.in_features, name, gpu=self.device == "cuda")
+        if isinstance(x, np.ndarray):
+            # On the CPU too: the NumPy engine computes in float32 whatever the precision, but the same call must
+            # give the same answer on every device, and precision "mixed"/"fp16" says float16 operands (as the
+            # state checks of fastnn.state hold the weights to float16's range on the CPU as well).
+            operand = precision_spec(cfg.precision).operand
+            check_operand_range(x, cfg.normalize, operand, name, f"precision={cfg.precision!r}")
+        return x
+
+    def _labels(self, y: Any, n: int, name: str) -> np.ndarray:
+        """`y` checked for this model: n labels in [0, classes); in GPU memory only for the GPU engines."""
+        return check_labels(y, n, self._config.model.classes, name, gpu=self.device == "cuda")
 
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:
@@ -407,7 +412,7 @@ class Trainer:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
         ex = self._inputs(eval_data[0], "eval_data[0]")
-        ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
+        ey = self._labels(eval_data[1], ex.shape[0], "eval_data[1]")
         return ex, ey
 
     # ---- inference --------------------------------------------------------------------------------------------
@@ -416,7 +421,7 @@ class Trainer:
         """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
         self._check_open()
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], self._config.model.classes, "y")
+        y = self._labels(y, x.shape[0], "y")
         loss, accuracy = self._engine.evaluate(x, y)
         return {"loss": float(loss), "accuracy": float(accuracy)}
 
@@ -554,6 +559,8 @@ class Trainer:
             raise DataError(f"{where} holds an invalid config: no entry {exc}") from exc
         except (TypeError, ValueError) as exc:  # ConfigError is a ValueError: a bad value in the saved config
             raise DataError(f"{where} holds an invalid config: {exc}") from exc
+        except OverflowError as exc:  # JSON holds ints of any size; a check that takes one as a float overflows
+            raise DataError(f"{where} holds an invalid config: a number too large for a float ({exc})") from exc
         try:
             trainer._engine.set_state(state)
         except BaseException:

@@ -268,7 +268,8 @@ def _nan_evaluation() -> tuple[Trainer, tuple[np.ndarray, np.ndarray]]:
     """A trainer whose second epoch's evaluation loss is NaN; training itself is on ordinary data."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(48, D)).astype(np.float32), rng.integers(0, C, 48)
-    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu")
+    # fp32: under "mixed" inputs beyond float16's range are refused before they reach the network.
+    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu", precision="fp32")
     t.fit(x, y, epochs=1, eval_data=(x, y))
     t.fit(x, y, epochs=1, eval_data=(_overflowing(t, 48), y))
     assert math.isfinite(t.history[0]["eval_loss"]) and math.isnan(t.history[1]["eval_loss"])
@@ -310,7 +311,7 @@ def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path) -> Non
 
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(48, 32)).astype(np.float32), rng.integers(0, C, 48)
-    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size=16, device="cpu")
+    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size=16, device="cpu", precision="fp32")
     with pytest.warns(ConvergenceWarning):
         clf.fit(x, y)
     clf.trainer_.fit(x, clf._encode(y), epochs=1, eval_data=(_overflowing(clf.trainer_, 48), clf._encode(y)))

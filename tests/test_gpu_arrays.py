@@ -67,3 +67,52 @@ def test_jax_array_predict_equals_host(engine):
     with _trainer(engine) as t:
         t.fit(x, y, epochs=1, progress=False)
         np.testing.assert_array_equal(t.predict(xj), t.predict(x))
+
+
+class _Redescribed:
+    """A real GPU array's memory exported under a changed __cuda_array_interface__ (what a buggy or hostile
+    library could export); holds the array so its memory stays valid."""
+
+    def __init__(self, base, **fields):
+        self.base = base
+        self.__cuda_array_interface__ = {**base.__cuda_array_interface__, **fields}
+
+
+def _on_gpu(host: np.ndarray):
+    """`host` copied into GPU memory by CuPy or torch, whichever is installed."""
+    try:
+        import cupy
+
+        return cupy.asarray(host)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        return torch.from_numpy(host).cuda()
+    except ImportError:
+        pytest.skip("neither CuPy nor torch is installed: no GPU array to re-describe")
+
+
+def test_redescribed_gpu_arrays_are_refused_before_any_copy(engine):
+    # Issue 23 item 17: CuPy int64 labels re-described as "|O8" crashed Python (SIGSEGV) in the label copy;
+    # x's shape (-5, D) or (2.9, D), a mask and an unknown version were accepted.
+    x, y = _data(np.float32)
+    xd, yd = _on_gpu(x), _on_gpu(y.astype(np.int64))
+    bad = [
+        (xd, _Redescribed(yd, typestr="|O8"), r"y .*typestr '\|O8'"),
+        (xd, _Redescribed(yd, typestr="<f8"), r"y .*float64.*integer dtype"),
+        (xd, _Redescribed(yd, mask=yd), r"y is a masked GPU array"),
+        (_Redescribed(xd, shape=(-5, D)), yd, rf"x .*shape \(-5, {D}\)"),
+        (_Redescribed(xd, shape=(2.9, D)), yd, rf"x .*shape \(2.9, {D}\)"),
+        (_Redescribed(xd, mask=xd), yd, r"x is a masked GPU array"),
+        (_Redescribed(xd, version=99), yd, r"x .*version 99"),
+        (_Redescribed(xd, typestr=">f4"), yd, r"x .*typestr '>f4'"),
+    ]
+    with _trainer(engine) as t:
+        for bx, by, match in bad:
+            with pytest.raises(DataError, match=match):
+                t.fit(bx, by, epochs=1, progress=False)
+        assert (t.epoch, t.step) == (0, 0)
+        t.fit(xd, yd, epochs=1, progress=False)  # the process and the trainer are fine
+        assert t.epoch == 1 and np.isfinite(t.predict_proba(xd)).all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,97 @@ def test_gpu_arrays_are_checked_before_any_work(arr, words):
         check_inputs(arr, D, "x", gpu=True)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+def _described(**fields) -> _FakeCudaArray:
+    """A fake GPU array of shape (40, D) float32 whose __cuda_array_interface__ has `fields` changed (None: removed
+    where the key is "version", else set)."""
+    arr = _FakeCudaArray()
+    arr.__cuda_array_interface__.update(fields)
+    return arr
+
+
+MALFORMED = {  # issue 23 item 17: each was accepted (or crashed) before: (fields, words the message must hold)
+    "negative rows": (dict(shape=(-5, D)), ["shape (-5, 6)", "integers >= 0"]),
+    "fractional rows": (dict(shape=(2.9, D)), ["shape (2.9, 6)", "integers >= 0"]),
+    "bool in shape": (dict(shape=(True, D)), ["shape (True, 6)"]),
+    "shape not a tuple": (dict(shape="40x6"), ["shape '40x6'"]),
+    "object typestr": (dict(typestr="|O8"), ["typestr '|O8'", "real number type"]),
+    "big-endian": (dict(typestr=">f4"), ["typestr '>f4'", "native byte order"]),
+    "complex": (dict(typestr="<c8"), ["typestr '<c8'"]),
+    "typestr not a string": (dict(typestr=4), ["typestr 4"]),
+    "unknown typestr": (dict(typestr="<q9"), ["typestr '<q9'"]),
+    "masked": (dict(mask=_FakeCudaArray()), ["masked GPU array", "without a mask"]),
+    "version 4": (dict(version=4), ["version 4", "versions 0 to 3"]),
+    "version str": (dict(version="3"), ["version '3'"]),
+    "no version": (dict(version=None), ["version None"]),
+    "float strides": (dict(strides=(24.0, 4)), ["strides (24.0, 4)", "2 integers"]),
+    "short strides": (dict(strides=(4,)), ["strides (4,)", "2 integers"]),
+    "negative pointer": (dict(data=(-8, False)), ["data (-8, False)", "(pointer, read_only)"]),
+    "no data": (dict(data=None), ["data None"]),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_a_gpu_array_description_is_checked_before_anything_reads_it(case, gpu):
+    fields, words = MALFORMED[case]
+    with pytest.raises(DataError) as info:
+        check_inputs(_described(**fields), D, "x", gpu=gpu)
+    for w in ("x", *words):
+        assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("case", ["negative rows", "object typestr", "masked", "version 4"])
+def test_gpu_labels_are_described_before_any_copy(case, monkeypatch):
+    # A CuPy int64 array re-described as "|O8" was copied into a NumPy object array: SIGSEGV on the H100.
+    from fastnn import gpu_arrays
+
+    monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied before the check"))
+    fields, words = MALFORMED[case]
+    y = _described(**{"shape": (40,), "typestr": "<i8", **fields})
+    with pytest.raises(DataError) as info:
+        check_labels(y, 40, C, "y", gpu=True)
+    for w in ("y", *words):
+        assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(shape=(40,), typestr="<f4"), ["float32", "integer dtype", "y.long()"]),
+        (dict(shape=(40, 2), typestr="<i8"), ["1-D", "(40, 2)"]),
+        (dict(shape=(39,), typestr="<i8"), ["39 labels", "40 rows"]),
+    ],
+    ids=["float", "2-D", "count"],
+)
+def test_gpu_labels_of_the_wrong_shape_or_type_are_refused_before_any_copy(fields, words, monkeypatch):
+    from fastnn import gpu_arrays
+
+    monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied before the check"))
+    with pytest.raises(DataError) as info:
+        check_labels(_described(**fields), 40, C, "y", gpu=True)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_gpu_labels_on_a_cpu_trainer_are_refused_before_any_cuda_library_loads(monkeypatch):
+    # Without a GPU driver this raised the library loader's DynamicLibNotFoundError from the label copy (the
+    # copy is what loads the CUDA driver library).
+    from fastnn import gpu_arrays
+
+    monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied on a CPU trainer"))
+    t = Trainer(MLP([D, C]), device="cpu")
+    x, y = _xy()
+    y_dev = _described(shape=(40,), typestr="<i8")
+    for call, name in (
+        (lambda: t.fit(x, y_dev), "y"),
+        (lambda: t.fit(x, y, eval_data=(x, y_dev)), "eval_data[1]"),
+        (lambda: t.evaluate(x, y_dev), "y"),
+    ):
+        with pytest.raises(DataError, match=rf"{re.escape(name)} is .* in GPU memory .* runs on the CPU: pass a host"):
+            call()
+    assert (t.epoch, t.step) == (0, 0)
 
 
 def test_a_gpu_array_of_the_right_kind_is_used_in_place():

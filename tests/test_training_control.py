@@ -109,15 +109,20 @@ def test_validation_split_equals_passing_the_split_as_eval_data() -> None:
     assert (t.epoch, t.step) == (3, 3 * 3)  # 48 training rows: 3 steps of 16
 
 
-def test_validation_split_reuses_the_same_arrays_for_the_same_input() -> None:
-    x, y = TRAIN
-    t = _trainer()
+def test_validation_split_of_an_x_changed_in_place_uses_its_new_rows() -> None:
+    # Issue 23 item 8: the split was cached by x's identity, so after `x[:] = ...` the next fit trained and
+    # validated on the rows x held before.
+    x, y = TRAIN[0].copy(), TRAIN[1]
+    t, ref = _trainer(), _trainer()
     t.fit(x, y, epochs=1, validation_split=0.25)
-    first = t._engine._x
-    t.fit(x, y, epochs=1, validation_split=0.25)
-    assert t._engine._x is first  # the GPU engine keys its resident copy on this array's identity
-    t.fit(x, y, epochs=1, validation_split=0.5)
-    assert t._engine._x is not first and len(t._engine._x) == 32
+    ref.fit(TRAIN[0].copy(), y, epochs=1, validation_split=0.25)
+    x[:] = EVAL[0][: len(x)]  # the same array, new rows
+    h = t.fit(x, y, epochs=2, validation_split=0.25)
+    train, val = split_indices(len(x), 0.25, seed=3)
+    h_ref = ref.fit(x[train], y[train], epochs=2, eval_data=(x[val], y[val]))
+    for field in ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy"):
+        assert h[field] == h_ref[field], field
+    _assert_state(_state(t), _state(ref))
 
 
 # ---- early stopping ------------------------------------------------------------------------------------------
@@ -196,6 +201,50 @@ def test_early_stopping_accepts_true_and_a_patience_and_judges_each_call_afresh(
     for _ in range(2):  # the same object, reused: each call starts from no best
         t.fit(*TRAIN, epochs=2, validation_split=0.25, early_stopping=es)
         assert es.best_epoch is not None and es.best_epoch > done
+
+
+def _records(values: list, monitor: str = "eval_loss") -> list[dict]:
+    other = "eval_accuracy" if monitor == "eval_loss" else "eval_loss"
+    return [{"epoch": i, monitor: v, other: 0.5} for i, v in enumerate(values, start=1)]
+
+
+@pytest.mark.parametrize(
+    "values,best_epoch,stopped",
+    [
+        ([math.nan, 0.6, 0.5], 3, None),  # the issue's case: a NaN first evaluation became the best
+        ([0.6, math.nan, 0.5], 3, None),
+        ([0.6, math.nan, math.nan], 1, 3),  # NaN counts against patience like a worse value
+        ([math.inf, 0.9], 2, None),
+        ([math.nan, math.nan], None, 2),
+    ],
+)
+def test_a_nan_evaluation_is_never_an_improvement(values: list, best_epoch: int | None, stopped: int | None) -> None:
+    # Issue 23 item 9: early stopping took a NaN evaluation loss as the best and rewound to it.
+    es = EarlyStopping(patience=2)
+    improved = [es.update(r)[0] for r in _records(values)]
+    assert (es.best_epoch, es.stopped_epoch) == (best_epoch, stopped)
+    assert es.best is None or math.isfinite(es.best)
+    assert not any(imp for imp, v in zip(improved, values) if not math.isfinite(v))
+    acc = EarlyStopping(patience=2, monitor="eval_accuracy")
+    assert [acc.update(r)[0] for r in _records([math.nan, 0.8], "eval_accuracy")] == [False, True]
+
+
+def test_a_fit_whose_evaluations_are_nan_is_not_rewound_to_one_of_them(capsys) -> None:
+    # A NaN evaluation loss from a real fit: one evaluation row of 3e38s overflows the logits (float32 inputs).
+    x_eval, y_eval = EVAL[0].copy(), EVAL[1]
+    x_eval[0, :] = 3e38
+    es = EarlyStopping(patience=2)
+    t = _trainer(precision="fp32")
+    h = t.fit(*TRAIN, epochs=6, eval_data=(x_eval, y_eval), early_stopping=es, progress=True)
+    assert all(math.isnan(v) for v in h["eval_loss"])
+    assert (es.best_epoch, es.best, es.stopped_epoch, es.discarded) == (None, None, 2, [])
+    assert (t.epoch, t.step, h["epoch"]) == (2, 8, [1, 2])  # stopped after patience, nothing rewound
+    reference = _trainer(precision="fp32")
+    reference.fit(*TRAIN, epochs=2)
+    _assert_state(_state(t), _state(reference))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "early stopping: stopped after epoch 2; no finite eval_loss was seen"
+    )
 
 
 # ---- callbacks -----------------------------------------------------------------------------------------------

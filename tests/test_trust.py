@@ -68,9 +68,9 @@ def _rewrite(src: Path, dst: Path, edit: Callable[[dict, dict], None]) -> Path:
 def test_last_update_making_weights_inf_is_divergence_and_save_stays_loadable(tmp_path: Path) -> None:
     # The issue's reproducer: 4 features scaled by 1e6, SGD(lr=1e34), batch = N, one epoch. The loss (measured
     # before the update) is finite; the update makes the weights inf.
-    x, y = _data(scale=1e6)
+    x, y = _data(scale=1e6)  # beyond float16: precision "fp32" takes such inputs (issue 23 item 7)
     model = MLP([D, 8, C])
-    t = Trainer(model, SGD(lr=1e34), batch_size=len(x), device="cpu")
+    t = Trainer(model, SGD(lr=1e34), batch_size=len(x), precision="fp32", device="cpu")
     with pytest.raises(TrainingDiverged) as info:
         t.fit(x, y, epochs=1)
     assert info.value.epoch == 1 and math.isfinite(info.value.loss)
@@ -84,7 +84,9 @@ def test_last_update_making_weights_inf_is_divergence_and_save_stays_loadable(tm
 def test_state_divergence_in_a_later_epoch_keeps_the_epoch_before(tmp_path: Path) -> None:
     x, y = _data(scale=1e6)
     sched = lambda s: 1e-9 if s < 1 else 1e34  # noqa: E731 - epoch 1 is harmless, epoch 2's update is not
-    t = Trainer(MLP([D, 8, C]), SGD(lr=0.1, momentum=0.5), batch_size=len(x), device="cpu", schedule=sched)
+    t = Trainer(
+        MLP([D, 8, C]), SGD(lr=0.1, momentum=0.5), batch_size=len(x), precision="fp32", device="cpu", schedule=sched
+    )  # 1e6 inputs are beyond float16: precision "fp32" takes them (issue 23 item 7)
     t.fit(x, y, epochs=1)
     good, counters = _state(t), _counters(t)
     with pytest.raises(TrainingDiverged, match="epoch 2"):
@@ -213,7 +215,7 @@ def test_adamw_second_moment_overflow_is_divergence_and_the_saved_file_stays_goo
     # The issue's reproducer: inputs around 1e22 overflow exp_avg_sq (g*g) while the weights (the update is
     # m / sqrt(inf) = 0) and the loss stay finite.
     path = tmp_path / "m.npz"
-    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, device="cpu")
+    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, precision="fp32", device="cpu")  # 1e22: beyond fp16
     x, y = _data()
     t.fit(x, y, epochs=1)
     t.save(path)
@@ -246,7 +248,7 @@ POISON = {
 @pytest.mark.parametrize("case", list(POISON))
 def test_save_refuses_what_load_would_and_keeps_the_old_file(tmp_path: Path, case: str) -> None:
     path = tmp_path / "m.npz"
-    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, device="cpu")
+    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, precision="fp32", device="cpu")  # 1e22: beyond fp16
     x, y = _data()
     t.fit(x, y, epochs=1)
     t.save(path)
@@ -394,7 +396,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_load_refuses_values_no_trainer_could_have_saved(tmp_path: Path, case: str) -> None:
-    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, device="cpu")
+    t = Trainer(MLP([D, 8, C]), AdamW(lr=1e-3), batch_size=16, precision="fp32", device="cpu")  # 1e22: beyond fp16
     x, y = _data()
     t.fit(x, y, epochs=1, eval_data=(x, y))
     t.save(tmp_path / "good.npz")
