@@ -121,6 +121,7 @@ def test_nccl_binding_loads_and_makes_unique_ids():
             collective(None, 0, 0, 1, np.int8, None)
 
 
+@pytest.mark.bindings
 def test_missing_nccl_names_the_extra_to_install(monkeypatch):
     import cuda.pathfinder
 
@@ -275,6 +276,7 @@ class _Event:
         return self.polls < 0
 
 
+@pytest.mark.bindings
 def test_a_rank_waiting_past_its_groups_timeout_aborts_and_raises():
     """A peer that died or stopped training leaves this rank's collective spinning, and NCCL need not report it:
     past the group's timeout the communicator is aborted and the wait raises, naming the rank, GPU and timeout."""

@@ -105,6 +105,7 @@ KERNELS = [
 ]
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("sizes,optimizer,precision,x_dtype,layout", KERNELS)
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["mma", "fma"])
 def test_the_kernel_compiles_for_each_layout(
@@ -119,6 +120,7 @@ def test_the_kernel_compiles_for_each_layout(
     assert cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.bindings
 def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
     """The cross-check above can fail: a plan claiming one 4-byte word too few is rejected by the compiler."""
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from _data import fashion_dir, where
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 #: Run before a block: make every `cuda` module unimportable, as on `pip install fastnn` without an extra.
 NO_CUDA = """
@@ -57,3 +58,15 @@ def test_quick_start_sklearn_runs_on_a_cpu_only_install():
     out = _run(quick_start_blocks()[1], dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.strip().splitlines()[-1]) > 0.95, out.stdout  # the README says "about 0.97"
+
+
+def test_binding_tests_skip_with_their_reason_on_a_cpu_only_install():
+    """Without the CUDA wheels every test module still collects, and each `bindings` test skips saying what to
+    install (the unit tests need NumPy only; `gpu` tests skip where no GPU is usable)."""
+    args = ["-q", "-p", "no:cacheprovider", "-m", "bindings", "-rs", str(REPO / "tests")]
+    code = NO_CUDA + f"import sys, pytest; sys.exit(pytest.main({args!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    summary = out.stdout.strip().splitlines()[-1]
+    assert "skipped" in summary and "passed" not in summary and "error" not in summary, summary
+    assert 'needs the CUDA wheels' in out.stdout and 'pip install -e ".[cu12]"' in out.stdout
