@@ -1,11 +1,12 @@
 """Benchmark fastnn against PyTorch on Fashion-MNIST (issue 3); benchmarks/README.md says how and what.
 
     python benchmarks/bench_mnist.py --data DIR [--quick] [--out results/] [--only C,..] [--only-workload W,..]
-    python benchmarks/bench_mnist.py --merge --out results/     # partial runs -> bench.json, bench.md, graphs
+    python benchmarks/bench_mnist.py --merge --out results/     # partial runs -> bench.md, bench_summary.json, graphs
     python benchmarks/bench_mnist.py --dry-run                  # the plan, on the CPU, without torch
 
 Every (workload, contender) pair gives one row; after each row the run's partial JSON is rewritten under
-out/partial/, so a run cut short keeps what it finished, and runs split over several calls merge at the end.
+out/raw/partial/, so a run cut short keeps what it finished, and runs split over several calls merge at the end.
+Everything under out/raw/ (partial files, the merged bench.json, logs) stays out of git.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only-workload", metavar="W[,W..]", help="workloads: logreg, mlp-128, .., or mlp (all MLPs)")
     p.add_argument("--skip-compile", action="store_true", help="leave out torch-compile-amp (slow to compile)")
     p.add_argument("--cpu-budget", type=float, default=60.0, metavar="S", help="seconds for numpy-cpu before scaling")
-    p.add_argument("--merge", action="store_true", help="only merge out/partial/*.json into the outputs")
+    p.add_argument("--merge", action="store_true", help="only merge out/raw/partial/*.json into the outputs")
     p.add_argument("--no-merge", action="store_true", help="write only this run's partial JSON")
     p.add_argument("--no-plots", action="store_true", help="write no graphs")
     p.add_argument("--dry-run", action="store_true", help="print the plan, build the fastnn trainers on the CPU, exit")

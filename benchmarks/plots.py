@@ -1,6 +1,6 @@
 """The benchmark's graphs from bench.json: training time vs hidden size, training loss vs step, end-to-end time.
 
-python benchmarks/plots.py results/   # reads results/bench.json; writes time_graph, loss_graph and e2e_graph .png
+python benchmarks/plots.py results/   # reads results/raw/bench.json; writes time_graph, loss_graph and e2e_graph .png
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only; no display on the GPU machine
 import matplotlib.pyplot as plt  # noqa: E402
+from report import RAW_DIR  # noqa: E402
 from workloads import LOSS_WORKLOADS  # noqa: E402
 
 __all__ = ["e2e_graph", "loss_graph", "time_graph", "write_graphs"]
@@ -140,7 +141,7 @@ def write_graphs(doc: dict[str, Any], out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     out = Path((argv if argv is not None else sys.argv[1:] or ["results"])[0])
-    doc = json.loads((out / "bench.json").read_text())
+    doc = json.loads((out / RAW_DIR / "bench.json").read_text())  # raw: the loss graph draws every step
     for p in write_graphs(doc, out):
         print(f"wrote {p}")
     return 0

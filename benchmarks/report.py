@@ -1,16 +1,28 @@
-"""Partial results -> bench.json and bench.md: merge runs, compute fastnn's speedups, write the markdown tables."""
+"""Partial results -> bench.json, bench.md and bench_summary.json: merge runs, compute fastnn's speedups, write the
+markdown tables and the compact JSON kept in git.
+
+    python benchmarks/report.py results/   # bench.md and bench_summary.json again from results/raw/bench.json
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from workloads import CONTENDERS, write_json
+from workloads import CONTENDERS, write_json, write_text
 
-__all__ = ["PARTIAL_DIR", "add_speedups", "load_partials", "markdown", "merge", "write_outputs"]
+__all__ = ["PARTIAL_DIR", "RAW_DIR", "add_speedups", "load_partials", "markdown", "merge", "summary", "write_outputs"]
 
-PARTIAL_DIR = "partial"
+#: Raw outputs live under OUT/raw/, which git ignores (.gitignore): each run's partial file, the merged bench.json
+#: (1.5 MB for the published run, most of it per-step losses) and the logs. OUT itself keeps the summaries
+#: (bench.md, bench_summary.json, the graphs), which are what gets committed.
+RAW_DIR = "raw"
+PARTIAL_DIR = f"{RAW_DIR}/partial"
+SUMMARY = "bench_summary.json"
+#: Per-step and per-epoch series and repeated prose: in the raw bench.json only. bench.md needs none of them.
+RAW_ONLY = frozenset({"step_losses", "epoch_seconds", "warmup_epoch_seconds", "timing", "memory_note", "description"})
 SCHEMA = 1
 #: The fastnn row each contender's time is compared with "at matched precision".
 MATCHED = {"fp32": "fastnn-fp32", "amp": "fastnn-mixed", "mixed": "fastnn-mixed", "fp16": "fastnn-fp16"}
@@ -26,7 +38,7 @@ def _merged_environment(envs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_partials(out: Path) -> list[dict[str, Any]]:
-    """Every partial result file under out/partial, oldest run first."""
+    """Every partial result file under out/raw/partial, oldest run first."""
     docs = [json.loads(p.read_text()) for p in sorted((out / PARTIAL_DIR).glob("*.json"))]
     return sorted(docs, key=lambda d: d["run"]["started"])
 
@@ -302,12 +314,35 @@ def _tta_section(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summary(doc: Any) -> Any:
+    """The bench document without its per-step and per-epoch series (RAW_ONLY): an eighth of the size, and bench.md
+    made from it is the same."""
+    if isinstance(doc, dict):
+        return {k: summary(v) for k, v in doc.items() if k not in RAW_ONLY}
+    if isinstance(doc, list):
+        return [summary(v) for v in doc]
+    return doc
+
+
+def write_summary(path: Path, doc: dict[str, Any]) -> None:
+    """summary(doc) as JSON with one row per line, so a new run's diff shows which rows changed."""
+    parts = []
+    for key, value in summary(doc).items():
+        if isinstance(value, list) and value:
+            value_text = "[\n" + ",\n".join("  " + json.dumps(v) for v in value) + "\n ]"
+        else:
+            value_text = json.dumps(value)
+        parts.append(f" {json.dumps(key)}: {value_text}")
+    write_text(path, "{\n" + ",\n".join(parts) + "\n}\n")
+
+
 def write_outputs(out: Path, plots: bool = True) -> dict[str, Any]:
-    """Merge out/partial/*.json into out/bench.json and out/bench.md (and the two graphs when asked)."""
+    """Merge out/raw/partial/*.json into out/raw/bench.json, then write out/bench.md, out/bench_summary.json (and
+    the graphs when asked)."""
     doc = merge(load_partials(out))
-    write_json(out / "bench.json", doc)
-    (out / "bench.md").write_text(markdown(doc))
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'} ({len(doc['rows'])} rows)")
+    write_json(out / RAW_DIR / "bench.json", doc)
+    print(f"wrote {out / RAW_DIR / 'bench.json'}")
+    _write_summaries(out, doc)
     if plots:
         try:
             import plots as plotting
@@ -317,3 +352,20 @@ def write_outputs(out: Path, plots: bool = True) -> dict[str, Any]:
             for path in plotting.write_graphs(doc, out):
                 print(f"wrote {path}")
     return doc
+
+
+def _write_summaries(out: Path, doc: dict[str, Any]) -> None:
+    (out / "bench.md").write_text(markdown(doc))
+    write_summary(out / SUMMARY, doc)
+    print(f"wrote {out / 'bench.md'} and {out / SUMMARY} ({len(doc['rows'])} rows)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """bench.md and bench_summary.json again from OUT/raw/bench.json (after a change to the report), no merge."""
+    out = Path((argv if argv is not None else sys.argv[1:] or ["results"])[0])
+    _write_summaries(out, json.loads((out / RAW_DIR / "bench.json").read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,6 +36,7 @@ __all__ = [
     "load_data",
     "select",
     "write_json",
+    "write_text",
 ]
 
 SEED = 0
@@ -320,9 +321,14 @@ def plan_dict(workload: Workload) -> dict[str, Any]:
 
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON atomically (temp file + rename), so an interrupted run never leaves half a file."""
+    write_text(path, json.dumps(obj, indent=1, allow_nan=True) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file + rename), making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, allow_nan=True) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 

@@ -9,12 +9,14 @@ the same weights and report the same history (sums over all ranks). Save checkpo
 
 The communicator needs one NCCL unique id shared by all ranks. The id names a socket that the process which
 made it listens on, so it must come from a rank that stays up (rank 0), not from a separate command:
+
 - `uid=` passed in (bytes or its hex string), from a pipe, a queue or the user's own rendezvous;
 - `id_file=` a path all ranks can read (a shared filesystem): rank 0 writes it, the others wait for it. Rank 0
   writes it 0600 through a temporary file beside it (created exclusively, never through a link) renamed over the
   path; the others read it only if it is a regular file owned by their user that no one else may write, so no
   other local user can read the id or hand the ranks one of theirs (which would let them join the run);
 - neither, with NCCL_COMM_ID=host:port set for every rank: NCCL derives the id from that address.
+
 NCCL is optional: `pip install "fastnn[multi-cu12]"` (or multi-cu13).
 """
 

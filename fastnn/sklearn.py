@@ -6,6 +6,7 @@ They follow scikit-learn's conventions (parameters stored as given and checked i
 precisions and speed. Needs scikit-learn (`pip install "fastnn[sklearn]"`).
 
 Differences from scikit-learn's `MLPClassifier`, by design:
+
 - `activation` is "relu" or "gelu" (tanh form); `optimizer` ("adamw" or "sgd") replaces `solver`, with
   `alpha` as decoupled weight decay (AdamW) or L2 weight decay (SGD) rather than an L2 penalty in the loss.
 - Inputs are used as float32 values as given (no /255 scaling of integer inputs); scale features yourself
@@ -306,13 +307,16 @@ class MLPClassifier(_FastnnClassifier):
         learning_rate_init: the (constant) learning rate.
         max_iter: the most epochs `fit` trains.
         random_state: None, an int or a RandomState: keys the initial weights, the shuffle and the split.
-        tol, n_iter_no_change: stop when the training loss (or, with early_stopping, the validation
+        tol: stop when the training loss (or, with early_stopping, the validation
             accuracy) has not improved by more than tol for n_iter_no_change epochs.
-        early_stopping, validation_fraction: hold out that fraction of the rows, stop on its accuracy, and
+        n_iter_no_change: see tol.
+        early_stopping: hold out validation_fraction of the rows, stop on its accuracy, and
             keep the best epoch's weights.
+        validation_fraction: see early_stopping.
         verbose: print one line per epoch.
-        device, precision, engine: as `fastnn.Trainer` ("auto"/"cpu"/"cuda"; "mixed"/"fp16"/"fp32";
-            "auto"/"fused"/"graph").
+        device: as `fastnn.Trainer`: "auto", "cpu" or "cuda".
+        precision: as `fastnn.Trainer`: "mixed", "fp16" or "fp32".
+        engine: as `fastnn.Trainer`: "auto", "fused" or "graph".
     """
 
     def __init__(

@@ -75,7 +75,29 @@ def one_gemm_algorithm() -> Tuning:
     return Tuning(autotune_algos=1)
 
 
+def cuda_wheels() -> tuple[bool, str]:
+    """Whether the CUDA wheels (cuda-bindings, cuda-pathfinder: extra cu12 or cu13) are installed, and if not why."""
+    import importlib.util
+
+    for name in ("cuda.bindings", "cuda.pathfinder"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError as e:  # the `cuda` namespace itself is missing
+            found, why = False, str(e)
+        else:
+            why = f"No module named {name!r}"
+        if not found:
+            return False, f'needs the CUDA wheels ({why}): pip install -e ".[cu12]"'
+    return True, ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    binding_items = [item for item in items if "bindings" in item.keywords]
+    if binding_items:
+        installed, reason = cuda_wheels()
+        if not installed:
+            for item in binding_items:
+                item.add_marker(pytest.mark.skip(reason=reason))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

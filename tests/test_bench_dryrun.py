@@ -18,6 +18,7 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import workloads as wl  # noqa: E402
+from report import PARTIAL_DIR, RAW_DIR  # noqa: E402
 
 from fastnn.shuffle import permutation  # noqa: E402
 
@@ -124,7 +125,7 @@ def _partial(tmp: Path, run_id: str, started: float, rows: list[dict]) -> None:
         "workloads": plans,
         "rows": rows,
     }
-    wl.write_json(tmp / "partial" / f"{run_id}.json", doc)
+    wl.write_json(tmp / PARTIAL_DIR / f"{run_id}.json", doc)
 
 
 def test_merge_speedups_and_markdown(tmp_path):
@@ -152,7 +153,7 @@ def test_merge_speedups_and_markdown(tmp_path):
         ],
     )
     doc = report.write_outputs(tmp_path, plots=False)
-    saved = json.loads((tmp_path / "bench.json").read_text())
+    saved = json.loads((tmp_path / RAW_DIR / "bench.json").read_text())
     assert saved["rows"] == doc["rows"] and saved["environment"]["device"] == "GPU of r2"
     rows = {(r["workload"], r["contender"]): r for r in doc["rows"]}
     assert len(rows) == 6 and rows[("logreg", "torch-eager-fp32")]["train_seconds"] == 8.0
@@ -163,11 +164,25 @@ def test_merge_speedups_and_markdown(tmp_path):
     assert rows[("logreg", "numpy-cpu")]["speedup_fastnn_mixed"] == pytest.approx(40.0)
     assert rows[("mlp-128", "torch-graph-amp")]["speedup_fastnn_mixed"] is None
     md = (tmp_path / "bench.md").read_text()
+    # the compact JSON kept in git: no per-step series, and the same bench.md made from it
+    kept = json.loads((tmp_path / "bench_summary.json").read_text())
+    assert kept["rows"][0]["epoch_losses"] == [1.0, 0.5] and "description" not in kept["rows"][0]
+    assert report.markdown(kept) == md
     assert "| torch-eager-fp32 | 8 |" in md  # the time table, logreg column
     assert "| torch-eager-fp32 | 8.00x |" in md  # the speedup table
     assert "40*" in md and "scaled from fewer epochs" in md
     assert "RuntimeError: boom" in md and "GPU of r2" in md
     assert [c for c in ("fastnn-mixed", "torch-eager-amp", "numpy-cpu") if f"`{c}`" not in md] == []
+
+
+def test_the_committed_summary_makes_the_committed_tables():
+    """results/ keeps bench.md and the compact bench_summary.json (the raw files stay out of git): they agree."""
+    import report
+
+    results = BENCH / "results"
+    kept = json.loads((results / report.SUMMARY).read_text())
+    assert report.markdown(kept) == (results / "bench.md").read_text()
+    assert not any(key in row for row in kept["rows"] for key in report.RAW_ONLY)
 
 
 def test_merge_refuses_quick_and_full_runs_together(tmp_path):
@@ -177,9 +192,9 @@ def test_merge_refuses_quick_and_full_runs_together(tmp_path):
         report.write_outputs(tmp_path, plots=False)
     _partial(tmp_path, "r1", 1.0, [_row("logreg", "fastnn-mixed", 1.0, "r1")])
     full = {w.name: wl.plan_dict(w) for w in wl.build_workloads(quick=False)}
-    doc = json.loads((tmp_path / "partial" / "r1.json").read_text())
+    doc = json.loads((tmp_path / PARTIAL_DIR / "r1.json").read_text())
     doc.update(run=dict(doc["run"], run_id="r2", started=2.0), workloads=full)
-    wl.write_json(tmp_path / "partial" / "r2.json", doc)
+    wl.write_json(tmp_path / PARTIAL_DIR / "r2.json", doc)
     with pytest.raises(SystemExit, match="separate --out"):
         report.write_outputs(tmp_path, plots=False)
 
@@ -196,12 +211,12 @@ def test_graphs_are_written(tmp_path):
     rows.append(_row("logreg", "fastnn-mixed", 0.2))
     rows.append(_row("logreg", "torch-eager-amp", 2.0, step_losses=list(np.linspace(2.0, 0.4, 3 * 469))))
     _partial(tmp_path, "r1", 1.0, rows)
-    doc = json.loads((tmp_path / "partial" / "r1.json").read_text())
+    doc = json.loads((tmp_path / PARTIAL_DIR / "r1.json").read_text())
     doc["e2e_rows"] = [_e2e_row(w, c, m, t * (2 if m == "cold" else 1), 0.1)
                        for w in ("logreg", "mlp-128") for m in ("cold", "warm")
                        for c, t in (("fastnn-mixed", 1.0), ("torch-graph-amp", 4.0), ("jax-fp32", 6.0))]  # fmt: skip
     doc["e2e_rows"].append({**_e2e_row("logreg", "fastnn-fused", "cold", 0.0, 0.0), "status": "unavailable"})
-    wl.write_json(tmp_path / "partial" / "r1.json", doc)
+    wl.write_json(tmp_path / PARTIAL_DIR / "r1.json", doc)
     report.write_outputs(tmp_path, plots=False)
     assert plots.main([str(tmp_path)]) == 0
     for name in ("time_graph.png", "loss_graph.png", "e2e_graph.png"):
@@ -383,7 +398,7 @@ def test_end_to_end_and_tta_subprocesses(tmp_path):
                     "--tta-only", "numpy-cpu", "--tiny", "--out", str(tmp_path), "--cache-dir",
                     str(tmp_path / "cache"), "--no-plots")  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    doc = json.loads((tmp_path / "bench.json").read_text())
+    doc = json.loads((tmp_path / RAW_DIR / "bench.json").read_text())
     e2e = {(r["workload"], r["mode"]): r for r in doc["e2e_rows"]}
     assert set(e2e) == {("logreg", "cold"), ("logreg", "warm"), ("mlp-128", "cold"), ("mlp-128", "warm")}
     for r in e2e.values():
@@ -418,7 +433,7 @@ def test_merge_drift_repeats_engines_e2e_and_tta(tmp_path):
         _row("logreg", "fastnn-mixed", 1.25, "r2", repeat=True),  # the drift repeat: beside r1's row
         _row("logreg", "torch-compile-amp", 5.0, "r2"),
     ])  # fmt: skip
-    doc = json.loads((tmp_path / "partial" / "r2.json").read_text())
+    doc = json.loads((tmp_path / PARTIAL_DIR / "r2.json").read_text())
     doc["e2e_rows"] = [_e2e_row("logreg", "fastnn-mixed", "cold", 2.0, 0.2, "r2"),
                        _e2e_row("logreg", "jax-fp32", "cold", 8.0, 0.4, "r2"),
                        _e2e_row("logreg", "fastnn-mixed", "warm", 1.0, 0.2, "r2"),
@@ -428,7 +443,7 @@ def test_merge_drift_repeats_engines_e2e_and_tta(tmp_path):
          "target_accuracy": 0.89, "reached": True, "epochs_to_target": 11, "e2e_seconds": e, "train_seconds": t,
          "best_accuracy": 0.892} for c, e, t in (("fastnn-mixed", 3.0, 1.0), ("torch-graph-amp", 9.0, 3.0))
     ]  # fmt: skip
-    wl.write_json(tmp_path / "partial" / "r2.json", doc)
+    wl.write_json(tmp_path / PARTIAL_DIR / "r2.json", doc)
     doc = report.write_outputs(tmp_path, plots=False)
     rows = {(r["workload"], r["contender"]): r for r in doc["rows"]}
     mixed = rows[("logreg", "fastnn-mixed")]
@@ -471,6 +486,7 @@ def test_final_preset_covers_every_published_contender():
 
 @pytest.mark.parametrize("path", sorted((BENCH / "kernels").glob("*.py")), ids=lambda p: p.stem)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.bindings
 def test_each_kernel_experiment_compiles_and_states_its_result(path, arch, monkeypatch, tmp_path):
     """Every experiment that left the product still compiles (NVRTC, no GPU) against today's native/ headers, and
     its docstring records the measurement that decided it."""

@@ -72,6 +72,7 @@ def header_enums() -> dict[str, int]:
     return _parse_enums((include / "cublas_api.h").read_text(), (include / "cublasLt.h").read_text())
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize(
     "enum, prefix",
     [
@@ -93,6 +94,7 @@ def test_enum_values_match_the_header(header_enums, enum, prefix):
         assert member.value == header_enums[c_name], f"{enum.__name__}.{member.name}"
 
 
+@pytest.mark.bindings
 def test_header_parser_reads_composite_epilogues(header_enums):
     # guards the parser itself: these values are spelled as expressions in cublasLt.h
     assert header_enums["CUBLASLT_EPILOGUE_RELU_AUX_BIAS"] == 134
@@ -100,6 +102,7 @@ def test_header_parser_reads_composite_epilogues(header_enums):
     assert header_enums["CUBLAS_STATUS_NOT_SUPPORTED"] == 15
 
 
+@pytest.mark.bindings
 def test_data_type_values_match_cuda_bindings():
     # cudaDataType_t lives in library_types.h (CUDA toolkit), which the wheels do not ship; cuda-bindings has it.
     from cuda.bindings import runtime
@@ -108,6 +111,7 @@ def test_data_type_values_match_cuda_bindings():
         assert member.value == int(getattr(runtime.cudaDataType, f"CUDA_{member.name}")), member.name
 
 
+@pytest.mark.bindings
 def test_every_symbol_of_the_signature_table_resolves():
     lib = lt._lib()
     for name, (restype, argtypes) in lt._SIGNATURES.items():
@@ -119,6 +123,7 @@ def test_every_symbol_of_the_signature_table_resolves():
             assert fn.restype is restype, name
 
 
+@pytest.mark.bindings
 def test_libraries_load_lazily_not_at_import():
     code = (
         "import sys, fastnn, fastnn.cuda.cublaslt as lt, fastnn.cuda.cudnn as dnn\n"
@@ -129,6 +134,7 @@ def test_libraries_load_lazily_not_at_import():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
+@pytest.mark.bindings
 def test_version_is_plausible():
     v = lt.version()
     assert 120000 <= v < 1000000, v
@@ -147,6 +153,7 @@ def test_status_names():
     assert lt.status_name(999) == "CUBLAS_STATUS_UNKNOWN_999"
 
 
+@pytest.mark.bindings
 def test_failing_call_raises_cublas_error_with_status_name_and_what():
     desc = lt._MatmulDesc(lt.ComputeType.COMPUTE_32F, lt.DataType.R_32F)
     try:
@@ -193,6 +200,7 @@ def _attr_value(attr):
     }.get(attr, 0)
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("attr", list(lt.MatmulDescAttribute))
 def test_desc_attribute_types_have_the_library_sizes(attr):
     # Set and read back through the typed table: a size that differs from the library's raises INVALID_VALUE.
@@ -201,6 +209,7 @@ def test_desc_attribute_types_have_the_library_sizes(attr):
         assert desc.get(attr) == _attr_value(attr)
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("attr", list(lt.MatrixLayoutAttribute))
 def test_layout_attribute_types_have_the_library_sizes(attr):
     value = {lt.MatrixLayoutAttribute.ROWS: 5, lt.MatrixLayoutAttribute.COLS: 7, lt.MatrixLayoutAttribute.LD: 9}
@@ -210,6 +219,7 @@ def test_layout_attribute_types_have_the_library_sizes(attr):
         assert layout.get(attr) == value.get(attr, 0)
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("attr", list(lt.MatmulPreferenceAttribute))
 def test_preference_attribute_types_have_the_library_sizes(attr):
     with lt._Preference() as pref:
@@ -259,6 +269,7 @@ def test_scale_type():
         lt.scale_type(lt.ComputeType.COMPUTE_32I)
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("epilogue", list(E))
 @pytest.mark.parametrize("transa, transb", [(False, False), (True, False), (False, True), (True, True)])
 def test_descriptors_describe_the_product(epilogue, transa, transb):
@@ -290,6 +301,7 @@ def test_descriptors_describe_the_product(epilogue, transa, transb):
     assert d.desc.closed and d.a.closed and d.cd.closed
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("target", [0, 100])
 def test_descriptors_carry_the_sm_count_target(target):
     # 0 leaves the library's default (every SM); a data-parallel engine passes fewer to leave SMs to NCCL.
@@ -336,6 +348,7 @@ def test_matmul_rejects_bad_arguments_before_any_gpu_work(args, over, named):
         lt.Matmul(None, *args, **_matmul_kwargs(**over))
 
 
+@pytest.mark.bindings
 def test_handle_without_gpu_is_device_unavailable():
     from fastnn.device import cuda_status
 

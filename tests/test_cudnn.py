@@ -27,6 +27,7 @@ def header_text() -> str:
     return "\n".join((include / name).read_text() for name in ("cudnn_graph.h", "cudnn_ops.h", "cudnn_version.h"))
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize(
     "enum, prefix",
     [
@@ -44,6 +45,7 @@ def test_enum_values_match_the_header(header_text, enum, prefix):
         assert member.value == int(found[0]), f"{enum.__name__}.{member.name}"
 
 
+@pytest.mark.bindings
 def test_version_is_plausible_and_matches_the_header(header_text):
     v = cudnn.version()
     assert 90000 <= v < 1000000, v
@@ -51,6 +53,7 @@ def test_version_is_plausible_and_matches_the_header(header_text):
     assert v // 10000 == major
 
 
+@pytest.mark.bindings
 def test_every_symbol_of_the_signature_table_resolves():
     lib = cudnn._lib()
     for name, (restype, argtypes) in cudnn._SIGNATURES.items():
@@ -62,12 +65,14 @@ def test_every_symbol_of_the_signature_table_resolves():
             assert fn.restype is restype, name
 
 
+@pytest.mark.bindings
 def test_status_names_come_from_cudnn():
     assert cudnn.status_name(2000) == "CUDNN_STATUS_BAD_PARAM"
     assert cudnn.status_name(1001) == "CUDNN_STATUS_NOT_INITIALIZED"
     assert cudnn.status_name(0) == "CUDNN_STATUS_SUCCESS"
 
 
+@pytest.mark.bindings
 def test_failing_call_raises_cudnn_error_with_name_and_what():
     # A 4-D descriptor with a negative size is rejected on the host: no GPU needed.
     with pytest.raises(cudnn.CudnnError) as info:
@@ -82,6 +87,7 @@ def test_failing_call_raises_cudnn_error_with_name_and_what():
     assert type(copy) is cudnn.CudnnError and copy.status == err.status
 
 
+@pytest.mark.bindings
 def test_errcheck_maps_bad_param():
     def cudnnSoftmaxForward():  # stands in for the ctypes function (only __name__ is read)
         pass
@@ -93,6 +99,7 @@ def test_errcheck_maps_bad_param():
     assert cudnn._errcheck(0, cudnnSoftmaxForward, ()) == 0
 
 
+@pytest.mark.bindings
 def test_tensor_descriptor_is_created_and_destroyed_once():
     desc = cudnn._TensorDesc(cudnn.DataType.HALF, 32, 10)
     assert desc.ptr and not desc.closed
@@ -116,6 +123,7 @@ def test_softmax_rejects_bad_arguments(n, c, dtype, out_dtype, named):
         cudnn.Softmax(None, n, c, dtype, out_dtype)
 
 
+@pytest.mark.bindings
 def test_handle_without_gpu_is_device_unavailable():
     from fastnn.device import cuda_status
 

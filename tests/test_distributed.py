@@ -128,6 +128,7 @@ def test_explicit_arguments_win_over_launcher_variables_which_are_not_parsed_unl
         distributed.init(rank=0, world=1, device=0)
 
 
+@pytest.mark.bindings
 def test_a_launcher_variable_is_parsed_only_for_the_argument_it_stands_for(monkeypatch):
     """rank and world passed, device not: LOCAL_RANK gives the device, RANK=node-a is not read; a LOCAL_RANK that is
     not an integer is then refused by name."""
@@ -173,6 +174,7 @@ def test_nccl_binding_loads_and_makes_unique_ids():
             collective(None, 0, 0, 1, np.int8, None)
 
 
+@pytest.mark.bindings
 def test_missing_nccl_names_the_extra_to_install(monkeypatch):
     import cuda.pathfinder
 
@@ -346,6 +348,7 @@ def test_a_communicator_nccl_fails_to_make_is_aborted_and_raises_its_error(monke
     assert fake.events == ["abort 7"]
 
 
+@pytest.mark.bindings
 def test_init_raises_collective_timeout_naming_rank_world_gpu_and_timeout(monkeypatch):
     """init's timeout bounds the communicator's creation too, through a stand-in NCCL that never sees the peer."""
     import fastnn.device
@@ -490,6 +493,7 @@ class _Event:
         return self.polls < 0
 
 
+@pytest.mark.bindings
 def test_a_rank_waiting_past_its_groups_timeout_aborts_and_raises():
     """A peer that died or stopped training leaves this rank's collective spinning, and NCCL need not report it:
     past the group's timeout the communicator is aborted and the wait raises, naming the rank, GPU and timeout."""

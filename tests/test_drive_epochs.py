@@ -138,6 +138,7 @@ class _Replicas:
         self.aborted.append(why)
 
 
+@pytest.mark.bindings
 def test_replica_runs_launch_on_threads_and_poll_every_gpu():
     from fastnn.engine.replicas import _ReplicaRuns
 
@@ -148,6 +149,7 @@ def test_replica_runs_launch_on_threads_and_poll_every_gpu():
     assert seen == [10, 11] and [r.launched for r in runs.runs] == [[0, 1], [0, 1]] and engine.aborted == []
 
 
+@pytest.mark.bindings
 def test_a_failing_gpu_stops_the_replicas_without_draining():
     from fastnn.engine.replicas import _ReplicaRuns
 

@@ -99,6 +99,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     return _FakeFused
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("device", ["cuda", "auto"])
 def test_auto_takes_fused_where_it_holds_the_model_and_is_faster(fake_gpu, device: str) -> None:
     assert Trainer(MLP([20, 10]), device=device).engine == "fused"
@@ -106,17 +107,20 @@ def test_auto_takes_fused_where_it_holds_the_model_and_is_faster(fake_gpu, devic
     assert Trainer(MLP([200, 10]), device=device).engine == "graph"  # not held
 
 
+@pytest.mark.bindings
 def test_forced_engines(fake_gpu) -> None:
     assert Trainer(MLP([20, 80, 10]), device="cuda", engine="fused").engine == "fused"
     assert Trainer(MLP([20, 10]), device="cuda", engine="graph").engine == "graph"
 
 
+@pytest.mark.bindings
 def test_forced_fused_refusal_comes_before_any_work(fake_gpu) -> None:
     with pytest.raises(ConfigError, match="engine='fused' cannot train this model: a layer of 200 is wider than 100"):
         Trainer(MLP([200, 10]), device="cuda", engine="fused")
     assert fake_gpu.built == 0
 
 
+@pytest.mark.bindings
 def test_load_with_a_refused_engine_blames_the_engine_not_the_file(fake_gpu, tmp_path) -> None:
     path = tmp_path / "m.npz"
     t = Trainer(MLP([200, 10]), device="cpu")
@@ -152,6 +156,7 @@ def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: 
 # ---- devices= ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize(
     ("devices", "message"),
     [
@@ -173,6 +178,7 @@ def test_bad_devices_are_refused_by_name_before_any_work(fake_gpu, devices, mess
     assert fake_gpu.built == 0
 
 
+@pytest.mark.bindings
 def test_several_devices_refused_where_they_cannot_run(fake_gpu) -> None:
     with pytest.raises(ConfigError, match=re.escape("devices=2 names GPUs but device='cpu'")):
         Trainer(MLP([20, 10]), device="cpu", devices=2)
@@ -181,6 +187,7 @@ def test_several_devices_refused_where_they_cannot_run(fake_gpu) -> None:
     assert Trainer(MLP([20, 10]), device="cpu", devices=1).engine == "numpy"  # the default: nothing asked of a GPU
 
 
+@pytest.mark.bindings
 def test_devices_naming_a_missing_gpu_says_how_many_there_are(fake_gpu, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "fastnn.engine.replicas", None)  # building replicas would raise ImportError
     with pytest.raises(DeviceUnavailable, match=re.escape("devices=[0, 3]: this machine has 2 GPU(s), numbered "
@@ -191,6 +198,7 @@ def test_devices_naming_a_missing_gpu_says_how_many_there_are(fake_gpu, monkeypa
     assert fake_gpu.built == 0
 
 
+@pytest.mark.bindings
 def test_one_device_trains_on_that_gpu_with_any_engine(fake_gpu) -> None:
     assert Trainer(MLP([20, 10]), device="cuda", devices=[1])._engine.ordinal == 1
     t = Trainer(MLP([20, 10]), device="auto", devices=[1], engine="graph")
@@ -198,6 +206,7 @@ def test_one_device_trains_on_that_gpu_with_any_engine(fake_gpu) -> None:
     assert Trainer(MLP([20, 10]), device="cuda", devices=1)._engine.ordinal == 0
 
 
+@pytest.mark.bindings
 def test_several_devices_build_a_replica_engine_over_them(fake_gpu, fake_replicas) -> None:
     made = fake_replicas
     # MLP([20, 10]): one GPU would take the fused engine (test_auto_takes_fused...); several take the replicas
@@ -224,6 +233,7 @@ def fake_replicas(monkeypatch: pytest.MonkeyPatch) -> list:
     return made
 
 
+@pytest.mark.bindings
 def test_one_gpu_replica_tuning_builds_the_replica_engine_on_one_gpu(fake_gpu, fake_replicas) -> None:
     """Tuning.one_gpu_replica: devices= of one GPU gets the replica engine (what the GPU suite's "graph-replicas"
     entry runs on one GPU); engine="fused" and the CPU ignore it, and without it one GPU gets its own engine."""
@@ -236,12 +246,14 @@ def test_one_gpu_replica_tuning_builds_the_replica_engine_on_one_gpu(fake_gpu, f
     assert fake_replicas == [[0], [0]]
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("tuning", [Tuning(), None])
 def test_tuning_reaches_the_engine_config(fake_gpu, tuning) -> None:
     t = Trainer(MLP([20, 10]), device="cuda", tuning=Tuning(autotune_algos=3) if tuning else None)
     assert t.config.tuning == (Tuning(autotune_algos=3) if tuning else Tuning())
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize(
     ("tuning", "message"),
     [
@@ -276,6 +288,7 @@ def test_a_bad_tuning_field_is_refused_naming_it(fields, message) -> None:
         Tuning(**fields)
 
 
+@pytest.mark.bindings
 def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_path) -> None:
     path = tmp_path / "m.npz"
     Trainer(MLP([20, 10]), device="cpu").save(path)

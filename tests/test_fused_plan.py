@@ -84,6 +84,7 @@ def test_a_lean_only_tuning_takes_the_lean_layout_where_the_standard_one_fits():
     assert (_option(lean, "FUSED_FOLD"), _option(lean, "FUSED_OPC")) == ("1", "0")
 
 
+@pytest.mark.bindings
 def test_the_phase_profile_is_a_tuning_compiled_in_as_a_define(monkeypatch, tmp_path):
     """Tuning.fused_profile (bench_fused.py --phases) adds -DFUSED_PROFILE to the plan's options, and the kernel
     compiles with it; by default the plan carries no such define."""
@@ -122,6 +123,7 @@ KERNELS = [
 ]
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("sizes,optimizer,precision,x_dtype,layout", KERNELS)
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["mma", "fma"])
 def test_the_kernel_compiles_for_each_layout(
@@ -134,6 +136,7 @@ def test_the_kernel_compiles_for_each_layout(
     assert cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.bindings
 def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
     """The cross-check above can fail: a plan claiming one 4-byte word too few is rejected by the compiler."""
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))

@@ -26,6 +26,7 @@ def _lines(text: str) -> dict[str, str]:
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
+@pytest.mark.bindings
 def test_info_command_runs_and_reports():
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
@@ -118,6 +119,7 @@ def test_cuda_status_never_raises(monkeypatch):
         fastnn.device.cuda_status.cache_clear()
 
 
+@pytest.mark.bindings
 def test_cuda_status_reports_a_missing_library(monkeypatch):
     from fastnn.cuda import _loader, driver
 

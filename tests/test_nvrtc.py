@@ -66,11 +66,13 @@ def compiles(monkeypatch) -> list[tuple]:
     return calls
 
 
+@pytest.mark.bindings
 def test_nvrtc_version():
     major, minor = nvrtc.nvrtc_version()
     assert major >= 12 and minor >= 0
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compile_source_gives_cubin(arch, tmp_path):
     (tmp_path / "helper.cuh").write_text(HELPER)
@@ -78,6 +80,7 @@ def test_compile_source_gives_cubin(arch, tmp_path):
     assert cubin.startswith(ELF) and len(cubin) > 1000
 
 
+@pytest.mark.bindings
 def test_cubins_differ_by_arch(tmp_path):
     (tmp_path / "helper.cuh").write_text(HELPER)
     assert nvrtc.compile_source(KERNEL, "k.cu", "sm_80", include_dirs=[tmp_path]) != nvrtc.compile_source(
@@ -85,6 +88,7 @@ def test_cubins_differ_by_arch(tmp_path):
     )
 
 
+@pytest.mark.bindings
 def test_syntax_error_raises_with_the_full_log():
     source = 'extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }'
     with pytest.raises(NvrtcError) as info:
@@ -97,6 +101,7 @@ def test_syntax_error_raises_with_the_full_log():
     assert err.log.strip() in str(err)
 
 
+@pytest.mark.bindings
 def test_cxx17_always_and_fast_math_only_on_request():
     source = r"""
     #if __cplusplus < 201703L
@@ -126,6 +131,7 @@ def test_cache_dir_default_and_override(monkeypatch, tmp_path):
     assert nvrtc.cache_dir() == tmp_path / "elsewhere"
 
 
+@pytest.mark.bindings
 def test_compile_native_caches_on_disk(kernels, cache, compiles):
     first = nvrtc.compile_native("k.cu", "sm_90")
     assert first.startswith(ELF)
@@ -155,6 +161,7 @@ def test_cache_key_covers_arch_options_source_headers_and_version():
     assert len(keys) == len(variants) and key not in keys
 
 
+@pytest.mark.bindings
 def test_changed_options_arch_or_header_recompile(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
     nvrtc.compile_native("k.cu", "sm_90", options=["--use_fast_math"])
@@ -166,6 +173,7 @@ def test_changed_options_arch_or_header_recompile(kernels, cache, compiles):
     assert len(_entries(cache)) == 4
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
 def test_corrupt_cache_entry_is_recompiled(kernels, cache, compiles, damage):
     good = nvrtc.compile_native("k.cu", "sm_90")
@@ -186,6 +194,7 @@ def test_corrupt_cache_entry_is_recompiled(kernels, cache, compiles, damage):
     assert len(compiles) == 2
 
 
+@pytest.mark.bindings
 def test_unwritable_cache_degrades_to_no_cache(kernels, tmp_path, monkeypatch, compiles):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -202,6 +211,7 @@ def test_compile_native_rejects_unknown_files(kernels, cache, filename):
         nvrtc.compile_native(filename, "sm_90")
 
 
+@pytest.mark.bindings
 def test_compile_native_error_carries_log(kernels, cache):
     (kernels / "bad.cu").write_text('#include "helper.cuh"\nextern "C" __global__ void k() { nope(); }\n')
     with pytest.raises(NvrtcError) as info:
@@ -223,6 +233,7 @@ def test_native_dir_holds_the_kernels():
     assert {"gather.cu", "loss.cu", "update.cu"} <= names
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", nvrtc.native_sources(), ids=lambda p: p.name)
 def test_every_native_kernel_compiles(path, arch, cache):
@@ -247,6 +258,7 @@ print(list(bytes([32])), b"a b".split(bytes([32])))
 """
 
 
+@pytest.mark.bindings
 def test_empty_program_log_does_not_write_into_shared_bytes():
     """An empty log is one NUL byte; read into b" " * 1 it overwrote CPython's shared b" " (in a subprocess:
     the failure would corrupt the test process)."""
@@ -268,6 +280,7 @@ def test_relative_cache_dir_is_resolved_once(monkeypatch, tmp_path):
     assert nvrtc.cache_dir().is_absolute()
 
 
+@pytest.mark.bindings
 def test_new_cache_is_private(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
@@ -277,6 +290,7 @@ def test_new_cache_is_private(kernels, cache, compiles):
     assert stat.S_IMODE(entry.stat().st_mode) & 0o077 == 0
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("mode", [0o770, 0o777, 0o757], ids=oct)
 def test_cache_writable_by_others_is_not_used(kernels, cache, compiles, mode):
     cache.mkdir(mode=0o700)
@@ -290,6 +304,7 @@ def test_cache_writable_by_others_is_not_used(kernels, cache, compiles, mode):
     assert list(cache.iterdir()) == []  # nothing read from or written to it, not even a key
 
 
+@pytest.mark.bindings
 def test_cache_owned_by_another_user_is_not_used(kernels, cache, compiles, monkeypatch):
     cache.mkdir(mode=0o700)
     uid = cache.stat().st_uid
@@ -299,6 +314,7 @@ def test_cache_owned_by_another_user_is_not_used(kernels, cache, compiles, monke
     assert len(compiles) == 1 and list(cache.iterdir()) == []
 
 
+@pytest.mark.bindings
 def test_planted_cubin_with_a_recomputed_digest_is_not_trusted(kernels, cache, compiles):
     good = nvrtc.compile_native("k.cu", "sm_90")
     (entry,) = _entries(cache)
@@ -313,6 +329,7 @@ def test_planted_cubin_with_a_recomputed_digest_is_not_trusted(kernels, cache, c
     assert nvrtc.compile_native("k.cu", "sm_90") == good and len(compiles) == 3
 
 
+@pytest.mark.bindings
 def test_key_file_that_others_can_read_is_not_used(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
     (cache / ".key").chmod(0o644)
@@ -327,6 +344,7 @@ def test_key_file_that_others_can_read_is_not_used(kernels, cache, compiles):
 # ---- the key and entries are written whole or not at all; a failing write never fails the compile -------------
 
 
+@pytest.mark.bindings
 def test_damaged_key_is_made_anew(kernels, cache, compiles):
     """A key of the wrong length (what an interrupted or short write left) disabled the cache for good."""
     cache.mkdir(mode=0o700)
@@ -356,6 +374,7 @@ print(cubin[:4] == b"\x7fELF", [str(w.message) for w in caught])
 """
 
 
+@pytest.mark.bindings
 def test_short_write_of_the_key_leaves_no_key(kernels, cache, compiles):
     """A process whose file size limit is 16 bytes: writing the 32-byte key stops halfway (a real short write,
     then EFBIG). It still compiles, warns once, and leaves no key behind, so the next process caches."""
@@ -386,6 +405,7 @@ def disk_full(monkeypatch):
     return lambda test: full.__setitem__(0, test)
 
 
+@pytest.mark.bindings
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_disk_full_writing_the_key_compiles_in_memory_with_one_warning(kernels, cache, compiles, disk_full):
     disk_full(lambda name: ".key" in name)
@@ -402,6 +422,7 @@ def test_disk_full_writing_the_key_compiles_in_memory_with_one_warning(kernels, 
     assert (cache / ".key").stat().st_size == 32
 
 
+@pytest.mark.bindings
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_disk_full_writing_an_entry_warns_once(kernels, cache, compiles, disk_full):
     disk_full(lambda name: ".cubin" in name)

@@ -488,6 +488,7 @@ def test_epoch_state_struct_and_its_numpy_dtype_agree() -> None:
     assert BAD_STATE_OFFSET == EPOCH_STATE_DTYPE.fields["bad_state"][1] == 20
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_update_cu_compiles_with_the_epoch_end_kernels(arch: str, tmp_path: Path, monkeypatch) -> None:
     from fastnn.cuda import nvrtc
