@@ -90,17 +90,18 @@ class History:
 
                 fig = Figure(figsize=(10, 4))
         except ImportError as exc:
-            raise ImportError("History.plot needs matplotlib: pip install matplotlib (or fastnn[bench])") from exc
+            raise ImportError("History.plot needs matplotlib: pip install matplotlib") from exc
         ax_loss, ax_acc = fig.subplots(1, 2)
         epochs = self["epoch"]
         for ax, field in ((ax_loss, "loss"), (ax_acc, "accuracy")):
-            ax.plot(epochs, self[f"train_{field}"], marker="o", label="train")
-            evaluated = [(e, v) for e, v in zip(epochs, self[f"eval_{field}"]) if v is not None]
-            if evaluated:
-                ax.plot(*zip(*evaluated), marker="o", label="eval")
+            for which in ("train", "eval"):  # None: not evaluated, or a regression (no accuracy)
+                points = [(e, v) for e, v in zip(epochs, self[f"{which}_{field}"]) if v is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=which)
             ax.set_xlabel("epoch")
             ax.set_ylabel(field)
-            ax.legend()
+            if ax.lines:
+                ax.legend()
         fig.tight_layout()
         if path is not None:
             fig.savefig(path)
@@ -113,7 +114,8 @@ def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
     Each record holds exactly FIELDS: epoch an integer in [first, 2**32 + first) (first = 1, so [1, 2**32]; checkpoints
     written before epochs were numbered from 1 hold first = 0), losses finite and >= 0, accuracies in
     [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not evaluated) or both
-    numbers. `Trainer.save` and `Trainer.load` apply this same check.
+    numbers; a regression's records (loss "mse") hold None for both accuracies. `Trainer.save` and
+    `Trainer.load` apply this same check.
     """
     if not isinstance(records, list):
         raise ValueError(f"history must be a list of records, got {type(records).__name__}")
@@ -129,11 +131,14 @@ def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
                 ok, rule = number and 0.0 <= value <= 1.0, "a number in [0, 1]"
             else:  # losses and seconds
                 ok, rule = number and math.isfinite(value) and value >= 0, "a finite number >= 0"
-            if field.startswith("eval_"):
+            if field.startswith("eval_") or field == "train_accuracy":
                 ok, rule = ok or value is None, f"None or {rule}"
             if not ok:
                 raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
-        if (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
+        if r["train_accuracy"] is None:  # a regression's epoch: no accuracy, evaluated or not
+            if r["eval_accuracy"] is not None:
+                raise ValueError(f"history[{i}] has an eval_accuracy but no train_accuracy: {r!r}")
+        elif (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
             raise ValueError(f"history[{i}] has only one of eval_loss and eval_accuracy: {r!r}")
     return records
 

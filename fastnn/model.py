@@ -22,9 +22,10 @@ ACTIVATIONS = ("relu", "gelu")
 
 @dataclass(frozen=True)
 class MLP:
-    """A multi-layer perceptron: `sizes[0]` inputs, hidden layers, `sizes[-1]` classes.
+    """A multi-layer perceptron: `sizes[0]` inputs, hidden layers, `sizes[-1]` outputs (the classes of a
+    classifier, >= 2, or the k targets of a regression, `Trainer(loss="mse")`).
 
-    `MLP([784, 10])` is logistic regression; the activation follows every layer but the last.
+    `MLP([784, 10])` is logistic regression; the activation follows every layer but the last, which is linear.
     """
 
     sizes: tuple[int, ...]
@@ -39,8 +40,6 @@ class MLP:
             raise ConfigError(f"sizes must be a sequence of positive integers, got {sizes!r}") from None
         if not ok or len(sizes_t) < 2 or any(s < 1 for s in sizes_t):
             raise ConfigError(f"sizes must hold at least two positive integers, got {sizes!r}")
-        if sizes_t[-1] < 2:
-            raise ConfigError(f"sizes[-1] (the number of classes) must be >= 2, got {sizes_t[-1]}")
         if activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         params = sum(i * o + o for i, o in zip(sizes_t[:-1], sizes_t[1:]))
@@ -59,6 +58,7 @@ class MLP:
 
     @property
     def classes(self) -> int:
+        """The number of outputs: the classes of a classifier, the targets of a regression."""
         return self.sizes[-1]
 
     @property

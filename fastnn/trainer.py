@@ -27,8 +27,8 @@ from .control import (
     run_callbacks,
     split_indices,
 )
-from .data import check_inputs, check_labels, check_normalize
-from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
+from .data import check_inputs, check_labels, check_normalize, check_targets
+from .engine.base import LOSSES, PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .errors import ConfigError, DataError, FastnnError
@@ -61,6 +61,18 @@ def _check_device(device: Any) -> str:
     return device
 
 
+def _check_loss(loss: Any, model: MLP) -> str:
+    """`loss` as one of LOSSES, fitting the model: a classifier needs two outputs (classes) or more."""
+    if not isinstance(loss, str) or loss not in LOSSES:
+        raise ConfigError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if loss == "cross_entropy" and model.classes < 2:
+        raise ConfigError(
+            f"model sizes {list(model.sizes)} end in {model.classes} output: a classifier (loss='cross_entropy') "
+            f"needs at least 2 classes; for a regression of one target pass loss='mse'"
+        )
+    return loss
+
+
 class Trainer:
     """Trains an `MLP` with an optimizer on the CPU (NumPy) or the GPU (one CUDA graph per epoch).
 
@@ -86,6 +98,9 @@ class Trainer:
         devices: the GPUs of this process to train on: a count N (GPUs 0..N-1) or a list of ordinals, default 1.
             Several: data-parallel with a replica of the graph engine on each (NCCL, the "multi" extra), results
             as on one GPU up to summation order; one: that GPU alone (any engine).
+        loss: "cross_entropy" (classification: integer labels, one output per class) or "mse" (regression: float
+            targets (N,) or (N, k) for a model of k outputs, the last layer linear; the NumPy engine only for now:
+            device="auto" trains it on the CPU, and the GPU engines refuse it with a ConfigError).
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -108,9 +123,11 @@ class Trainer:
         data_placement: str = "auto",
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
+        loss: str = "cross_entropy",
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
+        _check_loss(loss, model)
         if optimizer is None:
             optimizer = SGD(lr=0.1)
         if not isinstance(optimizer, (SGD, AdamW)):
@@ -133,6 +150,7 @@ class Trainer:
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
             data_placement=data_placement,
+            loss=loss,
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
@@ -167,6 +185,11 @@ class Trainer:
         return self._config.optimizer
 
     @property
+    def loss(self) -> str:
+        """ "cross_entropy" (a classifier) or "mse" (a regression)."""
+        return self._config.loss
+
+    @property
     def config(self) -> EngineConfig:
         """The validated configuration the engine was built from."""
         return self._config
@@ -176,7 +199,7 @@ class Trainer:
         return (
             f"Trainer(model={c.model!r}, optimizer={c.optimizer!r}, batch_size={c.batch_size}, "
             f"precision={c.precision!r}, device={self.device!r}, engine={self.engine!r}, seed={c.seed}, "
-            f"epoch={self.epoch})"
+            f"{'' if c.loss == 'cross_entropy' else f'loss={c.loss!r}, '}epoch={self.epoch})"
         )
 
     # ---- training ---------------------------------------------------------------------------------------------
@@ -195,7 +218,8 @@ class Trainer:
     ) -> History:
         """Train up to `epochs` more epochs on (x, y); returns this call's History (`self.history` holds all).
 
-        x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels. With eval_data
+        x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels, or with loss="mse"
+        float targets (N,) or (N, k) (a regression's records have no accuracy: None). With eval_data
         = (x_eval, y_eval), evaluate after every `eval_every`-th epoch of this call and after its last.
         `validation_split=f` instead holds out ceil(f * N) rows of (x, y) as the eval data, chosen by
         `fastnn.control.split_indices` from the trainer's seed (the same rows on every engine and call).
@@ -229,9 +253,9 @@ class Trainer:
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
         """
         self._check_open()
-        model, cfg = self._config.model, self._config
+        cfg = self._config
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], model.classes, "y")
+        y = self._targets(y, x.shape[0], "y")
         epochs = _check_int("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
         eval_every = _check_int("eval_every", eval_every, 1)
@@ -239,6 +263,11 @@ class Trainer:
         fraction = check_validation_split(validation_split)
         stopper = check_early_stopping(early_stopping)
         hooks = check_callbacks(callbacks)
+        if stopper is not None and stopper.monitor == "eval_accuracy" and cfg.loss == "mse":
+            raise ConfigError(
+                "early_stopping monitors 'eval_accuracy', which a regression (loss='mse') does not have: "
+                "use EarlyStopping(monitor='eval_loss')"
+            )
         if fraction is not None and eval_set is not None:
             raise ConfigError(
                 f"validation_split={fraction} and eval_data are both given: pass one of them "
@@ -294,7 +323,7 @@ class Trainer:
             record = {
                 "epoch": stats.epoch + 1,  # people's number: stats.epoch is the 0-based index keying the shuffle
                 "train_loss": float(stats.loss),
-                "train_accuracy": float(stats.accuracy),
+                "train_accuracy": None if stats.accuracy is None else float(stats.accuracy),
                 "eval_loss": None if stats.eval_loss is None else float(stats.eval_loss),
                 "eval_accuracy": None if stats.eval_accuracy is None else float(stats.eval_accuracy),
                 "seconds": float(stats.seconds),
@@ -395,28 +424,49 @@ class Trainer:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
         ex = self._inputs(eval_data[0], "eval_data[0]")
-        ey = check_labels(eval_data[1], ex.shape[0], self._config.model.classes, "eval_data[1]")
-        return ex, ey
+        return ex, self._targets(eval_data[1], ex.shape[0], "eval_data[1]")
+
+    def _targets(self, y: Any, n: int, name: str) -> np.ndarray:
+        """`y` checked for this model and loss: int32 labels (N,), or float32 regression targets (N, k)."""
+        if self._config.loss == "mse":
+            return check_targets(y, n, self._config.model.classes, name)
+        return check_labels(y, n, self._config.model.classes, name)
 
     # ---- inference --------------------------------------------------------------------------------------------
 
     def evaluate(self, x: Any, y: Any) -> dict[str, float]:
-        """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
+        """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y); for a
+        regression (loss="mse") {"loss": mean squared error, "mse": the same, "r2": R^2 averaged over the
+        outputs (1 is perfect, 0 is predicting each target's mean, and worse is negative)}."""
         self._check_open()
         x = self._inputs(x, "x")
-        y = check_labels(y, x.shape[0], self._config.model.classes, "y")
-        loss, accuracy = self._engine.evaluate(x, y)
-        return {"loss": float(loss), "accuracy": float(accuracy)}
+        y = self._targets(y, x.shape[0], "y")
+        loss, score = self._engine.evaluate(x, y)
+        if self._config.loss == "mse":
+            return {"loss": float(loss), "mse": float(loss), "r2": float(score)}
+        return {"loss": float(loss), "accuracy": float(score)}
 
     def predict_proba(self, x: Any) -> np.ndarray:
-        """Softmax class probabilities, (N, classes) float32."""
+        """Softmax class probabilities, (N, classes) float32.
+
+        Raises:
+            ConfigError: the trainer is a regression (loss="mse"): it has `predict` only.
+        """
         self._check_open()
+        if self._config.loss == "mse":
+            raise ConfigError("predict_proba is for classifiers; this trainer is a regression (loss='mse'): "
+                              "use predict")  # fmt: skip
         x = self._inputs(x, "x")
         return self._engine.predict_proba(x)
 
     def predict(self, x: Any) -> np.ndarray:
-        """The most probable class of each row, (N,) int64."""
-        return self.predict_proba(x).argmax(axis=1)
+        """The most probable class of each row, (N,) int64; for a regression (loss="mse") the predicted values,
+        (N, k) float32, or (N,) when the model has one output."""
+        if self._config.loss != "mse":
+            return self.predict_proba(x).argmax(axis=1)
+        self._check_open()
+        out = self._engine.predict_outputs(self._inputs(x, "x"))
+        return out[:, 0] if out.shape[1] == 1 else out
 
     # ---- state ------------------------------------------------------------------------------------------------
 
@@ -476,6 +526,7 @@ class Trainer:
             "seed": c.seed,
             "normalize": None if c.normalize is None else list(c.normalize),
             "drop_last": c.drop_last,
+            "loss": c.loss,
             "epoch": self.epoch,
             "step": self.step,
             "history": list(self.history),
@@ -521,6 +572,7 @@ class Trainer:
         try:
             model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
+            kwargs["loss"] = config.get("loss", "cross_entropy")  # files written before regression: classifiers
             if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
                 raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
             epoch, step, history = _checked_progress(config)

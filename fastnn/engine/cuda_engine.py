@@ -128,6 +128,9 @@ class CudaEngine(Engine):
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0, group=None) -> None:
         from ..cuda import cublaslt, cudnn, driver
+        from .select import check_gpu_loss
+
+        check_gpu_loss(config)  # loss="mse" is the NumPy engine's alone for now: refused before any allocation
 
         self._drv, self._lt, self._dnn = driver, cublaslt, cudnn
         self.config = config

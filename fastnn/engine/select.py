@@ -18,13 +18,24 @@ from ..errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
 __all__ = [
-    "DEVICES", "ENGINES", "EngineRefused", "check_devices", "check_distributed", "check_engine", "choose_gpu_engine",
-    "create_engine", "cuda_engine_class",
+    "DEVICES", "ENGINES", "GPU_LOSSES", "EngineRefused", "check_devices", "check_distributed", "check_engine",
+    "check_gpu_loss", "choose_gpu_engine", "create_engine", "cuda_engine_class",
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_GPUS = 1024  # a bound on devices= well above any machine's GPU count, checked before a list is built
 ENGINES = ("auto", "fused", "graph")
+#: The losses the GPU engines train; the NumPy engine trains every one of base.LOSSES.
+GPU_LOSSES = ("cross_entropy",)
+
+
+def check_gpu_loss(config: EngineConfig) -> None:
+    """Raise ConfigError naming `config.loss` when the GPU engines do not train it (GPU_LOSSES)."""
+    if config.loss not in GPU_LOSSES:
+        raise ConfigError(
+            f"loss={config.loss!r} is not implemented on the GPU engines yet: train it with device='cpu' "
+            f"(device='auto' does)"
+        )
 
 
 class EngineRefused(ConfigError):
@@ -191,12 +202,14 @@ def create_engine(
 ) -> Engine:
     """Build the engine for `device` and `engine` from `config`, starting from `state`.
 
-    device="auto" takes the GPU when it is usable, else the CPU with one warning (at `stacklevel`). With a
+    device="auto" takes the GPU when it is usable, else the CPU with a warning (at `stacklevel`;
+    also for a loss the GPU engines do not train, GPU_LOSSES). With a
     data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable. `devices` other than the
     first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each.
 
     Raises:
-        ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused" cannot hold the model.
+        ConfigError: `device`, `engine` or `devices` is invalid, engine="fused" cannot hold the model, or a GPU is
+            asked for a loss the GPU engines do not train.
         DeviceUnavailable: device="cuda" (or devices naming GPUs) and no usable GPU; several GPUs and no NCCL.
     """
     if device not in DEVICES:
@@ -204,6 +217,14 @@ def create_engine(
     check_engine(device, engine)
     check_distributed(device, engine, group)
     ordinals = check_devices(device, engine, devices, group)
+    if device == "auto" and ordinals == [0] and group is None and config.loss not in GPU_LOSSES:
+        warnings.warn(f"device='auto': loss={config.loss!r} trains on the CPU (NumPy engine): the GPU engines do "
+                      f"not implement it yet", RuntimeWarning, stacklevel=stacklevel + 1)  # fmt: skip
+        from .numpy_engine import NumpyEngine
+
+        return NumpyEngine(config, state)
+    if device != "cpu":
+        check_gpu_loss(config)
     if ordinals != [0]:
         return _on_gpus(config, state, engine, ordinals)
     if group is not None:
