@@ -12,6 +12,7 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, Trainer
+from fastnn.engine import select
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.numpy_engine import NumpyEngine, backward, forward, mse_loss_and_grad, r2_score
 from fastnn.model import init_parameters, param_names
@@ -196,10 +197,11 @@ def test_regression_records_pass_the_history_check_and_print():
     assert "-" in str(History([record]))
 
 
-def test_gpu_engines_refuse_mse_by_name_and_auto_trains_it_on_the_cpu():
+def test_gpu_engines_refuse_mse_by_name_and_auto_trains_it_on_the_cpu(monkeypatch):
     for kwargs in ({"device": "cuda"}, {"device": "cuda", "engine": "fused"}, {"device": "cuda", "devices": [0, 1]}):
         with pytest.raises(ConfigError, match="loss='mse' is not implemented on the GPU engines yet"):
             Trainer(MLP([5, 2]), loss="mse", **kwargs)
+    monkeypatch.setattr(select, "_warned", set())  # as in a fresh process: the warning is shown once per process
     with pytest.warns(RuntimeWarning, match="loss='mse' trains on the CPU"):
         t = Trainer(MLP([5, 2]), loss="mse", device="auto")
     assert t.engine == "numpy"

@@ -28,6 +28,17 @@ ENGINES = ("auto", "fused", "graph")
 #: The losses the GPU engines train; the NumPy engine trains every one of base.LOSSES.
 GPU_LOSSES = ("cross_entropy",)
 
+_warned: set[str] = set()  # the fallback warnings this process has shown
+
+
+def _warn_once(message: str, stacklevel: int) -> None:
+    """Warn (RuntimeWarning) the first time this process meets `message`: a grid search makes a trainer per fit,
+    and the same fallback said once is news, said at every fit noise."""
+    if message in _warned:
+        return
+    _warned.add(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+
 
 def check_gpu_loss(config: EngineConfig) -> None:
     """Raise ConfigError naming `config.loss` when the GPU engines do not train it (GPU_LOSSES)."""
@@ -202,7 +213,7 @@ def create_engine(
 ) -> Engine:
     """Build the engine for `device` and `engine` from `config`, starting from `state`.
 
-    device="auto" takes the GPU when it is usable, else the CPU with a warning (at `stacklevel`;
+    device="auto" takes the GPU when it is usable, else the CPU with a warning (at `stacklevel`, once per process;
     also for a loss the GPU engines do not train, GPU_LOSSES). With a
     data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable. `devices` other than the
     first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each.
@@ -218,8 +229,8 @@ def create_engine(
     check_distributed(device, engine, group)
     ordinals = check_devices(device, engine, devices, group)
     if device == "auto" and ordinals == [0] and group is None and config.loss not in GPU_LOSSES:
-        warnings.warn(f"device='auto': loss={config.loss!r} trains on the CPU (NumPy engine): the GPU engines do "
-                      f"not implement it yet", RuntimeWarning, stacklevel=stacklevel + 1)  # fmt: skip
+        _warn_once(f"device='auto': loss={config.loss!r} trains on the CPU (NumPy engine): the GPU engines do not "
+                   f"implement it yet", stacklevel + 1)  # fmt: skip
         from .numpy_engine import NumpyEngine
 
         return NumpyEngine(config, state)
@@ -245,11 +256,7 @@ def create_engine(
     try:
         return _gpu_engine(cuda_engine_class(), config, state, engine)
     except DeviceUnavailable as exc:
-        warnings.warn(
-            f"device='auto': {exc}; training on the CPU (NumPy engine) instead",
-            RuntimeWarning,
-            stacklevel=stacklevel + 1,
-        )
+        _warn_once(f"device='auto': {exc}; training on the CPU (NumPy engine) instead", stacklevel + 1)
     from .numpy_engine import NumpyEngine
 
     return NumpyEngine(config, state)
