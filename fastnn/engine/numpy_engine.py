@@ -258,8 +258,14 @@ class NumpyEngine(Engine):
                 raise
 
     def _logits_chunks(self, x: np.ndarray):
+        """(first row, float64 outputs) of x in chunks. Evaluation and prediction compute in float64 from the
+        float32 weights: a row's outputs then do not depend on how many rows go through at once (float32 BLAS
+        sums in an order that depends on the shape, which moves the last bit), as scikit-learn's checks expect."""
+        scale, shift = input_affine(x.dtype, self.config.normalize)
+        params = {n: p.astype(np.float64) for n, p in self.params.items()}
         for lo in range(0, x.shape[0], _EVAL_ROWS):
-            yield lo, forward(self.params, self._batch(x[lo : lo + _EVAL_ROWS]), self.config.model)[0]
+            yield lo, forward(params, prepare_batch(x[lo : lo + _EVAL_ROWS], scale, shift, np.float64),
+                              self.config.model)[0]  # fmt: skip
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         if self.config.loss == "mse":
