@@ -552,10 +552,13 @@ class Trainer:
         data_placement: str = "auto",
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
+        batch_size: int | None = None,
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
-        A schedule is code and is not saved: pass the same `schedule` again to continue with it.
+        A schedule is code and is not saved: pass the same `schedule` again to continue with it. `batch_size`
+        (None: the file's) continues with another batch size: the weights, optimizer state and counters carry
+        over, later epochs take the steps of the new size.
 
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
@@ -569,9 +572,13 @@ class Trainer:
         check_distributed(device, engine, distributed)
         check_devices(device, engine, devices, distributed)
         check_schedule(schedule)
+        if batch_size is not None:
+            batch_size = _check_int("batch_size", batch_size, 1)
         try:
             model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
+            if batch_size is not None:
+                kwargs["batch_size"] = batch_size
             kwargs["loss"] = config.get("loss", "cross_entropy")  # files written before regression: classifiers
             if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
                 raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
