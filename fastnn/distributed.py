@@ -12,7 +12,8 @@ made it listens on, so it must come from a rank that stays up (rank 0), not from
 - `uid=` passed in (bytes or its hex string), from a pipe, a queue or the user's own rendezvous;
 - `id_file=` a path all ranks can read (a shared filesystem): rank 0 writes it, the others wait for it;
 - neither, with NCCL_COMM_ID=host:port set for every rank: NCCL derives the id from that address.
-NCCL is optional: `pip install "fastnn[multi-cu12]"` (or multi-cu13).
+NCCL is optional: `pip install "fastnn-cuda[multi-cu12]"` (or multi-cu13; from a checkout `pip install -e
+".[multi-cu12]"`).
 """
 
 from __future__ import annotations

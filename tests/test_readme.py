@@ -13,7 +13,7 @@ from _data import fashion_dir, where
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
-#: Run before a block: make every `cuda` module unimportable, as on `pip install fastnn` without an extra.
+#: Run before a block: make every `cuda` module unimportable, as on `pip install fastnn-cuda` without an extra.
 NO_CUDA = """
 import importlib.abc, sys
 class _NoCuda(importlib.abc.MetaPathFinder):
@@ -49,7 +49,7 @@ def test_quick_start_trainer_runs_on_a_cpu_only_install():
     assert out.returncode == 0, out.stderr
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out.stdout).group(1))
     assert accuracy > 0.83, out.stdout  # the README says "about 0.85"
-    assert "training on the CPU" in out.stderr and "fastnn[cu12]" in out.stderr  # says what to install
+    assert "training on the CPU" in out.stderr and 'pip install "fastnn-cuda[cu12]"' in out.stderr  # what to install
 
 
 def test_quick_start_sklearn_runs_on_a_cpu_only_install():
