@@ -118,6 +118,13 @@ class _Plateau:
         return self.triggered
 
 
+def _keep_params(est: BaseEstimator, params: dict[str, Any]) -> None:
+    """Store `__init__`'s arguments as given, unchecked (scikit-learn's rule: `fit` checks them)."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(est, name, value)
+
+
 @contextlib.contextmanager
 def _unchanged_on_error(est: BaseEstimator) -> Iterator[None]:
     """Run the block; if it raises, give `est` back every attribute it had before (a trainer made in the block is
@@ -578,32 +585,7 @@ class MLPClassifier(_FastnnClassifier):
         precision: str = "mixed",
         engine: str = "auto",
     ) -> None:
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.solver = solver
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.max_fun = max_fun
-        self.device = device
-        self.precision = precision
-        self.engine = engine
+        _keep_params(self, locals())
 
     def _hidden(self) -> Any:
         return self.hidden_layer_sizes
@@ -657,31 +639,7 @@ class LogisticRegression(_FastnnClassifier):
         precision: str = "mixed",
         engine: str = "auto",
     ) -> None:
-        self.penalty = penalty
-        self.C = C
-        self.fit_intercept = fit_intercept
-        self.solver = solver
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.device = device
-        self.precision = precision
-        self.engine = engine
+        _keep_params(self, locals())
 
     # Parameters of MLPClassifier's that logistic regression does not take: their one meaning here.
     alpha = 0.0
@@ -759,33 +717,7 @@ class MLPRegressor(RegressorMixin, _FastnnEstimator):
         precision: str = "mixed",
         engine: str = "auto",
     ) -> None:
-        self.hidden_layer_sizes = hidden_layer_sizes
-        self.activation = activation
-        self.loss = loss
-        self.solver = solver
-        self.alpha = alpha
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_rate_init = learning_rate_init
-        self.power_t = power_t
-        self.max_iter = max_iter
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.tol = tol
-        self.verbose = verbose
-        self.warm_start = warm_start
-        self.momentum = momentum
-        self.nesterovs_momentum = nesterovs_momentum
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.n_iter_no_change = n_iter_no_change
-        self.max_fun = max_fun
-        self.device = device
-        self.precision = precision
-        self.engine = engine
+        _keep_params(self, locals())
 
     def _hidden(self) -> Any:
         return self.hidden_layer_sizes

@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+from test_readme import NO_CUDA
 
 import fastnn.device
 from fastnn import info
@@ -145,14 +146,9 @@ def test_layers_above_the_bindings_do_not_use_ctypes(path):
     assert "ctypes" not in imported
 
 
-#: Run before `fastnn info`: no `cuda` module importable and no CUDA wheel in the metadata, as on a CPU-only install.
-_NO_CUDA = """
-import importlib.abc, sys
-class _NoCuda(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "cuda" or name.startswith("cuda."):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, _NoCuda())
+#: `fastnn info` with no `cuda` module importable (test_readme's NO_CUDA) and no CUDA wheel in the metadata, as on
+#: a CPU-only install.
+_NO_CUDA = NO_CUDA + """
 import fastnn.environment as e
 e.cuda_packages = lambda *a: e.CudaPackages(None, ())
 from fastnn.__main__ import main
