@@ -272,7 +272,7 @@ class NumpyEngine(Engine):
             sse = np.zeros(y.shape[1], dtype=np.float64)
             with np.errstate(over="ignore", invalid="ignore"):
                 for lo, outputs in self._logits_chunks(x):
-                    diff = outputs.astype(np.float64) - y[lo : lo + outputs.shape[0]]
+                    diff = outputs - y[lo : lo + outputs.shape[0]]  # float64 (see _logits_chunks)
                     sse += (diff * diff).sum(axis=0)
             return float(sse.sum() / y.size), r2_score(sse, y)
         loss_sum, correct = 0.0, 0
