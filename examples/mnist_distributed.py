@@ -7,7 +7,8 @@
 The launcher sets each process's rank, world size and local rank (fastnn.distributed.LAUNCHER_ENV). The NCCL id
 reaches every rank through --id-file (rank 0 writes it; a path every machine can read) or NCCL_COMM_ID
 (host:port of rank 0's machine, a free port). Every rank loads the same data and builds the same Trainer; rank 0
-prints the history and saves the checkpoint. Needs NCCL: pip install "fastnn[multi-cu12]" (or multi-cu13).
+prints what it trains first, each epoch as it finishes when run in a terminal, the history at the end, and saves
+the checkpoint. Needs NCCL: pip install "fastnn-cuda[multi-cu12]" (or multi-cu13).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ def main(argv: list[str] | None = None) -> None:
         h = args.hidden
         with fastnn.Trainer(fastnn.MLP([784, h, h, 10]), fastnn.SGD(lr=0.05, momentum=0.9), batch_size=args.batch,
                             normalize=(0.2860, 0.3530), distributed=group) as trainer:  # fmt: skip
-            history = trainer.fit(x, y, epochs=args.epochs, progress=False)
+            if group.rank == 0:
+                print(f"{group.world} ranks, global batch {args.batch} ({args.batch // group.world} per GPU), "
+                      f"MLP {trainer.model.sizes}, {args.epochs} epochs", flush=True)  # fmt: skip
+            history = trainer.fit(x, y, epochs=args.epochs, progress="auto" if group.rank == 0 else False)
             acc = trainer.evaluate(xt, yt)["accuracy"]
             if group.rank == 0:
-                print(f"{group.world} ranks, global batch {args.batch} ({args.batch // group.world} per GPU)")
                 print(history)
                 print(f"test accuracy {acc:.4f}")
                 if args.save:

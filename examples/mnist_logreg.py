@@ -8,8 +8,9 @@ The default dataset is Fashion-MNIST: Debian's dataset-fashion-mnist package pro
 Data: --data DIR, else $FASTNN_DATA, ~/.cache/fastnn/<name>, /usr/share/datasets/<name>, else a
 checked download (see fastnn.datasets.load); the files must be the named dataset's (sha256) unless
 --no-verify (your own MNIST-layout data), and the folder used is printed first. Prints one line per epoch
-when training 10 epochs or fewer, else every 10th (--log-every N changes that; --progress prints every
-epoch live), then the training time and the final test accuracy.
+as it finishes when run in a terminal or for 10 epochs or fewer, else (a log) every 10th after training
+(--log-every N changes that; --progress prints every epoch live), then the training time and the final
+test accuracy.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("mixed", "fp16", "fp32"), default="mixed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--log-every", type=int, metavar="N", help="print every N-th epoch (default 1 up to 10 epochs, else 10)"
+        "--log-every",
+        type=int,
+        metavar="N",
+        help="print every N-th epoch (default 1 in a terminal or up to 10 epochs, else 10)",
     )
     p.add_argument("--progress", action="store_true", help="print every epoch as it finishes")
     return p.parse_args(argv)
@@ -54,8 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    log_every = args.log_every or (1 if args.epochs <= 10 else 10)
+    log_every = args.log_every or (1 if args.epochs <= 10 or sys.stdout.isatty() else 10)
     try:
+        print(f"loading {args.dataset} ...", flush=True)  # a first run downloads it: say so before the wait
         data = fastnn.datasets.load(
             args.dataset, root=args.data, download=not args.no_download, verify=not args.no_verify
         )

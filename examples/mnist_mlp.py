@@ -7,8 +7,9 @@
 fastnn trains whole epochs, so --steps is rounded up to whole epochs: ceil(steps / steps per epoch), with
 ceil(N / batch) steps per epoch (the last short batch is a step); the run says how many steps that is.
 Data as in mnist_logreg.py: --data DIR, else $FASTNN_DATA, ~/.cache/fastnn/<name>,
-/usr/share/datasets/<name>, else a checked download. Prints one line per epoch when training 10 epochs
-or fewer, else every 10th (--log-every N, --progress), then the training time and the test accuracy.
+/usr/share/datasets/<name>, else a checked download. Prints one line per epoch as it finishes when run in a
+terminal or for 10 epochs or fewer, else (a log) every 10th after training (--log-every N, --progress), then
+the training time and the test accuracy.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("mixed", "fp16", "fp32"), default="mixed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--log-every", type=int, metavar="N", help="print every N-th epoch (default 1 up to 10 epochs, else 10)"
+        "--log-every",
+        type=int,
+        metavar="N",
+        help="print every N-th epoch (default 1 in a terminal or up to 10 epochs, else 10)",
     )
     p.add_argument("--progress", action="store_true", help="print every epoch as it finishes")
     args = p.parse_args(argv)
@@ -64,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        print(f"loading {args.dataset} ...", flush=True)  # a first run downloads it: say so before the wait
         data = fastnn.datasets.load(
             args.dataset, root=args.data, download=not args.no_download, verify=not args.no_verify
         )
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.steps} steps at batch {args.batch_size} over {len(x)} samples ({per_epoch} steps per epoch): "
                 f"training {epochs} epochs = {epochs * per_epoch} steps"
             )
-        log_every = args.log_every or (1 if epochs <= 10 else 10)
+        log_every = args.log_every or (1 if epochs <= 10 or sys.stdout.isatty() else 10)
         model = fastnn.MLP([784] + [args.hidden] * args.layers + [10], activation="relu")
         trainer = fastnn.Trainer(
             model,

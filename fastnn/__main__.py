@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "info":
         from .info import run_info
 
-        return run_info()
+        try:
+            return run_info()
+        except BrokenPipeError:
+            # The reader left (`fastnn info | head -1`): nothing to report. Python flushes stdout again at exit,
+            # which would print the same error as "Exception ignored": point it at /dev/null first.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     parser.print_help()
     return 2
 

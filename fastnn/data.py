@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,10 @@ from .errors import ConfigError, DataError
 from .gpu_arrays import CudaArray, cuda_array
 from .state import FP16_MAX
 
-__all__ = ["check_inputs", "check_labels", "check_normalize", "check_operand_range", "input_affine", "prepare_batch"]
+__all__ = [
+    "check_inputs", "check_labels", "check_normalize", "check_operand_range", "check_targets", "input_affine",
+    "prepare_batch",
+]  # fmt: skip
 
 
 Normalize = tuple[float | tuple[float, ...], float | tuple[float, ...]]
@@ -189,14 +192,32 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
             ) from None
     if x.dtype.kind not in "fiub":
         raise DataError(f"{name} must hold numbers (uint8, float, int or bool), got dtype {x.dtype}")
-    x = np.ascontiguousarray(x, dtype=np.float32)  # ints and bools: their values, as float32
-    if not np.isfinite(x).all():
-        row, col = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
+    return _finite_f32(x, name)  # ints and bools: their values, as float32
+
+
+#: The largest finite float32, the type every engine trains in.
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite_f32(given: np.ndarray, name: str) -> np.ndarray:
+    """`given` as a C-contiguous float32 array; DataError naming its first entry that is not finite there: a NaN
+    or an infinity given (missing values?), or a finite number beyond float32's range, which the cast made inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        as_f32 = np.ascontiguousarray(given, dtype=np.float32)
+        bad = ~np.isfinite(as_f32)
+        if not bad.any():
+            return as_f32
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        where = f"row {at[0]}" + (f", column {at[1]}" if len(at) > 1 else "")
+        value = given[at].item()
+        if np.isfinite(np.float64(value)):
+            raise DataError(
+                f"{name} holds {value!r} in {where}: a finite number, but beyond float32's range (magnitude at most "
+                f"{_F32_MAX:.8g}), which fastnn trains in: rescale it first (e.g. sklearn's StandardScaler)"
+            )
         raise DataError(
-            f"{name} must hold finite values, got {float(x[row, col])} in row {row}, column {col} (missing values? "
-            f"fill or drop them first)"
+            f"{name} must hold finite values, got {float(value)} in {where} (missing values? fill or drop them first)"
         )
-    return x
 
 
 def check_operand_range(x: np.ndarray, normalize: Normalize | None, operand: type, name: str, why: str) -> None:
@@ -262,40 +283,59 @@ def _check_label_shape(shape: tuple[int, ...], n: int, name: str) -> None:
         raise DataError(f"{name} has {shape[0]} labels but the inputs have {n} rows")
 
 
-def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = False) -> np.ndarray:
-    """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`.
-
-    With `gpu`, labels in GPU memory are copied to the host for this check (4-8 bytes a row), once their
-    shape and integer dtype are checked; without it (a trainer on the CPU) they are refused, as inputs are,
-    before any CUDA library is loaded."""
+def _host_y(y: Any, name: str, what: str, gpu: bool, check: Callable[[CudaArray], None] | None = None) -> np.ndarray:
+    """Labels or targets as a host NumPy array; DataError naming `name` when they are not an array, `what` saying
+    what was expected. With `gpu`, an array in GPU memory is copied to the host (4-8 bytes a row) once `check`
+    accepts its description; without it (a trainer on the CPU) it is refused, as inputs are, before any CUDA
+    library is loaded."""
     dev = cuda_array(y, name)
     if dev is not None:
         if not gpu:
             raise _host_only(dev, name)
-        _check_label_shape(dev.shape, n, name)
-        if dev.dtype.kind not in "biu":
-            raise DataError(
-                f"{name} is {dev.describe()}; labels must have an integer dtype: convert on the GPU first (torch: "
-                f"{name}.long(); CuPy: {name}.astype(cupy.int64))"
-            )
+        if check is not None:
+            check(dev)
         y = dev.to_host()
     if not isinstance(y, np.ndarray):
-        bad = _not_an_array(y, name, f"a 1-D array of {n} integer labels")
+        bad = _not_an_array(y, name, what)
         if bad is not None:
             raise bad
         try:
             y = y.to_numpy() if hasattr(y, "to_numpy") else np.asarray(y)
         except Exception:  # ragged nested lists, objects numpy cannot convert
             raise DataError(
-                f"{name} must be a 1-D array of {n} integer labels, got a {type(y).__name__} "
-                f"that is not a regular array (ragged?)"
+                f"{name} must be {what}, got a {type(y).__name__} that is not a regular array (ragged?)"
             ) from None
+    return y
+
+
+def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = False) -> np.ndarray:
+    """`y` as an int32 (n,) array of values in [0, classes); raises DataError naming `name`.
+
+    With `gpu`, labels in GPU memory are copied to the host for this check, once their shape and integer dtype
+    are checked; without it they are refused (`_host_y`)."""
+
+    def described(dev: CudaArray) -> None:
+        _check_label_shape(dev.shape, n, name)
+        if dev.dtype.kind not in "biu":
+            raise DataError(
+                f"{name} is {dev.describe()}; labels must have an integer dtype: convert on the GPU first (torch: "
+                f"{name}.long(); CuPy: {name}.astype(cupy.int64))"
+            )
+
+    y = _host_y(y, name, f"a 1-D array of {n} integer labels", gpu, described)
     _check_label_shape(y.shape, n, name)
     if y.dtype.kind == "b":
         y = y.astype(np.int32)
     if y.dtype.kind not in "iu":
         if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
             raise DataError(f"{name} must have an integer dtype, got {y.dtype} (cast with .astype(int))")
+        if y.dtype.kind == "f" and np.isfinite(y).all():
+            i = int(np.flatnonzero(y != np.round(y))[0])
+            raise DataError(
+                f"{name} holds continuous {y.dtype} values ({y[i]} in row {i}), not integer class labels: "
+                f"continuous targets: use loss='mse' / MLPRegressor (fastnn.Trainer(..., loss='mse') with "
+                f"MLP([..., k]) for k targets, or fastnn.sklearn.MLPRegressor)"
+            )
         if y.dtype.kind in "USO":
             first = ", ".join(repr(v) for v in y[:3].tolist())
             raise DataError(
@@ -308,6 +348,27 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = Fals
         bad = int(y.min()) if y.min() < 0 else int(y.max())
         raise DataError(f"{name} holds label {bad}, outside [0, {classes}) for a model with {classes} classes")
     return np.ascontiguousarray(y, dtype=np.int32)
+
+
+def check_targets(y: Any, n: int, outputs: int, name: str = "y", gpu: bool = False) -> np.ndarray:
+    """`y` as a float32 (n, outputs) array of finite regression targets (loss "mse"); (n,) is taken for one
+    output. Raises DataError naming `name`; targets in GPU memory as `_host_y` says."""
+    y = _host_y(y, name, f"an array of {n} targets, shape (N,) or (N, {outputs})", gpu)
+    if y.dtype.kind == "O":
+        try:
+            y = y.astype(np.float64)
+        except (TypeError, ValueError):
+            raise DataError(f"{name} has dtype object and does not convert to numbers (missing values?)") from None
+    if y.dtype.kind not in "fiub":
+        raise DataError(f"{name} must hold numbers (regression targets), got dtype {y.dtype}")
+    if y.ndim == 1 and outputs == 1:
+        y = y.reshape(-1, 1)
+    if y.ndim != 2 or y.shape[1] != outputs:
+        want = "(N,) or (N, 1)" if outputs == 1 else f"(N, {outputs})"
+        raise DataError(f"{name} must have shape {want} for a model with {outputs} output(s), got shape {y.shape}")
+    if y.shape[0] != n:
+        raise DataError(f"{name} has {y.shape[0]} rows of targets but the inputs have {n} rows")
+    return _finite_f32(y, name)
 
 
 def prepare_batch(x: np.ndarray, scale: float, shift: float, dtype: type = np.float32) -> np.ndarray:

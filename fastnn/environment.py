@@ -1,6 +1,6 @@
 """Which CUDA major each installed CUDA package belongs to, and whether they agree.
 
-Installing a package that depends on another CUDA (torch with CUDA 13 beside `fastnn[cu12]`, say) can replace
+Installing a package that depends on another CUDA (torch with CUDA 13 beside `fastnn-cuda[cu12]`, say) can replace
 cuda-bindings 12 with 13 and add CUDA 13 libraries next to the CUDA 12 ones, silently. fastnn runs with either
 major as long as cuda-bindings and the NVRTC, cuBLAS and cuDNN wheels belong to the same one; this module finds
 out from the installed distributions' metadata (no CUDA library is loaded) and says how to fix a mixture.
@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from .install import pip_install
 
 __all__ = ["CudaPackages", "cuda_packages"]
 
@@ -52,7 +54,7 @@ class CudaPackages:
         )
         b = self.bindings_major
         if b == 13:
-            fix = 'pip install "fastnn[cu13]" (CUDA 13 libraries to match cuda-bindings 13; needs a CUDA 13 driver)'
+            fix = f"{pip_install('cu13')}: CUDA 13 libraries to match cuda-bindings 13 (needs a CUDA 13 driver)"
         else:
             fix = 'pip install "cuda-bindings>=12,<13" (to match the CUDA 12 libraries)'
         stale = [name for name, _, major in self.libraries if major != b] if b else []
@@ -63,7 +65,7 @@ class CudaPackages:
     def summary(self) -> str:
         """One line for `fastnn info`."""
         if not self.bindings and not self.libraries:
-            return 'no CUDA packages (CPU only; GPU: pip install "fastnn[cu12]" or "fastnn[cu13]")'
+            return f"none installed: CPU only (for a GPU: {pip_install('cu12')}, or cu13)"
         return self.problem() or f"CUDA {min(self.majors)} throughout (cuda-bindings and the library wheels agree)"
 
 

@@ -95,17 +95,18 @@ class History:
 
                 fig = Figure(figsize=(10, 4))
         except ImportError as exc:
-            raise ImportError("History.plot needs matplotlib: pip install matplotlib (or fastnn[bench])") from exc
+            raise ImportError("History.plot needs matplotlib: pip install matplotlib") from exc
         ax_loss, ax_acc = fig.subplots(1, 2)
         epochs = self["epoch"]
         for ax, field in ((ax_loss, "loss"), (ax_acc, "accuracy")):
-            ax.plot(epochs, self[f"train_{field}"], marker="o", label="train")
-            evaluated = [(e, v) for e, v in zip(epochs, self[f"eval_{field}"]) if v is not None]
-            if evaluated:
-                ax.plot(*zip(*evaluated), marker="o", label="eval")
+            for which in ("train", "eval"):  # None: not evaluated, or a regression (no accuracy)
+                points = [(e, v) for e, v in zip(epochs, self[f"{which}_{field}"]) if v is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=which)
             ax.set_xlabel("epoch")
             ax.set_ylabel(field)
-            ax.legend()
+            if ax.lines:
+                ax.legend()
         fig.tight_layout()
         if path is not None:
             fig.savefig(path)
@@ -141,7 +142,8 @@ def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
     checkpoints written before epochs were numbered from 1 hold first = 0), train_loss finite and >= 0,
     train_accuracy in [0, 1], seconds finite and >= 0; eval_loss and eval_accuracy are both None (epoch not
     evaluated) or both given: eval_loss a number >= 0 or "nan" or "inf", eval_accuracy a number in [0, 1] or
-    "nan". `Trainer.save` and `Trainer.load` apply this same check.
+    "nan"; a regression's records (loss "mse") hold None for both accuracies. `Trainer.save` and `Trainer.load`
+    apply this same check.
     """
     if not isinstance(records, list):
         raise ValueError(f"history must be a list of records, got {type(records).__name__}")
@@ -162,9 +164,14 @@ def check_records(records: Any, first: int = 1) -> list[dict[str, Any]]:
                 codes = ("nan", "inf") if field == "eval_loss" else ("nan",)
                 ok = ok or value is None or (isinstance(value, str) and value in codes)
                 rule = f"None, {rule} or one of {codes}"
+            elif field == "train_accuracy":
+                ok, rule = ok or value is None, f"None or {rule}"
             if not ok:
                 raise ValueError(f"history[{i}][{field!r}] must be {rule}, got {value!r}")
-        if (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
+        if r["train_accuracy"] is None:  # a regression's epoch: no accuracy, evaluated or not
+            if r["eval_accuracy"] is not None:
+                raise ValueError(f"history[{i}] has an eval_accuracy but no train_accuracy: {r!r}")
+        elif (r["eval_loss"] is None) != (r["eval_accuracy"] is None):
             raise ValueError(f"history[{i}] has only one of eval_loss and eval_accuracy: {r!r}")
         decoded.append({f: _ENCODED[v] if isinstance(v, str) else v for f, v in r.items()})
     return decoded

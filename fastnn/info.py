@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import platform
 import sys
 from collections.abc import Callable
 from typing import TextIO
+
+from .install import DISTRIBUTION, OTHER_PROJECT, installed_version, other_project_version, pip_install
 
 __all__ = ["format_version", "info_lines", "run_info"]
 
@@ -68,6 +71,37 @@ def _driver() -> str:
     return f"CUDA {number // 1000}.{number % 1000 // 10}"
 
 
+def _installed() -> str:
+    """Which distribution provides fastnn and where it was imported from; the other project named `fastnn`
+    on the package index, when installed, shares the import name and is named with the fix."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    version = installed_version()
+    line = f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} not installed (run from a source checkout)"
+    line += f", imported from {here}"
+    other = other_project_version()
+    if other is not None:
+        line += (
+            f"; WARNING: {OTHER_PROJECT!r} {other} is installed too, another project that shares the import name "
+            f"fastnn: pip uninstall {OTHER_PROJECT}, then {pip_install()}"
+        )
+    return line
+
+
+def _cuda_installed() -> bool:
+    """Whether any CUDA package is installed: cuda-bindings importable, or a CUDA wheel in the metadata."""
+    from .environment import cuda_packages
+
+    try:
+        importlib.import_module("cuda.bindings")
+        return True
+    except ImportError:
+        pass
+    try:
+        return bool(cuda_packages().majors)
+    except Exception:
+        return True  # unreadable metadata: report every probe rather than guess
+
+
 def _gpu(usable: bool, reason: str) -> str:
     if not usable:
         return f"none: {reason}"
@@ -89,8 +123,16 @@ def info_lines() -> tuple[list[str], int]:
 
     rows = [
         ("fastnn", __version__),
+        ("Installed", _safe(_installed, "unknown")),
         ("Python", f"{platform.python_version()} ({sys.executable})"),
         ("numpy", numpy.__version__),
+    ]
+    if not _cuda_installed():  # one line, not a "No module named 'cuda'" per library probed
+        rows.append(("CUDA", f"no CUDA packages installed: CPU only (the NumPy engine). For a GPU: "
+                             f"{pip_install('cu12')}, or cu13 for a CUDA 13 driver"))  # fmt: skip
+        rows.append(("GPU", "none (no CUDA packages)"))
+        return _format(rows), 0
+    rows += [
         ("cuda-bindings", _safe(lambda: _package_version("cuda.bindings"), "not importable")),
         ("cuda-pathfinder", _safe(lambda: _package_version("cuda.pathfinder"), "not importable")),
     ]
@@ -111,13 +153,19 @@ def info_lines() -> tuple[list[str], int]:
         except Exception as exc:
             rows.append(("Self-test", f"FAILED: {type(exc).__name__}: {exc}"))
             code = 1
+    return _format(rows), code
+
+
+def _format(rows: list[tuple[str, str]]) -> list[str]:
     width = max(len(label) for label, _ in rows) + 1
     # One line per row: library and driver messages may hold line breaks of their own.
-    return [f"{label + ':':<{width}} {' '.join(str(value).split())}" for label, value in rows], code
+    return [f"{label + ':':<{width}} {' '.join(str(value).split())}" for label, value in rows]
 
 
 def run_info(out: TextIO | None = None) -> int:
     """Print the report to `out` (stdout by default) and return the exit code."""
     lines, code = info_lines()
-    print("\n".join(lines), file=out or sys.stdout)
+    stream = out or sys.stdout
+    print("\n".join(lines), file=stream)
+    stream.flush()  # a reader gone (`| head -1`) shows here, where the command line can catch it
     return code

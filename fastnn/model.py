@@ -23,9 +23,10 @@ ACTIVATIONS = ("relu", "gelu")
 
 @dataclass(frozen=True)
 class MLP:
-    """A multi-layer perceptron: `sizes[0]` inputs, hidden layers, `sizes[-1]` classes.
+    """A multi-layer perceptron: `sizes[0]` inputs, hidden layers, `sizes[-1]` outputs (the classes of a
+    classifier, >= 2, or the k targets of a regression, `Trainer(loss="mse")`).
 
-    `MLP([784, 10])` is logistic regression; the activation follows every layer but the last.
+    `MLP([784, 10])` is logistic regression; the activation follows every layer but the last, which is linear.
     """
 
     sizes: tuple[int, ...]
@@ -46,8 +47,6 @@ class MLP:
                 f"sizes[{wide[0]}] = {shown(sizes_t[wide[0]])} is wider than a 64-bit machine can address: at most "
                 f"2**31 parameters are supported"
             )
-        if sizes_t[-1] < 2:
-            raise ConfigError(f"sizes[-1] (the number of classes) must be >= 2, got {sizes_t[-1]}")
         if activation not in ACTIVATIONS:
             raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         params = sum(i * o + o for i, o in zip(sizes_t[:-1], sizes_t[1:]))
@@ -66,6 +65,7 @@ class MLP:
 
     @property
     def classes(self) -> int:
+        """The number of outputs: the classes of a classifier, the targets of a regression."""
         return self.sizes[-1]
 
     @property

@@ -36,9 +36,14 @@ def check_progress(progress: Any, stream: TextIO | None = None) -> bool:
 
 
 def _numbers(record: dict[str, Any]) -> str:
-    line = f"loss {record['train_loss']:.4f}  acc {record['train_accuracy']:.4f}"
+    """Loss and accuracy, train then eval; a regression's records have no accuracy (None)."""
+    line = f"loss {record['train_loss']:.4f}"
+    if record["train_accuracy"] is not None:
+        line += f"  acc {record['train_accuracy']:.4f}"
     if record["eval_loss"] is not None:
-        line += f"  eval loss {record['eval_loss']:.4f}  eval acc {record['eval_accuracy']:.4f}"
+        line += f"  eval loss {record['eval_loss']:.4f}"
+    if record["eval_accuracy"] is not None:
+        line += f"  eval acc {record['eval_accuracy']:.4f}"
     return line
 
 

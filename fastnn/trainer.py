@@ -28,8 +28,8 @@ from .control import (
     run_callbacks,
     split_indices,
 )
-from .data import check_inputs, check_labels, check_normalize, check_operand_range
-from .engine.base import PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
+from .data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
+from .engine.base import LOSSES, PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
 from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
@@ -54,6 +54,18 @@ def _check_device(device: Any) -> str:
     if not isinstance(device, str) or device not in DEVICES:
         raise ConfigError(f"device must be one of {DEVICES}, got {device!r}")
     return device
+
+
+def _check_loss(loss: Any, model: MLP) -> str:
+    """`loss` as one of LOSSES, fitting the model: a classifier needs two outputs (classes) or more."""
+    if not isinstance(loss, str) or loss not in LOSSES:
+        raise ConfigError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if loss == "cross_entropy" and model.classes < 2:
+        raise ConfigError(
+            f"model sizes {list(model.sizes)} end in {model.classes} output: a classifier (loss='cross_entropy') "
+            f"needs at least 2 classes; for a regression of one target pass loss='mse'"
+        )
+    return loss
 
 
 class Trainer:
@@ -85,6 +97,9 @@ class Trainer:
             as on one GPU up to summation order; one: that GPU alone (any engine).
         tuning: advanced: a `fastnn.engine.Tuning`, the engines' measured choices (benchmarks and tests compare
             variants with it); None takes the measured winners. It changes how training runs, not what it computes.
+        loss: "cross_entropy" (classification: integer labels, one output per class) or "mse" (regression: float
+            targets (N,) or (N, k) for a model of k outputs, the last layer linear; the NumPy engine only for now:
+            device="auto" trains it on the CPU, and the GPU engines refuse it with a ConfigError).
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -108,9 +123,11 @@ class Trainer:
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
         tuning: Tuning | None = None,
+        loss: str = "cross_entropy",
     ) -> None:
         if not isinstance(model, MLP):
             raise ConfigError(f"model must be a fastnn.MLP, got {reprlib.repr(model)}")
+        _check_loss(loss, model)
         if optimizer is None:
             optimizer = SGD(lr=0.1)
         if not isinstance(optimizer, (SGD, AdamW)):
@@ -134,6 +151,7 @@ class Trainer:
             normalize=check_normalize(normalize, model.in_features),
             data_placement=data_placement,
             tuning=check_tuning(tuning),
+            loss=loss,
         )
         self._schedule = bind(schedule, optimizer.lr)
         self._engine = create_engine(
@@ -168,6 +186,11 @@ class Trainer:
         return self._config.optimizer
 
     @property
+    def loss(self) -> str:
+        """ "cross_entropy" (a classifier) or "mse" (a regression)."""
+        return self._config.loss
+
+    @property
     def config(self) -> EngineConfig:
         """The validated configuration the engine was built from."""
         return self._config
@@ -177,7 +200,7 @@ class Trainer:
         return (
             f"Trainer(model={c.model!r}, optimizer={c.optimizer!r}, batch_size={c.batch_size}, "
             f"precision={c.precision!r}, device={self.device!r}, engine={self.engine!r}, seed={c.seed}, "
-            f"epoch={self.epoch})"
+            f"{'' if c.loss == 'cross_entropy' else f'loss={c.loss!r}, '}epoch={self.epoch})"
         )
 
     # ---- training ---------------------------------------------------------------------------------------------
@@ -196,7 +219,8 @@ class Trainer:
     ) -> History:
         """Train up to `epochs` more epochs on (x, y); returns this call's History (`self.history` holds all).
 
-        x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels. With eval_data
+        x is (N, in_features) uint8 (scaled by 1/255) or float; y is (N,) integer labels, or with loss="mse"
+        float targets (N,) or (N, k) (a regression's records have no accuracy: None). With eval_data
         = (x_eval, y_eval), evaluate after every `eval_every`-th epoch of this call and after its last.
         `validation_split=f` instead holds out ceil(f * N) rows of (x, y) as the eval data, chosen by
         `fastnn.control.split_indices` from the trainer's seed (the same rows on every engine and call).
@@ -236,7 +260,7 @@ class Trainer:
                                 "and history would go backwards")  # fmt: skip
         cfg = self._config
         x = self._inputs(x, "x")
-        y = self._labels(y, x.shape[0], "y")
+        y = self._targets(y, x.shape[0], "y")
         epochs = integer("epochs", epochs, 0)
         eval_set = self._check_eval_data(eval_data)
         eval_every = integer("eval_every", eval_every, 1)
@@ -244,6 +268,11 @@ class Trainer:
         fraction = check_validation_split(validation_split)
         stopper = check_early_stopping(early_stopping)
         hooks = check_callbacks(callbacks)
+        if stopper is not None and stopper.monitor == "eval_accuracy" and cfg.loss == "mse":
+            raise ConfigError(
+                "early_stopping monitors 'eval_accuracy', which a regression (loss='mse') does not have: "
+                "use EarlyStopping(monitor='eval_loss')"
+            )
         if fraction is not None and eval_set is not None:
             raise ConfigError(
                 f"validation_split={fraction} and eval_data are both given: pass one of them "
@@ -299,7 +328,7 @@ class Trainer:
             record = {
                 "epoch": stats.epoch + 1,  # people's number: stats.epoch is the 0-based index keying the shuffle
                 "train_loss": float(stats.loss),
-                "train_accuracy": float(stats.accuracy),
+                "train_accuracy": None if stats.accuracy is None else float(stats.accuracy),
                 "eval_loss": None if stats.eval_loss is None else float(stats.eval_loss),
                 "eval_accuracy": None if stats.eval_accuracy is None else float(stats.eval_accuracy),
                 "seconds": float(stats.seconds),
@@ -398,10 +427,6 @@ class Trainer:
             check_operand_range(x, cfg.normalize, operand, name, f"precision={cfg.precision!r}")
         return x
 
-    def _labels(self, y: Any, n: int, name: str) -> np.ndarray:
-        """`y` checked for this model: n labels in [0, classes); in GPU memory only for the GPU engines."""
-        return check_labels(y, n, self._config.model.classes, name, gpu=self.device == "cuda")
-
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:
             return None
@@ -412,28 +437,51 @@ class Trainer:
                 got = reprlib.repr(eval_data)
             raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
         ex = self._inputs(eval_data[0], "eval_data[0]")
-        ey = self._labels(eval_data[1], ex.shape[0], "eval_data[1]")
-        return ex, ey
+        return ex, self._targets(eval_data[1], ex.shape[0], "eval_data[1]")
+
+    def _targets(self, y: Any, n: int, name: str) -> np.ndarray:
+        """`y` checked for this model and loss: int32 labels (N,), or float32 regression targets (N, k); in GPU
+        memory they are copied over on a GPU trainer and refused on a CPU one."""
+        gpu = self.device == "cuda"
+        if self._config.loss == "mse":
+            return check_targets(y, n, self._config.model.classes, name, gpu=gpu)
+        return check_labels(y, n, self._config.model.classes, name, gpu=gpu)
 
     # ---- inference --------------------------------------------------------------------------------------------
 
     def evaluate(self, x: Any, y: Any) -> dict[str, float]:
-        """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y)."""
+        """{"loss": mean cross-entropy, "accuracy": fraction correct} of the current weights on (x, y); for a
+        regression (loss="mse") {"loss": mean squared error, "mse": the same, "r2": R^2 averaged over the
+        outputs (1 is perfect, 0 is predicting each target's mean, and worse is negative)}."""
         self._check_open()
         x = self._inputs(x, "x")
-        y = self._labels(y, x.shape[0], "y")
-        loss, accuracy = self._engine.evaluate(x, y)
-        return {"loss": float(loss), "accuracy": float(accuracy)}
+        y = self._targets(y, x.shape[0], "y")
+        loss, score = self._engine.evaluate(x, y)
+        if self._config.loss == "mse":
+            return {"loss": float(loss), "mse": float(loss), "r2": float(score)}
+        return {"loss": float(loss), "accuracy": float(score)}
 
     def predict_proba(self, x: Any) -> np.ndarray:
-        """Softmax class probabilities, (N, classes) float32."""
+        """Softmax class probabilities, (N, classes) float32.
+
+        Raises:
+            ConfigError: the trainer is a regression (loss="mse"): it has `predict` only.
+        """
         self._check_open()
+        if self._config.loss == "mse":
+            raise ConfigError("predict_proba is for classifiers; this trainer is a regression (loss='mse'): "
+                              "use predict")  # fmt: skip
         x = self._inputs(x, "x")
         return self._engine.predict_proba(x)
 
     def predict(self, x: Any) -> np.ndarray:
-        """The most probable class of each row, (N,) int64."""
-        return self.predict_proba(x).argmax(axis=1)
+        """The most probable class of each row, (N,) int64; for a regression (loss="mse") the predicted values,
+        (N, k) float32, or (N,) when the model has one output."""
+        if self._config.loss != "mse":
+            return self.predict_proba(x).argmax(axis=1)
+        self._check_open()
+        out = self._engine.predict_outputs(self._inputs(x, "x"))
+        return out[:, 0] if out.shape[1] == 1 else out
 
     # ---- state ------------------------------------------------------------------------------------------------
 
@@ -495,6 +543,7 @@ class Trainer:
             "seed": c.seed,
             "normalize": None if c.normalize is None else list(c.normalize),
             "drop_last": c.drop_last,
+            "loss": c.loss,
             "epoch": self.epoch,
             "step": self.step,
             "history": encode_records(self.history),  # NaN evaluation results as "nan": strict JSON
@@ -522,11 +571,13 @@ class Trainer:
         distributed: Any = None,
         devices: int | Sequence[int] = 1,
         tuning: Tuning | None = None,
+        batch_size: int | None = None,
     ) -> Trainer:
         """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
 
         A schedule is code and is not saved: pass the same `schedule` again to continue with it; the same for
-        `tuning` (see `Trainer`).
+        `tuning` (see `Trainer`). `batch_size` (None: the file's) continues with another batch size: the weights,
+        optimizer state and counters carry over, later epochs take the steps of the new size.
 
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
@@ -541,9 +592,14 @@ class Trainer:
         check_devices(device, engine, devices, distributed)
         check_schedule(schedule)
         check_tuning(tuning)
+        if batch_size is not None:
+            batch_size = integer("batch_size", batch_size, 1)
         try:
             model, optimizer = _saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
+            if batch_size is not None:
+                kwargs["batch_size"] = batch_size
+            kwargs["loss"] = config.get("loss", "cross_entropy")  # files written before regression: classifiers
             if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
                 raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
             epoch, step, history = _checked_progress(config)

@@ -517,3 +517,20 @@ def test_save_leaves_no_temp_file_and_keeps_the_name(trained: Trainer, tmp_path:
         os.chdir(cwd)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-name"]
     assert Trainer.load(tmp_path / "plain-name", device="cpu").step == trained.step
+
+
+@pytest.mark.parametrize("dtype", [np.float64, object])
+def test_a_finite_value_beyond_float32_is_reported_as_such(dtype):
+    """1e40 is finite: not "got inf ... missing values?" but what it is, where, and the fix."""
+    x = np.zeros((8, D), dtype=dtype)
+    x[3, 2] = 1e40
+    t = Trainer(MLP([D, C]), device="cpu")
+    for call in (lambda: t.fit(x, np.zeros(8, dtype=np.int64)), lambda: t.predict(x)):
+        with pytest.raises(DataError, match=r"x holds 1e\+40 in row 3, column 2: a finite number, but beyond "
+                                            r"float32's range .* rescale it") as err:  # fmt: skip
+            call()
+        assert "missing values" not in str(err.value)
+    x[3, 2] = np.nan
+    with pytest.raises(DataError, match=r"got nan in row 3, column 2 \(missing values"):
+        t.fit(x, np.zeros(8, dtype=np.int64))
+    assert t.epoch == 0

@@ -257,29 +257,29 @@ def test_folder_is_fsynced_after_the_rename(good: Path, monkeypatch: pytest.Monk
 # ---- evaluation results are reports: a NaN one is saved as it is ----------------------------------------------
 
 
-def _overflowing(t: Trainer, rows: int) -> np.ndarray:
-    """Finite inputs (so fit and evaluate take them) on which a hidden unit overflows float32 to inf, and the
-    loss becomes NaN: each feature 3e38 with the sign of the weight of the unit with the largest sum |w|."""
-    w = t.state_dict()["0.weight"]
-    return np.tile(3e38 * np.sign(w[np.abs(w).sum(axis=1).argmax()]), (rows, 1)).astype(np.float32)
+def _nan_evaluating(t: Trainer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `t`'s engine score every evaluation set NaN, as a GPU does on inputs that overflow its float16
+    operands (the NumPy engine evaluates in float64, where finite float32 inputs cannot overflow)."""
+    monkeypatch.setattr(t._engine, "evaluate", lambda x, y: (math.nan, math.nan))
 
 
-def _nan_evaluation() -> tuple[Trainer, tuple[np.ndarray, np.ndarray]]:
+def _nan_evaluation(monkeypatch: pytest.MonkeyPatch) -> tuple[Trainer, tuple[np.ndarray, np.ndarray]]:
     """A trainer whose second epoch's evaluation loss is NaN; training itself is on ordinary data."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(48, D)).astype(np.float32), rng.integers(0, C, 48)
-    # fp32: under "mixed" inputs beyond float16's range are refused before they reach the network.
-    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu", precision="fp32")
+    t = Trainer(MLP([D, 5, C]), SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu")
     t.fit(x, y, epochs=1, eval_data=(x, y))
-    t.fit(x, y, epochs=1, eval_data=(_overflowing(t, 48), y))
+    with monkeypatch.context() as m:
+        _nan_evaluating(t, m)
+        t.fit(x, y, epochs=1, eval_data=(x, y))
     assert math.isfinite(t.history[0]["eval_loss"]) and math.isnan(t.history[1]["eval_loss"])
     return t, (x, y)
 
 
-def test_a_nan_evaluation_loss_is_saved_and_loaded_as_it_is(tmp_path: Path) -> None:
+def test_a_nan_evaluation_loss_is_saved_and_loaded_as_it_is(tmp_path: Path, monkeypatch) -> None:
     """save() refused such a trainer for the rest of its life ("history[1]['eval_loss'] must be None or a finite
     number"): evaluation results are reports, not training state."""
-    t, (x, y) = _nan_evaluation()
+    t, (x, y) = _nan_evaluation(monkeypatch)
     path = tmp_path / "m.npz"
     t.save(path)
     text = _members(path)["__fastnn_config__.npy"]
@@ -302,7 +302,7 @@ def test_a_nan_evaluation_loss_is_saved_and_loaded_as_it_is(tmp_path: Path) -> N
         _rejected(_write(tmp_path / "bad.npz", members), "history[1]['eval_loss']", repr(tampered))
 
 
-def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path) -> None:
+def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path, monkeypatch) -> None:
     """Pickling an estimator saves its trainer: a NaN evaluation loss broke joblib and GridSearchCV(n_jobs>1)."""
     pytest.importorskip("sklearn")
     from sklearn.exceptions import ConvergenceWarning
@@ -311,10 +311,12 @@ def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path) -> Non
 
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(48, 32)).astype(np.float32), rng.integers(0, C, 48)
-    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size=16, device="cpu", precision="fp32")
+    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size=16, device="cpu")
     with pytest.warns(ConvergenceWarning):
         clf.fit(x, y)
-    clf.trainer_.fit(x, clf._encode(y), epochs=1, eval_data=(_overflowing(clf.trainer_, 48), clf._encode(y)))
+    with monkeypatch.context() as m:
+        _nan_evaluating(clf.trainer_, m)
+        clf.trainer_.fit(x, clf._encode(y), epochs=1, eval_data=(x, clf._encode(y)))
     copy = pickle.loads(pickle.dumps(clf))
     assert copy.trainer_.history == clf.trainer_.history and math.isnan(copy.trainer_.history[-1]["eval_loss"])
     np.testing.assert_array_equal(copy.predict_proba(x), clf.predict_proba(x))

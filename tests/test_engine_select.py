@@ -145,12 +145,29 @@ def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: 
         raise DeviceUnavailable("no usable GPU: test says so")
 
     monkeypatch.setattr(select, "graph_engine_class", unavailable)
+    monkeypatch.setattr(select, "_warned", set())  # as in a fresh process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t = Trainer(MLP([12, 4]), device="auto", engine="fused")
     assert t.engine == "numpy" and len(caught) == 1 and "CPU" in str(caught[0].message)
     t.fit(np.zeros((8, 12), dtype=np.float32), np.zeros(8, dtype=np.int64), epochs=1)
     assert t.epoch == 1
+
+
+def test_the_cpu_fallback_warning_is_shown_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grid search makes a trainer per fit: the fallback is said at the first, not at all seven."""
+
+    def unavailable():
+        raise DeviceUnavailable("no usable GPU: test says so")
+
+    monkeypatch.setattr(select, "graph_engine_class", unavailable)
+    monkeypatch.setattr(select, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # what GridSearchCV's catch_warnings amounts to: no registry dedupes it
+        trainers = [Trainer(MLP([12, 4]), device="auto") for _ in range(7)]
+    assert [t.engine for t in trainers] == ["numpy"] * 7
+    assert len(caught) == 1 and "training on the CPU" in str(caught[0].message)
+    assert caught[0].filename == __file__  # pointing at the caller's line, as before
 
 
 # ---- devices= ------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def test_torch_beside_cu12_is_explained():
     problem = cuda_packages(_dists(*pairs)).problem()
     assert problem is not None
     for words in ("mixed CUDA installation", "cuda-bindings 13.0.2 (CUDA 13)", "nvidia-cublas-cu12 12.9.1.4 (CUDA 12)",
-                  'pip install "fastnn[cu13]"', "pip uninstall nvidia-cublas-cu12"):  # fmt: skip
+                  'pip install "fastnn-cuda[cu13]"', "pip uninstall nvidia-cublas-cu12"):  # fmt: skip
         assert words in problem, (words, problem)
 
 
@@ -49,6 +49,7 @@ def test_version_flag():
     assert out.stdout.strip() == f"fastnn {fastnn.__version__}"
 
 
+@pytest.mark.bindings
 def test_info_has_one_line_per_row_and_reports_the_packages():
     from fastnn.info import info_lines
 

@@ -52,6 +52,37 @@ def run_example(script: str, *args: str, tmp_path: Path, verify: bool = False) -
     )
 
 
+def run_example_in_a_terminal(script: str, *args: str, tmp_path: Path) -> str:
+    """Run examples/<script> as run_example does, but with stdout a terminal (a pseudo-terminal), as when a person
+    runs it; returns what it printed."""
+    import pty
+    import select
+
+    env = {k: v for k, v in os.environ.items() if k != "FASTNN_DATA"}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])), HOME=str(tmp_path / "h"),
+               COLUMNS="120", TERM="dumb")  # fmt: skip
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples" / script), *args, "--no-verify"], cwd=REPO,
+                            env=env, stdout=child, stderr=subprocess.PIPE)  # fmt: skip
+    os.close(child)
+    out = b""
+    while True:  # read as it comes: a full terminal buffer would block the example
+        ready, _, _ = select.select([main], [], [], 300)
+        if not ready:
+            proc.kill()
+            raise AssertionError(f"{script} printed nothing for 300 s: {out[-2000:]!r}")
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the example exited and closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    return out.decode().replace("\r\n", "\n")
+
+
 def epoch_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("epoch ")]
 
@@ -60,8 +91,9 @@ def test_logreg_one_epoch(data_dir, tmp_path):
     r = run_example("mnist_logreg.py", "--data", str(data_dir), "--device", "cpu", "--epochs", "1", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.splitlines()[0] == f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"
-    assert out.splitlines()[1].startswith(f"fashion-mnist: {N_TRAIN} train / {N_TEST} test images")
+    assert out.splitlines()[0] == "loading fashion-mnist ..."  # before the wait (a first run downloads)
+    assert out.splitlines()[1] == f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"
+    assert out.splitlines()[2].startswith(f"fashion-mnist: {N_TRAIN} train / {N_TEST} test images")
     assert "(784, 10)" in out and "on cpu" in out
     (line,) = epoch_lines(out)
     m = re.match(rf"epoch 1/1 .*eval acc {ACC}", line)
@@ -82,7 +114,7 @@ def test_logreg_log_every(data_dir, tmp_path):
         tmp_path=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1].startswith(f"mnist: {N_TRAIN} train")
+    assert r.stdout.splitlines()[2].startswith(f"mnist: {N_TRAIN} train")
     lines = epoch_lines(r.stdout)
     assert [line.split()[1] for line in lines] == ["2/3", "3/3"]
     assert "(12 steps)" in r.stdout  # 3 epochs of ceil(64 / 16) = 4 steps
@@ -95,11 +127,25 @@ def test_logreg_progress_prints_every_epoch(data_dir, tmp_path):
     assert [line.split()[1] for line in epoch_lines(r.stdout)] == [f"{e}/12" for e in range(1, 13)]
 
 
+def test_logreg_run_by_a_person_prints_every_epoch_as_it_goes(data_dir, tmp_path):
+    """In a terminal, without --log-every or --progress: a line per epoch (not epochs 10 and 12 at the end), after
+    saying what it does before the first epoch ends."""
+    out = run_example_in_a_terminal("mnist_logreg.py", "--data", str(data_dir), "--device", "cpu", "--epochs", "12",
+                                    tmp_path=tmp_path)  # fmt: skip
+    lines = [line.split("\r")[-1] for line in out.splitlines()]  # a moving bar rewrites its line with \r
+    assert lines[0] == "loading fashion-mnist ..."
+    epochs = [line.split()[1] for line in lines if line.startswith("epoch ") and "eval acc" in line]
+    assert epochs == [f"{e}/12" for e in range(1, 13)], out
+    first = next(i for i, line in enumerate(lines) if line.startswith("epoch "))
+    assert any(line.startswith("fashion-mnist: ") and "12 epochs" in line for line in lines[:first]), out
+
+
 def test_mlp_one_epoch(data_dir, tmp_path):
     args = ("--data", str(data_dir), "--device", "cpu", "--epochs", "1", "--hidden", "16", "--layers", "2")
     r = run_example("mnist_mlp.py", *args, tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"
+    assert r.stdout.splitlines()[:2] == ["loading fashion-mnist ...",
+                                         f"data: fashion-mnist from {data_dir} (unverified: --no-verify)"]  # fmt: skip
     assert "MLP (784, 16, 16, 10) relu" in r.stdout
     assert "steps per epoch" not in r.stdout  # --epochs given: no step arithmetic to report
     (line,) = epoch_lines(r.stdout)

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+from test_readme import NO_CUDA
 
 import fastnn.device
 from fastnn import info
@@ -72,12 +73,14 @@ def _fake_selftest(monkeypatch, run):
     monkeypatch.setattr(fastnn.device, "cuda_status", lambda: (True, "Fake GPU"))
 
 
+@pytest.mark.bindings
 def test_selftest_line_is_printed(monkeypatch, capsys):
     _fake_selftest(monkeypatch, lambda: "GEMM + softmax ok (max error 1e-7)")
     assert info.run_info() == 0
     assert _lines(capsys.readouterr().out)["Self-test"].strip() == "GEMM + softmax ok (max error 1e-7)"
 
 
+@pytest.mark.bindings
 def test_failed_selftest_exits_1(monkeypatch, capsys):
     def boom() -> str:
         raise RuntimeError("softmax mismatch")
@@ -131,6 +134,49 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
     fastnn.device.cuda_status.cache_clear()
     try:
         usable, reason = fastnn.device.cuda_status()
-        assert usable is False and "cublasLt" in reason and "fastnn[cu12]" in reason
+        assert usable is False and "cublasLt" in reason and 'pip install "fastnn-cuda[cu12]"' in reason
     finally:
         fastnn.device.cuda_status.cache_clear()
+
+
+#: `fastnn info` with no `cuda` module importable (test_readme's NO_CUDA) and no CUDA wheel in the metadata, as on
+#: a CPU-only install.
+_NO_CUDA = NO_CUDA + """
+import fastnn.environment as e
+e.cuda_packages = lambda *a: e.CudaPackages(None, ())
+from fastnn.__main__ import main
+sys.exit(main(["info"]))
+"""
+
+
+def test_info_without_cuda_packages_says_so_in_one_line():
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", _NO_CUDA], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("No module named") == 0, proc.stdout
+    rows = {k: v.strip() for k, v in _lines(proc.stdout).items()}
+    assert rows["CUDA"].startswith("no CUDA packages installed: CPU only")
+    assert 'pip install "fastnn-cuda[cu12]"' in rows["CUDA"]
+    assert rows["GPU"] == "none (no CUDA packages)"
+    assert "cuBLASLt" not in rows and "Driver" not in rows
+
+
+def test_info_with_its_reader_gone_prints_no_traceback():
+    """`fastnn info | head -1`: the pipe closes before the report is written."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "fastnn", "info"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_info_says_which_distribution_and_where(monkeypatch):
+    lines, _ = info.info_lines()
+    row = _lines("\n".join(lines))["Installed"]
+    assert "fastnn-cuda" in row and str(REPO / "fastnn") in row
+    monkeypatch.setattr(info, "other_project_version", lambda: "0.4.0")
+    row = _lines("\n".join(info.info_lines()[0]))["Installed"]
+    assert "'fastnn' 0.4.0 is installed too, another project" in row and "pip uninstall fastnn" in row

@@ -356,3 +356,18 @@ def test_interrupted_epoch_keeps_the_last_whole_epoch(monkeypatch: pytest.Monkey
         engine.fit_epochs(1, 4, np.full(4, 0.01, np.float32), None, frozenset(), lambda s: None)
     for k, a in engine.get_state().items():
         np.testing.assert_array_equal(a, before[k], err_msg=k)
+
+
+def test_prediction_does_not_depend_on_the_rows_predicted_with_it() -> None:
+    """Evaluation and prediction compute in float64 from the float32 weights: a row alone, in a slice or in the
+    whole set gets the same outputs (scikit-learn's check_methods_subset_invariance), to the bit."""
+    model = MLP([6, 40, 3])
+    engine = NumpyEngine(EngineConfig(model, SGD(), batch_size=16, loss="mse"), init_parameters(model, 0))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(257, 6)).astype(np.float32)
+    whole = engine.predict_outputs(x)
+    assert whole.dtype == np.float32
+    for i in (0, 17, 256):
+        np.testing.assert_array_equal(engine.predict_outputs(x[i : i + 1])[0], whole[i])
+    np.testing.assert_array_equal(engine.predict_outputs(x[5:69]), whole[5:69])
+    np.testing.assert_array_equal(engine.predict_proba(x[100:101])[0], engine.predict_proba(x)[100])

@@ -18,14 +18,10 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 import fastnn  # noqa: E402
-from fastnn.sklearn import LogisticRegression, MLPClassifier  # noqa: E402
+from fastnn.sklearn import LogisticRegression, MLPClassifier, MLPRegressor  # noqa: E402
 
-#: Small, fast, CPU instances for the checks (CI has 2 cores): a high learning rate so the checks' small
-#: problems are learned in few epochs.
-CHECKED = [
-    MLPClassifier(hidden_layer_sizes=(16,), learning_rate_init=0.02, max_iter=60, random_state=0, device="cpu"),
-    LogisticRegression(learning_rate_init=0.05, max_iter=60, random_state=0, device="cpu"),
-]
+#: The estimators with their defaults (on the CPU: CI has no GPU): scikit-learn's checks pass with them.
+CHECKED = [MLPClassifier(device="cpu"), LogisticRegression(device="cpu"), MLPRegressor(device="cpu")]
 
 #: Checks that fail by design, with the reason (scikit-learn reports them as xfail).
 EXPECTED_FAILED = {
@@ -91,7 +87,7 @@ def test_works_in_pipeline_clone_cross_val_and_grid_search():
 def test_the_estimator_is_trainer_training():
     """One implementation of training: the estimator's weights equal a Trainer's with the same settings."""
     x, y = _blobs()
-    clf = MLPClassifier((8,), optimizer="sgd", momentum=0.9, learning_rate_init=0.01, batch_size=32, max_iter=3,
+    clf = MLPClassifier((8,), solver="sgd", momentum=0.9, learning_rate_init=0.01, batch_size=32, max_iter=3,
                         random_state=7, tol=0.0, n_iter_no_change=100, device="cpu")  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -109,9 +105,10 @@ def test_early_stopping_restores_the_best_validation_epoch():
     x, y = _blobs(n=400)
     clf = MLPClassifier((16,), learning_rate_init=0.05, max_iter=200, early_stopping=True, n_iter_no_change=3,
                         random_state=0, device="cpu").fit(x, y)  # fmt: skip
-    assert clf.n_iter_ < 200
+    assert clf.n_iter_ < 200 and len(clf.validation_scores_) == clf.n_iter_
     assert clf.best_validation_score_ == max(clf.validation_scores_)
-    assert clf.trainer_.history[-1]["eval_accuracy"] == clf.best_validation_score_
+    _, val = fastnn.control.split_indices(len(x), 0.1, clf.trainer_.config.seed)  # the rows held out
+    assert clf.score(x[val], y[val]) == clf.best_validation_score_  # the weights are the best epoch's
 
 
 def test_partial_fit_needs_classes_first_and_continues():
@@ -142,8 +139,10 @@ def test_sample_weight_equal_is_accepted_unequal_refused():
     ("param", "value", "match"),
     [
         ("hidden_layer_sizes", (8, 0), "hidden_layer_sizes must hold integers >= 1"),
-        ("activation", "tanh", "activation must be one of"),
-        ("optimizer", "lbfgs", "optimizer must be one of"),
+        ("activation", "tanh", "activation=.tanh. is not implemented: fastnn.s kernels fuse .relu. and .gelu."),
+        ("activation", "swish", "activation must be one of"),
+        ("solver", "lbfgs", "solver='lbfgs' is not implemented: fastnn trains by minibatch gradient steps"),
+        ("solver", "adamw", "solver must be one of"),
         ("max_iter", 0, "max_iter must be an integer >= 1"),
         ("learning_rate_init", 0.0, "learning_rate_init must be > 0"),
         ("batch_size", "big", "batch_size must be 'auto' or an integer"),
@@ -193,3 +192,261 @@ def _save(clf):
     path = os.path.join(tempfile.mkdtemp(), "m.npz")
     clf.trainer_.save(path)
     return path
+
+
+# ---- scikit-learn's own parameter names -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [("MLPClassifier", "MLPClassifier"), ("MLPRegressor", "MLPRegressor")],
+)
+def test_scikit_learns_parameters_are_taken_as_they_are(ours, theirs):
+    """fastnn.sklearn.X(**sklearn.neural_network.X().get_params()) builds and fits: the same names and defaults
+    mean the same, and the values fastnn cannot honour are not among scikit-learn's defaults."""
+    from sklearn import neural_network
+
+    params = getattr(neural_network, theirs)(max_iter=5).get_params()
+    est = getattr(fastnn.sklearn, ours)(**params, device="cpu")
+    assert set(params) <= set(est.get_params())
+    assert {k: est.get_params()[k] for k in params} == params
+    x, y = _blobs(n=60)
+    if ours == "MLPRegressor":
+        y = x @ np.arange(1.0, 6.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x, y)
+    assert est.n_iter_ == 5
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: MLPClassifier(solver="lbfgs"), "solver='lbfgs' is not implemented: fastnn trains by minibatch"),
+        (lambda: MLPClassifier(activation="logistic"), "activation='logistic' is not implemented"),
+        (lambda: MLPClassifier(shuffle=False), "shuffle=False is not implemented: fastnn draws a new order"),
+        (lambda: MLPClassifier(learning_rate="optimal"), "learning_rate must be one of"),
+        (lambda: MLPRegressor(loss="poisson"), "loss='poisson' is not implemented: fastnn trains squared error"),
+        (lambda: LogisticRegression(solver="lbfgs"), "solver='lbfgs' is not implemented: .* use 'sgd'"),
+        (lambda: LogisticRegression(solver="saga"), "solver='saga' is not implemented"),
+        (lambda: LogisticRegression(penalty="l1"), "penalty='l1' is not implemented: .* proximal solver"),
+        (lambda: LogisticRegression(fit_intercept=False), "fit_intercept=False is not implemented: every fastnn"),
+        (lambda: LogisticRegression(C=0.0), r"C must be a number > 0 \(numpy.inf: no penalty\), got 0.0"),
+    ],
+)
+def test_what_fastnn_cannot_honour_is_refused_with_the_reason(make, match):
+    est = make().set_params(device="cpu")
+    x, y = _blobs(n=30)
+    if isinstance(est, MLPRegressor):
+        y = x[:, 0]
+    with pytest.raises(ValueError, match=match):
+        est.fit(x, y)
+    assert not hasattr(est, "trainer_")
+
+
+def test_logistic_regression_c_is_scikit_learns_penalty():
+    """C=1 is weight decay 1/(C n) on the mean loss: SGD goes to scikit-learn's optimum (bias decayed too)."""
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression as SkLogisticRegression
+
+    x, y = load_digits(return_X_y=True)
+    x = StandardScaler().fit_transform(x)
+    n = len(x)
+
+    def objective(proba, w):  # scikit-learn's: mean log loss + ||W||^2 / (2 C n), with C = 1
+        return -np.log(proba[np.arange(n), y]).mean() + (w**2).sum() / (2 * n)
+
+    ref = SkLogisticRegression(C=1.0).fit(x, y)
+    ours = LogisticRegression(C=1.0, random_state=0, device="cpu").fit(x, y)
+    assert ours.trainer_.optimizer.weight_decay == pytest.approx(1 / n)
+    best = objective(ref.predict_proba(x), ref.coef_)
+    assert objective(ours.predict_proba(x), ours.trainer_.state_dict()["0.weight"]) < 1.05 * best
+    assert (ours.predict(x) == ref.predict(x)).mean() > 0.99
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # unpenalised, the separable digits never settle
+        for unpenalised in (LogisticRegression(C=np.inf, max_iter=2), LogisticRegression(penalty=None, max_iter=2)):
+            assert unpenalised.set_params(device="cpu").fit(x, y).trainer_.optimizer.weight_decay == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"tol": 10, "n_iter_no_change": 3}, {"tol": 0.05, "n_iter_no_change": 2}])
+def test_stopping_is_scikit_learns_rule(kwargs):
+    """More than n_iter_no_change epochs in a row without a tol improvement stop, as in scikit-learn."""
+    from sklearn.neural_network import MLPClassifier as SkMLPClassifier
+
+    x, y = _blobs(n=200)
+    ref = SkMLPClassifier((8,), learning_rate_init=0.01, max_iter=100, random_state=0, **kwargs).fit(x, y)
+    ours = MLPClassifier((8,), learning_rate_init=0.01, max_iter=100, random_state=0, device="cpu", **kwargs).fit(x, y)
+    losses = ours.loss_curve_
+    count, best, stop = 0, np.inf, None
+    for i, loss in enumerate(losses):  # the rule, written out
+        count = count + 1 if loss > best - kwargs["tol"] else 0
+        best = min(best, loss)
+        if count > kwargs["n_iter_no_change"]:
+            stop = i + 1
+            break
+    assert ours.n_iter_ == stop == len(losses)
+    if kwargs["tol"] == 10:  # every epoch but the first is a plateau, whatever the losses: the same count
+        assert ours.n_iter_ == ref.n_iter_ == kwargs["n_iter_no_change"] + 2
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_adaptive_divides_the_rate_by_5_at_each_plateau_as_scikit_learn(early_stopping):
+    from sklearn.neural_network import MLPClassifier as SkMLPClassifier
+
+    x, y = _blobs(n=200)
+    kwargs = dict(solver="sgd", learning_rate="adaptive", learning_rate_init=0.01, tol=10, n_iter_no_change=1,
+                  early_stopping=early_stopping, random_state=0)  # fmt: skip
+    ref = SkMLPClassifier((8,), **kwargs).fit(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # stopping at the smallest rate is converging
+        ours = MLPClassifier((8,), device="cpu", **kwargs).fit(x, y)
+    # Plateaus after epochs 3, 5, ..., 13 take 0.01 down to 6.4e-7; the next one (epoch 15) stops.
+    assert ours.n_iter_ == ref.n_iter_ == 15
+    assert ours._rate_.lr == pytest.approx(0.01 / 5**6)
+
+
+def test_invscaling_is_a_schedule_of_the_samples_seen():
+    """learning_rate_init / (t + 1) ** power_t with t the samples seen before the epoch: a Trainer with that
+    schedule trains the same weights."""
+    x, y = _blobs()
+    clf = MLPClassifier((8,), solver="sgd", learning_rate="invscaling", power_t=0.3, learning_rate_init=0.5,
+                        batch_size=50, max_iter=3, tol=0.0, random_state=7, device="cpu")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(x, y)
+    seed = int(np.random.RandomState(7).randint(0, 2**31 - 1))
+    n, spe = len(x), 5  # 240 rows at batch 50: 5 steps per epoch
+    t = fastnn.Trainer(fastnn.MLP([5, 8, 3]), fastnn.SGD(lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4),
+                       batch_size=50, device="cpu", seed=seed,
+                       schedule=lambda step: 0.5 / ((step // spe) * n + 1) ** 0.3)  # fmt: skip
+    t.fit(x.astype(np.float32), np.searchsorted(clf.classes_, y), epochs=3, progress=False)
+    for k, v in t.state_dict().items():
+        np.testing.assert_allclose(clf.trainer_.state_dict()[k], v, rtol=1e-6, atol=1e-7)
+    assert clf.t_ == 3 * n
+
+
+def test_warm_start_continues_from_the_fitted_weights():
+    x, y = _blobs()
+    clf = MLPClassifier((8,), max_iter=5, random_state=0, device="cpu", tol=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(x, y)
+        before = clf.trainer_.state_dict()
+        clf.set_params(warm_start=True, max_iter=1, learning_rate_init=1e-9).fit(x, y)  # barely moves
+        for k, v in clf.trainer_.state_dict().items():
+            np.testing.assert_allclose(v, before[k], atol=1e-6)
+        assert clf.n_iter_ == 1 and len(clf.loss_curve_) == 6
+        clf.set_params(warm_start=False).fit(x, y)  # a new network
+        assert not np.allclose(clf.trainer_.state_dict()["0.weight"], before["0.weight"], atol=1e-3)
+        clf.set_params(warm_start=True)
+        with pytest.raises(ValueError, match="warm_start can only be used where `y` has the same classes"):
+            clf.fit(x[y != "emu"], y[y != "emu"])
+
+
+# ---- partial_fit (issue 23 items 10 and 14) --------------------------------------------------------------------
+
+
+def test_partial_fit_auto_batch_is_min_200_rows_of_each_call():
+    x, y = _blobs(n=1000)
+    clf = MLPClassifier((8,), random_state=0, device="cpu")
+    clf.partial_fit(x[:3], y[:3], classes=["cat", "dog", "emu"])
+    assert clf.trainer_.config.batch_size == 3
+    clf.partial_fit(x, y)  # scikit-learn: min(200, 1000) for this call, not the first call's 3
+    assert clf.trainer_.config.batch_size == 200
+    assert (clf.trainer_.epoch, clf.trainer_.step, clf.n_iter_) == (2, 1 + 5, 2)  # the trainer went on
+    clf.partial_fit(x[:50], y[:50])
+    assert clf.trainer_.config.batch_size == 50 and clf.trainer_.step == 7
+    assert len(clf.trainer_.history) == 3 and clf.t_ == 3 + 1000 + 50
+
+
+@pytest.mark.parametrize(
+    ("first", "match"),
+    [
+        ({"classes": ["cat"]}, "only one class is present"),
+        ({"classes": ["cat", "dog", "emu"], "precision": "fp64"}, "precision must be one of"),
+        ({"classes": ["cat", "dog"]}, "not in classes_"),
+    ],
+)
+def test_a_failed_first_partial_fit_sets_nothing(first, match):
+    x, y = _blobs()
+    clf = MLPClassifier((8,), random_state=0, device="cpu", precision=first.pop("precision", "mixed"))
+    with pytest.raises(ValueError, match=match):
+        clf.partial_fit(x, y, **first)
+    assert not [k for k in vars(clf) if k.endswith("_") and not k.startswith("__")], vars(clf)
+    clf.set_params(precision="mixed").partial_fit(x, y, classes=["cat", "dog", "emu"])  # the corrected call works
+    assert clf.n_iter_ == 1 and list(clf.classes_) == ["cat", "dog", "emu"]
+
+
+# ---- defaults and the README's example -------------------------------------------------------------------------
+
+
+def test_readme_example_and_logistic_regression_defaults_converge_on_digits():
+    """The README's scikit-learn example, and LogisticRegression's defaults, stop on tol: no ConvergenceWarning."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_digits(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        mlp = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(64,), max_iter=50, random_state=0,
+                                                            device="cpu"))  # fmt: skip
+        assert mlp.fit(X_train, y_train).score(X_test, y_test) > 0.96
+        assert mlp[-1].n_iter_ < 50
+        lr = make_pipeline(StandardScaler(), LogisticRegression(random_state=0, device="cpu"))
+        assert lr.fit(X_train, y_train).score(X_test, y_test) > 0.95  # scikit-learn's: 0.967
+
+
+def test_a_classifier_given_continuous_targets_points_to_the_regressor():
+    x, _ = _blobs()
+    with pytest.raises(ValueError, match=r"Unknown label type: .*continuous targets: use loss='mse' / MLPRegressor"):
+        MLPClassifier(device="cpu").fit(x, x[:, 0])
+
+
+# ---- MLPRegressor ----------------------------------------------------------------------------------------------
+
+
+def _regression(n=300, k=1, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6))
+    y = np.tanh(x @ rng.normal(size=(6, k))) + 0.01 * rng.normal(size=(n, k))
+    return x, (y[:, 0] if k == 1 else y)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_regressor_fits_predicts_and_scores(k):
+    x, y = _regression(k=k)
+    reg = MLPRegressor((32,), random_state=0, device="cpu").fit(x, y)
+    pred = reg.predict(x)
+    assert pred.shape == y.shape and pred.dtype == np.float64
+    assert reg.score(x, y) > 0.95 and reg.n_outputs_ == k
+    assert reg.trainer_.loss == "mse" and reg.loss_ == reg.loss_curve_[-1]
+    back = pickle.loads(pickle.dumps(reg))
+    np.testing.assert_array_equal(back.predict(x), pred)
+
+
+def test_regressor_early_stopping_scores_r2_and_keeps_the_best_epoch():
+    from sklearn.metrics import r2_score
+
+    x, y = _regression(n=400)
+    reg = MLPRegressor((16,), early_stopping=True, n_iter_no_change=3, random_state=0, device="cpu").fit(x, y)
+    _, val = fastnn.control.split_indices(len(x), 0.1, reg.trainer_.config.seed)
+    assert reg.best_validation_score_ == max(reg.validation_scores_)
+    assert r2_score(y[val], reg.predict(x[val])) == pytest.approx(reg.best_validation_score_, abs=1e-5)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(reg)).predict(x), reg.predict(x))
+
+
+def test_regressor_in_grid_search_and_partial_fit():
+    x, y = _regression()
+    grid = GridSearchCV(MLPRegressor((8,), max_iter=30, random_state=0, device="cpu"),
+                        {"learning_rate_init": [1e-5, 0.01]}, cv=3)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        grid.fit(x, y)
+    assert grid.best_params_ == {"learning_rate_init": 0.01}
+    reg = MLPRegressor((8,), random_state=0, device="cpu")
+    for _ in range(3):
+        reg.partial_fit(x, y)
+    assert reg.n_iter_ == 3 and reg.predict(x[:4]).shape == (4,)
+    with pytest.raises(ValueError, match="this regressor was fitted on 1"):
+        reg.partial_fit(x, np.c_[y, y])

@@ -317,3 +317,19 @@ def test_to_torch_without_torch_says_how_to_install(monkeypatch) -> None:
     monkeypatch.setattr(builtins, "__import__", no_torch)
     with pytest.raises(ImportError, match="pip install torch"):
         Trainer(MLP([4, 3]), device="cpu").to_torch()
+
+
+def test_load_with_another_batch_size_continues_the_same_state(tmp_path: Path) -> None:
+    x, y = _data()
+    t = Trainer(MLP([12, 8, 4]), AdamW(lr=0.01), batch_size=10, device="cpu", seed=3)
+    t.fit(x, y, epochs=2)
+    t.save(tmp_path / "t.npz")
+    back = Trainer.load(tmp_path / "t.npz", device="cpu", batch_size=25)
+    assert back.config.batch_size == 25 and (back.epoch, back.step, back.history) == (t.epoch, t.step, t.history)
+    state = t._engine.get_state()
+    for name, value in back._engine.get_state().items():  # the optimizer state too
+        np.testing.assert_array_equal(value, state[name])
+    back.fit(x, y, epochs=1)
+    assert back.step == t.step + 4  # 100 rows at 25 a step
+    with pytest.raises(fastnn.ConfigError, match="batch_size must be an integer >= 1, got 0"):
+        Trainer.load(tmp_path / "t.npz", device="cpu", batch_size=0)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, DeviceUnavailable, FastnnError
+from ..install import pip_install
 from . import _capture
 
 __all__ = [
@@ -36,13 +37,13 @@ __all__ = [
 ]
 
 #: The fix for a missing toolkit library: the extras pin matching wheels of every library fastnn loads.
-INSTALL_HINT = 'pip install "fastnn[cu12]" (driver for CUDA 12) or "fastnn[cu13]" (driver for CUDA 13)'
+INSTALL_HINT = f"{pip_install('cu12')} for a driver for CUDA 12, or cu13 for CUDA 13"
 
 #: The fix for a missing driver library: it comes with the display driver, never from pip.
 DRIVER_HINT = "install the NVIDIA display driver (libcuda.so.1 must be on the system loader path)"
 
 #: The fix for a missing NCCL: optional (multi-GPU training only), in extras of its own.
-NCCL_HINT = 'pip install "fastnn[multi-cu12]" (driver for CUDA 12) or "fastnn[multi-cu13]" (driver for CUDA 13)'
+NCCL_HINT = f"{pip_install('multi-cu12')} for a driver for CUDA 12, or multi-cu13 for CUDA 13"
 
 # pathfinder's names of the driver-provided libraries; they cannot come from a wheel.
 _DRIVER_LIBS = frozenset({"cuda", "nvml"})

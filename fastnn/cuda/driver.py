@@ -25,6 +25,7 @@ from cuda.bindings import __version__ as _bindings_version
 from cuda.bindings import driver as cu
 
 from ..errors import ConfigError, DeviceUnavailable
+from ..install import pip_install
 from . import _capture
 from ._loader import DRIVER_HINT, CudaDriverError, c_int_value
 
@@ -119,7 +120,7 @@ def _check_driver_version() -> None:
         raise DeviceUnavailable(
             f"the NVIDIA driver supports CUDA {version // 1000}.{version % 1000 // 10} but cuda-bindings "
             f"{_bindings_version} needs a CUDA {BINDINGS_MAJOR} driver; fix: upgrade the driver, or "
-            f'pip install "fastnn[cu{version // 1000}]" to match it'
+            f"{pip_install(f'cu{version // 1000}')} to match it"
         )
 
 

@@ -19,11 +19,17 @@ from ..model import MLP
 from ..optim import Optimizer
 from .tuning import Tuning
 
-__all__ = ["PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batch_slices", "steps_per_epoch"]
+__all__ = ["LOSSES", "PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batch_slices", "steps_per_epoch"]
 
 #: "mixed": fp16 operands, fp32 accumulation and master weights; "fp16": fp16 weights and compute;
 #: "fp32": fp32 everywhere (no TF32). The NumPy engine computes in float32 whatever is asked.
 PRECISIONS = ("mixed", "fp16", "fp32")
+
+#: "cross_entropy": classification, softmax cross-entropy over integer labels; "mse": regression, the mean over
+#: the samples and the k outputs of the squared error, on a linear output (float targets (N, k)). No Huber loss:
+#: it needs a threshold in the targets' units (one more setting to get wrong), every engine would need it too, and
+#: scikit-learn's MLPRegressor offers squared error alone; scale the targets (or clip outliers) instead.
+LOSSES = ("cross_entropy", "mse")
 
 
 @dataclass(frozen=True)
@@ -39,16 +45,18 @@ class EngineConfig:
     normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn.data.check_normalize)
     data_placement: str = "auto"  #: GPU engines: where the training set lives (fastnn.engine.placement)
     tuning: Tuning = Tuning()  #: the engines' measured choices (fastnn.engine.tuning); not saved in checkpoints
+    loss: str = "cross_entropy"  #: one of LOSSES (the NumPy engine's functions define each)
 
 
 @dataclass
 class EpochStats:
     """What one finished epoch reports. Loss and accuracy are means over the epoch's training samples,
-    each sample scored in the forward pass of its own step (before that step's update)."""
+    each sample scored in the forward pass of its own step (before that step's update); a regression
+    (loss "mse") has no accuracy (None, in eval_accuracy too)."""
 
     epoch: int  #: absolute epoch index (0 for the trainer's first epoch ever; History numbers it 1)
     loss: float
-    accuracy: float
+    accuracy: float | None
     samples: int
     seconds: float  #: the epoch's own time (device events on the GPU)
     eval_loss: float | None = None
@@ -84,7 +92,8 @@ class Engine(ABC):
 
     @abstractmethod
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Keep the training set: x (N, D) uint8 or float32, y (N,) int32, both already validated."""
+        """Keep the training set: x (N, D) uint8 or float32; y (N,) int32 labels, or (N, k) float32 targets for
+        loss "mse"; both already validated."""
 
     @abstractmethod
     def fit_epochs(
@@ -125,11 +134,16 @@ class Engine(ABC):
 
     @abstractmethod
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """(mean loss, accuracy) of the current parameters on validated x, y."""
+        """(mean loss, accuracy) of the current parameters on validated x, y; for loss "mse", (mean squared
+        error, R^2 averaged over the outputs as `numpy_engine.r2_score` defines it)."""
 
     @abstractmethod
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """Softmax probabilities (N, classes) float32 for validated x."""
+
+    def predict_outputs(self, x: np.ndarray) -> np.ndarray:
+        """The network's outputs (N, k) float32 for validated x: a regression's predictions (loss "mse")."""
+        raise NotImplementedError(f"the {self.name} engine does not predict regression outputs yet")
 
     @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]:

@@ -1,8 +1,10 @@
 """The NumPy engine (`device="cpu"`): the definition of correct that the CUDA engine must match.
 
 Forward is `x @ W.T + b` per layer with the activation after every layer but the last; the loss is
-softmax cross-entropy, mean over the batch. The pieces (`forward`, `loss_and_grad`, `backward`) are
-module functions so GPU tests can call them as the reference, in float64 where they need to.
+softmax cross-entropy, mean over the batch (`loss_and_grad`), or for a regression (loss "mse") the squared
+error, mean over the batch and the outputs (`mse_loss_and_grad`), with R^2 as `r2_score` defines it. The
+pieces (`forward`, the losses, `backward`) are module functions so GPU tests can call them as the reference,
+in float64 where they need to.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = [
     "forward",
     "log_softmax",
     "loss_and_grad",
+    "mse_loss_and_grad",
+    "r2_score",
     "softmax",
 ]
 
@@ -108,6 +112,27 @@ def loss_and_grad(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return losses, dlogits
 
 
+def mse_loss_and_grad(outputs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample squared errors averaged over the k outputs (B,), and d(mean loss)/d outputs (B, k).
+
+    The batch's loss is the mean over all B * k entries of (output - y)**2: no factor 1/2, so the loss reported
+    is the mean squared error itself (scikit-learn's MLPRegressor reports half of it)."""
+    diff = outputs - y
+    return (diff * diff).mean(axis=1), diff * np.asarray(2.0 / diff.size, diff.dtype)
+
+
+def r2_score(sse: np.ndarray, y: np.ndarray) -> float:
+    """R^2 of predictions whose per-output sums of squared errors are `sse` (k,), for targets y (N, k): the mean
+    over the outputs of 1 - sse / sum((y - mean y)**2), an output with constant targets counting 1 when predicted
+    exactly and 0 otherwise (scikit-learn's r2_score with its defaults)."""
+    y64 = y.astype(np.float64)
+    total = ((y64 - y64.mean(axis=0)) ** 2).sum(axis=0)
+    sse = np.asarray(sse, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_output = np.where(total > 0, 1.0 - sse / np.where(total > 0, total, 1.0), np.where(sse == 0, 1.0, 0.0))
+    return float(per_output.mean())
+
+
 def backward(params: dict[str, np.ndarray], cache: Cache, dlogits: np.ndarray, model: MLP) -> dict[str, np.ndarray]:
     """Gradients of the loss whose d/d logits is `dlogits`, keyed like params ("0.weight", ...)."""
     names = param_names(model)
@@ -148,18 +173,20 @@ class NumpyEngine(Engine):
         scale, shift = input_affine(x.dtype, self.config.normalize)
         return prepare_batch(x, scale, shift, self.dtype)
 
-    def _step(self, xb: np.ndarray, yb: np.ndarray, lr: float, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """One forward/backward/update; returns each sample's loss and correctness before the update."""
+    def _step(self, xb: np.ndarray, yb: np.ndarray, lr: float, t: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """One forward/backward/update; returns each sample's loss and correctness (None for a regression)
+        before the update."""
         model, opt = self.config.model, self.config.optimizer
         logits, cache = forward(self.params, xb, model)
-        losses, dlogits = loss_and_grad(logits, yb)
+        regression = self.config.loss == "mse"
+        losses, dlogits = mse_loss_and_grad(logits, yb) if regression else loss_and_grad(logits, yb)
         grads = backward(self.params, cache, dlogits, model)
         for n in self._names:
             if isinstance(opt, AdamW):
                 adamw_step(opt, self.params[n], grads[n], self.opt_state[n], lr, t)
             else:
                 sgd_step(opt, self.params[n], grads[n], self.opt_state[n], lr)
-        return losses, logits.argmax(axis=1) == yb
+        return losses, None if regression else logits.argmax(axis=1) == yb
 
     def fit_epochs(
         self,
@@ -199,7 +226,7 @@ class NumpyEngine(Engine):
                         losses, ok = self._step(self._batch(x[idx]), y[idx], lr, t)
                         step += 1
                         loss_sum += float(losses.sum(dtype=np.float64))
-                        correct += int(ok.sum())
+                        correct += 0 if ok is None else int(ok.sum())
                         seen += hi - lo
                         if on_step is not None:
                             on_step()
@@ -213,9 +240,12 @@ class NumpyEngine(Engine):
                     raise TrainingDiverged(epoch + 1, loss, bad_state)  # people's number of the epoch
                 seconds = time.perf_counter() - start
                 # From here the epoch's training is done: an interrupt reports it (below) instead of undoing it.
-                stats = EpochStats(epoch=epoch, loss=loss, accuracy=correct / seen, samples=seen, seconds=seconds)
+                accuracy = None if cfg.loss == "mse" else correct / seen
+                stats = EpochStats(epoch=epoch, loss=loss, accuracy=accuracy, samples=seen, seconds=seconds)
                 if k in eval_after and eval_data is not None:
                     eval_loss, eval_accuracy = self.evaluate(*eval_data)
+                    if cfg.loss == "mse":
+                        eval_accuracy = None  # evaluate's second number is R^2 here; the history has no accuracy
                     stats = dataclasses.replace(stats, eval_loss=eval_loss, eval_accuracy=eval_accuracy)
                 self.report(stats, on_epoch)
             except TrainingDiverged:
@@ -228,10 +258,23 @@ class NumpyEngine(Engine):
                 raise
 
     def _logits_chunks(self, x: np.ndarray):
+        """(first row, float64 outputs) of x in chunks. Evaluation and prediction compute in float64 from the
+        float32 weights: a row's outputs then do not depend on how many rows go through at once (float32 BLAS
+        sums in an order that depends on the shape, which moves the last bit), as scikit-learn's checks expect."""
+        scale, shift = input_affine(x.dtype, self.config.normalize)
+        params = {n: p.astype(np.float64) for n, p in self.params.items()}
         for lo in range(0, x.shape[0], _EVAL_ROWS):
-            yield lo, forward(self.params, self._batch(x[lo : lo + _EVAL_ROWS]), self.config.model)[0]
+            yield lo, forward(params, prepare_batch(x[lo : lo + _EVAL_ROWS], scale, shift, np.float64),
+                              self.config.model)[0]  # fmt: skip
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        if self.config.loss == "mse":
+            sse = np.zeros(y.shape[1], dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for lo, outputs in self._logits_chunks(x):
+                    diff = outputs - y[lo : lo + outputs.shape[0]]  # float64 (see _logits_chunks)
+                    sse += (diff * diff).sum(axis=0)
+            return float(sse.sum() / y.size), r2_score(sse, y)
         loss_sum, correct = 0.0, 0
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for lo, logits in self._logits_chunks(x):
@@ -246,6 +289,13 @@ class NumpyEngine(Engine):
         with np.errstate(over="ignore", invalid="ignore"):
             for lo, logits in self._logits_chunks(x):
                 out[lo : lo + logits.shape[0]] = softmax(logits)
+        return out
+
+    def predict_outputs(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.config.model.classes), dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for lo, outputs in self._logits_chunks(x):
+                out[lo : lo + outputs.shape[0]] = outputs
         return out
 
     def get_state(self) -> dict[str, np.ndarray]:

@@ -40,6 +40,9 @@ class GraphEngine(Engine):
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
                  group: Group | None = None) -> None:  # fmt: skip
+        from ..select import check_gpu_loss
+
+        check_gpu_loss(config)  # loss="mse" is the NumPy engine's alone for now: refused before any allocation
         self.config = config
         #: The data-parallel group (None: one GPU). Each step trains on this rank's share of the batch (parallel.py).
         self.group = group
