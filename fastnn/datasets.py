@@ -23,6 +23,7 @@ import io
 import math
 import os
 import secrets
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _decoded
 from .errors import ConfigError, DataError
 
 __all__ = [
@@ -629,25 +631,26 @@ class Loaded(tuple):
         return self
 
 
+def _dims(rf: RemoteFile, verified: bool) -> tuple[int | None, ...]:
+    """The dims a file must declare: the known ones when verified, else (N, 28, 28) or (N,) with any N."""
+    if verified and rf.dims is not None:
+        return rf.dims
+    return (None, 28, 28) if "images" in rf.stem else (None,)
+
+
 def _read_file(path: Path, rf: RemoteFile, spec: DatasetSpec, blob: bytes | None) -> np.ndarray:
     """One IDX file: its dims are the known ones when verified (`blob` given), else (N, 28, 28) or (N,) with
     N at most UNVERIFIED_MAX_ROWS; the header is checked before the data is read."""
-    images = "images" in rf.stem
-    if blob is not None and rf.dims is not None:
-        dims: tuple[int | None, ...] = rf.dims
-    else:
-        dims = (None, 28, 28) if images else (None,)
-    row = 28 * 28 if images else 1
-    return _parse_idx(path, blob, np.uint8, dims, UNVERIFIED_MAX_ROWS * row)
+    row = 28 * 28 if "images" in rf.stem else 1
+    return _parse_idx(path, blob, np.uint8, _dims(rf, blob is not None), UNVERIFIED_MAX_ROWS * row)
 
 
-def _read_split(
-    spec: DatasetSpec, paths: list[Path], blobs: list[bytes | None], split: int
+def _split(
+    spec: DatasetSpec, paths: list[Path], arrays: list[np.ndarray], split: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split 0 (train) or 1 (test) as x uint8 (N, 784) and y int64 (N,), after the consistency checks."""
     images_path, labels_path = paths[2 * split], paths[2 * split + 1]
-    x = _read_file(images_path, spec.files[2 * split], spec, blobs[2 * split])
-    y = _read_file(labels_path, spec.files[2 * split + 1], spec, blobs[2 * split + 1])
+    x, y = arrays[2 * split], arrays[2 * split + 1]
     classes = spec.classes
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels")
@@ -740,10 +743,28 @@ def load(
 
 
 def _load_found(spec: DatasetSpec, folder: Path, found: list[Path | None], verify: bool) -> Loaded:
-    """The four files of `folder`, each verified first when `verify` (all four before any is decompressed)."""
+    """The four files of `folder`, each verified first when `verify` (all four before any is decompressed).
+
+    Verified files are kept decoded in the dataset cache (_decoded.py): a file verified before and unchanged
+    since is memory-mapped from there instead of being read, checked and decompressed again.
+    """
     paths = [p for p in found if p is not None]
-    blobs: list[bytes | None] = [None] * 4
-    if verify:
-        blobs = [_verified_bytes(p, rf, spec) for p, rf in zip(paths, spec.files)]
-    train, test = _read_split(spec, paths, blobs, 0), _read_split(spec, paths, blobs, 1)
-    return Loaded((*train, *test), folder)
+    if not verify:
+        arrays = [_read_file(p, rf, spec, None) for p, rf in zip(paths, spec.files)]
+        return Loaded((*_split(spec, paths, arrays, 0), *_split(spec, paths, arrays, 1)), folder)
+    keys = [_decoded.entry_key(spec.name, rf.stem, _expected(p, rf)[0] or "", p) for p, rf in zip(paths, spec.files)]
+    arrays = [_decoded.lookup(k, p, _dims(rf, True), rf.raw_sha256) for k, p, rf in zip(keys, paths, spec.files)]
+    fresh = {}  # index -> (stat before reading, the time then, verified bytes): all verified before any is decoded
+    for i, (p, rf) in enumerate(zip(paths, spec.files)):
+        if arrays[i] is None:
+            try:
+                before = p.stat()
+            except OSError:
+                before = None  # _verified_bytes names the problem
+            fresh[i] = (before, time.time_ns(), _verified_bytes(p, rf, spec))
+    for i, (before, checked_ns, blob) in fresh.items():
+        p, rf = paths[i], spec.files[i]
+        arrays[i] = _read_file(p, rf, spec, blob)
+        if before is not None:
+            _decoded.store(keys[i], p, arrays[i], before, checked_ns, rf.raw_sha256)
+    return Loaded((*_split(spec, paths, arrays, 0), *_split(spec, paths, arrays, 1)), folder)

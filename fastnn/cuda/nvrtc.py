@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._cachedir import refusal as _refusal
 from ..errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -196,23 +197,6 @@ def cache_dir() -> Path:
 #     digest; a MAC needs the key, which a writer who cannot read the folder (a cache restored from a shared
 #     backup, a folder that was group-writable for a while, a copy from another account) does not have.
 # Code running as the same user can read the key; it could equally edit fastnn itself: out of scope.
-
-
-def _refusal(directory: Path) -> str | None:
-    """Why `directory` cannot be trusted as a kernel cache (None when it can): owner and mode checks."""
-    try:
-        st = os.stat(directory)
-    except OSError as exc:
-        return f"cannot stat it ({exc.strerror or exc})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
-    if writers:
-        mode = stat.S_IMODE(st.st_mode)
-        return f"it is writable by {' and '.join(writers)} (mode {mode:04o}; fix: chmod 700 {directory})"
-    return None
 
 
 def _trusted_dir() -> Path | None:
