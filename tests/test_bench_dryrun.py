@@ -524,3 +524,22 @@ def test_setup_benchmark_table_of_failed_and_partial_runs():
     assert "| import | 0.18 | - | 0.18 |" in md and "warm: boom" in md
     with pytest.raises(SystemExit, match="nope"):
         bench_setup.run(bench_setup.parse_args(["--out", "x.md", "--only", "nope"]))
+
+
+def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):
+    """bench_nvrtc.py on the CPU: -lineinfo makes a larger CUBIN with the same machine code; --Ofast-compile=max
+    other machine code. Skipped where NVRTC cannot be loaded."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = tmp_path / "nvrtc.md"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_nvrtc.py"), "--repeats", "1", "--workloads", "logreg",
+         "--variants", "current,-lineinfo (for scale),--Ofast-compile=max", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in out.read_text().splitlines()[2:]}
+    assert rows["current"][-1] == "same |" and rows["-lineinfo (for scale)"][-1] == "same |"
+    assert int(rows["-lineinfo (for scale)"][4]) > int(rows["current"][4])  # debug sections, same code
+    assert rows["--Ofast-compile=max"][-1] == "other |"
