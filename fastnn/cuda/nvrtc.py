@@ -173,7 +173,8 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: $FASTNN_CACHE_DIR, else ~/.cache/fastnn/kernels; always absolute.
+    """Where compiled kernels (and cuBLASLt's autotuning choices: autotune_cache.py) are kept: $FASTNN_CACHE_DIR,
+    else ~/.cache/fastnn/kernels; always absolute.
 
     A relative $FASTNN_CACHE_DIR is resolved against the working directory once, at its first use: a later
     os.chdir does not move the cache (nor make a process read kernels from a folder it did not choose).
