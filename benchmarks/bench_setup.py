@@ -4,7 +4,7 @@ Each (contender, workload) runs one epoch three times in fresh processes (end_to
 cache folders, emptied before the first: cold (no compiled kernels, autotuning choices, decoded dataset, JAX
 persistent compilation cache), warm (filled by the cold run), warm again. Per run it reports
 
-    whole process        the parent's wall clock from starting the interpreter to its exit
+    whole process        the parent's wall clock from starting the interpreter to its exit (trained, not evaluated)
     python start         the interpreter up to the harness's first line
     import               the contender's user imports: `import fastnn` (numpy with it); torch / jax with their
                          device initialisation beside it
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace, log: Any = print) -> list[dict[str, Any]]:
             for mode in MODES:
                 # "warm" in end_to_end's terms: the same cache folders every time, JAX's persistent cache on.
                 env = end_to_end.cache_env(contender, wname, "warm", cache_root, dict(os.environ))
-                res = end_to_end._spawn(contender, wname, env, args, epochs=1)
+                res = end_to_end._spawn(contender, wname, env, args, epochs=1, evaluate=False)
                 row = {**base, "mode": mode, **res}
                 rows.append(row)
                 if row["status"] == "ok":

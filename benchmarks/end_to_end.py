@@ -174,6 +174,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--tiny", action="store_true", help="tests: a CPU-sized workload on fake data")
     p.add_argument("--family", help="import the contender's libraries first, so 'imported' times only them")
     p.add_argument("--epochs", type=int, help="train this many epochs instead of the workload's")
+    p.add_argument("--no-eval", action="store_true", help="exit once trained (no test accuracy)")
     args = p.parse_args(argv)
     t0 = args.t0
     marks = {"process_start": T_IMPORTED_HARNESS - t0}
@@ -214,7 +215,8 @@ def worker(argv: list[str]) -> int:
         epoch_seconds = adapter.train(w.epochs)
         marks["trained"] = time.time() - t0
         result.update(e2e_seconds=marks["trained"], train_seconds=float(sum(epoch_seconds)),
-                      epoch_seconds=epoch_seconds, test_accuracy=adapter.evaluate())  # fmt: skip
+                      epoch_seconds=epoch_seconds,
+                      test_accuracy=None if args.no_eval else adapter.evaluate())  # fmt: skip
     result.update(adapter.close())
     Path(args.out).write_text(json.dumps(result))
     return 0
@@ -291,9 +293,10 @@ def cache_env(contender: Any, workload: str, mode: str, cache_root: Path, base: 
 
 
 def _spawn(contender: Any, workload: str, env: dict[str, str], args: argparse.Namespace,
-           epochs: int | None = None) -> dict[str, Any]:  # fmt: skip
+           epochs: int | None = None, evaluate: bool = True) -> dict[str, Any]:  # fmt: skip
     """One fresh worker process; its result (with `process_seconds`: its whole life, start to exit, as the parent
-    saw it), or an error row saying why it has none. `epochs` overrides the workload's."""
+    saw it), or an error row saying why it has none. `epochs` overrides the workload's; without `evaluate` the
+    worker exits once trained (no test accuracy)."""
     with tempfile.TemporaryDirectory(prefix="fastnn-e2e-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--contender", contender.name,
@@ -306,6 +309,8 @@ def _spawn(contender: Any, workload: str, env: dict[str, str], args: argparse.Na
             cmd.append("--tiny")
         if epochs is not None:
             cmd += ["--epochs", str(epochs)]
+        if not evaluate:
+            cmd.append("--no-eval")
         t0 = time.time()
         try:
             res = subprocess.run(cmd + ["--t0", repr(t0)], env=env, capture_output=True, text=True,

@@ -492,6 +492,7 @@ def test_setup_benchmark_dry_run(tmp_path):
         m = r["marks"]
         assert 0 < m["process_start"] < m["imported"] <= m["harness_ready"] <= m["data_loaded"] <= m["trained"]
         assert m["trained"] < r["process_seconds"] and len(r["epoch_seconds"]) == 1  # one epoch, whole process
+        assert r["test_accuracy"] is None  # the process exits once trained: no evaluation in its time
     skipped = {(r["workload"], r["contender"]): r["error"] for r in doc["rows"] if r["status"] == "skipped"}
     assert skipped == {
         ("mlp-1024", "numpy-cpu"): "not run: the CPU engine runs logreg, mlp-128 only",
