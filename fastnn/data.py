@@ -168,7 +168,7 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
     x = _host_array(x, name, f"an array of shape (N, {features})")
     _check_shape(x.shape, features, name)
     if x.dtype == np.uint8:
-        return np.ascontiguousarray(x)
+        return _c_array(x, np.uint8)
     if x.dtype.kind == "O":
         try:
             x = x.astype(np.float64)
@@ -179,7 +179,7 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
             ) from None
     if x.dtype.kind not in "fiub":
         raise DataError(f"{name} must hold numbers (uint8, float, int or bool), got dtype {x.dtype}")
-    x = np.ascontiguousarray(x, dtype=np.float32)  # ints and bools: their values, as float32
+    x = _c_array(x, np.float32)  # ints and bools: their values, as float32
     if not np.isfinite(x).all():
         row, col = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
         raise DataError(
@@ -187,6 +187,15 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
             f"fill or drop them first)"
         )
     return x
+
+
+def _c_array(x: np.ndarray, dtype: type) -> np.ndarray:
+    """`x` as a C-contiguous array of `dtype`, copied only when it is not one. A memory map (a dataset loaded from
+    fastnn's cache) is returned as itself: np.ascontiguousarray gives a new view object on every call, and the GPU
+    engines know the data they already hold by the array object, so every fit would upload it again."""
+    if isinstance(x, np.memmap) and x.dtype == dtype and x.flags.c_contiguous:
+        return x
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
 def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:

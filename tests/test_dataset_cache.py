@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fastnn
 from fastnn import _decoded, datasets
 from fastnn.data import check_inputs
 from fastnn.errors import DataError
@@ -105,7 +106,7 @@ def test_the_next_load_maps_the_cache_and_fit_gets_it_without_a_copy(setup, tmp_
     x = out[0]
     assert isinstance(x, np.memmap) and Path(x.filename).parent == cache
     assert x.flags.c_contiguous and x.flags.writeable  # copy-on-write: writable, and the file never changes
-    assert np.shares_memory(check_inputs(x, 784, gpu=True), x)  # fit's conversion hands the mapping on as is
+    assert check_inputs(x, 784, gpu=True) is x  # fit's conversion hands the mapping on as is: no copy, no new view
     before = Path(x.filename).read_bytes()
     x[0, 0] ^= 0xFF
     assert Path(x.filename).read_bytes() == before
@@ -345,3 +346,44 @@ def test_an_unusable_cache_location_still_loads(setup, tmp_path, monkeypatch):
     check(load(source), arrays)
     check(load(source), arrays)
     assert len(verified) == 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mapped arrays in fit
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_fit_takes_a_memory_map_as_it_is(tmp_path, dtype):
+    """No copy and no new view object: the GPU engines know the data they already hold by the array object."""
+    x = np.memmap(tmp_path / "x", dtype=dtype, mode="w+", shape=(40, 784))
+    x[:] = np.random.default_rng(0).integers(0, 256, x.shape)
+    assert check_inputs(x, 784, gpu=True) is x and check_inputs(x, 784) is x
+    y = np.arange(40) % 10
+    trainer = fastnn.Trainer(fastnn.MLP([784, 8, 10]), device="cpu", batch_size=16, precision="fp32")
+    history = trainer.fit(x, y, epochs=2)
+    assert len(history) == 2 and np.isfinite(history["train_loss"]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["graph", "fused"])
+def test_a_mapped_dataset_is_uploaded_once_across_fits(tmp_path, monkeypatch, engine):
+    from fastnn.engine import cuda_engine
+
+    x = np.memmap(tmp_path / "x", dtype=np.uint8, mode="w+", shape=(512, 784))
+    x[:] = np.random.default_rng(0).integers(0, 256, x.shape)
+    y = np.arange(512) % 10
+    uploads: list[int] = []
+    real = cuda_engine.CudaEngine.upload
+
+    def counting(self, dst, array):
+        if getattr(array, "nbytes", 0) == x.nbytes:
+            uploads.append(array.nbytes)
+        return real(self, dst, array)
+
+    monkeypatch.setattr(cuda_engine.CudaEngine, "upload", counting)
+    with fastnn.Trainer(fastnn.MLP([784, 32, 10]), device="cuda", batch_size=64, engine=engine) as trainer:
+        trainer.fit(x, y, epochs=1)
+        first = len(uploads)
+        trainer.fit(x, y, epochs=1)
+    assert first >= 1 and len(uploads) == first  # the second fit found the mapped x resident
