@@ -56,8 +56,8 @@ PathLike = str | os.PathLike
 class _Submodules:
     """A package whose submodules are imported on first use, as `urllib.request` or `http.client` would be.
 
-    The network stack (urllib.request, http.client, email, ssl, socket) was 60% of `import fastnn` on the CPU and
-    is needed only to download: loading a dataset already on disk never touches it.
+    The network stack (urllib.request, http.client, email, ssl, socket) was about a quarter of what `import fastnn`
+    adds to numpy's import, and only a download needs it: loading a dataset already on disk never touches it.
     """
 
     def __init__(self, package: str) -> None:
