@@ -3,8 +3,9 @@
 End to end (issue 11): the parent notes the wall clock, starts `python end_to_end.py --worker ...`, and the worker
 reports, relative to that moment, when it had imported its libraries, loaded the data, set up (data to the GPU,
 compile/capture/autotune where separable) and trained the workload's epochs (synchronised). Cold: empty caches
-(FASTNN_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR fresh, JAX's persistent compilation cache off). Warm: the same
-fixed cache folders after a run that populated them (JAX's persistent cache on, every entry kept).
+(FASTNN_CACHE_DIR, FASTNN_DATASET_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR fresh, JAX's persistent compilation cache
+off). Warm: the same fixed cache folders after a run that populated them (JAX's persistent cache on, every entry
+kept). bench_setup.py runs the same workers for issue 26's set-up table (one epoch, cold / warm / warm again).
 
 Time to accuracy: `workloads.tta_workload()` (MLP 784-256-256-10, AdamW, all 60,000 images), test accuracy
 after every epoch; the run stops at the first epoch that reaches the target. End to end = from the start to the
@@ -23,6 +24,7 @@ import time
 T_IMPORTED_HARNESS = time.time()  # noqa: E402  (the worker's first moment: before numpy, fastnn, torch or jax)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -170,9 +172,15 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--data")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tiny", action="store_true", help="tests: a CPU-sized workload on fake data")
+    p.add_argument("--family", help="import the contender's libraries first, so 'imported' times only them")
+    p.add_argument("--epochs", type=int, help="train this many epochs instead of the workload's")
+    p.add_argument("--no-eval", action="store_true", help="exit once trained (no test accuracy)")
     args = p.parse_args(argv)
     t0 = args.t0
     marks = {"process_start": T_IMPORTED_HARNESS - t0}
+    if args.family:
+        _import_family(args.family)
+        marks["imported"] = time.time() - t0
     from workloads import CONTENDERS, build_workloads, load_data, tta_workload
 
     contender = next(c for c in CONTENDERS if c.name == args.contender)
@@ -181,8 +189,12 @@ def worker(argv: list[str]) -> int:
     tta = w.target_accuracy is not None
     if args.tiny:
         w = _tiny(w)
-    _import_family(contender.family)
-    marks["imported"] = time.time() - t0
+    if args.epochs is not None:
+        w = dataclasses.replace(w, epochs=args.epochs)
+    if not args.family:
+        _import_family(contender.family)
+        marks["imported"] = time.time() - t0
+    marks["harness_ready"] = time.time() - t0  # the harness's own modules (workloads) are not the user's import
     data = _fake_data(w.samples) if args.tiny else load_data(args.data)
     marks["data_loaded"] = time.time() - t0
     adapter = {"fastnn": _Fastnn, "numpy": _Fastnn, "torch": _Torch, "jax": _Jax}[contender.family](contender, w, data)
@@ -203,7 +215,8 @@ def worker(argv: list[str]) -> int:
         epoch_seconds = adapter.train(w.epochs)
         marks["trained"] = time.time() - t0
         result.update(e2e_seconds=marks["trained"], train_seconds=float(sum(epoch_seconds)),
-                      epoch_seconds=epoch_seconds, test_accuracy=adapter.evaluate())  # fmt: skip
+                      epoch_seconds=epoch_seconds,
+                      test_accuracy=None if args.no_eval else adapter.evaluate())  # fmt: skip
     result.update(adapter.close())
     Path(args.out).write_text(json.dumps(result))
     return 0
@@ -268,7 +281,8 @@ def cache_env(contender: Any, workload: str, mode: str, cache_root: Path, base: 
 
         env = subprocess_env(contender, env)
     root = cache_root / contender.name / workload
-    env["FASTNN_CACHE_DIR"] = str(root / "fastnn")
+    env["FASTNN_CACHE_DIR"] = str(root / "fastnn")  # compiled kernels and cuBLASLt's autotuning choices
+    env["FASTNN_DATASET_CACHE_DIR"] = str(root / "decoded")  # the decoded dataset files
     env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     env["TRITON_CACHE_DIR"] = str(root / "triton")
     if mode == "warm" and contender.family == "jax":
@@ -278,18 +292,25 @@ def cache_env(contender: Any, workload: str, mode: str, cache_root: Path, base: 
     return env
 
 
-def _spawn(contender: Any, workload: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    """One fresh worker process; its result, or an error row saying why it has none."""
+def _spawn(contender: Any, workload: str, env: dict[str, str], args: argparse.Namespace,
+           epochs: int | None = None, evaluate: bool = True) -> dict[str, Any]:  # fmt: skip
+    """One fresh worker process; its result (with `process_seconds`: its whole life, start to exit, as the parent
+    saw it), or an error row saying why it has none. `epochs` overrides the workload's; without `evaluate` the
+    worker exits once trained (no test accuracy)."""
     with tempfile.TemporaryDirectory(prefix="fastnn-e2e-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--contender", contender.name,
-               "--workload", workload, "--out", str(out)]  # fmt: skip
+               "--workload", workload, "--out", str(out), "--family", contender.family]  # fmt: skip
         if args.data:
             cmd += ["--data", args.data]
         if args.quick:
             cmd.append("--quick")
         if args.tiny:
             cmd.append("--tiny")
+        if epochs is not None:
+            cmd += ["--epochs", str(epochs)]
+        if not evaluate:
+            cmd.append("--no-eval")
         t0 = time.time()
         try:
             res = subprocess.run(cmd + ["--t0", repr(t0)], env=env, capture_output=True, text=True,
@@ -297,8 +318,9 @@ def _spawn(contender: Any, workload: str, env: dict[str, str], args: argparse.Na
             why = f"worker exit {res.returncode}: {(res.stdout + res.stderr)[-1500:]}"
         except subprocess.TimeoutExpired:
             why = f"worker timed out after {args.timeout:.0f} s"
+        process_seconds = time.time() - t0
         if out.exists():
-            return json.loads(out.read_text())
+            return {**json.loads(out.read_text()), "process_seconds": process_seconds}
     if "Unavailable" in why:  # fastnn_contenders.Unavailable: an engine this build or device does not have
         return {"status": "unavailable", "error": why.strip().splitlines()[-1][-300:]}
     return {"status": "error", "error": why[-800:]}

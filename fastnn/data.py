@@ -181,7 +181,7 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
     x = _host_array(x, name, f"an array of shape (N, {features})")
     _check_shape(x.shape, features, name)
     if x.dtype == np.uint8:
-        return np.ascontiguousarray(x)
+        return _c_array(x, np.uint8)
     if x.dtype.kind == "O":
         try:
             x = x.astype(np.float64)
@@ -203,7 +203,7 @@ def _finite_f32(given: np.ndarray, name: str) -> np.ndarray:
     """`given` as a C-contiguous float32 array; DataError naming its first entry that is not finite there: a NaN
     or an infinity given (missing values?), or a finite number beyond float32's range, which the cast made inf."""
     with np.errstate(over="ignore", invalid="ignore"):
-        as_f32 = np.ascontiguousarray(given, dtype=np.float32)
+        as_f32 = _c_array(given, np.float32)
         bad = ~np.isfinite(as_f32)
         if not bad.any():
             return as_f32
@@ -252,6 +252,15 @@ def check_operand_range(x: np.ndarray, normalize: Normalize | None, operand: typ
         f"which hold at most +-{FP16_MAX:g} (beyond it the row's predictions would be NaN). Scale the inputs "
         f"(normalize=(mean, std) to the Trainer, or standardise {name}) or use precision='fp32'"
     )
+
+
+def _c_array(x: np.ndarray, dtype: type) -> np.ndarray:
+    """`x` as a C-contiguous array of `dtype`, copied only when it is not one. A memory map (a dataset loaded from
+    fastnn's cache) is returned as itself: np.ascontiguousarray gives a new view object on every call, and the GPU
+    engines know the data they already hold by the array object, so every fit would upload it again."""
+    if isinstance(x, np.memmap) and x.dtype == dtype and x.flags.c_contiguous:
+        return x
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
 def _check_shape(shape: tuple[int, ...], features: int, name: str) -> None:

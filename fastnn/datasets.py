@@ -11,6 +11,10 @@ The two datasets share their file names, so local files are verified too: each f
 and sha256 (before decompressing) must be the named dataset's, gzipped or not; the result's `folder` says
 which folder was used. `verify=False` reads any MNIST-layout files (your own data) unchecked, with each IDX
 header checked against the expected dims and UNVERIFIED_MAX_ROWS before any data is read.
+
+Verified files are also kept decoded in `$FASTNN_DATASET_CACHE_DIR` (default `~/.cache/fastnn/decoded`): the next
+load of the same unchanged files memory-maps them from there instead of verifying and decompressing them again
+(_decoded.py says when an entry is trusted).
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import http.client
 import io
 import math
 import os
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _files
-from ._download import fetch as _fetch
+from . import _decoded, _files
 from .errors import ConfigError, DataError
 
 __all__ = [
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike
+
+
 
 # ---------------------------------------------------------------------------------------------------
 # IDX format: magic 00 00 <type code> <ndim>, then ndim big-endian uint32 dims, then the data, row-major.
@@ -468,6 +473,12 @@ def _download(spec: DatasetSpec, folder: Path, mirrors: Sequence[str] | None, ti
 
 
 def _fetch_missing(spec: DatasetSpec, folder: Path, urls: list[str], timeout: float) -> None:
+    # The network stack (urllib.request, http.client, email, ssl, socket) is imported here, not with fastnn: it was
+    # about a quarter of what `import fastnn` added to numpy's import, and only a download needs it.
+    import http.client
+
+    from ._download import fetch as _fetch
+
     found, _ = _find(folder, spec)
     for rf, have in zip(spec.files, found):
         if have is not None:
@@ -571,25 +582,26 @@ class Loaded(tuple):
         return self
 
 
+def _dims(rf: RemoteFile, verified: bool) -> tuple[int | None, ...]:
+    """The dims a file must declare: the known ones when verified, else (N, 28, 28) or (N,) with any N."""
+    if verified and rf.dims is not None:
+        return rf.dims
+    return (None, 28, 28) if "images" in rf.stem else (None,)
+
+
 def _read_file(path: Path, rf: RemoteFile, spec: DatasetSpec, blob: bytes | None) -> np.ndarray:
     """One IDX file: its dims are the known ones when verified (`blob` given), else (N, 28, 28) or (N,) with
     N at most UNVERIFIED_MAX_ROWS; the header is checked before the data is read."""
-    images = "images" in rf.stem
-    if blob is not None and rf.dims is not None:
-        dims: tuple[int | None, ...] = rf.dims
-    else:
-        dims = (None, 28, 28) if images else (None,)
-    row = 28 * 28 if images else 1
-    return _parse_idx(path, blob, np.uint8, dims, UNVERIFIED_MAX_ROWS * row)
+    row = 28 * 28 if "images" in rf.stem else 1
+    return _parse_idx(path, blob, np.uint8, _dims(rf, blob is not None), UNVERIFIED_MAX_ROWS * row)
 
 
-def _read_split(
-    spec: DatasetSpec, paths: list[Path], blobs: list[bytes | None], split: int
+def _split(
+    spec: DatasetSpec, paths: list[Path], arrays: list[np.ndarray], split: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split 0 (train) or 1 (test) as x uint8 (N, 784) and y int64 (N,), after the consistency checks."""
     images_path, labels_path = paths[2 * split], paths[2 * split + 1]
-    x = _read_file(images_path, spec.files[2 * split], spec, blobs[2 * split])
-    y = _read_file(labels_path, spec.files[2 * split + 1], spec, blobs[2 * split + 1])
+    x, y = arrays[2 * split], arrays[2 * split + 1]
     classes = spec.classes
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels")
@@ -609,7 +621,9 @@ def load(
 ) -> Loaded:
     """Load an MNIST-family dataset as (x_train, y_train, x_test, y_test): x uint8 (N, 784), y int64 (N,).
 
-    The result unpacks as that tuple and has a `folder` attribute: where the files were read from.
+    The result unpacks as that tuple and has a `folder` attribute: where the files were read from. A verified load
+    of files verified before and unchanged since returns x as copy-on-write memory maps of the decoded cache
+    (writable; writes stay in this process).
 
     Args:
         name: "mnist" or "fashion-mnist".
@@ -683,10 +697,28 @@ def load(
 
 
 def _load_found(spec: DatasetSpec, folder: Path, found: list[Path | None], verify: bool) -> Loaded:
-    """The four files of `folder`, each verified first when `verify` (all four before any is decompressed)."""
+    """The four files of `folder`, each verified first when `verify` (all four before any is decompressed).
+
+    Verified files are kept decoded in the dataset cache (_decoded.py): a file verified before and unchanged
+    since is memory-mapped from there instead of being read, checked and decompressed again.
+    """
     paths = [p for p in found if p is not None]
-    blobs: list[bytes | None] = [None] * 4
-    if verify:
-        blobs = [_verified_bytes(p, rf, spec) for p, rf in zip(paths, spec.files)]
-    train, test = _read_split(spec, paths, blobs, 0), _read_split(spec, paths, blobs, 1)
-    return Loaded((*train, *test), folder)
+    if not verify:
+        arrays = [_read_file(p, rf, spec, None) for p, rf in zip(paths, spec.files)]
+        return Loaded((*_split(spec, paths, arrays, 0), *_split(spec, paths, arrays, 1)), folder)
+    keys = [_decoded.entry_key(spec.name, rf.stem, _expected(p, rf)[0] or "", p) for p, rf in zip(paths, spec.files)]
+    arrays = [_decoded.lookup(k, p, _dims(rf, True), rf.raw_sha256) for k, p, rf in zip(keys, paths, spec.files)]
+    fresh = {}  # index -> (stat before reading, the time then, verified bytes): all verified before any is decoded
+    for i, (p, rf) in enumerate(zip(paths, spec.files)):
+        if arrays[i] is None:
+            try:
+                before = p.stat()
+            except OSError:
+                before = None  # _verified_bytes names the problem
+            fresh[i] = (before, time.time_ns(), _verified_bytes(p, rf, spec))
+    for i, (before, checked_ns, blob) in fresh.items():
+        p, rf = paths[i], spec.files[i]
+        arrays[i] = _read_file(p, rf, spec, blob)
+        if before is not None:
+            _decoded.store(keys[i], p, arrays[i], before, checked_ns, rf.raw_sha256)
+    return Loaded((*_split(spec, paths, arrays, 0), *_split(spec, paths, arrays, 1)), folder)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -498,3 +499,82 @@ def test_each_kernel_experiment_compiles_and_states_its_result(path, arch, monke
     spec.loader.exec_module(module)
     assert "Result" in module.__doc__ and "us" in module.__doc__, path
     assert module.compile_kernel(arch)[:4] == b"\x7fELF"
+
+
+def test_setup_benchmark_dry_run(tmp_path):
+    """bench_setup.py (issue 26) on the CPU: three fresh processes per pair with the same cache folders, emptied
+    before the cold run; the phase tables in markdown; GPU contenders and wide CPU workloads listed as not run."""
+    stale = tmp_path / "cache" / "numpy-cpu" / "logreg" / "fastnn" / "stale"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("from an earlier run")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = tmp_path / "setup.md"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_setup.py"), "--dry-run", "--only", "numpy-cpu,fastnn-fused",
+         "--workloads", "logreg,mlp-1024", "--out", str(out), "--cache-dir", str(tmp_path / "cache")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not stale.exists()  # the cold run started from empty cache folders
+    doc = json.loads(out.with_suffix(".json").read_text())
+    runs = [r for r in doc["rows"] if r["status"] == "ok"]
+    assert [(r["workload"], r["contender"], r["mode"]) for r in runs] == [
+        ("logreg", "numpy-cpu", m) for m in ("cold", "warm", "warm again")
+    ]
+    for r in runs:
+        m = r["marks"]
+        assert 0 < m["process_start"] < m["imported"] <= m["harness_ready"] <= m["data_loaded"] <= m["trained"]
+        assert m["trained"] < r["process_seconds"] and len(r["epoch_seconds"]) == 1  # one epoch, whole process
+        assert r["test_accuracy"] is None  # the process exits once trained: no evaluation in its time
+    skipped = {(r["workload"], r["contender"]): r["error"] for r in doc["rows"] if r["status"] == "skipped"}
+    assert skipped == {
+        ("mlp-1024", "numpy-cpu"): "not run: the CPU engine runs logreg, mlp-128 only",
+        ("logreg", "fastnn-fused"): "not run: the dry run has no GPU",
+        ("mlp-1024", "fastnn-fused"): "not run: the dry run has no GPU",
+    }
+    md = out.read_text()
+    assert "| workload | contender | cold | warm | warm again | training (warm) |" in md
+    assert re.search(r"\| logreg \| numpy-cpu \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", md)
+    assert "### logreg · numpy-cpu" in md and "### logreg · fastnn-fused" not in md
+    import bench_setup
+
+    for phase in bench_setup.PHASES:
+        assert re.search(rf"\| {re.escape(phase)} \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", md), phase
+
+
+def test_setup_benchmark_table_of_failed_and_partial_runs():
+    import bench_setup
+
+    marks = {"process_start": 0.02, "imported": 0.2, "harness_ready": 0.25, "data_loaded": 0.3, "trained": 1.25}
+    ok = {"status": "ok", "process_seconds": 1.5, "train_seconds": 0.005, "marks": marks}
+    p = bench_setup.phases(ok)
+    assert p["import"] == pytest.approx(0.18) and p["dataset load"] == pytest.approx(0.05)
+    assert p["set-up + first epoch"] == pytest.approx(0.95) and p["whole process"] == 1.5
+    rows = [{"workload": "logreg", "contender": "fastnn-fused", "mode": "cold", **ok},
+            {"workload": "logreg", "contender": "fastnn-fused", "mode": "warm", "status": "error", "error": "boom"},
+            {"workload": "logreg", "contender": "fastnn-fused", "mode": "warm again", **ok}]  # fmt: skip
+    md = bench_setup.markdown(rows, "NVIDIA H100")
+    assert "(NVIDIA H100)" in md and "| logreg | fastnn-fused | 1.50 | error | 1.50 | - |" in md
+    assert "| import | 0.18 | - | 0.18 |" in md and "warm: boom" in md
+    with pytest.raises(SystemExit, match="nope"):
+        bench_setup.run(bench_setup.parse_args(["--out", "x.md", "--only", "nope"]))
+
+
+def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):
+    """bench_nvrtc.py on the CPU: -lineinfo makes a larger CUBIN with the same machine code; --Ofast-compile=max
+    other machine code. Skipped where NVRTC cannot be loaded."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = tmp_path / "nvrtc.md"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_nvrtc.py"), "--repeats", "1", "--workloads", "logreg",
+         "--variants", "current,-lineinfo (for scale),--Ofast-compile=max", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in out.read_text().splitlines()[2:]}
+    assert rows["current"][-1] == "same |" and rows["-lineinfo (for scale)"][-1] == "same |"
+    assert int(rows["-lineinfo (for scale)"][4]) > int(rows["current"][4])  # debug sections, same code
+    assert rows["--Ofast-compile=max"][-1] == "other |"

@@ -701,6 +701,34 @@ def test_autotune_keeps_a_correct_fastest_algorithm(g):
 
 
 @pytest.mark.gpu
+def test_autotune_choice_is_reused_from_disk_by_a_new_plan(g, tmp_path, monkeypatch):
+    """The heuristic returns the same algorithm bytes to a second plan of the same shape (what the on-disk cache
+    relies on), and that plan selects the cached choice without timing any candidate."""
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path / "cache"))
+    m, n, k = 1024, 128, 784
+    rng = np.random.default_rng(6)
+    sa, sb, op_a, op_b = operands(rng, m, n, k, True, False, np.float16)
+    a, b = g.upload_matrix(sa), g.upload_matrix(sb)
+    d = g.buffer(m * n * 2)
+    with build(g, m, n, k, precision="fp16-compute32", transa=True, max_algos=16) as first:
+        ms = first.autotune(a.ptr, b.ptr, d.ptr, d.ptr, g.stream, repeats=5)
+        chosen, candidates = bytes(first._algo), [bytes(x) for x in first._algos]
+    assert len(list((tmp_path / "cache").glob("*.cublaslt"))) == 1
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("timed again despite the cached choice")
+
+    monkeypatch.setattr(lt.Matmul, "_time_candidates", not_again)
+    with build(g, m, n, k, precision="fp16-compute32", transa=True, max_algos=16) as second:
+        assert [bytes(x) for x in second._algos] == candidates
+        assert second.autotune(a.ptr, b.ptr, d.ptr, d.ptr, g.stream, repeats=5) == ms
+        assert bytes(second._algo) == chosen
+        d.memset(0xFF)
+        second(a.ptr, b.ptr, d.ptr, d.ptr, g.stream)
+    assert rel_err(g.download_matrix(d, m, n, np.float16), op_a @ op_b) <= PRECISIONS["fp16-compute32"][5]
+
+
+@pytest.mark.gpu
 def test_call_checks_pointers_and_close(g):
     plan = build(g, 8, 8, 8, epilogue=E.BIAS)
     buf = g.buffer(1024)

@@ -962,10 +962,32 @@ class Matmul:
         The buffers are really written (many times): with beta != 0, C == D, or a backward epilogue writing
         a bias gradient, pass scratch buffers or restore them afterwards. `stream` must be a driver.Stream.
         Not for use inside stream capture (it captures itself).
+
+        The choice is kept on disk (`autotune_cache`): a later process with the same GPU, library and plan selects
+        it without timing (and without touching the buffers), as long as the heuristic still returns it.
         """
-        from .driver import time_captured
+        from . import autotune_cache
 
         repeats = _positive_int("repeats", repeats)
+        key = autotune_cache.entry_key(
+            self, autotune_cache.gpu_identity(stream.device), version(), beta=beta, c_is_d=not c or c == d,
+            repeats=repeats,
+        )  # fmt: skip
+        candidates = [bytes(algo) for algo in self._algos]
+        cached = autotune_cache.lookup(key, candidates)
+        if cached is not None:
+            self.select(cached.index)
+            return cached.ms
+        best_ms = self._time_candidates(a, b, c, d, stream, bias, aux, alpha, beta, repeats)
+        autotune_cache.store(key, candidates[self.algo_index], best_ms)
+        return best_ms
+
+    def _time_candidates(
+        self, a: int, b: int, c: int, d: int, stream: Any, bias: int, aux: int, alpha: Any, beta: Any, repeats: int
+    ) -> float:
+        """`autotune`'s timing: select the fastest candidate on these buffers; returns its time in ms."""
+        from .driver import time_captured
+
         best_ms, best_index = float("inf"), self.algo_index
 
         def run() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _files
+from .._cachedir import refusal as _refusal
 from ..errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -172,7 +173,8 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: $FASTNN_CACHE_DIR, else ~/.cache/fastnn/kernels; always absolute.
+    """Where compiled kernels (and cuBLASLt's autotuning choices: autotune_cache.py) are kept: $FASTNN_CACHE_DIR,
+    else ~/.cache/fastnn/kernels; always absolute.
 
     A relative $FASTNN_CACHE_DIR is resolved against the working directory once, at its first use: a later
     os.chdir does not move the cache (nor make a process read kernels from a folder it did not choose).
@@ -196,23 +198,6 @@ def cache_dir() -> Path:
 #     digest; a MAC needs the key, which a writer who cannot read the folder (a cache restored from a shared
 #     backup, a folder that was group-writable for a while, a copy from another account) does not have.
 # Code running as the same user can read the key; it could equally edit fastnn itself: out of scope.
-
-
-def _refusal(directory: Path) -> str | None:
-    """Why `directory` cannot be trusted as a kernel cache (None when it can): owner and mode checks."""
-    try:
-        st = os.stat(directory)
-    except OSError as exc:
-        return f"cannot stat it ({exc.strerror or exc})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
-    if writers:
-        mode = stat.S_IMODE(st.st_mode)
-        return f"it is writable by {' and '.join(writers)} (mode {mode:04o}; fix: chmod 700 {directory})"
-    return None
 
 
 def _trusted_dir() -> Path | None:

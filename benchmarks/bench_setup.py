@@ -1,0 +1,201 @@
+"""From `python` to a trained model (issue 26): where a fresh process's time goes, for every engine and workload.
+
+Each (contender, workload) runs one epoch three times in fresh processes (end_to_end.py's worker) with the same
+cache folders, emptied before the first: cold (no compiled kernels, autotuning choices, decoded dataset, JAX
+persistent compilation cache), warm (filled by the cold run), warm again. Per run it reports
+
+    whole process        the parent's wall clock from starting the interpreter to its exit (trained, not evaluated)
+    python start         the interpreter up to the harness's first line
+    import               the contender's user imports: `import fastnn` (numpy with it); torch / jax with their
+                         device initialisation beside it
+    dataset load         `fastnn.datasets.load("fashion-mnist", ...)` (everybody loads it that way)
+    set-up + first epoch fastnn: `Trainer(...)` + `fit(epochs=1)`; torch: graph capture + the epoch; JAX: the
+                         ahead-of-time compile + the epoch
+    of which training    the epoch's device time (fastnn's History, CUDA events / block_until_ready elsewhere)
+
+and writes the tables as markdown to --out (and the rows as JSON beside it). The CPU engine runs the workloads
+of CPU_WORKLOADS only (an epoch of the wider MLPs takes minutes on a CPU). `--dry-run` runs the harness on the CPU
+with tiny fake data: the NumPy engine only, the GPU contenders listed as not run.
+
+    python benchmarks/bench_setup.py --data /path/to/fashion-mnist --out setup.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `pip install -e .`
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+__all__ = ["CONTENDERS", "MODES", "PHASES", "WORKLOADS", "markdown", "phases", "run"]
+
+#: fastnn's engines (cpu, graph, fused) and the peers' end to end where installed (jax-fp32: `--jax` picks another).
+CONTENDERS = ("numpy-cpu", "fastnn-graph", "fastnn-fused", "torch-graph-amp", "jax-fp32")
+WORKLOADS = ("logreg", "mlp-128", "mlp-1024", "mlp-8192")
+CPU_WORKLOADS = ("logreg", "mlp-128")
+MODES = ("cold", "warm", "warm again")
+PHASES = ("whole process", "python start", "import", "dataset load", "set-up + first epoch", "of which training")
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "fastnn-setup-cache"
+
+
+def phases(row: dict[str, Any]) -> dict[str, float | None]:
+    """The table's seconds of one worker result (None where it has no such mark)."""
+    m = row.get("marks", {})
+
+    def span(a: str, b: str) -> float | None:
+        return m[b] - m[a] if a in m and b in m else None
+
+    return {
+        "whole process": row.get("process_seconds"),
+        "python start": m.get("process_start"),
+        "import": span("process_start", "imported"),
+        "dataset load": span("harness_ready" if "harness_ready" in m else "imported", "data_loaded"),
+        "set-up + first epoch": span("data_loaded", "trained"),
+        "of which training": row.get("train_seconds"),
+    }
+
+
+def _installed(family: str) -> str | None:
+    """Why `family`'s library cannot run here (None when it can)."""
+    module = {"torch": "torch", "jax": "jax"}.get(family)
+    if module and importlib.util.find_spec(module) is None:
+        return f"{module} is not installed"
+    return None
+
+
+def run(args: argparse.Namespace, log: Any = print) -> list[dict[str, Any]]:
+    """Every (contender, workload) cold, warm and warm again; one row per run (or one 'skipped' row per pair)."""
+    import end_to_end
+    from workloads import CONTENDERS as KNOWN
+
+    by_name = {c.name: c for c in KNOWN}
+    unknown = [n for n in args.only + args.workloads if n not in by_name and n not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"unknown contender or workload {', '.join(unknown)}; contenders: {', '.join(by_name)}; "
+                         f"workloads: {', '.join(WORKLOADS)}")  # fmt: skip
+    cache_root = Path(args.cache_dir)
+    rows = []
+    for name in args.only:
+        contender = by_name[name]
+        for wname in args.workloads:
+            base = {"contender": name, "family": contender.family, "workload": wname}
+            why = _installed(contender.family)
+            if args.dry_run and contender.family != "numpy":
+                why = "not run: the dry run has no GPU"
+            elif contender.family == "numpy" and wname not in CPU_WORKLOADS:
+                why = f"not run: the CPU engine runs {', '.join(CPU_WORKLOADS)} only"
+            if why:
+                rows.append({**base, "mode": None, "status": "skipped", "error": why})
+                log(f"{wname:9} {name:16} {why}", flush=True)
+                continue
+            shutil.rmtree(cache_root / name / wname, ignore_errors=True)
+            for mode in MODES:
+                # "warm" in end_to_end's terms: the same cache folders every time, JAX's persistent cache on.
+                env = end_to_end.cache_env(contender, wname, "warm", cache_root, dict(os.environ))
+                res = end_to_end._spawn(contender, wname, env, args, epochs=1, evaluate=False)
+                row = {**base, "mode": mode, **res}
+                rows.append(row)
+                if row["status"] == "ok":
+                    p = phases(row)
+                    log(f"{wname:9} {name:16} {mode:10} whole {p['whole process']:.2f} s, import {p['import']:.2f}, "
+                        f"data {p['dataset load']:.2f}, set-up + epoch {p['set-up + first epoch']:.2f} "
+                        f"(training {p['of which training']:.3f})", flush=True)  # fmt: skip
+                else:
+                    log(f"{wname:9} {name:16} {mode:10} {row['status']}: {row.get('error', '')[-300:]}", flush=True)
+    return rows
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 0.1 else f"{value:.2f}"
+
+
+def markdown(rows: list[dict[str, Any]], device: str, note: str = "") -> str:
+    """The summary (whole process per mode) and one phase table per (workload, contender)."""
+    pairs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        pairs.setdefault((r["workload"], r["contender"]), {})[r["mode"] or "skipped"] = r
+    out = [f"# From `python` to a trained model: set-up cost ({device})", ""]
+    if note:
+        out += [note, ""]
+    out += ["Fresh processes, one epoch; cold: empty kernel, autotuning, decoded-dataset and JAX caches; warm: "
+            "filled by the run before. Seconds.", "",
+            "| workload | contender | " + " | ".join(MODES) + " | training (warm) |",
+            "|---|---|" + "---:|" * (len(MODES) + 1)]  # fmt: skip
+    for (w, c), by_mode in pairs.items():
+        if "skipped" in by_mode:
+            out.append(f"| {w} | {c} | " + " | ".join(["n/a"] * len(MODES)) + f" | {by_mode['skipped']['error']} |")
+            continue
+        cells = [_seconds(phases(by_mode[m])["whole process"]) if by_mode.get(m, {}).get("status") == "ok"
+                 else by_mode.get(m, {}).get("status", "-") for m in MODES]  # fmt: skip
+        warm = by_mode.get("warm", {})
+        train = _seconds(phases(warm)["of which training"]) if warm.get("status") == "ok" else "-"
+        out.append(f"| {w} | {c} | " + " | ".join(cells) + f" | {train} |")
+    for (w, c), by_mode in pairs.items():
+        if "skipped" in by_mode:
+            continue
+        out += ["", f"### {w} · {c}", "", "| | " + " | ".join(MODES) + " |", "|---|" + "---:|" * len(MODES)]
+        for phase in PHASES:
+            cells = [_seconds(phases(by_mode[m])[phase]) if by_mode.get(m, {}).get("status") == "ok" else "-"
+                     for m in MODES]  # fmt: skip
+            out.append(f"| {phase} | " + " | ".join(cells) + " |")
+        errors = [f"{m}: {by_mode[m].get('error', '')[-200:]}" for m in MODES if by_mode.get(m, {}).get("status")
+                  not in (None, "ok")]  # fmt: skip
+        out += [f"\n{e}" for e in errors]
+    return "\n".join(out) + "\n"
+
+
+def _device() -> str:
+    try:
+        from fastnn.cuda import driver
+
+        return driver.device_name(0)
+    except Exception as exc:  # no driver, no GPU: the table says so instead of failing
+        return f"no GPU ({type(exc).__name__})"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the markdown table's file (the rows go to the same name .json)")
+    p.add_argument("--data", help="the Fashion-MNIST folder (default: where fastnn.datasets looks)")
+    p.add_argument("--only", default=",".join(CONTENDERS), help="contenders, comma-separated")
+    p.add_argument("--jax", help="the JAX configuration to run instead of jax-fp32 (e.g. jax-amp)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="workloads, comma-separated")
+    p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="cache folders (emptied before each cold run)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a worker is given up")
+    p.add_argument("--dry-run", action="store_true", help="the CPU engine on tiny fake data; GPU contenders listed")
+    args = p.parse_args(argv)
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.jax:
+        args.only = [args.jax if n == "jax-fp32" else n for n in args.only]
+    args.workloads = [s.strip() for s in args.workloads.split(",") if s.strip()]
+    args.quick, args.tiny = False, args.dry_run  # end_to_end._spawn's arguments
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    rows = run(args)
+    device = "CPU dry run, tiny fake data" if args.dry_run else _device()
+    note = f"Measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} by benchmarks/bench_setup.py."
+    out = Path(args.out)
+    out.write_text(markdown(rows, device, note))
+    out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return int(any(r["status"] == "error" for r in rows))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
