@@ -116,18 +116,18 @@ def test_the_first_offending_entry_is_named_in_row_major_order() -> None:
 # ---- the GPU engines ------------------------------------------------------------------------------------------
 
 
-def _gpu(engine: str, precision: str) -> Trainer:
+def _gpu(engine: dict, precision: str) -> Trainer:
     from test_cuda_engine import _refused
 
     model, opt = MLP([D, 8, C]), SGD(lr=0.1)
     if _refused(engine, model, opt, 16, precision):
         pytest.skip("the fused engine refuses this case (checked to be allowed)")
-    return Trainer(model, opt, batch_size=16, precision=precision, device="cuda", engine=engine)
+    return Trainer(model, opt, batch_size=16, precision=precision, device="cuda", **engine)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["mixed", "fp16"])
-def test_a_feature_beyond_float16_is_refused_by_name_on_the_gpu(engine: str, precision: str) -> None:
+def test_a_feature_beyond_float16_is_refused_by_name_on_the_gpu(engine: dict, precision: str) -> None:
     # The reproducer: one feature of 7e4 gave NaN probabilities and class 0 from predict, no error.
     x, y = _data()
     ok_x, ok_y = _data(None)

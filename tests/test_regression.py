@@ -222,7 +222,7 @@ def test_the_graph_engine_itself_refuses_mse():
 def test_gpu_engine_matrix_refuses_mse(engine):
     x, y = _linear_data()
     with pytest.raises(ConfigError, match="loss='mse' is not implemented on the GPU engines yet"):
-        Trainer(MLP([5, 8, 2]), loss="mse", device="cuda", engine=engine).fit(x, y)
+        Trainer(MLP([5, 8, 2]), loss="mse", device="cuda", **engine).fit(x, y)
 
 
 def test_saved_config_names_the_loss(tmp_path: Path):
