@@ -254,14 +254,6 @@ __device__ __forceinline__ float act_grad(float z) {
     return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_K * z * z);
 #endif
 }
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 // The operand weight of layer l at flat index e: the fp16 copy, the master rounded on the fly ("mixed" without
 // the copy), or the master itself ("fp32", and "fp16" whose masters are fp16 values).
@@ -946,16 +938,9 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                 __syncwarp();
                 for (int c = lane; c < C; c += 32) {
                     const float z = sm[LY.dzl + i * up4(C) + c];
-                    if (z > zmax || (z != z && zmax == zmax)) { zmax = z; best = c; }
+                    if (argmax_takes(z, zmax)) { zmax = z; best = c; }
                 }
-                // warp argmax, first maximum (and first NaN) wins, as numpy.argmax
-                for (int o = 16; o > 0; o >>= 1) {
-                    const float oz = __shfl_xor_sync(0xffffffffu, zmax, o);
-                    const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-                    const bool take = (oz > zmax) || (oz != oz && zmax == zmax) ||
-                                      ((oz == zmax || (oz != oz && zmax != zmax)) && ob < best);
-                    if (take) { zmax = oz; best = ob; }
-                }
+                warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
                 float sum = 0.f;
                 for (int c = lane; c < C; c += 32) sum += expf(sm[LY.dzl + i * up4(C) + c] - zmax);
                 sum = warp_sum(sum);
