@@ -32,7 +32,7 @@ from ..data import input_affine
 from ..distributed import share
 from ..errors import ConfigError
 from ..gpu_arrays import CudaArray, check_on_device
-from ..shuffle import feistel_bits
+from ..shuffle import feistel_bits, split_u64
 from .base import PRECISIONS, Engine, EngineConfig, OnEpoch, steps_per_epoch
 from .epochs import EPOCH_STATE_DTYPE, INFLIGHT_EPOCHS, EpochRun, EpochRuns, drive_epochs, hold_ctrl_c
 from .placement import choose_placement
@@ -335,11 +335,11 @@ class CudaEngine(Engine):
 
     def _gather_args(self, x_dev, y_dev, n: int, x_dtype: np.dtype, out, out_y: int) -> tuple[str, list, list, list]:
         """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y)."""
-        seed = self.config.seed
+        seed_lo, seed_hi = split_u64(self.config.seed)
         scale, shift = input_affine(x_dtype, self.config.normalize)
         data = [
             arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(self.config.model.in_features), arg_u32(n),
-            arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(n) // 2),
+            arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
         ]  # fmt: skip
         src = "u8" if x_dtype == np.uint8 else "f32"
         table = self._feature_affine.get(np.dtype(x_dtype))
@@ -541,11 +541,12 @@ class CudaEngine(Engine):
         sharding and optimizer (its number of state buffers) on every rank."""
         cfg, g = self.config, self.group
         widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
+        seed_lo, seed_hi = split_u64(cfg.seed)
         self._check_ranks_agree([
             ("training set rows", n), ("batch_size", cfg.batch_size), ("drop_last", int(cfg.drop_last)),
             ("padded parameter count", self.layout.total), ("layers", len(cfg.model.layers)),
-            ("layer widths (a checksum)", widths), ("seed (low 32 bits)", cfg.seed & 0xFFFFFFFF),
-            ("seed (high 32 bits)", cfg.seed >> 32), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
+            ("layer widths (a checksum)", widths), ("seed (low 32 bits)", seed_lo),
+            ("seed (high 32 bits)", seed_hi), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
             ("sharded update (cuda_engine.SHARDED_UPDATE)", int(self.sharded)),
             ("optimizer state buffers", len(self._opt_names)),
         ])  # fmt: skip
@@ -559,9 +560,10 @@ class CudaEngine(Engine):
         given to one rank only (a logger or checkpointer on rank 0) leave the ranks in step."""
         table = np.ascontiguousarray(lrs, dtype=np.float32)
         end = first_epoch + table.size // self._train.steps if end_epoch is None else end_epoch
+        steps_lo, steps_hi = split_u64(first_step)
         (any_stoppable,) = self._check_ranks_agree([
-            ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", first_step & 0xFFFFFFFF),
-            ("steps done (high 32 bits)", first_step >> 32), ("epochs after this fit (epochs done + epochs)", end),
+            ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", steps_lo),
+            ("steps done (high 32 bits)", steps_hi), ("epochs after this fit (epochs done + epochs)", end),
             ("steps in this call", table.size),
             ("learning rates (a CRC of this call's schedule)", zlib.crc32(table.tobytes())),
         ], any_of=(int(stoppable),))  # fmt: skip
