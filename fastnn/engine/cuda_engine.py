@@ -27,7 +27,7 @@ from functools import partial
 import numpy as np
 
 from ..cuda import _capture, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
-from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
+from ..cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
 from ..data import input_affine
 from ..distributed import share
 from ..errors import ConfigError
@@ -384,23 +384,18 @@ class CudaEngine(Engine):
         """Queue step `step`'s update of every parameter, or of the `part` = (first, count) elements of the flat
         buffers (a sharded update), on `stream` (default the main one); with `gather` = (x_dev, y_dev, n, x_dtype,
         pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
-        opt = self.config.optimizer
         first, n = part if part is not None else (0, self.layout.total)
         stream = stream if stream is not None else self.stream
         n_state = len(self._opt_names)
         s1 = self.train_state.ptr + self._pbytes + 4 * first if n_state >= 1 else 0
         s2 = self.train_state.ptr + self._pbytes + self._sbytes + 4 * first if n_state >= 2 else 0
-        adamw = hasattr(opt, "betas")
-        b1, b2 = opt.betas if adamw else (0.0, 0.0)
         w = self.train_state.ptr + first * _size(self.spec.param)
         g = self.grads.ptr + first * _size(self.spec.grad)
         w16 = self.w16.ptr + 2 * first if self.w16 is not None else 0
         args = [
             arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
-            arg_ptr(self.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_i32(int(adamw)),
-            arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
-            arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2),
-            arg_f32(getattr(opt, "eps", 0.0)),
+            arg_ptr(self.epoch_state.ptr), arg_i32(step), arg_i32(steps),
+            arg_struct(self.config.optimizer.kernel_params().c_fields()),
         ]  # fmt: skip
         if gather is None:
             self._launch_elementwise(self.spec.update_kernel, n, args, stream)
