@@ -1,6 +1,6 @@
 """The optimizer as the kernels take it: fastnn.optim's KernelParams, native/optim.cuh's OptimParams and the one
 packer between them (driver.arg_struct); every optimizer class covered, the layouts equal, the engines free of
-optimizer-specific code. CPU only (the layout test needs the NVRTC wheel, no GPU)."""
+optimizer-specific code. CPU only (the `bindings` tests need the CUDA wheels, no GPU)."""
 
 from __future__ import annotations
 
@@ -115,9 +115,10 @@ def _layout_source(struct: type, kinds: dict[str, int], order: list[str] | None 
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.bindings
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_ctypes_struct_matches_optim_cuh(arch):
-    nvrtc = pytest.importorskip("fastnn.cuda.nvrtc")  # the NVRTC wheel; no GPU needed
+    from fastnn.cuda import nvrtc  # the NVRTC wheel; no GPU needed
     from fastnn.cuda._loader import NvrtcError
     from fastnn.cuda.driver import arg_struct
 
@@ -136,8 +137,10 @@ def test_ctypes_struct_matches_optim_cuh(arch):
                              include_dirs=[native])  # fmt: skip
 
 
+@pytest.mark.bindings
 def test_arg_struct_checks_each_value_as_its_type():
-    driver = pytest.importorskip("fastnn.cuda.driver")  # cuda-bindings; no GPU needed
+    from fastnn.cuda import driver  # cuda-bindings; no GPU needed
+
     s = driver.arg_struct([("kind", "i32", 1), ("eps", "f32", 1e-8), ("n", "u64", 2**64 - 1)])
     assert (s.kind, s.n) == (1, 2**64 - 1) and s.eps == np.float32(1e-8)
     assert type(s) is type(driver.arg_struct([("kind", "i32", 0), ("eps", "f32", 0.0), ("n", "u64", 0)]))
