@@ -1,12 +1,16 @@
 """Optimizer descriptions and their one update rule (PyTorch's SGD and AdamW semantics).
 
-The NumPy engine calls `sgd_step` / `adamw_step`; `native/update.cu` is the same arithmetic on the
-GPU, and the GPU tests compare the two. Weight decay applies to every parameter, biases included,
-as in PyTorch with a single parameter group.
+The NumPy engine calls `sgd_step` / `adamw_step`; `native/optim.cuh` is the same arithmetic on the
+GPU (every kernel's update calls it), and the GPU tests compare the two. Each optimizer describes itself
+to the kernels by `kernel_params`, the fields of optim.cuh's OptimParams; the engines pack that, never
+the optimizer's own fields. Weight decay applies to every parameter, biases included, as in PyTorch with
+a single parameter group. Adding an optimizer: a class here (with its NumPy step and `kernel_params`),
+its kind and update in native/optim.cuh, and its step in the NumPy engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,7 +19,31 @@ import numpy as np
 from .checks import number, shown
 from .errors import ConfigError
 
-__all__ = ["SGD", "AdamW", "Optimizer", "adamw_step", "sgd_step"]
+__all__ = ["OPTIMIZERS", "SGD", "AdamW", "KernelParams", "Optimizer", "adamw_step", "sgd_step"]
+
+#: Optimizer kinds as the kernels number them (native/optim.cuh's OPTIM_SGD, OPTIM_ADAMW).
+KIND_SGD = 0
+KIND_ADAMW = 1
+_C_TYPES = {"int": "i32", "float": "f32"}
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """native/optim.cuh's OptimParams, field for field in its order (int fields are C int, float fields C float):
+    all that a kernel knows of the optimizer besides the step's learning rate. Zero where an optimizer has no such
+    field."""
+
+    kind: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: int = 0
+    beta1: float = 0.0
+    beta2: float = 0.0
+    eps: float = 0.0
+
+    def c_fields(self) -> tuple[tuple[str, str, int | float], ...]:
+        """(name, C type, value) of each field in the struct's order, as `fastnn.cuda.driver.arg_struct` takes them."""
+        return tuple((f.name, _C_TYPES[str(f.type)], getattr(self, f.name)) for f in dataclasses.fields(self))
 
 
 def _f32(v: float) -> float:
@@ -64,6 +92,10 @@ class SGD:
     def state_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum > 0 else ()
 
+    def kernel_params(self) -> KernelParams:
+        """This optimizer as the GPU kernels take it (native/optim.cuh's OptimParams)."""
+        return KernelParams(KIND_SGD, self.momentum, self.weight_decay, nesterov=int(self.nesterov))
+
 
 @dataclass(frozen=True)
 class AdamW:
@@ -93,8 +125,15 @@ class AdamW:
     def state_names(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
+    def kernel_params(self) -> KernelParams:
+        """This optimizer as the GPU kernels take it (native/optim.cuh's OptimParams)."""
+        b1, b2 = self.betas
+        return KernelParams(KIND_ADAMW, weight_decay=self.weight_decay, beta1=b1, beta2=b2, eps=self.eps)
+
 
 Optimizer = SGD | AdamW
+#: Every optimizer class, as Trainer accepts them and checkpoints name them.
+OPTIMIZERS: tuple[type, ...] = (SGD, AdamW)
 
 
 def sgd_step(opt: SGD, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ROUNDS", "feistel_bits", "permutation", "permuted_index", "round_keys"]
+__all__ = ["ROUNDS", "feistel_bits", "permutation", "permuted_index", "round_keys", "split_u64"]
 
 ROUNDS = 6
 _M32 = 0xFFFFFFFF
@@ -27,11 +27,18 @@ def _mix32(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint32(16))
 
 
+def split_u64(value: int) -> tuple[int, int]:
+    """The (low, high) 32-bit halves of an int in [0, 2**64): the seed as round_keys and the kernels take it (two
+    uint32 arguments), and 64-bit counters as float64 holds them exactly."""
+    return value & _M32, (value >> 32) & _M32
+
+
 def round_keys(seed: int, epoch: int) -> np.ndarray:
     """The ROUNDS uint32 round keys of (seed, epoch); seed is any int in [0, 2**64)."""
+    seed_lo, seed_hi = split_u64(seed)
     with np.errstate(over="ignore"):
-        k = _mix32(np.array([(seed & _M32) ^ 0x9E3779B9], dtype=np.uint32))
-        k = _mix32(k ^ np.uint32((seed >> 32) & _M32))
+        k = _mix32(np.array([seed_lo ^ 0x9E3779B9], dtype=np.uint32))
+        k = _mix32(k ^ np.uint32(seed_hi))
         k = _mix32(k ^ np.uint32(epoch & _M32))
         r = np.arange(ROUNDS, dtype=np.uint32)
         return _mix32(k + r * np.uint32(0x632BE5AB))

@@ -38,7 +38,7 @@ from .errors import ConfigError, DataError, FastnnError
 from .gpu_arrays import CudaArray
 from .history import History, check_records, encode_records
 from .model import MLP, init_parameters, param_names
-from .optim import SGD, AdamW, Optimizer
+from .optim import OPTIMIZERS, SGD, Optimizer
 from .progress import check_progress, reporter
 from .schedules import Schedule, bind, check_schedule, lr_table
 from .state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
@@ -130,8 +130,9 @@ class Trainer:
         _check_loss(loss, model)
         if optimizer is None:
             optimizer = SGD(lr=0.1)
-        if not isinstance(optimizer, (SGD, AdamW)):
-            raise ConfigError(f"optimizer must be fastnn.SGD or fastnn.AdamW, got {reprlib.repr(optimizer)}")
+        if not isinstance(optimizer, OPTIMIZERS):
+            names = " or ".join(f"fastnn.{c.__name__}" for c in OPTIMIZERS)
+            raise ConfigError(f"optimizer must be {names}, got {reprlib.repr(optimizer)}")
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         _check_device(device)
@@ -670,10 +671,8 @@ def _saved_model(config: Mapping[str, Any]) -> tuple[MLP, Optimizer]:
     """The model and optimizer a checkpoint's config describes (KeyError, TypeError or ValueError if invalid)."""
     model = MLP(**config["model"])
     opt_fields = dict(config["optimizer"])
-    opt_class = {"SGD": SGD, "AdamW": AdamW}[opt_fields.pop("class")]
-    if "betas" in opt_fields:
-        opt_fields["betas"] = tuple(opt_fields["betas"])
-    return model, opt_class(**opt_fields)
+    opt_class = {c.__name__: c for c in OPTIMIZERS}[opt_fields.pop("class")]
+    return model, opt_class(**opt_fields)  # each class takes its fields as JSON gives them (lists for tuples)
 
 
 def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,5 @@
-// common.cuh: types and helpers shared by every fastnn kernel.
+// common.cuh: types and helpers shared by every fastnn kernel: fp16 as raw bits, the device-resident epoch
+// state, warp reductions and the NaN-aware argmax.
 // NVRTC compiles these without the CUDA toolkit's headers, so fp16 is carried as its raw bits
 // (unsigned short) and converted with the PTX cvt instructions: no cuda_fp16.h needed.
 #pragma once
@@ -38,3 +39,29 @@ template <> __device__ __forceinline__ half_t from_f<half_t>(float x) {
 }
 
 __device__ __forceinline__ bool is_finite_d(double x) { return x - x == 0.0; }
+
+// ---- warp reductions (all 32 lanes take part) ---------------------------------------------------------------
+// A butterfly: every lane ends with the same bits, those of a shfl_down tree's lane 0 (at each step, lane j < o
+// adds lane j + o either way).
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- argmax as numpy.argmax: the first maximum wins, and the first NaN wins over any number -----------------
+// Scanning in index order: does z, at a later index, replace the running maximum zmax?
+__device__ __forceinline__ bool argmax_takes(float z, float zmax) { return z > zmax || (z != z && zmax == zmax); }
+
+// Across a warp: each lane holds the (max, index) of its own indices; every lane ends with the warp's, ties and
+// NaNs going to the lowest index. A lane with no indices holds (-inf, INT_MAX).
+__device__ __forceinline__ void warp_argmax(float& zmax, int& best) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oz = __shfl_xor_sync(0xffffffffu, zmax, o);
+        const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const bool take = argmax_takes(oz, zmax) || ((oz == zmax || (oz != oz && zmax != zmax)) && ob < best);
+        if (take) {
+            zmax = oz;
+            best = ob;
+        }
+    }
+}

@@ -4,14 +4,14 @@
 // s of the epoch, the batch of positions [s*B, s*B + rows) in the epoch's keyed order (shuffle.cuh), mapped
 // x*scale + shift; the forward pass (Linear + ReLU/GELU-tanh per hidden layer, Linear last); softmax
 // cross-entropy averaged over the batch (log-sum-exp from the logits, argmax first-max-wins, as loss.cu);
-// the backward pass; and the optimizer step of fastnn/optim.py (SGD with momentum/Nesterov/weight decay,
-// or AdamW, as update.cu) at the lr of st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct
+// the backward pass; and the optimizer step (optim.cuh, as update.cu: SGD with momentum/Nesterov/weight decay,
+// or AdamW) at the lr of st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct
 // count are added to st->hist[2 * epoch_in_fit + {0, 1}]. Parameters and optimizer state are read from the
 // engine's flat training state at the start and written back at the end (with the fp16 copy in "mixed"),
 // so evaluation, snapshots and checkpoints are the graph engine's.
 //
 // Launch: grid = one cluster of FUSED_CL CTAs (16 needs the non-portable cluster size attribute), block =
-// FUSED_NT threads, dynamic shared memory = FUSED_SMEM bytes (fastnn/engine/fused_plan.py computes it and
+// FUSED_NT threads, dynamic shared memory = FUSED_SMEM bytes (fastnn/engine/fused/plan.py computes it and
 // the kernel checks it at compile time). sm_90 or newer (cluster barriers, distributed shared memory).
 //
 // Partition over the cluster's CTAs (rank r): every hidden layer is split by output neurons (CTA r owns
@@ -33,7 +33,7 @@
 // so padded neurons and columns stay exactly zero under every optimizer.
 //
 // Products: tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation; MMA below) in "mixed" and
-// "fp16" for chunks of 16 rows or more (fused_plan.py decides); else scalar fp32 FMA from shared memory.
+// "fp16" for chunks of 16 rows or more (fused/plan.py decides); else scalar fp32 FMA from shared memory.
 //
 // Cluster barriers per chunk of R rows: one per hidden layer but the last (all-gather of H), two for the
 // head (partial logits -> reducers; dlogits -> everyone), one per hidden layer but the first in backward
@@ -41,9 +41,10 @@
 // before at least one further barrier separates it from its next write (checked in the comments below).
 // Rows of a step are processed in chunks of R with gradients accumulated, so any batch size works.
 #include "common.cuh"
+#include "optim.cuh"
 #include "shuffle.cuh"
 
-// ---- shape, precision and optimizer: compile-time (-D from fused_plan.py); defaults compile a logreg ----
+// ---- shape, precision and optimizer: compile-time (-D from fused/plan.py); defaults compile a logreg ----
 #ifndef FUSED_NL
 #define FUSED_NL 1
 #define FUSED_SIZES {784, 10}
@@ -54,7 +55,8 @@
 #define FUSED_XIN 0
 #define FUSED_PREC 1
 #define FUSED_ACT 0
-#define FUSED_OPT 1
+#define FUSED_OPT 0
+#define FUSED_NS 1
 #define FUSED_SMEM 232448
 #endif
 #ifndef FUSED_FOLD
@@ -77,9 +79,9 @@ constexpr int NT = FUSED_NT;
 constexpr int NW = NT / 32;
 constexpr int C = SZ[L];
 constexpr int PREC = FUSED_PREC;  // 0 fp32, 1 mixed (fp16 operands, fp32 master), 2 fp16 (fp16 master)
-constexpr int NS = FUSED_OPT == 0 ? 0 : (FUSED_OPT == 1 ? 1 : 2);  // optimizer state arrays
-constexpr bool ADAMW = FUSED_OPT == 2;
-// The lean layout (fused_plan.py picks it when the standard one does not fit):
+constexpr int OPT = FUSED_OPT;  // the optimizer's kind (optim.cuh's OPTIM_*); the kernel's argument must agree
+constexpr int NS = FUSED_NS;    // optimizer state arrays (fastnn/optim.py's state_names)
+// The lean layout (fused/plan.py picks it when the standard one does not fit):
 // FOLD: SGD with (non-Nesterov) momentum accumulates each step's gradient straight into the momentum buffer,
 // which the previous step left holding momentum * buffer + weight_decay * w: no gradient array.
 // OPC: "mixed" keeps an fp16 copy of the owned weights for the products (without it, each product rounds the
@@ -89,7 +91,8 @@ constexpr bool OPC = FUSED_OPC != 0 && PREC == 1;
 // MMA: the products on tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation) in "mixed" and
 // "fp16", whose operands are fp16 values already; "fp32" (no TF32) keeps the scalar FMA path.
 constexpr bool MMA = FUSED_MMA != 0 && PREC != 0;
-static_assert(!FOLD || (NS == 1 && !ADAMW), "folding the gradient into the buffer needs SGD with momentum");
+static_assert(NS >= 0 && NS <= 2, "optim.cuh's optimizers keep at most two state arrays");
+static_assert(!FOLD || (NS == 1 && OPT == OPTIM_SGD), "folding the gradient into the buffer needs SGD with momentum");
 
 #if FUSED_XIN == 0
 typedef u8 TX;
@@ -170,7 +173,7 @@ constexpr Layout LY = make_layout();
 // Where a step's gradients accumulate: the gradient arrays, or (FOLD) the momentum buffers.
 __host__ __device__ constexpr int gacc_w(int l) { return FOLD ? LY.s1[l] : LY.g[l]; }
 __host__ __device__ constexpr int gacc_b(int l) { return FOLD ? LY.s1b[l] : LY.gb[l]; }
-static_assert(LY.total * 4 <= FUSED_SMEM, "fused_plan.py's shared-memory size is smaller than the kernel's layout");
+static_assert(LY.total * 4 <= FUSED_SMEM, "fused/plan.py's shared-memory size is smaller than the kernel's layout");
 static_assert(NT % 32 == 0 && NT <= 1024, "block must be whole warps");
 
 // ---- cluster primitives (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------
@@ -254,14 +257,6 @@ __device__ __forceinline__ float act_grad(float z) {
     const float t = tanhf(GELU_C * (z + GELU_K * z * z * z));
     return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_K * z * z);
 #endif
-}
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 // The operand weight of layer l at flat index e: the fp16 copy, the master rounded on the fly ("mixed" without
@@ -595,42 +590,27 @@ __device__ __forceinline__ void colsum_add(float* gb, const float* dZ, int m) {
     }
 }
 
-// ---- the optimizer step of one owned tensor (fastnn/optim.py; update.cu's arithmetic) ------------------------
-struct Opt {
-    float lr, momentum, wd, b1, b2, eps, c1, c2;
-    int nesterov, prep;
-};
-__device__ __forceinline__ void opt_step(const Opt& o, float* w, float* g, float* s1, float* s2, half_t* op, int n) {
+// ---- the optimizer step of one owned tensor (optim.cuh's arithmetic, as update.cu) ---------------------------
+// `prep` (FOLD only): another step of this epoch follows.
+__device__ __forceinline__ void opt_step(const OptimParams& p, const OptimStep& o, bool prep, float* w, float* g,
+                                         float* s1, float* s2, half_t* op, int n) {
     for (int e = threadIdx.x; e < n; e += NT) {
         float wi = w[e];
         if (FOLD) {
             // s1 holds momentum * buffer + weight_decay * w + this step's gradient: the new buffer. Leave it
             // ready for the next step (prep), or as the buffer itself after the epoch's last step.
             const float m = s1[e];
-            wi -= o.lr * m;
+            wi = sgd_fold_step(o, m, wi);
             if (PREC == 2) wi = rnd(wi);
             w[e] = wi;
-            s1[e] = o.prep ? o.momentum * m + o.wd * wi : m;
+            s1[e] = prep ? sgd_fold_carry(p, m, wi) : m;
             if (op) op[e] = from_f<half_t>(wi);
             continue;
         }
-        float gi = g[e];
-        if (ADAMW) {
-            wi *= 1.f - o.lr * o.wd;
-            const float m = o.b1 * s1[e] + (1.f - o.b1) * gi;
-            const float v = o.b2 * s2[e] + (1.f - o.b2) * gi * gi;
-            s1[e] = m;
-            s2[e] = v;
-            wi -= (o.lr / o.c1) * m / (sqrtf(v / o.c2) + o.eps);
-        } else {
-            if (o.wd != 0.f) gi += o.wd * wi;
-            if (NS >= 1) {
-                const float m = o.momentum * s1[e] + gi;
-                s1[e] = m;
-                gi = o.nesterov ? gi + o.momentum * m : m;
-            }
-            wi -= o.lr * gi;
-        }
+        float m = NS >= 1 ? s1[e] : 0.f, v = NS >= 2 ? s2[e] : 0.f;
+        optim_update<OPT>(p, o, NS, g[e], wi, m, v);
+        if (NS >= 1) s1[e] = m;
+        if (NS >= 2) s2[e] = v;
         if (PREC == 2) wi = rnd(wi);  // "fp16" stores its weights in fp16
         w[e] = wi;
         g[e] = 0.f;
@@ -638,15 +618,15 @@ __device__ __forceinline__ void opt_step(const Opt& o, float* w, float* g, float
     }
 }
 // FOLD: the epoch's first step starts from momentum * buffer + weight_decay * w.
-__device__ __forceinline__ void fold_prep(float* sm, float momentum, float wd) {
+__device__ __forceinline__ void fold_prep(float* sm, const OptimParams& p) {
     if constexpr (FOLD) {
 #pragma unroll
         for (int l = 0; l < L; ++l) {
             const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
             for (int e = threadIdx.x; e < n; e += NT)
-                sm[LY.s1[l] + e] = momentum * sm[LY.s1[l] + e] + wd * sm[LY.w[l] + e];
+                sm[LY.s1[l] + e] = sgd_fold_carry(p, sm[LY.s1[l] + e], sm[LY.w[l] + e]);
             for (int e = threadIdx.x; e < nb; e += NT)
-                sm[LY.s1b[l] + e] = momentum * sm[LY.s1b[l] + e] + wd * sm[LY.b[l] + e];
+                sm[LY.s1b[l] + e] = sgd_fold_carry(p, sm[LY.s1b[l] + e], sm[LY.b[l] + e]);
         }
     }
 }
@@ -800,8 +780,7 @@ __device__ __forceinline__ void bwd_hidden_all(float* sm, int m, u32 r, int& rs_
 template <typename TP>
 __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, const TX* __restrict__ x,
                             const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
-                            EpochState* st, int steps, int batch, float scale, float shift, float momentum,
-                            float wd, int nesterov, float b1, float b2, float eps) {
+                            EpochState* st, int steps, int batch, float scale, float shift, OptimParams p) {
     extern __shared__ __align__(16) float sm[];
     const u32 r = cluster_rank();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -809,8 +788,9 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     __syncthreads();
     move_state<TP>(sm, params, s1g, s2g, w16, r, 0);
     __syncthreads();
-    if (FOLD && nesterov) __trap();  // fused_plan.py folds plain momentum only
-    fold_prep(sm, momentum, wd);
+    // fused/plan.py compiled this kernel for the optimizer passed, and folds plain momentum only
+    if (p.kind != OPT || (FOLD && p.nesterov)) __trap();
+    fold_prep(sm, p);
     u32 keys[FEISTEL_ROUNDS];
     round_keys(seed_lo, seed_hi, st->epoch, keys);
     int* lab = reinterpret_cast<int*>(sm + LY.lab);
@@ -947,16 +927,9 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                 __syncwarp();
                 for (int c = lane; c < C; c += 32) {
                     const float z = sm[LY.dzl + i * up4(C) + c];
-                    if (z > zmax || (z != z && zmax == zmax)) { zmax = z; best = c; }
+                    if (argmax_takes(z, zmax)) { zmax = z; best = c; }
                 }
-                // warp argmax, first maximum (and first NaN) wins, as numpy.argmax
-                for (int o = 16; o > 0; o >>= 1) {
-                    const float oz = __shfl_xor_sync(0xffffffffu, zmax, o);
-                    const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-                    const bool take = (oz > zmax) || (oz != oz && zmax == zmax) ||
-                                      ((oz == zmax || (oz != oz && zmax != zmax)) && ob < best);
-                    if (take) { zmax = oz; best = ob; }
-                }
+                warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
                 float sum = 0.f;
                 for (int c = lane; c < C; c += 32) sum += expf(sm[LY.dzl + i * up4(C) + c] - zmax);
                 sum = warp_sum(sum);
@@ -1000,24 +973,16 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
         }
         // -- the optimizer step of every owned tensor, at this step's rate
         PROF_MARK(5);  // backward
-        Opt o;
         const u64 k = (u64)epoch_in_fit * steps + s;
-        o.lr = lr_next;
+        const OptimStep o = optim_step<OPT>(p, lr_next, step0 + k + 1);  // Adam counts steps from 1
         if (s + 1 < steps) lr_next = st->lr[k + 1];  // used a step later: the load's latency is hidden
-        o.momentum = momentum; o.wd = wd; o.nesterov = nesterov; o.b1 = b1; o.b2 = b2; o.eps = eps;
-        o.c1 = o.c2 = 1.f;
-        o.prep = s + 1 < steps;
-        if (ADAMW) {
-            const float t = (float)(step0 + k + 1);
-            o.c1 = 1.f - powf(b1, t);
-            o.c2 = 1.f - powf(b2, t);
-        }
+        const bool prep = s + 1 < steps;
 #pragma unroll
         for (int l = 0; l < L; ++l) {
             const int n = rows_of(l) * ld_of(l), nb = l < NH ? per_of(l) : C;
             half_t* op = OPC ? reinterpret_cast<half_t*>(sm + LY.op[l]) : nullptr;
-            opt_step(o, sm + LY.w[l], sm + gacc_w(l), sm + LY.s1[l], sm + LY.s2[l], op, n);
-            opt_step(o, sm + LY.b[l], sm + gacc_b(l), sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
+            opt_step(p, o, prep, sm + LY.w[l], sm + gacc_w(l), sm + LY.s1[l], sm + LY.s2[l], op, n);
+            opt_step(p, o, prep, sm + LY.b[l], sm + gacc_b(l), sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
         }
         __syncthreads();
         PROF_MARK(6);  // update
@@ -1057,11 +1022,11 @@ typedef float TParam;
 extern "C" __global__ void __launch_bounds__(FUSED_NT, 1)
 fused_epoch_kernel(TParam* params, float* s1, float* s2, half_t* w16, const TX* x, const int* y, u32 n, u32 seed_lo,
                    u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
-                   float momentum, float wd, int nesterov, float b1, float b2, float eps) {
+                   OptimParams opt) {
 #if __CUDA_ARCH__ >= 900
     fused_epoch<TParam>(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift,
-                        momentum, wd, nesterov, b1, b2, eps);
+                        opt);
 #else
-    __trap();  // clusters need sm_90: fused_plan.py refuses older GPUs
+    __trap();  // clusters need sm_90: fused/plan.py refuses older GPUs
 #endif
 }

@@ -10,12 +10,7 @@
 // with no EpochState (evaluation) to acc[0], acc[1]: no read-back per step, no atomics, and the
 // same sums on every run.
 // Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
-#include "common.cuh"
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
+#include "common.cuh"  // warp_sum, argmax_takes
 
 template <typename TP, typename TG>
 __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs, const int* __restrict__ labels,
@@ -32,7 +27,7 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         float zmax = to_f(z[0]);
         for (int j = 1; j < c; ++j) {
             float zj = to_f(z[j]);
-            if (zj > zmax || (zj != zj && zmax == zmax)) { zmax = zj; best = j; }  // the first NaN wins, as numpy
+            if (argmax_takes(zj, zmax)) { zmax = zj; best = j; }
         }
         float sum = 0.f;
         for (int j = 0; j < c; ++j) {

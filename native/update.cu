@@ -2,11 +2,12 @@
 // All parameters live in one flat buffer (each tensor padded to 128 elements), gradients and
 // optimizer state in flat buffers of the same layout, so one elementwise launch updates them all.
 // The learning rate is read at replay time from st->lr[epoch_in_fit * steps_per_epoch + step],
-// so a schedule never forces a graph re-capture. Arithmetic is fastnn/optim.py's (PyTorch's SGD
-// with dampening 0 and AdamW), in fp32 whatever the storage type.
+// so a schedule never forces a graph re-capture. The arithmetic is optim.cuh's, in fp32 whatever the
+// storage type.
 // Launch: a grid-stride loop over groups of 4 elements; any grid, block = UPDATE_THREADS.
 #include "common.cuh"
 #include "gather.cuh"
+#include "optim.cuh"
 
 // 4 elements per access: 16-byte fp32 / 8-byte fp16 loads (the flat layout pads every tensor to
 // 128 elements, so n is a multiple of 4 and every pointer 256-byte aligned).
@@ -29,60 +30,44 @@ __device__ __forceinline__ void store4(half_t* p, const float v[4]) {
     *reinterpret_cast<uint2*>(p) = t;
 }
 
+// Optimizer K on block `block` of `blocks`' share of the n elements, a grid-stride loop over groups of 4, at step
+// t (counted from 1) and rate lr.
+template <typename TP, typename TG> struct UpdateElements {
+    template <int K>
+    static __device__ __forceinline__ void run(TP* __restrict__ w, const TG* __restrict__ g, float* __restrict__ s1,
+                                               float* __restrict__ s2, half_t* __restrict__ w16, u64 n, OptimParams p,
+                                               float lr, u64 t, u32 block, u32 blocks) {
+        const OptimStep s = optim_step<K>(p, lr, t);
+        const int states = optim_states<K>(p);
+        for (u64 i = 4 * (block * (u64)blockDim.x + threadIdx.x); i < n; i += 4 * (u64)blocks * blockDim.x) {
+            float wi[4], gi[4], m[4], v[4];
+            load4(w + i, wi);
+            load4(g + i, gi);
+            if (states >= 1) load4(s1 + i, m);
+            if (states >= 2) load4(s2 + i, v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) optim_update<K>(p, s, states, gi[e], wi[e], m[e], v[e]);
+            if (states >= 1) store4(s1 + i, m);
+            if (states >= 2) store4(s2 + i, v);
+            store4(w + i, wi);
+            if (w16) store4(w16 + i, wi);
+        }
+    }
+};
+
 template <typename TP, typename TG>
 __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __restrict__ s1, float* __restrict__ s2,
-                       half_t* __restrict__ w16, u64 n, const EpochState* __restrict__ st, int step, int steps_per_epoch, int adamw,
-                       float momentum, float wd, int nesterov, float b1, float b2, float eps, u32 block,
-                       u32 blocks) {
+                       half_t* __restrict__ w16, u64 n, const EpochState* __restrict__ st, int step,
+                       int steps_per_epoch, OptimParams p, u32 block, u32 blocks) {
     const u64 k = (u64)st->epoch_in_fit * steps_per_epoch + step;
-    const float lr = st->lr[k];
-    float c1 = 1.f, c2 = 1.f;
-    if (adamw) {
-        const float t = (float)(st->step0 + k + 1);  // Adam counts steps from 1
-        c1 = 1.f - powf(b1, t);
-        c2 = 1.f - powf(b2, t);
-    }
-    for (u64 i = 4 * (block * (u64)blockDim.x + threadIdx.x); i < n; i += 4 * (u64)blocks * blockDim.x) {
-        float wi[4], gi[4], m[4], v[4];
-        load4(w + i, wi);
-        load4(g + i, gi);
-        if (adamw) {
-            load4(s1 + i, m);
-            load4(s2 + i, v);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                wi[e] *= 1.f - lr * wd;
-                m[e] = b1 * m[e] + (1.f - b1) * gi[e];
-                v[e] = b2 * v[e] + (1.f - b2) * gi[e] * gi[e];
-                wi[e] -= (lr / c1) * m[e] / (sqrtf(v[e] / c2) + eps);
-            }
-            store4(s1 + i, m);
-            store4(s2 + i, v);
-        } else {
-            if (momentum != 0.f) load4(s1 + i, m);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float ge = gi[e];
-                if (wd != 0.f) ge += wd * wi[e];
-                if (momentum != 0.f) {
-                    m[e] = momentum * m[e] + ge;
-                    ge = nesterov ? ge + momentum * m[e] : m[e];
-                }
-                wi[e] -= lr * ge;
-            }
-            if (momentum != 0.f) store4(s1 + i, m);
-        }
-        store4(w + i, wi);
-        if (w16) store4(w16 + i, wi);
-    }
+    const u64 t = st->step0 + k + 1;  // Adam counts steps from 1
+    optim_dispatch<UpdateElements<TP, TG>>(p.kind, w, g, s1, s2, w16, n, p, st->lr[k], t, block, blocks);
 }
 
-#define UPDATE(name, TP, TG)                                                                                 \
-    extern "C" __global__ void name(TP* w, const TG* g, float* s1, float* s2, half_t* w16, u64 n,            \
-                                    const EpochState* st, int step, int spe, int adamw,                       \
-                                    float momentum, float wd, int nesterov, float b1, float b2, float eps) { \
-        update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, adamw, momentum, wd, nesterov, b1, b2, eps,      \
-                       blockIdx.x, gridDim.x);                                                               \
+#define UPDATE(name, TP, TG)                                                                                  \
+    extern "C" __global__ void name(TP* w, const TG* g, float* s1, float* s2, half_t* w16, u64 n,             \
+                                    const EpochState* st, int step, int spe, OptimParams opt) {               \
+        update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, opt, blockIdx.x, gridDim.x);                      \
     }
 
 UPDATE(update_f32_f16, float, half_t)   // "mixed": fp32 master, fp16 gradients, fp16 copy written
@@ -95,17 +80,15 @@ UPDATE(update_f16_f16, half_t, half_t)  // "fp16": fp16 weights, fp32 optimizer 
 // Launch: grid = rows + update blocks, block = UPDATE_THREADS (= GATHER_THREADS).
 #define UPDATE_GATHER(name, TP, TG, TIn, TOut)                                                                 \
     extern "C" __global__ void name(TP* w, const TG* g, float* s1, float* s2, half_t* w16, u64 n,              \
-                                    const EpochState* st, int step, int spe, int adamw, float momentum, float wd, \
-                                    int nesterov, float b1, float b2, float eps, const TIn* x, const int* y,    \
-                                    int d, u32 n_data, u32 seed_lo, u32 seed_hi, u32 half_bits, int pos0,       \
-                                    int rows, float scale, float shift, const float* fscale,                  \
+                                    const EpochState* st, int step, int spe, OptimParams opt, const TIn* x,    \
+                                    const int* y, int d, u32 n_data, u32 seed_lo, u32 seed_hi, u32 half_bits,  \
+                                    int pos0, int rows, float scale, float shift, const float* fscale,        \
                                     const float* fshift, TOut* out, int* out_y) {                              \
         if ((int)blockIdx.x < rows) {                                                                          \
             gather_row<TIn, TOut>(x, y, d, n_data, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, fscale,  \
                                   fshift, out, out_y, blockIdx.x);                                             \
         } else {                                                                                               \
-            update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, adamw, momentum, wd, nesterov, b1, b2, eps,    \
-                           blockIdx.x - rows, gridDim.x - rows);                                               \
+            update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, opt, blockIdx.x - rows, gridDim.x - rows);     \
         }                                                                                                      \
     }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import threading
 import weakref
@@ -34,6 +35,7 @@ __all__ = [
     "arg_f32",
     "arg_i32",
     "arg_ptr",
+    "arg_struct",
     "arg_u32",
     "arg_u64",
     "Device",
@@ -765,6 +767,32 @@ def arg_f32(value: float) -> ctypes.c_float:
     if overflows:
         raise ConfigError(f"kernel float argument {v!r} overflows float32 (largest 3.4028235e+38)")
     return ctypes.c_float(v)
+
+
+#: A struct field's type name: its ctypes type and the check of its value.
+_STRUCT_FIELDS = {
+    "i32": (ctypes.c_int32, arg_i32),
+    "u32": (ctypes.c_uint32, arg_u32),
+    "u64": (ctypes.c_uint64, arg_u64),
+    "f32": (ctypes.c_float, arg_f32),
+}
+
+
+@functools.cache
+def _struct_type(fields: tuple[tuple[str, str], ...]) -> type[ctypes.Structure]:
+    layout = [(name, _STRUCT_FIELDS[kind][0]) for name, kind in fields]
+    return type("KernelStruct", (ctypes.Structure,), {"_fields_": layout})
+
+
+def arg_struct(fields: Sequence[tuple[str, str, float]]) -> ctypes.Structure:
+    """A C struct kernel argument, passed by value: (name, type, value) per field in the struct's order, the type one
+    of "i32", "u32", "u64", "f32" and each value checked as arg_<type> checks it. ctypes lays the fields out as the
+    C compiler does (natural alignment), so the struct matches the kernel's declaration field for field."""
+    for name, kind, _ in fields:
+        if kind not in _STRUCT_FIELDS:
+            raise ConfigError(f"kernel struct field {name!r} has type {kind!r}, not one of {sorted(_STRUCT_FIELDS)}")
+    struct = _struct_type(tuple((name, kind) for name, kind, _ in fields))
+    return struct(*[_STRUCT_FIELDS[kind][1](value).value for _, kind, value in fields])
 
 
 class Kernel:

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ...cuda import driver
-from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32
+from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32
 from ...data import input_affine
 from ...errors import ConfigError, DataError
-from ...shuffle import feistel_bits
+from ...shuffle import feistel_bits, split_u64
 from ..base import EngineConfig
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext
@@ -105,20 +105,18 @@ class FusedTrainContext(TrainContext):
 
     def record_epoch(self) -> None:
         eng = self.eng
-        cfg, opt = eng.config, eng.config.optimizer
+        cfg = eng.config
         n_state = len(eng.opt_names)
         s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
         s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
         scale, shift = input_affine(self.dtype, cfg.normalize)
-        b1, b2 = getattr(opt, "betas", (0.0, 0.0))
-        seed = cfg.seed
+        seed_lo, seed_hi = split_u64(cfg.seed)
         args = [
             arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
             arg_ptr(self.x.ptr), arg_ptr(self.y.ptr), arg_u32(self.n),
-            arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(self.n) // 2),
+            arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(self.n) // 2),
             arg_ptr(eng.epoch_state.ptr), arg_i32(self.steps), arg_i32(cfg.batch_size), arg_f32(scale),
-            arg_f32(shift), arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
-            arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2), arg_f32(getattr(opt, "eps", 0.0)),
+            arg_f32(shift), arg_struct(cfg.optimizer.kernel_params().c_fields()),
         ]  # fmt: skip
         p = self.plan
         self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cluster=p.cluster)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...optim import AdamW
+from ...optim import KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
 
@@ -112,8 +112,9 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
     if widest > MAX_WIDTH:
         return f"a layer of {widest} is wider than the fused kernel's {MAX_WIDTH}"
     n_state = len(opt.state_names)
+    kernel = opt.kernel_params()  # what fused.cu is compiled for (FUSED_OPT) and launched with
     # Folding needs the buffer to be the whole update: SGD with momentum, not Nesterov (which also needs g).
-    can_fold = not isinstance(opt, AdamW) and n_state == 1 and not opt.nesterov
+    can_fold = kernel.kind == KIND_SGD and n_state == 1 and not kernel.nesterov
     first = min(_up4(config.batch_size), CHUNK_ROWS[0])  # a chunk never needs more rows than the batch
     fits = None
     tuning = config.tuning
@@ -140,7 +141,6 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
     rows, need, half_copy, fold, mma = fits
     layout = param_layout(model)
     offs = ",".join(str(o) for o in layout.offsets)
-    opt_code = 2 if isinstance(opt, AdamW) else (1 if n_state else 0)
     options = (
         "-std=c++17",
         f"-DFUSED_NL={len(sizes) - 1}",
@@ -152,7 +152,8 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
         f"-DFUSED_XIN={0 if np.dtype(x_dtype) == np.uint8 else 1}",
         f"-DFUSED_PREC={_PREC[config.precision]}",
         f"-DFUSED_ACT={0 if model.activation == 'relu' else 1}",
-        f"-DFUSED_OPT={opt_code}",
+        f"-DFUSED_OPT={kernel.kind}",
+        f"-DFUSED_NS={n_state}",
         f"-DFUSED_SMEM={need}",
         f"-DFUSED_OPC={int(half_copy)}",
         f"-DFUSED_FOLD={int(fold)}",

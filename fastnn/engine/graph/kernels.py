@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...cuda import driver, nvrtc
-from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_u32, arg_u64
+from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
 from ...data import input_affine
-from ...shuffle import feistel_bits
+from ...shuffle import feistel_bits, split_u64
 from .buffers import itemsize
 
 if TYPE_CHECKING:
@@ -71,11 +71,11 @@ def record_gather(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, pos
 def gather_args(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, out,
                 out_y: int) -> tuple[str, list, list, list]:  # fmt: skip
     """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y)."""
-    seed = eng.config.seed
+    seed_lo, seed_hi = split_u64(eng.config.seed)
     scale, shift = input_affine(x_dtype, eng.config.normalize)
     data = [
         arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(eng.config.model.in_features), arg_u32(n),
-        arg_u32(seed & 0xFFFFFFFF), arg_u32((seed >> 32) & 0xFFFFFFFF), arg_u32(feistel_bits(n) // 2),
+        arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
     ]  # fmt: skip
     src = "u8" if x_dtype == np.uint8 else "f32"
     table = eng.feature_affine.get(np.dtype(x_dtype))
@@ -107,23 +107,18 @@ def record_update(eng: GraphEngine, step: int, steps: int, gather: tuple | None 
     """Queue step `step`'s update of every parameter, or of the `part` = (first, count) elements of the flat
     buffers (a sharded update), on `stream` (default the main one); with `gather` = (x_dev, y_dev, n, x_dtype,
     pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
-    opt = eng.config.optimizer
     first, n = part if part is not None else (0, eng.layout.total)
     stream = stream if stream is not None else eng.stream
     n_state = len(eng.opt_names)
     s1 = eng.train_state.ptr + eng.param_bytes + 4 * first if n_state >= 1 else 0
     s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes + 4 * first if n_state >= 2 else 0
-    adamw = hasattr(opt, "betas")
-    b1, b2 = opt.betas if adamw else (0.0, 0.0)
     w = eng.train_state.ptr + first * itemsize(eng.spec.param)
     g = eng.grads.ptr + first * itemsize(eng.spec.grad)
     w16 = eng.w16.ptr + 2 * first if eng.w16 is not None else 0
     args = [
         arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
-        arg_ptr(eng.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_i32(int(adamw)),
-        arg_f32(getattr(opt, "momentum", 0.0)), arg_f32(opt.weight_decay),
-        arg_i32(int(getattr(opt, "nesterov", False))), arg_f32(b1), arg_f32(b2),
-        arg_f32(getattr(opt, "eps", 0.0)),
+        arg_ptr(eng.epoch_state.ptr), arg_i32(step), arg_i32(steps),
+        arg_struct(eng.config.optimizer.kernel_params().c_fields()),
     ]  # fmt: skip
     if gather is None:
         launch_elementwise(eng, eng.spec.update_kernel, n, args, stream)

@@ -16,6 +16,7 @@ import numpy as np
 from ...cuda import deferring, driver, nccl
 from ...cuda.driver import arg_i32, arg_ptr
 from ...errors import ConfigError
+from ...shuffle import split_u64
 from ..base import PRECISIONS
 from ..epochs import hold_ctrl_c
 from ..group import Group
@@ -169,11 +170,12 @@ class DataParallel:
         eng, g = self.eng, self.group
         cfg = eng.config
         widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
+        seed_lo, seed_hi = split_u64(cfg.seed)
         self.check_ranks_agree([
             ("training set rows", n), ("batch_size", cfg.batch_size), ("drop_last", int(cfg.drop_last)),
             ("padded parameter count", eng.layout.total), ("layers", len(cfg.model.layers)),
-            ("layer widths (a checksum)", widths), ("seed (low 32 bits)", cfg.seed & 0xFFFFFFFF),
-            ("seed (high 32 bits)", cfg.seed >> 32), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
+            ("layer widths (a checksum)", widths), ("seed (low 32 bits)", seed_lo),
+            ("seed (high 32 bits)", seed_hi), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
             ("sharded update (Tuning.sharded_update)", int(eng.sharded)),
             ("optimizer state buffers", len(eng.opt_names)),
         ])  # fmt: skip
@@ -187,9 +189,10 @@ class DataParallel:
         callbacks given to one rank only (a logger or checkpointer on rank 0) leave the ranks in step."""
         table = np.ascontiguousarray(lrs, dtype=np.float32)
         end = first_epoch + table.size // steps if end_epoch is None else end_epoch
+        steps_lo, steps_hi = split_u64(first_step)
         (any_stoppable,) = self.check_ranks_agree([
-            ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", first_step & 0xFFFFFFFF),
-            ("steps done (high 32 bits)", first_step >> 32), ("epochs after this fit (epochs done + epochs)", end),
+            ("epochs done (trainer.epoch)", first_epoch), ("steps done (low 32 bits)", steps_lo),
+            ("steps done (high 32 bits)", steps_hi), ("epochs after this fit (epochs done + epochs)", end),
             ("steps in this call", table.size),
             ("learning rates (a CRC of this call's schedule)", zlib.crc32(table.tobytes())),
         ], any_of=(int(stoppable),))  # fmt: skip
