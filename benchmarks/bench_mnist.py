@@ -28,6 +28,7 @@ from end_to_end import DEFAULT_CACHE, E2E_CONTENDERS, E2E_WORKLOADS, TTA_CONTEND
 from fastnn_contenders import Unavailable  # noqa: E402
 from report import PARTIAL_DIR, load_partials, write_outputs  # noqa: E402
 from workloads import (  # noqa: E402
+    FLAG_WORKLOADS,
     LOSS_WORKLOADS,
     SEED,
     Contender,
@@ -36,25 +37,50 @@ from workloads import (  # noqa: E402
     load_data,
     plan_dict,
     select,
+    settings,
     write_json,
 )
 
-#: The published run in three device calls of at most ~9 minutes each on an H100/H200 (estimates from the
-#: committed H200 logs: README). Later calls repeat fastnn-mixed (and torch-graph-amp) on every width, so each
-#: speedup compares rows of one call and the drift between calls shows. Every JAX configuration runs in call 3,
-#: before the end-to-end and time-to-accuracy tables (whose contenders all run in that call) pick jax-best.
+#: The contenders that can be the fastest peer (issue 27), run with fastnn in one call so that every workload's
+#: best peer and fastnn's ratio over it come from the same call: JAX as most people write it (default precision:
+#: TF32 on Hopper), AMP-like and fp32 HIGHEST; PyTorch's whole-step CUDA graph with AMP and with TF32.
+PEERS = ("jax-default", "jax-amp", "jax-fp32", "torch-graph-amp", "torch-graph-tf32")
+#: The published run in device calls of at most ~8 minutes each on an H100 (estimates: README). Call 1 alone makes
+#: the headline (`report.py --publish`); later calls repeat fastnn-mixed on their workloads as drift repeats, so
+#: each of their speedups compares rows of one call and the drift between calls shows. The end-to-end and
+#: time-to-accuracy call picks jax-best from the JAX rows already in the output folder (call 1's).
 FINAL: dict[str, tuple[list[str], str]] = {
     "1": (
-        ["--only", "fastnn,numpy,torch-eager-fp32,torch-eager-amp,torch-graph-fp32,torch-graph-amp"],
-        "fastnn (every precision and engine), NumPy, PyTorch eager and CUDA graph (~7 min)",
+        ["--only", ",".join(("fastnn-mixed", "fastnn-graph", "fastnn-fused", *PEERS))],
+        "fastnn (auto, graph, fused) and the peers that can be fastest, every workload: the headline (~6 min)",
     ),
     "2": (
-        ["--only", "torch-compile-amp,fastnn-mixed,torch-graph-amp", "--drift", "fastnn-mixed,torch-graph-amp"],
-        "torch.compile max-autotune on every width + the drift repeat (~8 min)",
+        [
+            "--only",
+            "fastnn-fp16,fastnn-fp32,numpy-cpu,torch-graph-fp32,torch-eager-fp32,fastnn-mixed",
+            "--drift",
+            "fastnn-mixed",
+        ],
+        "fastnn fp16/fp32, NumPy, PyTorch CUDA graph fp32 and eager fp32 + the drift repeat (~7 min)",
     ),
     "3": (
-        ["--only", "jax,fastnn-mixed", "--drift", "fastnn-mixed", "--e2e", "--tta"],
-        "every JAX configuration + the drift repeat, end to end cold/warm, time to accuracy (~8 min)",
+        ["--only", "torch-eager-amp,torch-compile-default-amp,fastnn-mixed", "--drift", "fastnn-mixed"],
+        "PyTorch eager AMP and torch.compile default mode, every workload + the drift repeat (~7 min)",
+    ),
+    "4": (
+        [
+            "--only",
+            "torch-compile-amp,jax-fp32-cmdbuf,jax-fp32-nocmdbuf,fastnn-mixed",
+            "--drift",
+            "fastnn-mixed",
+            "--only-workload",
+            ",".join(FLAG_WORKLOADS),
+        ],
+        "torch.compile max-autotune and the XLA flag variants on " + ", ".join(FLAG_WORKLOADS) + " (~6 min)",
+    ),
+    "5": (
+        ["--no-train", "--e2e", "--tta"],
+        "end to end cold/warm and time to accuracy, jax-best from the folder's JAX rows (~6 min)",
     ),
 }
 
@@ -69,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="h in 128, 1024; 3 logreg epochs; 1,000 MLP steps")
     p.add_argument("--only", metavar="C[,C..]", help="contenders or groups (fastnn, torch, numpy, jax) to run")
     p.add_argument("--only-workload", metavar="W[,W..]", help="workloads: logreg, mlp-128, .., or mlp (all MLPs)")
-    p.add_argument("--skip-compile", action="store_true", help="leave out torch-compile-amp (slow to compile)")
+    p.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile contenders (slow)")
     p.add_argument("--cpu-budget", type=float, default=60.0, metavar="S", help="seconds for numpy-cpu before scaling")
     p.add_argument("--merge", action="store_true", help="only merge out/raw/partial/*.json into the outputs")
     p.add_argument("--no-merge", action="store_true", help="write only this run's partial JSON")
@@ -132,6 +158,7 @@ def print_plan(contenders: list[Contender], workloads: list[Workload]) -> None:
     print("contenders:")
     for c in contenders:
         print(f"  {c.name:18} {c.description}" + (" (logreg only)" if c.logreg_only else ""))
+        print(f"  {'':18} settings: {settings(c)}")  # raises on a definition the runners would not understand
     print(f"pairs: {len(_pairs(contenders, workloads))}")
 
 
@@ -246,6 +273,7 @@ def _base_row(w: Workload, c: Contender, run_id: str, drift: set[str]) -> dict[s
         "precision": c.precision,
         "kind": c.kind,
         "description": c.description,
+        "settings": settings(c),
         "hidden": w.hidden,
         "epochs": w.epochs,
         "steps": w.steps,

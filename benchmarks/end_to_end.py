@@ -83,10 +83,10 @@ class _Torch:
         import torch
         import torch_contenders as tc
 
-        torch.set_float32_matmul_precision("highest")
+        tc.set_matmul_precision(contender)
         self.torch, self.w = torch, w
         self.job = tc._Job(w, data, torch.device("cuda"), amp=contender.precision == "amp")
-        self.runner = tc.KINDS[contender.kind](self.job)
+        self.runner = tc.make_runner(self.job, contender)
         self.job.reset()  # the graph's side-stream warm-up steps trained: back to the initial weights and state
         torch.cuda.synchronize()
         self.epoch = 0
@@ -122,7 +122,7 @@ class _Jax:
         from jax_contenders import Job
 
         self.jax, self.w = jax, w
-        self.job = Job(w, data, amp=contender.precision == "amp")
+        self.job = Job(w, data, amp=contender.precision == "amp", matmul_precision=contender.matmul_precision)
         self.compile_seconds = self.job.compile()
         self.state, self.epoch = self.job.init, 0
 

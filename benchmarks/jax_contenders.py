@@ -4,8 +4,9 @@ The parameters are a pytree keyed like fastnn's `state_dict()` ("0.weight" (out,
 `fastnn.model.init_parameters`; each epoch's sample order is `fastnn.shuffle.permutation` passed in as an index
 array; uint8 images are gathered and scaled (`fastnn.data.input_affine`) inside each step, as fastnn does; SGD or
 AdamW with torch's (and fastnn's) update rule. "amp" casts the matmul operands to fp16 and accumulates in fp32
-(`preferred_element_type`), keeping fp32 master weights. An epoch whose last batch is short (logreg) runs that
-step after the scan, inside the same jitted function.
+(`preferred_element_type`), keeping fp32 master weights; fp32 dots take the contender's `matmul_precision`
+("highest": Precision.HIGHEST, no TF32; "default": no precision argument, JAX's default, TF32 on Hopper). An
+epoch whose last batch is short (logreg) runs that step after the scan, inside the same jitted function.
 
 XLA_FLAGS must be set before jax initialises, so every JAX configuration runs in a subprocess of its own:
 
@@ -35,6 +36,7 @@ import numpy as np  # noqa: E402
 from workloads import (  # noqa: E402
     CONTENDERS,
     FIRST_TIMED_EPOCH,
+    JAX_DOT_PRECISION,
     SEED,
     Contender,
     Workload,
@@ -48,7 +50,7 @@ import fastnn  # noqa: E402
 from fastnn.data import input_affine  # noqa: E402
 from fastnn.model import init_parameters, param_names  # noqa: E402
 
-__all__ = ["Job", "jax_environment", "make_epoch", "run_jax", "run_subprocess", "subprocess_env"]
+__all__ = ["Job", "dot_precision", "jax_environment", "make_epoch", "run_jax", "run_subprocess", "subprocess_env"]
 
 Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -92,11 +94,24 @@ def _layers(sizes: tuple[int, ...]) -> list[tuple[str, str]]:
     return list(zip(names[0::2], names[1::2]))
 
 
-def make_epoch(workload: Workload, optimizer: Any, amp: bool, scale: float, shift: float) -> Any:
+def dot_precision(matmul_precision: str) -> Any:
+    """`lax.dot_general`'s precision= for an fp32 contender's `matmul_precision` (None: JAX's default)."""
+    from jax import lax
+
+    if matmul_precision not in JAX_DOT_PRECISION:
+        raise ValueError(f"matmul_precision must be one of {sorted(JAX_DOT_PRECISION)}, got {matmul_precision!r}")
+    name = JAX_DOT_PRECISION[matmul_precision]
+    return None if name is None else getattr(lax.Precision, name)
+
+
+def make_epoch(
+    workload: Workload, optimizer: Any, amp: bool, scale: float, shift: float, matmul_precision: str = "highest"
+) -> Any:
     """The jitted epoch: (state, x, y, order) -> (state, step losses); state = (params, opt state, step count).
 
     One `lax.scan` over the full batches; a short last batch (logreg) is one more step after the scan.
-    `optimizer` is a `fastnn.SGD` (plain: no momentum or weight decay) or `fastnn.AdamW`.
+    `optimizer` is a `fastnn.SGD` (plain: no momentum or weight decay) or `fastnn.AdamW`; fp32 dots take
+    `dot_precision(matmul_precision)`.
     """
     import jax
     import jax.numpy as jnp
@@ -110,7 +125,7 @@ def make_epoch(workload: Workload, optimizer: Any, amp: bool, scale: float, shif
     adamw = isinstance(optimizer, fastnn.AdamW)
     if not adamw and (optimizer.momentum or optimizer.weight_decay):
         raise ValueError("the JAX contender implements plain SGD and AdamW only")
-    precision = lax.Precision.HIGHEST  # fp32 means fp32: no TF32, like fastnn's and torch's fp32
+    precision = dot_precision(matmul_precision)  # HIGHEST: fp32 as fastnn's fp32; None: JAX's default (TF32)
 
     def forward(params: dict, xb: Any) -> Any:
         h = xb
@@ -170,7 +185,9 @@ def make_epoch(workload: Workload, optimizer: Any, amp: bool, scale: float, shif
 class Job:
     """What one JAX run holds: the data and test set on the device, the initial state, the compiled epoch."""
 
-    def __init__(self, workload: Workload, data: Data, amp: bool, optimizer: Any = None) -> None:
+    def __init__(
+        self, workload: Workload, data: Data, amp: bool, optimizer: Any = None, matmul_precision: str = "highest"
+    ) -> None:
         import jax
         import jax.numpy as jnp
 
@@ -187,7 +204,7 @@ class Job:
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         opt = (zeros, zeros) if isinstance(self.optimizer, fastnn.AdamW) else ()
         self.init = (params, opt, jnp.zeros((), jnp.int32))
-        self.epoch_fn = make_epoch(workload, self.optimizer, amp, self.scale, self.shift)
+        self.epoch_fn = make_epoch(workload, self.optimizer, amp, self.scale, self.shift, matmul_precision)
         layers = _layers(workload.sizes)
 
         @jax.jit
@@ -230,7 +247,7 @@ def run_jax(contender: Contender, workload: Workload, data: Data) -> dict[str, A
 
     w = workload
     t0 = time.perf_counter()
-    job = Job(w, data, amp=contender.precision == "amp")
+    job = Job(w, data, amp=contender.precision == "amp", matmul_precision=contender.matmul_precision)
     compile_s = job.compile()
     t_compiled = time.perf_counter()
     state, losses = job.epoch_fn(job.init, job.x, job.y, job.order(0))  # warm-up epoch: first launch, autotuned

@@ -19,7 +19,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")  # files only; no display on the GPU machine
 import matplotlib.pyplot as plt  # noqa: E402
 from report import RAW_DIR  # noqa: E402
-from workloads import LOSS_WORKLOADS  # noqa: E402
+from workloads import LOSS_WORKLOADS, MLP_BATCH  # noqa: E402
 
 __all__ = ["e2e_graph", "loss_graph", "time_graph", "write_graphs"]
 
@@ -32,8 +32,9 @@ def _ok(r: dict[str, Any]) -> bool:
 
 
 def time_graph(doc: dict[str, Any], path: Path) -> Path | None:
-    """Training time of the timed epochs vs hidden size (MLP workloads), one line per contender, log-log."""
-    rows = [r for r in doc["rows"] if _ok(r) and r.get("hidden")]
+    """Training time of the timed epochs vs hidden size (the batch-32 MLPs), one line per contender, log-log."""
+    rows = [r for r in doc["rows"] if _ok(r) and r.get("hidden")
+            and doc["workloads"][r["workload"]]["batch_size"] == MLP_BATCH]  # fmt: skip
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 5.5))

@@ -1,19 +1,39 @@
-"""Partial results -> bench.json, bench.md and bench_summary.json: merge runs, compute fastnn's speedups, write the
-markdown tables and the compact JSON kept in git.
+"""Partial results -> bench.json, bench.md and bench_summary.json: merge runs, compute fastnn's speedups, pick each
+workload's fastest peer from one device call, write the markdown tables and the compact JSON kept in git.
 
-    python benchmarks/report.py results/   # bench.md and bench_summary.json again from results/raw/bench.json
+    python benchmarks/report.py results/            # bench.md and bench_summary.json again from results/raw/bench.json
+    python benchmarks/report.py --publish [results/]  # README's and docs' marked blocks from results/bench_summary.json
+    python benchmarks/report.py --check [results/]    # exit 1 where a marked block differs from what --publish writes
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
-import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from workloads import CONTENDERS, write_json, write_text
+from workloads import CONTENDERS, settings, write_json, write_text
 
-__all__ = ["PARTIAL_DIR", "RAW_DIR", "add_speedups", "load_partials", "markdown", "merge", "summary", "write_outputs"]
+__all__ = [
+    "PARTIAL_DIR",
+    "RAW_DIR",
+    "add_speedups",
+    "best_peer",
+    "calls",
+    "contender_settings",
+    "families_table",
+    "load_partials",
+    "markdown",
+    "merge",
+    "peers_table",
+    "same_call_pairs",
+    "summary",
+    "wrap",
+    "write_outputs",
+]
 
 #: Raw outputs live under OUT/raw/, which git ignores (.gitignore): each run's partial file, the merged bench.json
 #: (1.5 MB for the published run, most of it per-step losses) and the logs. OUT itself keeps the summaries
@@ -27,6 +47,11 @@ SCHEMA = 1
 #: The fastnn row each contender's time is compared with "at matched precision".
 MATCHED = {"fp32": "fastnn-fp32", "amp": "fastnn-mixed", "mixed": "fastnn-mixed", "fp16": "fastnn-fp16"}
 _ORDER = {c.name: i for i, c in enumerate(CONTENDERS)}
+#: fastnn's row in every comparison: engine="auto", mixed precision.
+FASTNN = "fastnn-mixed"
+#: The families whose rows are peers (fastnn's own engines and its NumPy engine are not).
+PEER_FAMILIES = ("torch", "jax")
+FAMILY_NAMES = {"torch": "PyTorch", "jax": "JAX"}
 
 
 def _merged_environment(envs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,16 +72,18 @@ def _ok(row: dict[str, Any]) -> bool:
     return row.get("status") == "ok" and row.get("train_seconds") is not None
 
 
-def add_speedups(rows: list[dict[str, Any]]) -> None:
-    """fastnn's speedup over each row (row time / fastnn time, same workload): vs fastnn-mixed and matched precision.
+def instances(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row and drift repeat, each one contender's run of one workload in one device call."""
+    return [x for r in rows for x in (r, *r.get("repeats", []))]
 
-    The fastnn row of the same run (device call) is preferred, a drift repeat included; else the published one.
-    """
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    """fastnn's speedup over each row and repeat (its time / fastnn's, same workload): vs fastnn-mixed and at matched
+    precision. The fastnn row of the same run (device call) is preferred, a drift repeat included; else the
+    published one."""
     by_key = {(r["workload"], r["contender"]): r for r in rows if _ok(r)}
-    by_run = {
-        (x["workload"], x["contender"], x["run_id"]): x for r in rows for x in [r, *r.get("repeats", [])] if _ok(x)
-    }
-    for r in rows:
+    by_run = {(x["workload"], x["contender"], x["run_id"]): x for x in instances(rows) if _ok(x)}
+    for r in instances(rows):
         for field, ref_name in (("fastnn_mixed", "fastnn-mixed"), ("fastnn_matched", MATCHED.get(r["precision"]))):
             ref = by_run.get((r["workload"], ref_name, r.get("run_id"))) or by_key.get((r["workload"], ref_name))
             if ref is None or not _ok(r) or ref["train_seconds"] <= 0:
@@ -67,17 +94,13 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
             r[f"speedup_{field}_same_run"] = ref["run_id"] == r["run_id"]
 
 
-#: The end-to-end and time-to-accuracy rows are compared with fastnn's default (engine "auto", mixed precision).
-E2E_REF = "fastnn-mixed"
-
-
 def _e2e_ok(r: dict[str, Any]) -> bool:
     return r.get("status") == "ok" and r.get("e2e_seconds") is not None
 
 
 def add_e2e_speedups(rows: list[dict[str, Any]]) -> None:
     """Per (workload, mode): row time / fastnn-mixed's time, end to end and training only (the same run only)."""
-    ref = {(r["workload"], r.get("mode"), r.get("run_id")): r for r in rows if r["contender"] == E2E_REF and _e2e_ok(r)}
+    ref = {(r["workload"], r.get("mode"), r.get("run_id")): r for r in rows if r["contender"] == FASTNN and _e2e_ok(r)}
     for r in rows:
         f = ref.get((r["workload"], r.get("mode"), r.get("run_id")))
         ok = f is not None and _e2e_ok(r)
@@ -145,13 +168,166 @@ def _describe(w: dict[str, Any]) -> str:
     )
 
 
+def wrap(text: str, width: int = 115) -> str:
+    """Prose wrapped for the markdown pages (tables never wrap)."""
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def network(w: dict[str, Any]) -> str:
+    """A workload's network and batch in a few words: "784-1024-1024-1024-10, batch 128"."""
+    return f"{'-'.join(str(s) for s in w['sizes'])}, batch {w['batch_size']}"
+
+
+# ---- one device call's comparisons: fastnn against its fastest peer ---------------------------------------------
+
+
+def calls(doc: dict[str, Any]) -> dict[str, int]:
+    """Each run id's device call number, 1.. in the order the runs started (rows' first appearance without runs)."""
+    ids = [r["run_id"] for r in doc.get("runs", [])]
+    ids += [x.get("run_id") for x in instances(doc["rows"])]
+    return {run: i for i, run in enumerate(dict.fromkeys(i for i in ids if i is not None), 1)}
+
+
+Pair = tuple[dict[str, Any], dict[str, Any]]
+
+
+def several_calls(doc: dict[str, Any]) -> bool:
+    """Whether the rows come from more than one device call (then the tables name each row's call)."""
+    return len({x.get("run_id") for x in instances(doc["rows"])}) > 1
+
+
+def same_call_pairs(rows: list[dict[str, Any]], workload: str, families: tuple[str, ...] = PEER_FAMILIES) -> list[Pair]:
+    """(peer, fastnn) for each peer row or repeat of `workload` whose device call also ran fastnn-mixed on it."""
+    xs = [x for x in instances(rows) if x["workload"] == workload and _ok(x)]
+    fast = {x.get("run_id"): x for x in xs if x["contender"] == FASTNN}
+    return [(x, fast[x.get("run_id")]) for x in xs if x.get("family") in families and x.get("run_id") in fast]
+
+
+def ratio(pair: Pair) -> float:
+    """fastnn's speedup over the peer of a same-call pair: the peer's training time / fastnn's."""
+    return pair[0]["train_seconds"] / pair[1]["train_seconds"]
+
+
+def best_peer(rows: list[dict[str, Any]], workload: str, families: tuple[str, ...] = PEER_FAMILIES) -> Pair | None:
+    """The workload's fastest peer and fastnn's row of the same call: in one call, the peer of least time; across
+    calls (rows run apart), the peer fastnn leads least, so drift between calls cannot pick it. None: no pair."""
+    return min(same_call_pairs(rows, workload, families), key=ratio, default=None)
+
+
+def us_per_step(x: dict[str, Any]) -> str:
+    """Time per step in microseconds, to 0.05% at least (so a printed ratio can be recomputed from it to 0.1%)."""
+    us = (x.get("seconds_per_step") or x["train_seconds"] / x["steps"]) * 1e6
+    return f"{us:.2f}" if us < 100 else f"{us:.1f}"
+
+
+def _fastnn_cell(x: dict[str, Any]) -> str:
+    engine = x.get("engine")
+    return us_per_step(x) + (f" ({engine})" if engine else "")
+
+
+def compared_workloads(doc: dict[str, Any]) -> list[str]:
+    """The workloads, in plan order, with a peer and fastnn in one call."""
+    return [w for w in doc["workloads"] if best_peer(doc["rows"], w) is not None]
+
+
+def peers_table(doc: dict[str, Any]) -> list[str]:
+    """Per workload: fastnn (engine "auto") against the fastest peer, both from one call, and fastnn's speedup."""
+    ws = compared_workloads(doc)
+    if not ws:
+        return ["No workload has fastnn-mixed and a PyTorch or JAX row from one device call."]
+    no = calls(doc)
+    multi = several_calls(doc)
+    lines = ["| workload | network, batch | fastnn `engine=\"auto\"` µs/step (engine) | fastest peer | peer µs/step "
+             "| fastnn's speedup |" + (" call |" if multi else ""),
+             "|---|---|---:|---|---:|---:|" + ("---:|" if multi else "")]  # fmt: skip
+    shown = []
+    for w in ws:
+        pair = best_peer(doc["rows"], w)
+        peer, fast = pair
+        shown.append(peer["contender"])
+        lines.append(f"| {w} | {network(doc['workloads'][w])} | {_fastnn_cell(fast)} | `{peer['contender']}` "
+                     f"| {us_per_step(peer)} | {ratio(pair):.2f}x |"
+                     + (f" {no.get(peer.get('run_id'), '?')} |" if multi else ""))  # fmt: skip
+    lines += ["", wrap("fastnn's speedup = the peer's training time / fastnn's, both from the same device call"
+                       + (" (the call column)" if multi else "") + "; the fastest peer is the PyTorch or JAX "
+                       "contender of least time in that call. The peers' settings:"), ""]  # fmt: skip
+    lines += [f"- `{c}`: `{contender_settings(doc, c)}`" for c in dict.fromkeys(shown)]
+    return lines
+
+
+def families_table(doc: dict[str, Any]) -> list[str]:
+    """Per workload: the fastest JAX and the fastest PyTorch contender, each beside fastnn's row of its call."""
+    ws = compared_workloads(doc)
+    if not ws:
+        return []
+    head = "| workload |"
+    rule = "|---|"
+    for fam in PEER_FAMILIES:
+        head += f" fastest {FAMILY_NAMES[fam]} | µs/step | fastnn, same call | fastnn's speedup |"
+        rule += "---|---:|---:|---:|"
+    lines = [head, rule]
+    for w in ws:
+        cells = []
+        for fam in PEER_FAMILIES:
+            pair = best_peer(doc["rows"], w, (fam,))
+            cells += (
+                ["", "", "", ""]
+                if pair is None
+                else [f"`{pair[0]['contender']}`", us_per_step(pair[0]), us_per_step(pair[1]), f"{ratio(pair):.2f}x"]
+            )
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def contender_settings(doc: dict[str, Any], name: str) -> str:
+    """A contender's settings as its rows recorded them (workloads.settings at run time), else from its definition."""
+    recorded = next((r["settings"] for r in doc["rows"] if r["contender"] == name and r.get("settings")), None)
+    if recorded:
+        return recorded
+    definition = next((c for c in CONTENDERS if c.name == name), None)
+    return settings(definition) if definition is not None else "(not defined in this checkout)"
+
+
+def contenders_list(doc: dict[str, Any], names: list[str]) -> list[str]:
+    """`- name: description. Settings: ...` for each contender, from the definitions and the rows."""
+    out = []
+    for n in names:
+        c = next((c for c in CONTENDERS if c.name == n), None)
+        about = f"{c.description}. " if c is not None else ""
+        out.append(f"- `{n}`: {about}Settings: `{contender_settings(doc, n)}`.")
+    return out
+
+
+def _lines(doc: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(label, contender, run id or None) of each line of the tables across workloads: one per contender, and
+    when the rows come from several calls one per (contender, call), so each speedup's fastnn row is a line."""
+    rows = doc["rows"]
+    no = calls(doc)
+    contenders = sorted({r["contender"] for r in rows}, key=lambda c: _ORDER.get(c, 99))
+    if not several_calls(doc):
+        return [(c, c, None) for c in contenders]
+    out = []
+    for c in contenders:
+        runs = sorted({x.get("run_id") for x in instances(rows) if x["contender"] == c}, key=lambda r: no.get(r, 0))
+        out += [(f"{c} (call {no.get(run, '?')})", c, run) for run in runs]
+    return out
+
+
+def _cell(doc: dict[str, Any], w: str, c: str, run: str | None) -> dict[str, Any] | None:
+    return next((x for x in instances(doc["rows"]) if x["workload"] == w and x["contender"] == c
+                 and (run is None or x.get("run_id") == run)), None)  # fmt: skip
+
+
 def markdown(doc: dict[str, Any]) -> str:
-    """bench.md: environment, the time and speedup tables across workloads, and one detail table per workload."""
+    """bench.md: environment, the time and speedup tables across workloads, the fastest peers, and one detail table
+    per workload."""
+    doc = {**doc, "rows": copy.deepcopy(doc["rows"])}
+    add_speedups(doc["rows"])  # the drift repeats' too (summaries written before they had them)
     env = doc["environment"]
     rows = doc["rows"]
     wl = {w: spec for w, spec in doc["workloads"].items() if any(r["workload"] == w for r in rows)}
     contenders = sorted({r["contender"] for r in rows}, key=lambda c: _ORDER.get(c, 99))
-    cell = {(r["workload"], r["contender"]): r for r in rows}
+    lines_ = _lines(doc)
     lines = [
         "# fastnn vs PyTorch and JAX on Fashion-MNIST",
         "",
@@ -167,58 +343,68 @@ def markdown(doc: dict[str, Any]) -> str:
         + (", scaled from fewer epochs where marked *." if any(r.get("scaled") for r in rows) else "."),
         "",
     ]
+    if several_calls(doc):
+        lines += ["The rows come from several device calls; each line of the tables across workloads is one "
+                  "contender in one call, and each speedup compares rows of one call (the fastnn-mixed line of "
+                  "the same call) where that call ran fastnn-mixed.", ""]  # fmt: skip
     if rows:
         lines += ["## Training time (s)", "", "| contender | " + " | ".join(wl) + " |", "|---|" + "---:|" * len(wl)]
-    for c in contenders:
+    for label, c, run in lines_:
         vals = []
         for w in wl:
-            r = cell.get((w, c))
+            r = _cell(doc, w, c, run)
             v = "" if r is None else (_status(r) if not _ok(r) else _f(r["train_seconds"], ".3g"))
             vals.append(v + ("*" if r is not None and r.get("scaled") else ""))
-        lines.append(f"| {c} | " + " | ".join(vals) + " |")
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
     if rows:
         lines += ["", "## Speedup of fastnn-mixed (contender time / fastnn-mixed time)", "",
                   "| contender | " + " | ".join(wl) + " |", "|---|" + "---:|" * len(wl)]  # fmt: skip
-    for c in contenders:
-        if c == "fastnn-mixed":
+    no = calls(doc)
+    for label, c, run in lines_:
+        if c == FASTNN:
             continue
         vals = []
         for w in wl:
-            r = cell.get((w, c))
+            r = _cell(doc, w, c, run)
             s = None if r is None else r.get("speedup_fastnn_mixed")
-            vals.append("" if s is None else f"{s:.2f}x")
-        lines.append(f"| {c} | " + " | ".join(vals) + " |")
+            if s is not None and not r.get("speedup_fastnn_mixed_same_run", True) and several_calls(doc):
+                ref = _cell(doc, w, FASTNN, None)  # no fastnn-mixed in this row's call: the first row's
+                vals.append(f"{s:.2f}x (vs call {no.get(ref.get('run_id'), '?')})")
+            else:
+                vals.append("" if s is None else f"{s:.2f}x")
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
+    if compared_workloads(doc):
+        lines += ["", "## Fastest peer per workload", "", *peers_table(doc),
+                  "", "### The fastest of each family", "", *families_table(doc)]  # fmt: skip
     for w, spec in wl.items():
         lines += [
             "",
             f"### {w}: {_describe(spec)}",
             "",
-            "| contender | time s | ms/step | s/epoch | setup s | final train loss | test acc | peak MiB "
+            "| contender | call | time s | ms/step | s/epoch | setup s | final train loss | test acc | peak MiB "
             "| fastnn-mixed speedup | matched speedup | note |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for c in contenders:
-            r = cell.get((w, c))
-            if r is None:
-                continue
-            if not _ok(r):
-                lines.append(f"| {c} | {_status(r)} |  |  |  |  |  |  |  |  | {r.get('error', '')[:100]} |")
-                continue
-            matched = r.get("speedup_fastnn_matched")
-            matched_s = "" if matched is None else f"{matched:.2f} ({r.get('speedup_fastnn_matched_ref')})"
-            lines.append(
-                f"| {c} | {_f(r['train_seconds'], '.3f')}{'*' if r.get('scaled') else ''} "
-                f"| {_f(r.get('seconds_per_step'), '.4f', 1e3)} | {_f(r.get('seconds_per_epoch'), '.3f')} "
-                f"| {_f(r.get('setup_seconds'), '.2f')} | {_f(r.get('final_train_loss'), '.4f')} "
-                f"| {_f(r.get('test_accuracy'), '.4f')} | {_f(r.get('peak_memory_bytes'), '.0f', 2**-20)} "
-                f"| {_f(r.get('speedup_fastnn_mixed'), '.2f')} "
-                f"| {matched_s} "
-                f"| {r.get('note', '')} |"
-            )
+            for r in [x for x in instances(rows) if x["workload"] == w and x["contender"] == c]:
+                call = no.get(r.get("run_id"), "")
+                if not _ok(r):
+                    error = r.get("error", "")[:100]
+                    lines.append(f"| {c} | {call} | {_status(r)} |  |  |  |  |  |  |  |  | {error} |")
+                    continue
+                matched = r.get("speedup_fastnn_matched")
+                matched_s = "" if matched is None else f"{matched:.2f} ({r.get('speedup_fastnn_matched_ref')})"
+                lines.append(
+                    f"| {c} | {call} | {_f(r['train_seconds'], '.3f')}{'*' if r.get('scaled') else ''} "
+                    f"| {_f(r.get('seconds_per_step'), '.4f', 1e3)} | {_f(r.get('seconds_per_epoch'), '.3f')} "
+                    f"| {_f(r.get('setup_seconds'), '.2f')} | {_f(r.get('final_train_loss'), '.4f')} "
+                    f"| {_f(r.get('test_accuracy'), '.4f')} | {_f(r.get('peak_memory_bytes'), '.0f', 2**-20)} "
+                    f"| {_f(r.get('speedup_fastnn_mixed'), '.2f')} "
+                    f"| {matched_s} "
+                    f"| {r.get('note', '')} |"
+                )
     lines += _jax_section(rows) + _drift_section(rows) + _e2e_section(doc) + _tta_section(doc)
-    lines += ["", "Contenders:", ""]
-    lines += [f"- `{c.name}`: {c.description}" + (f" (`XLA_FLAGS={c.xla_flags}`)" if c.xla_flags else "")
-              for c in CONTENDERS if c.name in contenders]  # fmt: skip
+    lines += ["", "## Contenders", "", *contenders_list(doc, contenders)]
     return "\n".join(lines) + "\n"
 
 
@@ -259,8 +445,8 @@ def _e2e_cell(r: dict[str, Any] | None, key: str = "e2e_seconds") -> str:
     return "not reached" if r.get(key) is None else f"{r[key]:.2f}"
 
 
-def _e2e_section(doc: dict[str, Any]) -> list[str]:
-    """End to end: from a fresh process to trained weights on the GPU, cold and warm caches."""
+def e2e_tables(doc: dict[str, Any]) -> list[str]:
+    """End to end: seconds per (workload, mode) and contender, then fastnn-mixed's speedups (same call)."""
     rows = doc.get("e2e_rows", [])
     if not rows:
         return []
@@ -269,7 +455,24 @@ def _e2e_section(doc: dict[str, Any]) -> list[str]:
     cell = {(r["workload"], r["mode"], r["contender"]): r for r in rows}
     head = "| contender | " + " | ".join(f"{w} {m}" for w, m in cols) + " |"
     rule = "|---|" + "---:|" * len(cols)
-    lines = [
+    lines = [head, rule]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(_e2e_cell(cell.get((w, m, n))) for w, m in cols) + " |")
+    lines += ["", f"Speedup of {FASTNN} end to end (contender time / {FASTNN} time):", "", head, rule]
+    for n in names:
+        if n == FASTNN:
+            continue
+        vals = [cell.get((w, m, n), {}).get("speedup_e2e") for w, m in cols]
+        lines.append(f"| {n} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in vals) + " |")
+    chosen = {r["chosen"] for r in rows if r.get("chosen")}
+    return lines + [""] + [f"- {c}" for c in sorted(chosen)]
+
+
+def _e2e_section(doc: dict[str, Any]) -> list[str]:
+    """End to end: from a fresh process to trained weights on the GPU, cold and warm caches."""
+    if not doc.get("e2e_rows"):
+        return []
+    return [
         "",
         "## End to end (s): fresh process to trained weights on the GPU",
         "",
@@ -277,32 +480,16 @@ def _e2e_section(doc: dict[str, Any]) -> list[str]:
         "process. Cold: empty fastnn kernel cache and torch inductor cache, no JAX persistent cache. Warm: "
         "those caches (JAX's persistent compilation cache on) populated by an earlier run.",
         "",
-        head,
-        rule,
+        *e2e_tables(doc),
     ]
-    for n in names:
-        lines.append(f"| {n} | " + " | ".join(_e2e_cell(cell.get((w, m, n))) for w, m in cols) + " |")
-    lines += ["", f"### Speedup of {E2E_REF} end to end (contender time / {E2E_REF} time)", "", head, rule]
-    for n in names:
-        if n == E2E_REF:
-            continue
-        vals = [cell.get((w, m, n), {}).get("speedup_e2e") for w, m in cols]
-        lines.append(f"| {n} | " + " | ".join("" if v is None else f"{v:.2f}x" for v in vals) + " |")
-    chosen = {r["chosen"] for r in rows if r.get("chosen")}
-    lines += [""] + [f"- {c}" for c in sorted(chosen)]
-    return lines
 
 
-def _tta_section(doc: dict[str, Any]) -> list[str]:
-    """Time to accuracy: first epoch at the target; end to end and training only."""
+def tta_table(doc: dict[str, Any]) -> list[str]:
+    """Time to accuracy: first epoch at the target; end to end and training only, and fastnn's speedups."""
     rows = doc.get("tta_rows", [])
     if not rows:
         return []
-    w = rows[0]
-    lines = ["", f"## Time to {w.get('target_accuracy', 0.89):.0%} test accuracy", "",
-             "MLP 784-256-256-10 on Fashion-MNIST (all 60,000 training images), AdamW (lr 1e-3, weight decay 0.01), "
-             "batch 128, test accuracy checked after every epoch (at most 20), cold caches, a fresh process each.",
-             "", "| contender | epochs | end to end s | training s | best acc | e2e speedup of fastnn "
+    lines = ["| contender | epochs | end to end s | training s | best acc | e2e speedup of fastnn "
              "| training speedup |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         ok = r.get("status") == "ok"
@@ -312,6 +499,17 @@ def _tta_section(doc: dict[str, Any]) -> list[str]:
             f"| {_f(r.get('speedup_e2e'), '.2f')} | {_f(r.get('speedup_train'), '.2f')} |"
         )
     return lines
+
+
+def _tta_section(doc: dict[str, Any]) -> list[str]:
+    """Time to accuracy: first epoch at the target; end to end and training only."""
+    rows = doc.get("tta_rows", [])
+    if not rows:
+        return []
+    return ["", f"## Time to {rows[0].get('target_accuracy', 0.89):.0%} test accuracy", "",
+            "MLP 784-256-256-10 on Fashion-MNIST (all 60,000 training images), AdamW (lr 1e-3, weight decay 0.01), "
+            "batch 128, test accuracy checked after every epoch (at most 20), cold caches, a fresh process each.",
+            "", *tta_table(doc)]  # fmt: skip
 
 
 def summary(doc: Any) -> Any:
@@ -361,8 +559,19 @@ def _write_summaries(out: Path, doc: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """bench.md and bench_summary.json again from OUT/raw/bench.json (after a change to the report), no merge."""
-    out = Path((argv if argv is not None else sys.argv[1:] or ["results"])[0])
+    """bench.md and bench_summary.json again from OUT/raw/bench.json (after a change to the report), no merge; or,
+    with --publish / --check, the README's and docs' marked blocks from OUT/bench_summary.json."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", help="results folder (default: results; --publish/--check: benchmarks/results)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--publish", action="store_true", help="rewrite the marked blocks of README.md and docs/")
+    mode.add_argument("--check", action="store_true", help="exit 1 where a marked block differs from --publish's")
+    args = p.parse_args(argv)
+    if args.publish or args.check:
+        import publish
+
+        return publish.main(Path(args.out) if args.out else publish.RESULTS, check=args.check)
+    out = Path(args.out or "results")
     _write_summaries(out, json.loads((out / RAW_DIR / "bench.json").read_text()))
     return 0
 

@@ -1,4 +1,4 @@
-"""PyTorch's contenders: eager fp32, eager AMP, torch.compile max-autotune with AMP, and whole steps in CUDA graphs.
+"""PyTorch's contenders: eager, torch.compile (max-autotune and default mode) and whole steps in CUDA graphs.
 
 Each trains `torch.nn.Sequential(Linear, ReLU, ..., Linear)` loaded from `fastnn.model.init_parameters`, on
 GPU-resident data (uint8 images converted in the step, as fastnn does), in fastnn's sample order (an index
@@ -6,6 +6,8 @@ tensor on the GPU), with plain SGD at the workload's rate: the same math step fo
 
 AMP is fp16 autocast without a GradScaler: these models are small and their gradients stay far above fp16's
 underflow, and fastnn's "mixed" does not scale the loss either; the final losses in the report show the effect.
+fp32 matmuls follow the contender's `matmul_precision` (torch.set_float32_matmul_precision: "highest" no TF32,
+"high" TF32), torch.compile its `compile_kwargs`: `workloads.settings` names both in the tables.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from workloads import FIRST_TIMED_EPOCH, SEED, Contender, Workload, epoch_orders, finite_or_none
+from workloads import FIRST_TIMED_EPOCH, SEED, Contender, Workload, compile_kwargs, epoch_orders, finite_or_none
 
 import fastnn
 from fastnn.data import input_affine
 from fastnn.model import init_parameters
 
-__all__ = ["build_model", "run_torch"]
+__all__ = ["build_model", "make_runner", "run_torch", "set_matmul_precision"]
 
 Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 #: Side-stream steps before capturing, as PyTorch's CUDA-graph docs do (cuBLAS handles, allocator, autograd).
@@ -156,17 +158,18 @@ class _Stepper(nn.Module):
 
 
 class _Compiled(_Eager):
-    """torch.compile(mode="max-autotune", fullgraph=True) over gather + convert + forward + loss, with AMP.
+    """torch.compile(**kwargs) over gather + convert + forward + loss (workloads.compile_kwargs), with AMP.
 
-    max-autotune tunes the GEMMs and replays forward and backward through CUDA graphs (cudagraph trees);
-    the optimizer step stays eager (one foreach kernel for SGD). dynamic=False: the short last batch of an
-    epoch gets its own specialised graph instead of turning every shape dynamic.
+    mode="max-autotune" tunes the GEMMs and replays forward and backward through CUDA graphs (cudagraph trees);
+    the default mode fuses and launches kernels without graphs. The optimizer step stays eager (one foreach
+    kernel for SGD). dynamic=False: the short last batch of an epoch gets its own specialised graph instead of
+    turning every shape dynamic.
     """
 
-    def __init__(self, job: _Job) -> None:
+    def __init__(self, job: _Job, kwargs: dict[str, Any]) -> None:
         super().__init__(job)
-        self.compiled = torch.compile(_Stepper(job), mode="max-autotune", fullgraph=True, dynamic=False)
-        self.setup_detail = {"what": "torch.compile + autotuning + cudagraph recording, inside one warm-up epoch"}
+        self.compiled = torch.compile(_Stepper(job), **kwargs)
+        self.setup_detail = {"what": f"torch.compile({kwargs}), its autotuning and graphs, inside one warm-up epoch"}
 
     def loss(self, idx: torch.Tensor) -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead: reuse them
@@ -239,6 +242,18 @@ class _Graphed:
 KINDS = {"eager": _Eager, "compile": _Compiled, "graph": _Graphed}
 
 
+def make_runner(job: _Job, contender: Contender) -> _Eager | _Graphed:
+    """The runner of `contender`'s kind over `job` (compile: with the contender's torch.compile arguments)."""
+    if contender.kind == "compile":
+        return _Compiled(job, compile_kwargs(contender))
+    return KINDS[contender.kind](job)
+
+
+def set_matmul_precision(contender: Contender) -> None:
+    """fp32 matmuls as the contender says: "highest" (no TF32, like fastnn's fp32) or "high" (TF32)."""
+    torch.set_float32_matmul_precision(contender.matmul_precision)
+
+
 class _Clock:
     """Device events on CUDA (the GPU's own timeline), perf_counter on the CPU (tests)."""
 
@@ -267,7 +282,7 @@ def run_torch(
     dev = torch.device(device)
     if contender.kind != "eager" and dev.type != "cuda":
         raise ValueError(f"{contender.name} needs a CUDA device, got {device!r}")
-    torch.set_float32_matmul_precision("highest")  # fp32 means fp32: no TF32, like fastnn's "fp32"
+    set_matmul_precision(contender)
     clock = _Clock(dev)
     if clock.cuda:
         gc.collect()
@@ -278,7 +293,7 @@ def run_torch(
     spe = w.steps_per_epoch
     t0 = time.perf_counter()
     job = _Job(w, data, dev, amp=contender.precision == "amp")
-    runner = KINDS[contender.kind](job)
+    runner = make_runner(job, contender)
     try:
         clock.sync()
         t_built = time.perf_counter()

@@ -31,10 +31,12 @@ __all__ = [
     "Contender",
     "Workload",
     "build_workloads",
+    "compile_kwargs",
     "environment",
     "epoch_orders",
     "load_data",
     "select",
+    "settings",
     "write_json",
     "write_text",
 ]
@@ -48,6 +50,12 @@ HIDDEN_QUICK = (128, 1024)
 LOSS_WORKLOADS = ("logreg", "mlp-128")
 #: MLP: 5,000 steps of batch 32 = 5 epochs over the first 32,000 training samples (no short last batch).
 MLP_SAMPLES = 32_000
+MLP_BATCH = 32
+#: Larger batches at h = 1024 (issue 27), where cuBLASLt's GEMMs are efficient and the persistent engines may not
+#: win: (hidden, batch, epochs) over the same 32,000 samples. Batch 128: 250 steps x 20 epochs = 5,000 steps, as
+#: the batch-32 MLPs; batch 1024: 32 steps (the last of 256 samples) x 40 epochs = 1,280 steps (~0.2-0.4 s timed
+#: on an H100, long enough for the wall clock).
+BATCH_VARIANTS = ((1024, 128, 20), (1024, 1024, 40))
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,58 @@ class Contender:
     engine: str = "auto"  #: fastnn: Trainer(engine=...) ("auto" | "graph" | "fused")
     xla_flags: str = ""  #: jax: XLA_FLAGS of its subprocess (set before jax initialises)
     workloads: tuple[str, ...] | None = None  #: only these workloads (None: all)
+    #: fp32 matmuls. torch: torch.set_float32_matmul_precision's value ("highest": no TF32; "high": TF32, the same
+    #: as torch.backends.cuda.matmul.allow_tf32 = True); jax: "highest" (Precision.HIGHEST) or "default" (no
+    #: precision argument, JAX's default: TF32 on Ampere and later GPUs).
+    matmul_precision: str = "highest"
+    compile_mode: str = ""  #: torch kind "compile": torch.compile's mode ("max-autotune", "default")
+
+
+#: torch.compile's other arguments, the same for every compile contender (the compile kind reads them from here).
+TORCH_COMPILE_OPTIONS: dict[str, Any] = {"fullgraph": True, "dynamic": False}
+#: JAX's fp32 dot precisions by `Contender.matmul_precision` (None: no `precision=` argument, JAX's default).
+JAX_DOT_PRECISION = {"highest": "HIGHEST", "default": None}
+#: torch.set_float32_matmul_precision's values and what they mean for fp32 matmuls on the GPU.
+TORCH_MATMUL = {"highest": "no TF32", "high": "TF32", "medium": "bf16"}
+
+
+def compile_kwargs(contender: Contender) -> dict[str, Any]:
+    """torch.compile's keyword arguments for a compile contender (mode and TORCH_COMPILE_OPTIONS)."""
+    if not contender.compile_mode:
+        raise ValueError(f"{contender.name} is not a torch.compile contender (no compile_mode)")
+    return {"mode": contender.compile_mode, **TORCH_COMPILE_OPTIONS}
+
+
+def settings(contender: Contender) -> str:
+    """The contender's settings as its user writes them, made from its definition (the fields the runners read):
+    the settings column of bench.md and the docs."""
+    c = contender
+    if c.family == "numpy":
+        return 'fastnn.Trainer(device="cpu") (NumPy engine, fp32)'
+    if c.family == "fastnn":
+        return f'fastnn.Trainer(precision="{c.precision}", engine="{c.engine}")'
+    if c.family == "torch":
+        if c.matmul_precision not in TORCH_MATMUL:
+            raise ValueError(f"{c.name}: unknown torch matmul_precision {c.matmul_precision!r}")
+        run = {
+            "eager": "eager loop, torch.optim.SGD (foreach)",
+            "graph": "one torch.cuda.CUDAGraph per epoch of whole steps",
+        }.get(c.kind) or "torch.compile(" + ", ".join(f"{k}={v!r}" for k, v in compile_kwargs(c).items()) + ")"
+        prec = 'torch.autocast("cuda", torch.float16), no GradScaler' if c.precision == "amp" else "fp32"
+        matmul = f'torch.set_float32_matmul_precision("{c.matmul_precision}") ({TORCH_MATMUL[c.matmul_precision]})'
+        return f"{run}; {prec}; {matmul}"
+    if c.family == "jax":
+        if c.matmul_precision not in JAX_DOT_PRECISION:
+            raise ValueError(f"{c.name}: unknown jax matmul_precision {c.matmul_precision!r}")
+        if c.precision == "amp":
+            prec = "fp16 dot operands, preferred_element_type=float32, fp32 weights"
+        elif JAX_DOT_PRECISION[c.matmul_precision] is None:
+            prec = "fp32, dot without precision= (JAX's default: TF32 on Ampere and later)"
+        else:
+            prec = f"fp32, dot precision=lax.Precision.{JAX_DOT_PRECISION[c.matmul_precision]} (no TF32)"
+        flags = f"XLA_FLAGS={c.xla_flags}" if c.xla_flags else "default XLA flags"
+        return f"jax.jit(lax.scan) per epoch; {prec}; {flags}"
+    raise ValueError(f"{c.name}: unknown family {c.family!r}")
 
 
 #: XLA command buffers (CUDA graphs) for every command type, loops (WHILE: the scan) and conditionals included,
@@ -122,8 +182,25 @@ CONTENDERS = (
         "amp",
         "compile",
         'torch.compile(mode="max-autotune", fullgraph=True), fp16 autocast',
+        compile_mode="max-autotune",
+    ),
+    Contender(
+        "torch-compile-default-amp",
+        "torch",
+        "amp",
+        "compile",
+        "torch.compile in its default mode (fullgraph=True), fp16 autocast",
+        compile_mode="default",
     ),
     Contender("torch-graph-fp32", "torch", "fp32", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp32"),
+    Contender(
+        "torch-graph-tf32",
+        "torch",
+        "fp32",
+        "graph",
+        "PyTorch, one CUDA graph per epoch of whole steps, fp32 with TF32 matmuls",
+        matmul_precision="high",
+    ),
     Contender(
         "torch-graph-amp", "torch", "amp", "graph", "PyTorch, one CUDA graph per epoch of whole steps, fp16 autocast"
     ),
@@ -133,6 +210,14 @@ CONTENDERS = (
     ),
     Contender(
         "fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed', engine="fused"
+    ),
+    Contender(
+        "jax-default",
+        "jax",
+        "fp32",
+        "scan",
+        "JAX as most people write it: fp32 arrays, the default matmul precision",
+        matmul_precision="default",
     ),
     Contender("jax-fp32", "jax", "fp32", "scan", "JAX, one jit(lax.scan) per epoch, fp32 (highest precision)"),
     Contender("jax-amp", "jax", "amp", "scan", "JAX, one jit(lax.scan) per epoch, fp16 operands, fp32 accumulation"),
@@ -164,21 +249,26 @@ GROUPS = {
 
 
 def build_workloads(quick: bool) -> list[Workload]:
-    """Issue 3's workloads; `quick` keeps two hidden sizes, 3 logreg epochs and 1 MLP epoch (1,000 steps)."""
+    """Issue 3's workloads and issue 27's larger batches at h = 1024; `quick` keeps two hidden sizes at batch 32,
+    3 logreg epochs and 1 MLP epoch (1,000 steps)."""
     logreg = Workload("logreg", (784, 10), lr=0.1, batch_size=128, samples=60_000, epochs=3 if quick else 20)
     mlps = [
         Workload(
             f"mlp-{h}",
             (784, h, h, h, 10),
             lr=0.003,
-            batch_size=32,
+            batch_size=MLP_BATCH,
             samples=MLP_SAMPLES,
             epochs=1 if quick else 5,
             hidden=h,
         )
         for h in (HIDDEN_QUICK if quick else HIDDEN_FULL)
     ]
-    return [logreg, *mlps]
+    batches = [
+        Workload(f"mlp-{h}-b{b}", (784, h, h, h, 10), lr=0.003, batch_size=b, samples=MLP_SAMPLES, epochs=e, hidden=h)
+        for h, b, e in ([] if quick else BATCH_VARIANTS)
+    ]
+    return [logreg, *mlps, *batches]
 
 
 #: Time to accuracy (issue 11): MLP 784-256-256-10, AdamW, on all 60,000 training images; test accuracy checked
@@ -221,7 +311,7 @@ def select(
                 raise SystemExit(f"--only: unknown contender {w!r}; known: {', '.join(names + list(GROUPS))}")
             chosen += GROUPS.get(w, [w])
     if skip_compile:
-        chosen = [n for n in chosen if n != "torch-compile-amp"]
+        chosen = [c.name for c in CONTENDERS if c.name in chosen and c.kind != "compile"]
     contenders = [c for c in CONTENDERS if c.name in chosen]
     workloads = build_workloads(quick)
     if (wanted := _split(only_workload)) is not None:

@@ -4,6 +4,7 @@ report and graphs from synthetic rows, and (where torch is installed) PyTorch's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -41,8 +42,8 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     res = run_bench("--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    # 8 workloads x 14 GPU contenders (fastnn x5, torch x5, jax x4) + numpy-cpu on logreg
-    assert "pairs: 105" in out  # the two XLA flag variants run on 4 of the 8 workloads
+    # 10 workloads x 15 GPU contenders (fastnn x5, torch x7, jax x3) + numpy-cpu on logreg
+    assert "pairs: 159" in out  # + the two XLA flag variants on 4 of the 10 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:
         assert f"mlp-{h} " in out
@@ -50,13 +51,20 @@ def test_dry_run_builds_the_whole_plan_without_torch():
         assert f"logreg    {name}" in out and "trainer ok on cpu" in out
     assert out.count("trainer ok on cpu") == 4 + 3 * 3  # logreg (4) and mlp-128/256/512 (3 each) are built
     assert "9380 steps" in out and "5000 steps" in out
+    # issue 27: the larger batches at h = 1024, and every contender's settings printed from its definition
+    assert "mlp-1024-b128 784-1024-1024-1024-10" in out and "batch 128  samples  32000 epochs 20 x 250 steps" in out
+    assert "batch 1024 samples  32000 epochs 40 x 32 steps = 1280 steps" in out
+    assert out.count("settings: ") == len(wl.CONTENDERS)
+    assert 'whole steps; fp32; torch.set_float32_matmul_precision("high") (TF32)' in out
+    assert "settings: torch.compile(mode='default', fullgraph=True, dynamic=False); torch.autocast" in out
+    assert "settings: jax.jit(lax.scan) per epoch; fp32, dot without precision= (JAX's default" in out
 
 
 def test_dry_run_quick_with_filters():
     res = run_bench("--dry-run", "--quick", "--only", "fastnn-mixed,torch", "--only-workload", "logreg,mlp-1024")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    assert "pairs: 12" in out  # 2 workloads x (fastnn-mixed + 5 torch contenders)
+    assert "pairs: 16" in out  # 2 workloads x (fastnn-mixed + 7 torch contenders)
     assert "mlp-128 " not in out and "fastnn-fp32" not in out and "numpy-cpu" not in out
     assert "3 x 469 steps" in out and "1 x 1000 steps" in out
 
@@ -64,7 +72,7 @@ def test_dry_run_quick_with_filters():
 def test_skip_compile_and_unknown_names():
     contenders, _ = wl.select("torch", None, skip_compile=True, quick=True)
     names = [c.name for c in contenders]
-    assert names == ["torch-eager-fp32", "torch-eager-amp", "torch-graph-fp32", "torch-graph-amp"]
+    assert names == ["torch-eager-fp32", "torch-eager-amp", "torch-graph-fp32", "torch-graph-tf32", "torch-graph-amp"]
     res = run_bench("--dry-run", "--only", "fastnn-mixed,nope")
     assert res.returncode != 0 and "nope" in res.stderr
     res = run_bench("--dry-run", "--only-workload", "mlp-3")
@@ -81,6 +89,12 @@ def test_workload_arithmetic():
         assert w.steps == 5000 and set(w.batch_sizes()) == {32} and w.sizes == (784, h, h, h, 10)
     quick = {w.name for w in wl.build_workloads(quick=True)}
     assert quick == {"logreg", "mlp-128", "mlp-1024"}
+    b128, b1024 = full["mlp-1024-b128"], full["mlp-1024-b1024"]
+    assert b128.sizes == b1024.sizes == full["mlp-1024"].sizes and b128.hidden == b1024.hidden == 1024
+    assert (b128.batch_size, b128.steps_per_epoch, b128.steps) == (128, 250, 5000)
+    assert (b1024.batch_size, b1024.steps_per_epoch, b1024.steps) == (1024, 32, 1280)
+    assert b1024.batch_sizes()[-1] == 256 and sum(b1024.batch_sizes()) == wl.MLP_SAMPLES
+    assert list(full) == ["logreg", *(f"mlp-{h}" for h in wl.HIDDEN_FULL), "mlp-1024-b128", "mlp-1024-b1024"]
 
 
 def test_epoch_orders_are_fastnns_shuffle():
@@ -169,8 +183,11 @@ def test_merge_speedups_and_markdown(tmp_path):
     kept = json.loads((tmp_path / "bench_summary.json").read_text())
     assert kept["rows"][0]["epoch_losses"] == [1.0, 0.5] and "description" not in kept["rows"][0]
     assert report.markdown(kept) == md
-    assert "| torch-eager-fp32 | 8 |" in md  # the time table, logreg column
-    assert "| torch-eager-fp32 | 8.00x |" in md  # the speedup table
+    # the rows come from two calls: a line per (contender, call); r2 ran no fastnn-mixed, so its speedups name
+    # the call of the fastnn-mixed row they use
+    assert "| torch-eager-fp32 (call 2) | 8 |" in md  # the time table, logreg column
+    assert "| torch-eager-fp32 (call 2) | 8.00x (vs call 1) |" in md  # the speedup table
+    assert "| torch-eager-amp (call 1) | 5.00x |" in md and "| fastnn-mixed (call 1) | 1 |" in md
     assert "40*" in md and "scaled from fewer epochs" in md
     assert "RuntimeError: boom" in md and "GPU of r2" in md
     assert [c for c in ("fastnn-mixed", "torch-eager-amp", "numpy-cpu") if f"`{c}`" not in md] == []
@@ -324,9 +341,9 @@ def test_jax_dry_run_runs_each_configuration_in_its_subprocess():
     pytest.importorskip("jax", reason="jax is not installed")
     res = run_bench("--dry-run", "--quick", "--only", "jax", "--only-workload", "logreg,mlp-128,mlp-1024")
     assert res.returncode == 0, res.stdout + res.stderr
-    for c in ("jax-fp32", "jax-amp", "jax-fp32-cmdbuf", "jax-fp32-nocmdbuf"):
+    for c in ("jax-default", "jax-fp32", "jax-amp", "jax-fp32-cmdbuf", "jax-fp32-nocmdbuf"):
         assert f"logreg    {c}" in res.stdout and f"mlp-128   {c}" in res.stdout
-    assert res.stdout.count("jax ok on cpu") == 12
+    assert res.stdout.count("jax ok on cpu") == 15
     assert "mlp-1024  jax-fp32 " in res.stdout and "mlp-1024  jax-fp32-cmdbuf" in res.stdout
 
 
@@ -460,7 +477,7 @@ def test_merge_drift_repeats_engines_e2e_and_tta(tmp_path):
     assert tta["torch-graph-amp"]["speedup_e2e"] == pytest.approx(3.0)
     assert tta["torch-graph-amp"]["speedup_train"] == pytest.approx(3.0)
     md = (tmp_path / "bench.md").read_text()
-    assert "| fastnn-fused | n/a |" in md  # unavailable, not a time and not "failed"
+    assert "| fastnn-fused (call 1) | n/a |" in md  # unavailable, not a time and not "failed"
     assert "## Drift between device calls" in md and "+25.0%" in md
     assert "## Best JAX configuration" in md and "`jax-fp32`" in md
     assert "| jax-fp32 | 8.00 | 3.00 |" in md and "| jax-fp32 | 4.00x | 3.00x |" in md
@@ -472,14 +489,197 @@ def test_final_preset_covers_every_published_contender():
     import bench_mnist
 
     seen = set()
-    for args, _ in bench_mnist.FINAL.values():
-        ns = bench_mnist.parse_args(args)
-        contenders, _ = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
+    for call in bench_mnist.FINAL:
+        ns = bench_mnist.parse_args(["--final", call])
+        if ns.no_train:
+            continue
+        contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
         seen |= {c.name for c in contenders}
+        assert ("fastnn-mixed" in ns.only.split(",")) and (ns.drift == "fastnn-mixed" or ns.final == "1")
     assert seen == {c.name for c in wl.CONTENDERS}
-    ns = bench_mnist.parse_args(["--final", "3", "--out", "x"])
-    assert ns.e2e and ns.tta and ns.out == "x" and ns.drift == "fastnn-mixed"
-    assert bench_mnist.parse_args(["--final", "2"]).drift == "fastnn-mixed,torch-graph-amp"
+    # call 1 alone is the headline: fastnn auto, its engines and every peer that can be fastest, every workload
+    ns = bench_mnist.parse_args(["--final", "1", "--out", "x"])
+    contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
+    assert {c.name for c in contenders} == {"fastnn-mixed", "fastnn-graph", "fastnn-fused", *bench_mnist.PEERS}
+    assert {"jax-default", "torch-graph-tf32"} <= set(bench_mnist.PEERS) and ns.drift == "" and ns.out == "x"
+    assert [w.name for w in workloads] == [w.name for w in wl.build_workloads(quick=False)]
+    ns = bench_mnist.parse_args(["--final", "5"])
+    assert ns.no_train and ns.e2e and ns.tta
+
+
+# ---- issue 27: every peer as its users run it, the fastest peer of one call, published numbers from the results ---
+
+
+def test_new_contenders_settings_come_from_their_definitions():
+    """The settings the tables print are made from the fields the runners read: change a field, the text follows."""
+    c = {c.name: c for c in wl.CONTENDERS}
+    assert c["torch-graph-tf32"].matmul_precision == "high" and c["torch-graph-fp32"].matmul_precision == "highest"
+    assert wl.settings(c["torch-graph-tf32"]).endswith('torch.set_float32_matmul_precision("high") (TF32)')
+    assert wl.compile_kwargs(c["torch-compile-default-amp"]) == {"mode": "default", "fullgraph": True, "dynamic": False}
+    assert wl.compile_kwargs(c["torch-compile-amp"])["mode"] == "max-autotune"
+    assert wl.settings(c["torch-compile-default-amp"]).startswith(
+        "torch.compile(mode='default', fullgraph=True, dynamic=False); torch.autocast"
+    )
+    assert c["jax-default"].matmul_precision == "default" and c["jax-fp32"].matmul_precision == "highest"
+    assert "fp32, dot without precision= (JAX's default" in wl.settings(c["jax-default"])
+    assert "dot precision=lax.Precision.HIGHEST (no TF32)" in wl.settings(c["jax-fp32"])
+    assert wl.settings(c["fastnn-mixed"]) == 'fastnn.Trainer(precision="mixed", engine="auto")'
+    assert "(no TF32)" in wl.settings(dataclasses.replace(c["torch-graph-tf32"], matmul_precision="highest"))
+    with pytest.raises(ValueError, match="matmul_precision"):
+        wl.settings(dataclasses.replace(c["jax-default"], matmul_precision="tf32"))
+    with pytest.raises(ValueError, match="not a torch.compile contender"):
+        wl.compile_kwargs(c["torch-graph-amp"])
+    kept, _ = wl.select("torch", None, skip_compile=True, quick=False)
+    assert [x.name for x in kept] == [x.name for x in wl.CONTENDERS if x.family == "torch" and x.kind != "compile"]
+
+
+def test_jax_default_precision_leaves_the_dots_to_jax(monkeypatch):
+    """jax-default lowers its fp32 dots with JAX's DEFAULT precision (TF32 on Hopper), jax-fp32 with HIGHEST."""
+    pytest.importorskip("jax", reason="jax is not installed")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    import jax_contenders
+
+    c = {c.name: c for c in wl.CONTENDERS}
+    w = wl.Workload("t", (784, 16, 10), lr=0.05, batch_size=8, samples=20, epochs=1)
+    data = _tiny_data(20)
+    text = {}
+    for name in ("jax-default", "jax-fp32"):
+        job = jax_contenders.Job(w, data, amp=False, matmul_precision=c[name].matmul_precision)
+        text[name] = job.epoch_fn.lower(job.init, job.x, job.y, job.order(0)).as_text()
+    assert "precision = [HIGHEST, HIGHEST]" in text["jax-fp32"] and "DEFAULT" not in text["jax-fp32"]
+    assert "precision = [DEFAULT, DEFAULT]" in text["jax-default"] and "HIGHEST" not in text["jax-default"]
+    # on the CPU the default is fp32 too: the same losses (on Hopper the difference is TF32's rounding)
+    rows = [jax_contenders.run_jax(c[name], w, data) for name in ("jax-default", "jax-fp32")]
+    np.testing.assert_allclose(rows[0]["epoch_losses"], rows[1]["epoch_losses"], rtol=1e-5)
+
+
+def test_torch_runners_take_the_contenders_settings(monkeypatch):
+    """torch.compile gets the contender's compile_kwargs; the matmul precision is the contender's."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import torch_contenders
+
+    seen = {}
+
+    def fake_compile(module, **kwargs):
+        seen.update(kwargs)
+        return module
+
+    monkeypatch.setattr(torch_contenders.torch, "compile", fake_compile)
+    c = {c.name: c for c in wl.CONTENDERS}
+    w = wl.Workload("t", (784, 16, 10), lr=0.05, batch_size=8, samples=20, epochs=1)
+    job = torch_contenders._Job(w, _tiny_data(20), torch.device("cpu"), amp=False)
+    torch_contenders.make_runner(job, c["torch-compile-default-amp"])
+    assert seen == {"mode": "default", "fullgraph": True, "dynamic": False}
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch_contenders.set_matmul_precision(c["torch-graph-tf32"])
+        assert torch.get_float32_matmul_precision() == "high"
+        torch_contenders.set_matmul_precision(c["torch-graph-fp32"])
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_best_peer_is_chosen_within_one_call():
+    import report
+
+    rows = [
+        _row("logreg", "fastnn-mixed", 1.0, "r1"),
+        _row("logreg", "torch-graph-amp", 1.3, "r1"),  # 1.3x fastnn's time of its call
+        _row("logreg", "jax-default", 1.2, "r2"),  # less time, but 1.5x fastnn's 0.8 of its own call
+        _row("logreg", "fastnn-fused", 0.5, "r1"),  # fastnn's own engines and NumPy are not peers
+        _row("logreg", "numpy-cpu", 0.1, "r1"),
+        _row("mlp-128", "fastnn-mixed", 2.0, "r1"),
+        _row("mlp-128", "jax-amp", 1.0, "r3"),  # no fastnn-mixed in its call: not compared
+    ]
+    rows[0]["repeats"] = [_row("logreg", "fastnn-mixed", 0.8, "r2", repeat=True)]
+    pair = report.best_peer(rows, "logreg")
+    assert (pair[0]["contender"], pair[1]["run_id"]) == ("torch-graph-amp", "r1")
+    assert report.ratio(pair) == pytest.approx(1.3)
+    pair = report.best_peer(rows, "logreg", ("jax",))
+    assert pair[1]["train_seconds"] == 0.8 and report.ratio(pair) == pytest.approx(1.5)
+    assert report.best_peer(rows, "mlp-128") is None and report.same_call_pairs(rows, "mlp-128") == []
+    # within one call the fastest peer wins
+    rows.append(_row("logreg", "torch-graph-tf32", 1.1, "r1"))
+    assert report.best_peer(rows, "logreg")[0]["contender"] == "torch-graph-tf32"
+
+
+def _table_cells(lines: list[str]) -> list[list[str]]:
+    body = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| workload")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in body]
+
+
+def test_published_ratios_recompute_from_the_rows_the_tables_show():
+    """Every speedup in the fastest-peer and per-family tables is the ratio of two times printed beside it."""
+    import report
+
+    doc = json.loads((BENCH / "results" / report.SUMMARY).read_text())
+    peers = _table_cells(report.peers_table(doc))
+    assert len(peers) == len(report.compared_workloads(doc)) >= 8
+    for cells in peers:
+        fast, peer, speedup = float(cells[2].split()[0]), float(cells[4]), float(cells[5].rstrip("x"))
+        assert peer / fast == pytest.approx(speedup, abs=0.005 + 0.0011 * speedup), cells
+    families = _table_cells(report.families_table(doc))
+    assert len(families) == len(peers)
+    for cells in families:
+        for name, peer, fast, speedup in (cells[1:5], cells[5:9]):
+            ratio = float(speedup[:-1])
+            assert float(peer) / float(fast) == pytest.approx(ratio, abs=0.005 + 0.0011 * ratio), cells
+            assert name.startswith("`torch-") or name.startswith("`jax-")
+
+
+def _publish_doc(tmp_path: Path) -> Path:
+    """A results folder whose run has fastnn ahead on logreg, level on mlp-128 and behind on mlp-1024-b1024."""
+    import report
+
+    plans = {w.name: wl.plan_dict(w) for w in wl.build_workloads(quick=False)}
+    rows = [
+        _row("logreg", "fastnn-mixed", 1.0, engine="fused"),
+        _row("logreg", "jax-default", 2.0),
+        _row("logreg", "torch-graph-tf32", 3.0),
+        _row("mlp-128", "fastnn-mixed", 1.0, engine="fused"),
+        _row("mlp-128", "jax-amp", 1.01),
+        _row("mlp-1024-b1024", "fastnn-mixed", 1.0, engine="graph", hidden=1024),
+        _row("mlp-1024-b1024", "torch-graph-tf32", 0.8, hidden=1024),
+        _row("mlp-1024-b1024", "jax-default", 0.9, hidden=1024),
+    ]
+    doc = {"schema": 1, "run": {"run_id": "r1", "started": 1.0, "finished": 2.0, "args": {}, "argv": []},
+           "environment": {"device": "GPU of r1", "date": "today"}, "workloads": plans, "rows": rows}  # fmt: skip
+    results = tmp_path / "results"
+    wl.write_json(results / PARTIAL_DIR / "r1.json", doc)
+    report.write_outputs(results, plots=False)
+    return results
+
+
+def test_publish_rewrites_only_the_marked_blocks(tmp_path):
+    import publish
+
+    results = _publish_doc(tmp_path)
+    page = tmp_path / "README.md"
+    page.write_text("intro\n<!-- bench:headline -->\nold 1.85x\n<!-- /bench -->\nmiddle\n"
+                    "<!-- bench:peers -->\n<!-- /bench -->\nend\n")  # fmt: skip
+    assert publish.publish(results, tmp_path, check=True) == [page] and "old 1.85x" in page.read_text()
+    assert publish.publish(results, tmp_path) == [page]
+    assert publish.publish(results, tmp_path, check=True) == []  # the pages now match the results
+    text = page.read_text()
+    assert text.startswith("intro\n<!-- bench:headline -->\n\nOn one GPU of r1, fastnn") and "old 1.85x" not in text
+    assert "\n<!-- /bench -->\nmiddle\n<!-- bench:peers -->\n\nTraining time per step" in text
+    assert text.endswith("<!-- /bench -->\nend\n")
+    headline = " ".join(publish.headline(json.loads((results / "bench_summary.json").read_text())).split())
+    assert "setup measured on 1 of 3 workloads: logreg (2.00x over `jax-default`)" in headline
+    assert "it is level with it (within 2%) on mlp-128 (1.01x, `jax-amp`)" in headline
+    assert "it is slower on mlp-1024-b1024 (0.80x: `torch-graph-tf32` is 25% faster)" in headline
+    assert "0.80-3.00x over PyTorch's fastest (`torch-graph-tf32`)" in headline
+    # the table: fastnn and the fastest peer from the same call, and the peer's settings from its definition
+    row = "| 784-1024-1024-1024-10, batch 1024 | 10000.0 (graph) | `torch-graph-tf32` | 8000.0 | 0.80x |"
+    assert "| mlp-1024-b1024 " + row in text
+    assert '- `torch-graph-tf32`: `one torch.cuda.CUDAGraph per epoch of whole steps; fp32; torch.set_float32' in text
+    doc = json.loads((results / "bench_summary.json").read_text())
+    assert "mlp-1024-b1024 is among the larger batches" in " ".join(publish.behind_block(doc).split())
+    with pytest.raises(SystemExit, match="unknown block"):
+        publish.rewrite("<!-- bench:nope -->\n<!-- /bench -->\n", publish.blocks(doc))
+    with pytest.raises(SystemExit, match="has no `<!-- /bench -->`"):
+        publish.rewrite("<!-- bench:headline -->\ntext\n", publish.blocks(doc))
 
 
 # ---- kernel experiments (benchmarks/kernels/): one file each, kept compiling beside the product -----------------
