@@ -682,6 +682,23 @@ def test_publish_rewrites_only_the_marked_blocks(tmp_path):
         publish.rewrite("<!-- bench:headline -->\ntext\n", publish.blocks(doc))
 
 
+def test_published_pages_match_the_committed_results():
+    """README.md and the docs print no benchmark number by hand: their marked blocks are what `report.py --publish`
+    makes from benchmarks/results/bench_summary.json (after a new run: run it and commit the pages)."""
+    import publish
+
+    expected = {"README.md": {"headline", "peers"}, "docs/index.md": {"headline"},
+                "docs/benchmarks/index.md": set(publish.BLOCKS) - {"headline"}}  # fmt: skip
+    assert set(expected) == set(publish.TARGETS)
+    for rel, names in expected.items():
+        assert set(re.findall(r"<!-- bench:([a-z0-9-]+) -->", (REPO / rel).read_text())) == names, rel
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(BENCH / "report.py"), "--check"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0 and "match" in res.stdout, res.stdout + res.stderr
+
+
 # ---- kernel experiments (benchmarks/kernels/): one file each, kept compiling beside the product -----------------
 
 
