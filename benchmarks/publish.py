@@ -77,7 +77,7 @@ def headline(doc: dict[str, Any]) -> str:
     clauses = [f"fastnn (`engine=\"auto\"`, mixed precision) trains faster than the fastest PyTorch or JAX setup "
                f"measured on {len(lead)} of {len(pairs)} workloads" + (f": {_join(lead)}" if lead else "")]  # fmt: skip
     if level:
-        clauses.append(f"it is level with it (within {LEVEL:.0%}) on {_join(level)}")
+        clauses.append(f"it is level with the fastest peer (within {LEVEL:.0%}) on {_join(level)}")
     if behind:
         clauses.append(f"it is slower on {_join(behind)}")
     text = f"On one {_device(doc)}, " + "; ".join(clauses) + "."

@@ -667,7 +667,7 @@ def test_publish_rewrites_only_the_marked_blocks(tmp_path):
     assert text.endswith("<!-- /bench -->\nend\n")
     headline = " ".join(publish.headline(json.loads((results / "bench_summary.json").read_text())).split())
     assert "setup measured on 1 of 3 workloads: logreg (2.00x over `jax-default`)" in headline
-    assert "it is level with it (within 2%) on mlp-128 (1.01x, `jax-amp`)" in headline
+    assert "it is level with the fastest peer (within 2%) on mlp-128 (1.01x, `jax-amp`)" in headline
     assert "it is slower on mlp-1024-b1024 (0.80x: `torch-graph-tf32` is 25% faster)" in headline
     assert "0.80-3.00x over PyTorch's fastest (`torch-graph-tf32`)" in headline
     # the table: fastnn and the fastest peer from the same call, and the peer's settings from its definition
