@@ -3,7 +3,8 @@
 // What it computes: the same epoch as the graph engine (and the NumPy engine, the definition): for each step
 // s of the epoch, the batch of positions [s*B, s*B + rows) in the epoch's keyed order (shuffle.cuh), mapped
 // x*scale + shift; the forward pass (Linear + ReLU/GELU-tanh per hidden layer, Linear last); softmax
-// cross-entropy averaged over the batch (log-sum-exp from the logits, argmax first-max-wins, as loss.cu);
+// cross-entropy averaged over the batch (log-sum-exp from the logits, argmax first-max-wins, as loss.cu), or for a
+// regression (FUSED_LOSS 1) the squared error averaged over the batch and the outputs (as loss.cu's mse);
 // the backward pass; and the optimizer step (optim.cuh, as update.cu: SGD with momentum/Nesterov/weight decay,
 // or AdamW) at the lr of st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct
 // count are added to st->hist[2 * epoch_in_fit + {0, 1}]. Parameters and optimizer state are read from the
@@ -68,6 +69,9 @@
 #ifndef FUSED_MMA
 #define FUSED_MMA 0
 #endif
+#ifndef FUSED_LOSS
+#define FUSED_LOSS 0
+#endif
 
 constexpr int L = FUSED_NL;            // linear layers
 constexpr int NH = L - 1;              // hidden layers
@@ -91,6 +95,10 @@ constexpr bool OPC = FUSED_OPC != 0 && PREC == 1;
 // MMA: the products on tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation) in "mixed" and
 // "fp16", whose operands are fp16 values already; "fp32" (no TF32) keeps the scalar FMA path.
 constexpr bool MMA = FUSED_MMA != 0 && PREC != 0;
+// FUSED_LOSS, the loss: 0 softmax cross-entropy over int32 labels y; 1 a regression's squared error (loss "mse") on
+// the linear outputs against float32 targets y (n, C), the NumPy engine's mse_loss_and_grad. A regression's rows
+// carry their sample index where a classifier's carry their label (lab, lab_n): the head reads the C targets from
+// global memory. (Tested as the macro itself: a namespace-scope constant would be one more symbol in every cubin.)
 static_assert(NS >= 0 && NS <= 2, "optim.cuh's optimizers keep at most two state arrays");
 static_assert(!FOLD || (NS == 1 && OPT == OPTIM_SGD), "folding the gradient into the buffer needs SGD with momentum");
 
@@ -804,7 +812,10 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
         for (int i = tid; i < m; i += NT) idx_n[i] = (int)permuted_index(keys, half_bits, n, (u32)(pos0 + i));
         __syncthreads();
         const int col0 = L == 1 ? (int)r * KP : 0;
-        for (int i = tid; i < m; i += NT) cp_async4(smem_addr(lab_n + i), y + idx_n[i]);
+        for (int i = tid; i < m; i += NT) {
+            if constexpr (FUSED_LOSS == 1) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
+            else cp_async4(smem_addr(lab_n + i), y + idx_n[i]);
+        }
         if constexpr (XASYNC) {
             constexpr int WORDS = XW * (int)sizeof(TX) / 4;  // 4-byte words per row
             const int valid = min(XW, SZ[0] - col0) * (int)sizeof(TX) / 4;
@@ -837,6 +848,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     for (int s = 0; s < steps; ++s) {
         const int rows = min(batch, (int)n - s * batch);
         const float inv_rows = 1.f / (float)rows;
+        const float mse_scale = (float)(2.0 / ((double)rows * C));  // rounded once, as the NumPy engine's
         for (int c0 = 0; c0 < rows; c0 += R) {
             const int m = min(R, rows - c0);
             // -- the chunk's rows arrived (cp.async, issued during the previous chunk): convert them to
@@ -925,6 +937,23 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                     sm[LY.dzl + i * up4(C) + c] = z;  // the logits, until dlogits replace them below
                 }
                 __syncwarp();
+                if constexpr (FUSED_LOSS == 1) {  // the mean over the outputs of (z - t)^2; dz = 2 (z - t) / (rows * C)
+                    const float* t = reinterpret_cast<const float*>(y) + (u64)lab[i] * C;
+                    float sq = 0.f;
+                    for (int c = lane; c < C; c += 32) {
+                        const float d = sm[LY.dzl + i * up4(C) + c] - t[c];
+                        sq += d * d;
+                    }
+                    sq = warp_sum(sq);
+                    if (lane == 0) loss_acc += (double)(sq / (float)C);
+                    __syncwarp();
+                    for (int c = lane; c < C; c += 32) {
+                        const float d = (sm[LY.dzl + i * up4(C) + c] - t[c]) * mse_scale;
+                        const u32 a = smem_addr(sm + LY.dzl + i * up4(C) + c);
+                        for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), d);
+                    }
+                    continue;
+                }
                 for (int c = lane; c < C; c += 32) {
                     const float z = sm[LY.dzl + i * up4(C) + c];
                     if (argmax_takes(z, zmax)) { zmax = z; best = c; }

@@ -5,11 +5,12 @@
 #include "gather.cuh"
 
 #define GATHER(name, TIn, TOut)                                                                              \
-    extern "C" __global__ void name(const TIn* x, const int* y, int d, u32 n, u32 seed_lo, u32 seed_hi,     \
-                                    u32 half_bits, const EpochState* st, int pos0, float scale, float shift, \
-                                    const float* fscale, const float* fshift, TOut* out, int* out_y) {       \
-        gather_row<TIn, TOut>(x, y, d, n, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, fscale, fshift, \
-                              out, out_y, blockIdx.x);                                                       \
+    extern "C" __global__ void name(const TIn* x, const u32* y, int yw, int d, u32 n, u32 seed_lo,          \
+                                    u32 seed_hi, u32 half_bits, const EpochState* st, int pos0, float scale, \
+                                    float shift, const float* fscale, const float* fshift, TOut* out,        \
+                                    u32* out_y) {                                                            \
+        gather_row<TIn, TOut>(x, y, yw, d, n, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, fscale,   \
+                              fshift, out, out_y, blockIdx.x);                                               \
     }
 
 GATHER(gather_u8_f16, u8, half_t)

@@ -1,5 +1,6 @@
-// loss.cu: the fused softmax cross-entropy step after cuDNN's softmax, in ONE block.
-// For each row r (row-major (rows, c) logits and their softmax probs): the loss
+// loss.cu: the loss step of a training step, in ONE block: xent, the fused softmax cross-entropy after cuDNN's
+// softmax, and mse, a regression's squared error (below).
+// xent: for each row r (row-major (rows, c) logits and their softmax probs): the loss
 // logsumexp(z) - z[label], computed from the logits as the NumPy engine does (exact for any logit
 // size, and non-finite exactly when the logits are), a correct-prediction count (argmax of the
 // logits, first maximum wins, as numpy.argmax), and, when dlogits is given, the gradient of the
@@ -11,6 +12,19 @@
 // same sums on every run.
 // Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
 #include "common.cuh"  // warp_sum, argmax_takes
+
+// The last layer's bias gradient: out[j] = the sum over the rows of g[r, j], for row-major (rows, c) g written by
+// this block (after a __syncthreads). One warp per column, a fixed summation order: the same sums on every run.
+template <typename TG>
+__device__ __forceinline__ void column_sums(const TG* g, int rows, int c, TG* __restrict__ out) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int j = warp; j < c; j += warps) {
+        float s = 0.f;
+        for (int r = lane; r < rows; r += 32) s += to_f(g[(u64)r * c + j]);
+        s = warp_sum(s);
+        if (lane == 0) out[j] = from_f<TG>(s);
+    }
+}
 
 template <typename TP, typename TG>
 __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs, const int* __restrict__ labels,
@@ -48,14 +62,7 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         out[0] += l;
         out[1] += k;
     }
-    if (dlogits && dbias) {
-        for (int j = warp; j < c; j += warps) {  // one warp per class, a fixed summation order
-            float s = 0.f;
-            for (int r = lane; r < rows; r += 32) s += to_f(dlogits[(u64)r * c + j]);
-            s = warp_sum(s);
-            if (lane == 0) dbias[j] = from_f<TG>(s);
-        }
-    }
+    if (dlogits && dbias) column_sums(dlogits, rows, c, dbias);
 }
 
 #define XENT(name, TP, TG)                                                                                    \
@@ -67,3 +74,61 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
 XENT(xent_f32_f16, float, half_t)
 XENT(xent_f32_f32, float, float)
 XENT(xent_f16_f16, half_t, half_t)
+
+// mse: the squared-error step of a regression (loss "mse") on the linear outputs, in ONE block, beside xent (no
+// softmax before it). For each row r of row-major (rows, k) outputs and their float32 targets y: the loss, the mean
+// over the k outputs of (out - y)^2 (the NumPy engine's mse_loss_and_grad: no factor 1/2), and, when dout is
+// given, the gradient of the batch-mean loss, (out - y) * scale with scale = 2 / (batch rows * k), stored as TG,
+// and the last layer's bias gradient (column sums of that gradient) in dbias, as xent. The loss sum goes where
+// xent's does (st->hist[2 * epoch_in_fit], or acc[0] in evaluation); the second slot, xent's correct count, is
+// left as it is (a regression has no accuracy). With sse given (evaluation), each output's sum of squared errors
+// over these rows is added to sse[j], for R^2 on the host.
+// Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
+template <typename TP, typename TG>
+__device__ void mse(const TP* __restrict__ out, const float* __restrict__ y, int rows, int k, float scale,
+                    TG* __restrict__ dout, TG* __restrict__ dbias, double* __restrict__ acc,
+                    double* __restrict__ sse, const EpochState* __restrict__ st) {
+    __shared__ float s_loss[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float loss = 0.f;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        float sq = 0.f;
+        for (int j = 0; j < k; ++j) {
+            const float d = to_f(out[(u64)r * k + j]) - y[(u64)r * k + j];
+            sq += d * d;
+            if (dout) dout[(u64)r * k + j] = from_f<TG>(d * scale);
+        }
+        loss += sq / (float)k;
+    }
+    loss = warp_sum(loss);
+    if (lane == 0) s_loss[warp] = loss;
+    __syncthreads();  // also makes this block's dout stores visible to the whole block
+    if (threadIdx.x == 0) {
+        double l = 0.0;
+        for (int w = 0; w < warps; ++w) l += s_loss[w];
+        double* sums = st ? st->hist + 2 * st->epoch_in_fit : acc;
+        sums[0] += l;
+    }
+    if (dout && dbias) column_sums(dout, rows, k, dbias);
+    if (sse) {
+        for (int j = warp; j < k; j += warps) {
+            float s = 0.f;
+            for (int r = lane; r < rows; r += 32) {
+                const float d = to_f(out[(u64)r * k + j]) - y[(u64)r * k + j];
+                s += d * d;
+            }
+            s = warp_sum(s);
+            if (lane == 0) sse[j] += (double)s;
+        }
+    }
+}
+
+#define MSE(name, TP, TG)                                                                                     \
+    extern "C" __global__ void name(const TP* out, const float* y, int rows, int k, float scale, TG* dout,   \
+                                    TG* dbias, double* acc, double* sse, const EpochState* st) {             \
+        mse<TP, TG>(out, y, rows, k, scale, dout, dbias, acc, sse, st);                                       \
+    }
+
+MSE(mse_f32_f16, float, half_t)
+MSE(mse_f32_f32, float, float)
+MSE(mse_f16_f16, half_t, half_t)

@@ -81,12 +81,12 @@ UPDATE(update_f16_f16, half_t, half_t)  // "fp16": fp16 weights, fp32 optimizer 
 #define UPDATE_GATHER(name, TP, TG, TIn, TOut)                                                                 \
     extern "C" __global__ void name(TP* w, const TG* g, float* s1, float* s2, half_t* w16, u64 n,              \
                                     const EpochState* st, int step, int spe, OptimParams opt, const TIn* x,    \
-                                    const int* y, int d, u32 n_data, u32 seed_lo, u32 seed_hi, u32 half_bits,  \
-                                    int pos0, int rows, float scale, float shift, const float* fscale,        \
-                                    const float* fshift, TOut* out, int* out_y) {                              \
+                                    const u32* y, int yw, int d, u32 n_data, u32 seed_lo, u32 seed_hi,         \
+                                    u32 half_bits, int pos0, int rows, float scale, float shift,               \
+                                    const float* fscale, const float* fshift, TOut* out, u32* out_y) {         \
         if ((int)blockIdx.x < rows) {                                                                          \
-            gather_row<TIn, TOut>(x, y, d, n_data, seed_lo, seed_hi, half_bits, st, pos0, scale, shift, fscale,  \
-                                  fshift, out, out_y, blockIdx.x);                                             \
+            gather_row<TIn, TOut>(x, y, yw, d, n_data, seed_lo, seed_hi, half_bits, st, pos0, scale, shift,    \
+                                  fscale, fshift, out, out_y, blockIdx.x);                                     \
         } else {                                                                                               \
             update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, opt, blockIdx.x - rows, gridDim.x - rows);     \
         }                                                                                                      \

@@ -108,6 +108,19 @@ def test_auto_takes_fused_where_it_holds_the_model_and_is_faster(fake_gpu, devic
 
 
 @pytest.mark.bindings
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_a_regression_takes_the_gpu_engines_as_a_classifier_does(fake_gpu, device: str) -> None:
+    """loss="mse" is trained by every GPU engine: the same choice as a classifier's, no fallback to the CPU and no
+    warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Trainer(MLP([20, 10]), loss="mse", device=device).engine == "fused"
+        assert Trainer(MLP([20, 80, 10]), loss="mse", device=device).engine == "graph"  # the rule says graph
+        assert Trainer(MLP([20, 80, 10]), loss="mse", device=device, engine="fused").engine == "fused"
+        assert Trainer(MLP([200, 1]), loss="mse", device=device).engine == "graph"  # too wide for the fused one
+
+
+@pytest.mark.bindings
 def test_forced_engines(fake_gpu) -> None:
     assert Trainer(MLP([20, 80, 10]), device="cuda", engine="fused").engine == "fused"
     assert Trainer(MLP([20, 10]), device="cuda", engine="graph").engine == "graph"

@@ -16,9 +16,10 @@ from fastnn.engine.fused import plan as fp
 MOMENTUM = SGD(lr=0.01, momentum=0.9)
 
 
-def _plan(sizes, optimizer=MOMENTUM, precision="mixed", batch=32, x_dtype=np.float32, tuning=None):
+def _plan(sizes, optimizer=MOMENTUM, precision="mixed", batch=32, x_dtype=np.float32, tuning=None,
+          loss="cross_entropy"):  # fmt: skip
     cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision,
-                       tuning=tuning or Tuning())  # fmt: skip
+                       tuning=tuning or Tuning(), loss=loss)  # fmt: skip
     return fp.fused_plan(cfg, x_dtype)
 
 
@@ -144,3 +145,38 @@ def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
     options = [o if not o.startswith("-DFUSED_SMEM=") else f"-DFUSED_SMEM={plan.smem_bytes - 4}" for o in plan.options]
     with pytest.raises(Exception, match="shared-memory size is smaller"):
         nvrtc.compile_native("fused.cu", "sm_90", options)
+
+
+# ---- a regression (loss "mse"): the same layout (its rows carry sample indices where labels were), its own head ----
+
+
+@pytest.mark.parametrize("sizes", [[784, 10], [30, 37, 37, 1], [784, 256, 256, 256, 10]])
+def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
+    clf, reg = _plan(sizes), _plan(sizes, loss="mse")
+    assert isinstance(reg, fp.FusedPlan), reg
+    assert (reg.rows, reg.smem_bytes) == (clf.rows, clf.smem_bytes)
+    assert (_option(clf, "FUSED_LOSS"), _option(reg, "FUSED_LOSS")) == ("0", "1")
+    assert [o for o in reg.options if "FUSED_LOSS" not in o] == [o for o in clf.options if "FUSED_LOSS" not in o]
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize(
+    "sizes,optimizer,precision,x_dtype,layout",
+    [
+        ([784, 10], MOMENTUM, "mixed", np.uint8, "standard"),
+        ([30, 37, 37, 1], AdamW(lr=1e-3), "fp32", np.float32, "standard"),
+        ([784, 128, 128, 128, 10], SGD(lr=0.1), "fp16", np.uint8, "standard"),
+        ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.float32, "lean"),
+    ],
+)
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["mma", "fma"])
+def test_the_regression_kernel_compiles(sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch,
+                                        tmp_path):  # fmt: skip
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores)
+    plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning, loss="mse")
+    assert isinstance(plan, fp.FusedPlan), plan
+    cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
+    assert cubin[:4] == b"\x7fELF"
+    classifier = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
+    assert cubin != nvrtc.compile_native("fused.cu", "sm_90", classifier.options)  # the regression's head is in it

@@ -241,6 +241,31 @@ def test_every_native_kernel_compiles(path, arch, cache):
     assert cubin.startswith(ELF)
 
 
+def _launched_kernels() -> dict[str, set[str]]:
+    """The kernels the graph engine launches, by file: every precision's loss (cross-entropy and a regression's
+    squared error), gather and update variants, and the epoch-end kernels."""
+    from fastnn.engine.plan import precision_spec
+
+    names: dict[str, set[str]] = {"loss.cu": set(), "gather.cu": set(), "update.cu": set()}
+    for precision in ("mixed", "fp16", "fp32"):
+        spec = precision_spec(precision)
+        names["loss.cu"] |= {spec.loss_kernel, spec.mse_kernel}
+        names["update.cu"] |= {spec.update_kernel} | {spec.update_gather_kernel(src) for src in ("u8", "f32")}
+        names["gather.cu"] |= {f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32")}
+    names["update.cu"] |= {"cast_f32_f16", "check_state", "snapshot", "history_stage", "advance"}
+    return names
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("filename", ["gather.cu", "loss.cu", "update.cu"])
+def test_every_kernel_the_graph_engine_launches_is_in_its_compiled_file(filename, arch, cache):
+    """Each name is an extern "C" symbol of the cubin (the ELF string table holds it NUL-terminated)."""
+    cubin = nvrtc.compile_native(filename, arch)
+    missing = sorted(n for n in _launched_kernels()[filename] if n.encode() + b"\0" not in cubin)
+    assert not missing, missing
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 8: buffers NVRTC writes into (item 9), and a cache that is trusted only when it should be (item 8)
 # ---------------------------------------------------------------------------------------------------------------

@@ -72,11 +72,12 @@ def test_precision_specs_name_existing_kernels():
 
     native = Path(__file__).resolve().parents[1] / "native"
     sources = "".join(p.read_text() for p in native.glob("*.cu"))
-    defined = set(re.findall(r"^(?:UPDATE|XENT|GATHER|UPDATE_GATHER)\((\w+),", sources, re.M))
+    defined = set(re.findall(r"^(?:UPDATE|XENT|MSE|GATHER|UPDATE_GATHER)\((\w+),", sources, re.M))
     for name in ("mixed", "fp16", "fp32"):
         spec = precision_spec(name)
         assert spec.update_kernel in defined
         assert spec.loss_kernel in defined
+        assert spec.mse_kernel in defined
         for src in ("u8", "f32"):
             assert f"gather_{src}_{spec.gather_kernel_suffix}" in defined
             assert spec.update_gather_kernel(src) in defined

@@ -1,5 +1,6 @@
 """Regression (`Trainer(loss="mse")`): the NumPy engine's loss and R^2 against their formulas, training, the
-user layer's checks, checkpoints, and the GPU engines' refusal until they implement it."""
+user layer's checks, checkpoints, and device="auto" without a GPU. The GPU engines against the NumPy engine:
+tests/test_regression_gpu.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastnn
-from fastnn import MLP, SGD, AdamW, ConfigError, DataError, Trainer
+from fastnn import MLP, SGD, AdamW, ConfigError, DataError, DeviceUnavailable, Trainer
 from fastnn.engine import select
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.numpy_engine import NumpyEngine, backward, forward, mse_loss_and_grad, r2_score
@@ -197,32 +198,23 @@ def test_regression_records_pass_the_history_check_and_print():
     assert "-" in str(History([record]))
 
 
-def test_gpu_engines_refuse_mse_by_name_and_auto_trains_it_on_the_cpu(monkeypatch):
-    for kwargs in ({"device": "cuda"}, {"device": "cuda", "engine": "fused"}, {"device": "cuda", "devices": [0, 1]}):
-        with pytest.raises(ConfigError, match="loss='mse' is not implemented on the GPU engines yet"):
-            Trainer(MLP([5, 2]), loss="mse", **kwargs)
+def test_auto_without_a_gpu_falls_back_as_a_classifier_does(monkeypatch):
+    """With no usable GPU, device="auto" trains a regression on the CPU with the one fallback warning every trainer
+    gets; the loss itself sends nothing to the CPU (the GPU engines train it: tests/test_regression_gpu.py)."""
+
+    def no_gpu():
+        raise DeviceUnavailable("no usable GPU: none in this test")
+
+    monkeypatch.setattr(select, "graph_engine_class", no_gpu)
     monkeypatch.setattr(select, "_warned", set())  # as in a fresh process: the warning is shown once per process
-    with pytest.warns(RuntimeWarning, match="loss='mse' trains on the CPU"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         t = Trainer(MLP([5, 2]), loss="mse", device="auto")
+        Trainer(MLP([5, 2]), device="auto")  # a classifier after it: the same warning, already shown
     assert t.engine == "numpy"
-
-
-@pytest.mark.bindings
-def test_the_graph_engine_itself_refuses_mse():
-    """Every GPU engine (graph, fused, replicas) is built through GraphEngine.__init__, which refuses first."""
-    from fastnn.engine.graph import GraphEngine
-
-    model = MLP([5, 2])
-    config = EngineConfig(model, SGD(), batch_size=8, loss="mse")
-    with pytest.raises(ConfigError, match="loss='mse' is not implemented on the GPU engines yet"):
-        GraphEngine(config, init_parameters(model, 0))
-
-
-@pytest.mark.gpu
-def test_gpu_engine_matrix_refuses_mse(engine):
-    x, y = _linear_data()
-    with pytest.raises(ConfigError, match="loss='mse' is not implemented on the GPU engines yet"):
-        Trainer(MLP([5, 8, 2]), loss="mse", device="cuda", **engine).fit(x, y)
+    assert [str(w.message) for w in caught] == [
+        "device='auto': no usable GPU: none in this test; training on the CPU (NumPy engine) instead"
+    ]
 
 
 def test_saved_config_names_the_loss(tmp_path: Path):

@@ -141,9 +141,9 @@ class Engine(ABC):
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """Softmax probabilities (N, classes) float32 for validated x."""
 
+    @abstractmethod
     def predict_outputs(self, x: np.ndarray) -> np.ndarray:
         """The network's outputs (N, k) float32 for validated x: a regression's predictions (loss "mse")."""
-        raise NotImplementedError(f"the {self.name} engine does not predict regression outputs yet")
 
     @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]:

@@ -112,6 +112,11 @@ class PrecisionSpec:
     def loss_kernel(self) -> str:
         return f"xent_{_tag(self.logits)}_{_tag(self.operand)}"
 
+    @property
+    def mse_kernel(self) -> str:
+        """native/loss.cu's squared-error step of a regression (loss "mse"), in the same types as loss_kernel."""
+        return f"mse_{_tag(self.logits)}_{_tag(self.operand)}"
+
 
 def _tag(t: type) -> str:
     return "f16" if t == np.float16 else "f32"

@@ -164,6 +164,9 @@ class ReplicaEngine(Engine):
     def predict_proba(self, x: np.ndarray | CudaArray) -> np.ndarray:
         return self._on_array_gpu(x).predict_proba(x)
 
+    def predict_outputs(self, x: np.ndarray | CudaArray) -> np.ndarray:
+        return self._on_array_gpu(x).predict_outputs(x)
+
     def get_state(self) -> dict[str, np.ndarray]:
         return self.lead.get_state()
 

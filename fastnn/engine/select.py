@@ -19,15 +19,13 @@ from ..errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
 __all__ = [
-    "DEVICES", "ENGINES", "GPU_LOSSES", "EngineRefused", "check_devices", "check_distributed", "check_engine",
-    "check_gpu_loss", "choose_gpu_engine", "create_engine", "graph_engine_class",
+    "DEVICES", "ENGINES", "EngineRefused", "check_devices", "check_distributed", "check_engine", "choose_gpu_engine",
+    "create_engine", "graph_engine_class",
 ]  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_GPUS = 1024  # a bound on devices= well above any machine's GPU count, checked before a list is built
 ENGINES = ("auto", "fused", "graph")
-#: The losses the GPU engines train; the NumPy engine trains every one of base.LOSSES.
-GPU_LOSSES = ("cross_entropy",)
 
 _warned: set[str] = set()  # the fallback warnings this process has shown
 
@@ -39,15 +37,6 @@ def _warn_once(message: str, stacklevel: int) -> None:
         return
     _warned.add(message)
     warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
-
-
-def check_gpu_loss(config: EngineConfig) -> None:
-    """Raise ConfigError naming `config.loss` when the GPU engines do not train it (GPU_LOSSES)."""
-    if config.loss not in GPU_LOSSES:
-        raise ConfigError(
-            f"loss={config.loss!r} is not implemented on the GPU engines yet: train it with device='cpu' "
-            f"(device='auto' does)"
-        )
 
 
 class EngineRefused(ConfigError):
@@ -214,15 +203,13 @@ def create_engine(
 ) -> Engine:
     """Build the engine for `device` and `engine` from `config`, starting from `state`.
 
-    device="auto" takes the GPU when it is usable, else the CPU with a warning (at `stacklevel`, once per process;
-    also for a loss the GPU engines do not train, GPU_LOSSES). With a
-    data-parallel `group` it is the graph engine on the group's GPU, or DeviceUnavailable. `devices` other than the
-    first GPU alone need GPUs (no fallback to the CPU): one GPU's engine there, or a replica on each (on one GPU too
-    with config.tuning.one_gpu_replica).
+    device="auto" takes the GPU when it is usable, else the CPU with a warning (at `stacklevel`, once per process).
+    Every engine trains every loss of base.LOSSES. With a data-parallel `group` it is the graph engine on the group's
+    GPU, or DeviceUnavailable. `devices` other than the first GPU alone need GPUs (no fallback to the CPU): one GPU's
+    engine there, or a replica on each (on one GPU too with config.tuning.one_gpu_replica).
 
     Raises:
-        ConfigError: `device`, `engine` or `devices` is invalid, engine="fused" cannot hold the model, or a GPU is
-            asked for a loss the GPU engines do not train.
+        ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused" cannot hold the model.
         DeviceUnavailable: device="cuda" (or devices naming GPUs) and no usable GPU; several GPUs and no NCCL.
     """
     if device not in DEVICES:
@@ -230,14 +217,6 @@ def create_engine(
     check_engine(device, engine)
     check_distributed(device, engine, group)
     ordinals = check_devices(device, engine, devices, group)
-    if device == "auto" and ordinals == [0] and group is None and config.loss not in GPU_LOSSES:
-        _warn_once(f"device='auto': loss={config.loss!r} trains on the CPU (NumPy engine): the GPU engines do not "
-                   f"implement it yet", stacklevel + 1)  # fmt: skip
-        from .numpy_engine import NumpyEngine
-
-        return NumpyEngine(config, state)
-    if device != "cpu":
-        check_gpu_loss(config)
     if ordinals != [0] or (config.tuning.one_gpu_replica and device != "cpu" and group is None):
         return _on_gpus(config, state, engine, ordinals)
     if group is not None:

@@ -5,7 +5,8 @@ state stay in the graph engine's flat training state, and evaluation, prediction
 handling, interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library
 nodes per step, its graph is one cluster launch of `native/fused.cu` (which loads the state into shared
 memory, trains every step of the epoch and writes the state back) followed by the graph engine's epoch-end
-nodes. The kernel is compiled per model shape (NVRTC, disk-cached); `plan.py` decides what fits.
+nodes. The kernel is compiled per model shape and loss (NVRTC, disk-cached: a regression, loss "mse", has its own
+head); `plan.py` decides what fits.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def smem_floats(
     o += rows * _up4(C)
     rs_width = max([4] + [per(k - 1) for k in range(1, NH)])
     o += 2 * cluster * rows * rs_width if NH >= 2 else 0
-    o += 3 * rows  # labels, and the next chunk's sample indices and labels
+    o += 3 * rows  # labels, and the next chunk's sample indices and labels (a regression's: sample indices)
     o += 4 * (THREADS // 32)  # per-warp loss and correct sums (doubles)
     o += (THREADS // 32) * 128 if mma else 0  # per-warp 16x8 partial tiles of a K split
     return o
@@ -158,5 +158,6 @@ def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int =
         f"-DFUSED_OPC={int(half_copy)}",
         f"-DFUSED_FOLD={int(fold)}",
         f"-DFUSED_MMA={int(mma)}",
+        f"-DFUSED_LOSS={int(config.loss == 'mse')}",
     ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
     return FusedPlan(rows=rows, cluster=CLUSTER, threads=THREADS, smem_bytes=need, options=options)

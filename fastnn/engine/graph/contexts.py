@@ -35,6 +35,7 @@ class TrainContext(Owner):
         self.eng = eng
         cfg = eng.config
         self.n, self.dtype = x.shape[0], x.dtype
+        self.regression = eng.regression
         B = cfg.batch_size
         self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
         self.samples = self.steps * B if cfg.drop_last else self.n
@@ -53,7 +54,7 @@ class TrainContext(Owner):
                 self.x = self.own(driver.MappedHostBuffer(max(int(x.nbytes), 256), eng.dev))
             else:
                 self.x = buf(x.nbytes)
-            self.y = buf(self.n * 4)
+            self.y = buf(self.n * 4 * eng.y_words)
             self.load(x, y, key)
             self.build(buf)
             self.events = [
@@ -69,7 +70,7 @@ class TrainContext(Owner):
         eng, spec, cfg = self.eng, self.eng.spec, self.eng.config
         R = max(self.rows, default=0) or 1
         self.x_batch = buf(R * cfg.model.in_features * itemsize(spec.operand))
-        self.y_batch = buf(R * 4)
+        self.y_batch = buf(R * 4 * eng.y_words)  # the batch's labels, or a regression's (R, k) targets
         last = len(cfg.model.layers) - 1
         self.layers = [
             Layer(
@@ -79,12 +80,13 @@ class TrainContext(Owner):
             )
             for i, (_, d_out) in enumerate(cfg.model.layers)
         ]
-        self.probs = buf(R * cfg.model.classes * itemsize(spec.logits))
-        self.softmax = {}
+        self.probs = None if eng.regression else buf(R * cfg.model.classes * itemsize(spec.logits))
+        self.softmax = {}  # a regression's outputs are linear: no softmax
         for rows in sorted(set(self.rows) - {0}):  # 0: a data-parallel rank's empty share (no GEMMs)
             plans.forward_plans(eng, self.layers, rows, training=True, own=self.own)
             plans.backward_plans(eng, self.layers, rows, own=self.own)
-            self.softmax[rows] = self.own(plans.softmax(eng, rows))
+            if not eng.regression:
+                self.softmax[rows] = self.own(plans.softmax(eng, rows))
 
     def load(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
         self.eng.upload(self.x, x)
@@ -159,10 +161,12 @@ class EvalContext(Owner):
         try:
             buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
             self.x = buf(x.nbytes)
-            self.y = buf(self.n * 4)
-            self.acc = buf(16)
+            self.y = buf(self.n * 4 * eng.y_words)
+            # (loss sum, correct count), then for a regression each output's sum of squared errors (R^2's numerator)
+            self.acc = buf(16 + (8 * model.classes if eng.regression else 0))
             R = max(self.rows)
             self.x_batch = buf(R * model.in_features * itemsize(spec.operand))
+            # Every row's softmax probabilities, or a regression's outputs (predict reads them).
             self.probs = buf(self.n * model.classes * itemsize(spec.logits))
             last = len(model.layers) - 1
             self.layers = [
@@ -172,7 +176,8 @@ class EvalContext(Owner):
             self.softmax = {}
             for rows in set(self.rows):
                 plans.forward_plans(eng, self.layers, rows, training=False, own=self.own)
-                self.softmax[rows] = self.own(plans.softmax(eng, rows))
+                if not eng.regression:
+                    self.softmax[rows] = self.own(plans.softmax(eng, rows))
             self.load(x, y)
             self.graph = self.own(eng.capture(self._record))
         except BaseException:
@@ -180,8 +185,11 @@ class EvalContext(Owner):
             raise
 
     def load(self, x: np.ndarray, y: np.ndarray | None) -> None:
-        self.eng.upload(self.x, x)
-        self.eng.upload(self.y, y if y is not None else np.zeros(self.n, dtype=np.int32))
+        eng = self.eng
+        eng.upload(self.x, x)
+        if y is None:  # predicting: the loss kernels read zeros
+            y = np.zeros((self.n, eng.y_words), np.float32) if eng.regression else np.zeros(self.n, dtype=np.int32)
+        eng.upload(self.y, y)
 
     def _record(self) -> None:
         eng = self.eng
@@ -190,14 +198,22 @@ class EvalContext(Owner):
             kernels.record_gather(eng, self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
             for _, queue in step.forward_nodes(eng, self.layers, self.x_batch.ptr, rows):
                 queue()
+            out = self.layers[-1].out.ptr
             probs = self.probs.ptr + start * classes * itemsize(eng.spec.logits)
-            self.softmax[rows].forward(self.layers[-1].out.ptr, probs)
-            kernels.record_loss(eng, self.layers[-1].out.ptr, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr,
-                                0)  # fmt: skip
+            if eng.regression:  # the outputs themselves are the predictions
+                driver.copy_dtod(probs, out, rows * classes * itemsize(eng.spec.logits), eng.stream)
+                kernels.record_mse(eng, out, self.y.ptr + 4 * classes * start, rows, 0, 0, self.acc.ptr,
+                                   self.acc.ptr + 16, 0)  # fmt: skip
+                continue
+            self.softmax[rows].forward(out, probs)
+            kernels.record_loss(eng, out, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr, 0)
 
-    def run(self, out_ptr: int) -> None:
-        """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`."""
+    def run(self, out_ptr: int, sse_ptr: int = 0) -> None:
+        """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`; for a
+        regression with sse_ptr, each output's sum of squared errors (k float64) to pinned `sse_ptr` too."""
         eng = self.eng
         self.acc.memset(0, eng.stream)
         self.graph.launch(eng.stream)
         driver.copy_dtoh(out_ptr, self.acc.ptr, 16, eng.stream)
+        if sse_ptr:
+            driver.copy_dtoh(sse_ptr, self.acc.ptr + 16, 8 * eng.config.model.classes, eng.stream)

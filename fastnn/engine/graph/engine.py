@@ -20,6 +20,7 @@ from ...gpu_arrays import CudaArray
 from ..base import Engine, EngineConfig, OnEpoch
 from ..epochs import EPOCH_STATE_DTYPE, EpochRun, EpochRuns, drive_epochs
 from ..group import Group
+from ..numpy_engine import r2_score
 from ..plan import ParamLayout, PrecisionSpec, param_layout, precision_spec
 from . import kernels, profile
 from .buffers import Owner, itemsize, round256
@@ -40,10 +41,11 @@ class GraphEngine(Engine):
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
                  group: Group | None = None) -> None:  # fmt: skip
-        from ..select import check_gpu_loss
-
-        check_gpu_loss(config)  # loss="mse" is the NumPy engine's alone for now: refused before any allocation
         self.config = config
+        #: loss "mse": linear outputs (no softmax), float32 targets, the mse loss kernel, (MSE, R^2) from evaluate.
+        self.regression = config.loss == "mse"
+        #: 32-bit words of y per sample, as uploaded and gathered: an int32 label, or a regression's k float32 targets.
+        self.y_words = config.model.classes if self.regression else 1
         #: The data-parallel group (None: one GPU). Each step trains on this rank's share of the batch (parallel.py).
         self.group = group
         if group is not None:
@@ -80,7 +82,8 @@ class GraphEngine(Engine):
             self.grads = own(driver.DeviceBuffer(total * itemsize(self.spec.grad)))
             self.grads.memset(0)  # the padding between tensors is read by the update, never written
             self.epoch_state = own(driver.DeviceBuffer(256))
-            self.eval_out = own(driver.PinnedBuffer(16))
+            # evaluate's sums: (loss sum, correct count), and for a regression each output's sum of squared errors.
+            self.eval_out = own(driver.PinnedBuffer(16 + (8 * config.model.classes if self.regression else 0)))
             #: The data-parallel side stream, collectives and checks (None: one GPU).
             self.parallel = DataParallel(self, group, own) if group is not None else None
             # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
@@ -299,12 +302,27 @@ class GraphEngine(Engine):
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         self.dev.make_current()
         ctx = self.eval_context(x, y)
-        ctx.run(self.eval_out.ptr)
+        sse = self.eval_out.ptr + 16 if self.regression else 0
+        ctx.run(self.eval_out.ptr, sse)
         self.stream.synchronize()
+        if self.regression:  # the mean of the rows' mean squared errors, and R^2 from each output's sum (host)
+            sums = self.eval_out.view(np.float64, (2 + self.config.model.classes,))
+            return float(sums[0] / ctx.n), r2_score(sums[2:].copy(), y)
         loss_sum, correct = self.eval_out.view(np.float64, (2,))
         return float(loss_sum / ctx.n), float(correct / ctx.n)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        if self.regression:
+            raise RuntimeError("predict_proba is a classifier's: this engine trains loss 'mse' (predict_outputs)")
+        return self._forward_all(x)
+
+    def predict_outputs(self, x: np.ndarray) -> np.ndarray:
+        if not self.regression:
+            raise RuntimeError("predict_outputs is a regression's (loss 'mse'): this engine trains a classifier")
+        return self._forward_all(x)
+
+    def _forward_all(self, x: np.ndarray) -> np.ndarray:
+        """The evaluation graph over x: every row's softmax probabilities, or a regression's outputs, (N, k)."""
         self.dev.make_current()
         ctx = self.eval_context(x, None)
         ctx.run(self.eval_out.ptr)

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "launch_elementwise", "module",
-    "record_epoch_end", "record_gather", "record_loss", "record_update", "record_zero_grads", "refresh_half_copy",
+    "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update", "record_zero_grads",
+    "refresh_half_copy",
 ]  # fmt: skip
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
@@ -70,12 +71,13 @@ def record_gather(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, pos
 
 def gather_args(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, out,
                 out_y: int) -> tuple[str, list, list, list]:  # fmt: skip
-    """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y)."""
+    """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y). y is copied as
+    eng.y_words 32-bit words per sample: an int32 label, or a regression's float32 targets."""
     seed_lo, seed_hi = split_u64(eng.config.seed)
     scale, shift = input_affine(x_dtype, eng.config.normalize)
     data = [
-        arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(eng.config.model.in_features), arg_u32(n),
-        arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
+        arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(eng.y_words), arg_i32(eng.config.model.in_features),
+        arg_u32(n), arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
     ]  # fmt: skip
     src = "u8" if x_dtype == np.uint8 else "f32"
     table = eng.feature_affine.get(np.dtype(x_dtype))
@@ -91,15 +93,34 @@ def record_loss(eng: GraphEngine, logits: int, probs: int, labels: int, rows: in
                 state: int, batch_rows: int | None = None) -> None:  # fmt: skip
     """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0). The
     gradient is of the mean over `batch_rows` (default `rows`): a data-parallel rank's part of a larger batch."""
-    # A thread per row, and at least a warp per class for the bias-gradient column sums.
-    threads = min(1024, max(-(-rows // 32) * 32, 32 * eng.config.model.classes))
     eng.loss_mod.function(eng.spec.loss_kernel).launch(
         (1, 1, 1),
-        (threads, 1, 1),
+        (_loss_threads(eng, rows), 1, 1),
         [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(eng.config.model.classes),
          arg_f32(1.0 / (batch_rows or rows)), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
         eng.stream,
     )  # fmt: skip
+
+
+def record_mse(eng: GraphEngine, outputs: int, targets: int, rows: int, dout: int, dbias: int, acc: int, sse: int,
+               state: int, batch_rows: int | None = None) -> None:  # fmt: skip
+    """Queue a regression's one-block loss kernel (loss "mse", native/loss.cu's mse): the loss sum into acc (or the
+    epoch's history slot), each output's sum of squared errors into sse when sse != 0 (evaluation), gradients when
+    dout != 0. The gradient is of the mean over `batch_rows` (default `rows`) rows and the k outputs, the NumPy
+    engine's 2 * (out - y) / (rows * k): a data-parallel rank's part of a larger batch is scaled by the whole."""
+    k = eng.config.model.classes
+    eng.loss_mod.function(eng.spec.mse_kernel).launch(
+        (1, 1, 1),
+        (_loss_threads(eng, rows), 1, 1),
+        [arg_ptr(outputs), arg_ptr(targets), arg_i32(rows), arg_i32(k), arg_f32(2.0 / ((batch_rows or rows) * k)),
+         arg_ptr(dout), arg_ptr(dbias), arg_ptr(acc), arg_ptr(sse), arg_ptr(state)],
+        eng.stream,
+    )  # fmt: skip
+
+
+def _loss_threads(eng: GraphEngine, rows: int) -> int:
+    """The loss kernels' block: a thread per row, and at least a warp per output for the column sums."""
+    return min(1024, max(-(-rows // 32) * 32, 32 * eng.config.model.classes))
 
 
 def record_update(eng: GraphEngine, step: int, steps: int, gather: tuple | None = None,

@@ -17,7 +17,7 @@ from ...cuda import deferring, driver, nccl
 from ...cuda.driver import arg_i32, arg_ptr
 from ...errors import ConfigError
 from ...shuffle import split_u64
-from ..base import PRECISIONS
+from ..base import LOSSES, PRECISIONS
 from ..epochs import hold_ctrl_c
 from ..group import Group
 from .buffers import itemsize
@@ -166,7 +166,7 @@ class DataParallel:
 
     def check_data_agrees(self, n: int) -> None:
         """Before a fit's data is uploaded: the same training set size, batch size, model, seed, precision, update
-        sharding and optimizer (its number of state buffers) on every rank."""
+        sharding, optimizer (its number of state buffers) and loss on every rank."""
         eng, g = self.eng, self.group
         cfg = eng.config
         widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
@@ -177,7 +177,7 @@ class DataParallel:
             ("layer widths (a checksum)", widths), ("seed (low 32 bits)", seed_lo),
             ("seed (high 32 bits)", seed_hi), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
             ("sharded update (Tuning.sharded_update)", int(eng.sharded)),
-            ("optimizer state buffers", len(eng.opt_names)),
+            ("optimizer state buffers", len(eng.opt_names)), ("loss", LOSSES.index(cfg.loss)),
         ])  # fmt: skip
 
     def check_call_agrees(self, steps: int, first_epoch: int, first_step: int, lrs: np.ndarray,

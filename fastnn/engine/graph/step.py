@@ -4,7 +4,8 @@ A step, all on one stream: gather (the shuffle computed on the device) -> per la
 activation fused in its epilogue -> cuDNN softmax -> the fused loss kernel (loss, accuracy, logits gradient, last
 bias gradient) -> per layer, last to first, the weight-gradient GEMM (hidden bias gradient fused, BGRADB) and the
 input-gradient GEMM (activation gradient fused) -> one update kernel over all parameters, which also gathers the
-next step's batch. In a data-parallel run each layer's gradient is summed over the ranks on a side stream as soon
+next step's batch. A regression (loss "mse") has no softmax: its loss kernel reads the linear outputs and the
+gathered targets. In a data-parallel run each layer's gradient is summed over the ranks on a side stream as soon
 as its GEMM has made it (parallel.py). The epoch ends with the state check, snapshot and counter advance
 (kernels.record_epoch_end), so replays need no host work between them.
 
@@ -54,10 +55,15 @@ def step_nodes(ctx: TrainContext, s: int, autotune: bool = False) -> list[Node]:
                                         ctx.x_batch, ctx.y_batch.ptr, True)))  # fmt: skip
     nodes += forward_nodes(eng, ctx.layers, ctx.x_batch.ptr, rows, autotune)
     last = ctx.layers[-1]
-    nodes.append(("softmax", partial(ctx.softmax[rows].forward, last.out.ptr, ctx.probs.ptr)))
     last_bias = eng.grad_ptr(names[-1])
-    nodes.append(("loss", partial(kernels.record_loss, eng, last.out.ptr, ctx.probs.ptr, ctx.y_batch.ptr, rows,
-                                  last.dout.ptr, last_bias, 0, eng.epoch_state.ptr, ctx.batch_rows[s])))  # fmt: skip
+    if eng.regression:  # linear outputs: the squared error straight from them, against the gathered targets
+        nodes.append(("loss", partial(kernels.record_mse, eng, last.out.ptr, ctx.y_batch.ptr, rows, last.dout.ptr,
+                                      last_bias, 0, 0, eng.epoch_state.ptr, ctx.batch_rows[s])))  # fmt: skip
+    else:
+        nodes.append(("softmax", partial(ctx.softmax[rows].forward, last.out.ptr, ctx.probs.ptr)))
+        nodes.append(("loss", partial(kernels.record_loss, eng, last.out.ptr, ctx.probs.ptr, ctx.y_batch.ptr, rows,
+                                      last.dout.ptr, last_bias, 0, eng.epoch_state.ptr,
+                                      ctx.batch_rows[s])))  # fmt: skip
 
     # ---- backward, last layer first
     for i in reversed(range(n_layers)):
