@@ -38,6 +38,7 @@ from .errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",
+    "DOWNLOAD_MIN_RATE",
     "DatasetSpec",
     "RemoteFile",
     "download",
