@@ -276,7 +276,7 @@ def test_torch_model_names_match_fastnn():
         torch_contenders.run_torch(contender, wl.build_workloads(True)[0], None, device="cpu")
 
 
-# ---- issue 11: JAX, fastnn's engines, end to end, time to accuracy, drift -------------------------------------
+# ---- JAX, fastnn's engines, end to end, time to accuracy, drift ----------------------------------------------
 
 
 def _tiny_data(n: int = 100) -> tuple:

@@ -1,4 +1,4 @@
-"""Integers crossing into C are range-checked, never wrapped (issue 8, item 12); CPU only: the checks run
+"""Integers crossing into C are range-checked, never wrapped; CPU only: the checks run
 before any GPU work, and cuDNN/cuBLASLt descriptors can be created without a GPU."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Numbers a float cannot hold, and Fractions (issue 23 item 18): every argument that is a number goes through
+"""Numbers a float cannot hold, and Fractions: every argument that is a number goes through
 fastnn.checks, so `10**400` or `Fraction(1, 100)` gives a ConfigError naming the argument and the value (a
 DataError naming the file when it comes from a checkpoint), never a raw OverflowError or TypeError."""
 

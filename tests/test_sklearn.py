@@ -179,7 +179,7 @@ def test_gpu_fit_predict_and_pickle_to_cpu():
     blob = pickle.dumps(clf)
     cpu = pickle.loads(blob)  # device="cuda" here: on a machine without a GPU it would load on the CPU
     cpu.trainer_ = fastnn.Trainer.load(_save(clf), device="cpu")
-    # The GPU evaluates in "mixed" (fp16 operands): tests/test_cuda_engine.py's bound for its probabilities.
+    # The GPU evaluates in "mixed" (fp16 operands): tests/test_gpu_engines.py's bound for its probabilities.
     np.testing.assert_allclose(cpu.predict_proba(x), clf.predict_proba(x), atol=2e-2)
     assert (cpu.predict(x) == clf.predict(x)).mean() > 0.99
     assert pickle.loads(blob).trainer_.device == "cuda"
@@ -343,7 +343,7 @@ def test_warm_start_continues_from_the_fitted_weights():
             clf.fit(x[y != "emu"], y[y != "emu"])
 
 
-# ---- partial_fit (issue 23 items 10 and 14) --------------------------------------------------------------------
+# ---- partial_fit ----------------------------------------------------------------------------------------------
 
 
 def test_partial_fit_auto_batch_is_min_200_rows_of_each_call():

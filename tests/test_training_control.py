@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_trust import _assert_state, _state
+from test_state_integrity import _assert_state, _state
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, EarlyStopping, StopTraining, Trainer, TrainingDiverged
