@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import integer, number
+from ._checks import integer, number
+from ._errors import ConfigError
 from .engine.base import steps_per_epoch as _steps
-from .errors import ConfigError
 
 __all__ = [
     "Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", "lr_table", "step_decay", "steps_per_epoch",

@@ -22,8 +22,8 @@ from fastnn import (
     Trainer,
     TrainingDiverged,
 )
-from fastnn import checkpoint as ckpt
-from fastnn.model import init_parameters
+from fastnn import _checkpoint as ckpt
+from fastnn._model import init_parameters
 from fastnn.schedules import Constant, Cosine, StepDecay, steps_per_epoch
 
 D, C = 10, 3

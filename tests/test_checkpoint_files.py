@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, ConfigError, DataError, Trainer
-from fastnn import checkpoint as ckpt
+from fastnn import _checkpoint as ckpt
 
 D, C = 6, 3
 

@@ -18,10 +18,10 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn._model import init_parameters
+from fastnn._shuffle import permutation
 from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig, steps_per_epoch
-from fastnn.model import init_parameters
-from fastnn.shuffle import permutation
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, DataError, Trainer
-from fastnn.data import check_operand_range
+from fastnn._data import check_operand_range
 
 D, C, N = 6, 3, 64
 ROW, COL, BIG = 7, 2, 7e4

@@ -16,7 +16,7 @@ PACKAGE = REPO / "fastnn"
 MODULES = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py"))
 
 #: What the engines may not import: the user's words live above them.
-USER_LAYER = ("fastnn.trainer", "fastnn.control", "fastnn.distributed", "fastnn.sklearn")
+USER_LAYER = ("fastnn._trainer", "fastnn._control", "fastnn.distributed", "fastnn.sklearn")
 
 #: The public modules besides `fastnn` itself, with the names of theirs that are public (None: the module's
 #: `__all__`). `fastnn.engine` is internal but for `Tuning`, an advanced argument of `Trainer`.
@@ -72,7 +72,7 @@ def test_the_engines_do_not_import_the_user_layer(path: str) -> None:
     for module, names in _imports(path):
         targets = [module] + [f"{module}.{n}" for n in names]
         bad = [t for t in targets if any(t == u or t.startswith(u + ".") for u in USER_LAYER)]
-        assert not bad, f"{path} imports {bad[0]}: move what it needs below the engines (fastnn.errors, engine/)"
+        assert not bad, f"{path} imports {bad[0]}: move what it needs below the engines (fastnn._errors, engine/)"
 
 
 def _private_imports(path: str) -> Iterator[str]:
@@ -113,16 +113,16 @@ def test_the_checks_see_what_they_look_for(tmp_path, monkeypatch) -> None:
         "from . import _mine\n"
         "from ..plan import _hidden\n"
         "def f():\n"
-        "    from ...trainer import Trainer\n"
+        "    from ..._trainer import Trainer\n"
     )
     path = "fastnn/engine/graph/x.py"
     imports = list(_imports(path))
     assert ("ctypes", []) in imports and ("fastnn", ["errors"]) in imports
-    assert ("fastnn.trainer", ["Trainer"]) in imports
+    assert ("fastnn._trainer", ["Trainer"]) in imports
     assert sorted(_private_imports(path)) == ["fastnn.engine._own", "fastnn.engine.plan._hidden"]
     with pytest.raises(AssertionError):
         test_only_the_bindings_use_ctypes(path)
-    with pytest.raises(AssertionError, match="imports fastnn.trainer"):
+    with pytest.raises(AssertionError, match="imports fastnn._trainer"):
         test_the_engines_do_not_import_the_user_layer(path)
 
 
@@ -193,14 +193,42 @@ def test_the_examples_check_sees_what_it_looks_for(tmp_path, monkeypatch) -> Non
     (tmp_path / "fastnn" / "engine" / "__init__.py").write_text('__all__ = ["Tuning", "steps_per_epoch"]\n')
     (tmp_path / "x.py").write_text(
         "import fastnn\n"
-        "import fastnn.progress\n"
+        "import fastnn._progress\n"
         "from fastnn import distributed, Trainer, History\n"
         "from fastnn.engine import Tuning, steps_per_epoch\n"
-        "from fastnn.state import MAX_EPOCH\n"
-        "fastnn.Trainer; fastnn.datasets.load; fastnn.datasets.DATASETS; fastnn.control; distributed.init\n"
+        "from fastnn._state import MAX_EPOCH\n"
+        "fastnn.Trainer; fastnn.datasets.load; fastnn.datasets.DATASETS; fastnn._control; distributed.init\n"
         "distributed.Group\n"
     )
-    assert sorted(set(_non_public_uses("x.py"))) == [
-        "fastnn.History", "fastnn.control", "fastnn.datasets.DATASETS", "fastnn.distributed.Group",
-        "fastnn.engine.steps_per_epoch", "fastnn.progress", "fastnn.state",
-    ]  # fmt: skip
+    assert set(_non_public_uses("x.py")) == {
+        "fastnn.History", "fastnn._control", "fastnn.datasets.DATASETS", "fastnn.distributed.Group",
+        "fastnn.engine.steps_per_epoch", "fastnn._progress", "fastnn._state",
+    }  # fmt: skip
+
+
+def test_the_top_level_modules_are_public_or_underscored() -> None:
+    """A module at the top of fastnn/ is public (documented, in PUBLIC_MODULES) or has an underscore name, so that
+    `dir(fastnn)` and the docs show the public API only."""
+    public = {m.rpartition(".")[2] for m in PUBLIC_MODULES}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    names = {p.stem for p in PACKAGE.glob("*.py")} | packages
+    assert sorted(n for n in names if not n.startswith("_") and n not in public | {"cuda"}) == []
+
+
+def test_dir_fastnn_lists_the_public_api_only() -> None:
+    """After `import fastnn` and a CPU fit (which imports more of fastnn), the names without an underscore are
+    `fastnn.__all__` and `engine` (for `fastnn.engine.Tuning`): no internal module is left as an attribute."""
+    import json
+    import subprocess
+
+    code = (
+        "import numpy as np, fastnn\n"
+        "t = fastnn.Trainer(fastnn.MLP([2, 2]), device='cpu', batch_size=4)\n"
+        "t.fit(np.zeros((8, 2), np.float32), np.zeros(8, np.int64), progress=False)\n"
+        "print(json.dumps([[n for n in dir(fastnn) if not n.startswith('_')], fastnn.__all__]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shown, public = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(shown) == (set(public) - {"__version__"}) | {"engine"}, sorted(set(shown) ^ set(public))

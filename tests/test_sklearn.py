@@ -107,7 +107,7 @@ def test_early_stopping_restores_the_best_validation_epoch():
                         random_state=0, device="cpu").fit(x, y)  # fmt: skip
     assert clf.n_iter_ < 200 and len(clf.validation_scores_) == clf.n_iter_
     assert clf.best_validation_score_ == max(clf.validation_scores_)
-    _, val = fastnn.control.split_indices(len(x), 0.1, clf.trainer_.config.seed)  # the rows held out
+    _, val = fastnn._control.split_indices(len(x), 0.1, clf.trainer_.config.seed)  # the rows held out
     assert clf.score(x[val], y[val]) == clf.best_validation_score_  # the weights are the best epoch's
 
 
@@ -430,7 +430,7 @@ def test_regressor_early_stopping_scores_r2_and_keeps_the_best_epoch():
 
     x, y = _regression(n=400)
     reg = MLPRegressor((16,), early_stopping=True, n_iter_no_change=3, random_state=0, device="cpu").fit(x, y)
-    _, val = fastnn.control.split_indices(len(x), 0.1, reg.trainer_.config.seed)
+    _, val = fastnn._control.split_indices(len(x), 0.1, reg.trainer_.config.seed)
     assert reg.best_validation_score_ == max(reg.validation_scores_)
     assert r2_score(y[val], reg.predict(x[val])) == pytest.approx(reg.best_validation_score_, abs=1e-5)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(reg)).predict(x), reg.predict(x))

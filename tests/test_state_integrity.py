@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, FastnnError, Trainer, TrainingDiverged
-from fastnn import progress as progress_module
-from fastnn import trainer as trainer_module
+from fastnn import _progress as progress_module
+from fastnn import _trainer as trainer_module
+from fastnn._model import init_parameters
+from fastnn._state import MAX_EPOCH
 from fastnn.engine.base import Engine
 from fastnn.engine.numpy_engine import NumpyEngine
-from fastnn.model import init_parameters
-from fastnn.state import MAX_EPOCH
 
 D, C = 4, 3
 

@@ -16,8 +16,8 @@ from test_training_control import EPOCHS, EVAL, OPTIMIZERS, TRAIN, _expected_sto
 
 import fastnn
 from fastnn import MLP, EarlyStopping, StopTraining, Trainer
-from fastnn import progress as progress_module
-from fastnn.control import split_indices
+from fastnn import _progress as progress_module
+from fastnn._control import split_indices
 
 pytestmark = pytest.mark.gpu
 
