@@ -168,7 +168,7 @@ def dry_run(contenders: list[Contender], workloads: list[Workload], args: argpar
     from fastnn_contenders import Unavailable, engine_kwargs, make_trainer, rewind
 
     import fastnn
-    from fastnn.model import init_parameters
+    from fastnn._model import init_parameters
 
     rng = np.random.default_rng(SEED)
     for w, c in _pairs(contenders, workloads):
@@ -234,7 +234,7 @@ def _jax_dry(c: Contender, workloads: list[Workload]) -> list[dict[str, Any]]:
 def preflight(contenders: list[Contender]) -> bool:
     """Exit with a clear message when a contender's device or library is missing; True when torch is needed."""
     if any(c.family == "fastnn" for c in contenders):
-        from fastnn.device import cuda_status
+        from fastnn._device import cuda_status
 
         usable, reason = cuda_status()
         if not usable:

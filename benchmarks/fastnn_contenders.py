@@ -15,7 +15,7 @@ import numpy as np
 from workloads import FIRST_TIMED_EPOCH, SEED, Contender, Workload, finite_or_none
 
 import fastnn
-from fastnn.model import init_parameters
+from fastnn._model import init_parameters
 
 __all__ = ["Unavailable", "device_sync", "engine_kwargs", "free_memory", "make_trainer", "rewind", "run_fastnn"]
 

@@ -1,8 +1,8 @@
 """JAX's contenders: each epoch one `jax.jit` of a `lax.scan` over its steps, data resident on the device.
 
 The parameters are a pytree keyed like fastnn's `state_dict()` ("0.weight" (out, in), "0.bias", ...), loaded from
-`fastnn.model.init_parameters`; each epoch's sample order is `fastnn.shuffle.permutation` passed in as an index
-array; uint8 images are gathered and scaled (`fastnn.data.input_affine`) inside each step, as fastnn does; SGD or
+`fastnn._model.init_parameters`; each epoch's sample order is `fastnn._shuffle.permutation` passed in as an index
+array; uint8 images are gathered and scaled (`fastnn._data.input_affine`) inside each step, as fastnn does; SGD or
 AdamW with torch's (and fastnn's) update rule. "amp" casts the matmul operands to fp16 and accumulates in fp32
 (`preferred_element_type`), keeping fp32 master weights; fp32 dots take the contender's `matmul_precision`
 ("highest": Precision.HIGHEST, no TF32; "default": no precision argument, JAX's default, TF32 on Hopper). An
@@ -47,8 +47,8 @@ from workloads import (  # noqa: E402
 )
 
 import fastnn  # noqa: E402
-from fastnn.data import input_affine  # noqa: E402
-from fastnn.model import init_parameters, param_names  # noqa: E402
+from fastnn._data import input_affine  # noqa: E402
+from fastnn._model import init_parameters, param_names  # noqa: E402
 
 __all__ = ["Job", "dot_precision", "jax_environment", "make_epoch", "run_jax", "run_subprocess", "subprocess_env"]
 
@@ -157,7 +157,7 @@ def make_epoch(
         tf = t.astype(jnp.float32)
         c1, c2 = 1.0 - b1**tf, 1.0 - b2**tf
 
-        def step(p: Any, m: Any, v: Any) -> Any:  # torch.optim.AdamW / fastnn.optim.adamw_step
+        def step(p: Any, m: Any, v: Any) -> Any:  # torch.optim.AdamW / fastnn._optim.adamw_step
             p = p * (1.0 - lr * optimizer.weight_decay)
             return p - (lr / c1) * m / (jnp.sqrt(v / c2) + optimizer.eps)
 

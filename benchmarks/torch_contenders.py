@@ -1,6 +1,6 @@
 """PyTorch's contenders: eager, torch.compile (max-autotune and default mode) and whole steps in CUDA graphs.
 
-Each trains `torch.nn.Sequential(Linear, ReLU, ..., Linear)` loaded from `fastnn.model.init_parameters`, on
+Each trains `torch.nn.Sequential(Linear, ReLU, ..., Linear)` loaded from `fastnn._model.init_parameters`, on
 GPU-resident data (uint8 images converted in the step, as fastnn does), in fastnn's sample order (an index
 tensor on the GPU), with plain SGD at the workload's rate: the same math step for step as fastnn.
 
@@ -24,8 +24,8 @@ from torch import nn
 from workloads import FIRST_TIMED_EPOCH, SEED, Contender, Workload, compile_kwargs, epoch_orders, finite_or_none
 
 import fastnn
-from fastnn.data import input_affine
-from fastnn.model import init_parameters
+from fastnn._data import input_affine
+from fastnn._model import init_parameters
 
 __all__ = ["build_model", "make_runner", "run_torch", "set_matmul_precision"]
 
@@ -54,7 +54,7 @@ def _autocast(device: torch.device, amp: bool, cache_enabled: bool = True) -> co
 
 
 def _batch_loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, job: _Job, cache: bool = True):
-    """Mean cross-entropy of the rows `idx`: gather uint8 rows, scale as fastnn.data.input_affine says, forward."""
+    """Mean cross-entropy of the rows `idx`: gather uint8 rows, scale as fastnn._data.input_affine says, forward."""
     xb = x.index_select(0, idx).to(torch.float32) * job.scale
     if job.shift:
         xb = xb + job.shift

@@ -1,8 +1,8 @@
 """The benchmark's plan: workloads, contenders, the shared protocol, data and environment facts. No torch here.
 
-Protocol, the same for every contender: build from `fastnn.model.init_parameters(model, SEED)`, run one
+Protocol, the same for every contender: build from `fastnn._model.init_parameters(model, SEED)`, run one
 warm-up epoch on epoch 0's order (compilation, capture, NVRTC, plans: reported as setup), restore the
-initial weights, then time epochs 1..E, each in `fastnn.shuffle.permutation(SEED, epoch, n)`'s order.
+initial weights, then time epochs 1..E, each in `fastnn._shuffle.permutation(SEED, epoch, n)`'s order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import fastnn
-from fastnn.shuffle import permutation
+from fastnn._shuffle import permutation
 
 __all__ = [
     "CONTENDERS",

@@ -25,8 +25,15 @@ try:
 except ModuleNotFoundError:  # run from a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import fastnn
-from fastnn.engine import steps_per_epoch
-from fastnn.progress import format_epoch
+from fastnn.schedules import steps_per_epoch
+
+
+def epoch_line(record: dict, last: int) -> str:
+    """A `History` record as `fit(progress=True)` prints it (records are plain dicts: see fastnn.History)."""
+    return (
+        f"epoch {record['epoch']}/{last}  loss {record['train_loss']:.4f}  acc {record['train_accuracy']:.4f}  "
+        f"eval loss {record['eval_loss']:.4f}  eval acc {record['eval_accuracy']:.4f}  {record['seconds']:.2f}s"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if not live:
             for i, record in enumerate(history):
                 if (i + 1) % log_every == 0 or i == len(history) - 1:
-                    print(format_epoch(record, trainer.epoch))
-        steps = args.epochs * steps_per_epoch(len(x), args.batch_size, drop_last=False)
+                    print(epoch_line(record, trainer.epoch))
+        steps = args.epochs * steps_per_epoch(len(x), args.batch_size)
         print(
             f"training time: {sum(history['seconds']):.3f} s for {args.epochs} epochs ({steps} steps); "
             f"fit() wall time {wall:.3f} s including setup and evaluation"

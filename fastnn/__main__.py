@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("info", help="print versions, CUDA libraries, driver and GPU (paste it into bug reports)")
     args = parser.parse_args(argv)
     if args.command == "info":
-        from .info import run_info
+        from ._info import run_info
 
         try:
             return run_info()

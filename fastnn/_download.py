@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _files
-from .errors import DataError
+from ._errors import DataError
 
 __all__ = ["fetch"]
 

@@ -34,10 +34,11 @@ from pathlib import Path
 import numpy as np
 
 from . import _decoded, _files
-from .errors import ConfigError, DataError
+from ._errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",
+    "DOWNLOAD_MIN_RATE",
     "DatasetSpec",
     "RemoteFile",
     "download",

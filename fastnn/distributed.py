@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError, DeviceUnavailable
 from .engine.group import Group, share
-from .errors import ConfigError, DeviceUnavailable
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Group", "init", "share", "unique_id"]
 
@@ -278,7 +278,7 @@ def init(
         except TypeError:
             raise ConfigError(f"id_file must be a str or os.PathLike, got {id_file!r}") from None
         _check_folder(id_path)
-    from .device import require_cuda
+    from ._device import require_cuda
 
     require_cuda()
     from .cuda import driver, nccl

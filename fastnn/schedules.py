@@ -13,12 +13,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import integer, number
-from .errors import ConfigError
+from ._checks import integer, number
+from ._errors import ConfigError
+from .engine.base import steps_per_epoch as _steps
 
-__all__ = ["Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", "lr_table", "step_decay"]
+__all__ = [
+    "Constant", "Cosine", "StepDecay", "Schedule", "constant", "cosine", "lr_table", "step_decay", "steps_per_epoch",
+]  # fmt: skip
 
 Schedule = Callable[[int], float]
+
+
+def steps_per_epoch(rows: int, batch_size: int, drop_last: bool = False) -> int:
+    """Optimizer steps in one epoch of `rows` training samples: ceil(rows / batch_size), or rows // batch_size with
+    `drop_last`. A schedule counts steps: `Cosine(total_steps=epochs * steps_per_epoch(len(x), batch_size))`.
+
+    Raises:
+        ConfigError: rows is not an integer >= 0, batch_size not one >= 1, or drop_last not True or False.
+    """
+    if not isinstance(drop_last, (bool, np.bool_)):
+        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+    return _steps(integer("rows", rows, 0), integer("batch_size", batch_size, 1), bool(drop_last))
 
 
 def _check_lr(lr: object) -> float | None:

@@ -17,7 +17,8 @@ Differences from scikit-learn's estimators, by design:
   (for example with a `StandardScaler` in a `Pipeline`).
 - `sample_weight` is accepted only when every weight is equal (the mean loss is then the same); other
   weights are refused with a ValueError: the loss kernels compute an unweighted mean.
-- With `early_stopping`, the held-out rows are `fastnn.control.split_indices`'s (seeded, not stratified).
+- With `early_stopping`, the held-out rows are those `Trainer(validation_split=...)` holds out (seeded, not
+  stratified).
 - `MLPRegressor`'s `loss_curve_` is the mean squared error (scikit-learn's is half of it); with several
   outputs its validation score is the variance-weighted R^2.
 """
@@ -47,12 +48,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
         'fastnn.sklearn needs scikit-learn >= 1.6: pip install "fastnn-cuda[sklearn]" (or pip install scikit-learn)'
     ) from exc
 
-from .control import split_indices
+from ._control import split_indices
+from ._errors import DeviceUnavailable
+from ._model import MLP
+from ._optim import SGD, AdamW
+from ._trainer import Trainer
 from .engine.base import steps_per_epoch
-from .errors import DeviceUnavailable
-from .model import MLP
-from .optim import SGD, AdamW
-from .trainer import Trainer
 
 __all__ = ["LogisticRegression", "MLPClassifier", "MLPRegressor"]
 

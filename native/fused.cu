@@ -84,7 +84,7 @@ constexpr int NW = NT / 32;
 constexpr int C = SZ[L];
 constexpr int PREC = FUSED_PREC;  // 0 fp32, 1 mixed (fp16 operands, fp32 master), 2 fp16 (fp16 master)
 constexpr int OPT = FUSED_OPT;  // the optimizer's kind (optim.cuh's OPTIM_*); the kernel's argument must agree
-constexpr int NS = FUSED_NS;    // optimizer state arrays (fastnn/optim.py's state_names)
+constexpr int NS = FUSED_NS;    // optimizer state arrays (fastnn/_optim.py's state_names)
 // The lean layout (fused/plan.py picks it when the standard one does not fit):
 // FOLD: SGD with (non-Nesterov) momentum accumulates each step's gradient straight into the momentum buffer,
 // which the previous step left holding momentum * buffer + weight_decay * w: no gradient array.

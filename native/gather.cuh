@@ -2,7 +2,7 @@
 // update-and-gather kernels of update.cu).
 // Row j of the batch is sample permuted_index(seed, epoch, n, pos0 + j) (shuffle.cuh), with the epoch
 // read from device memory at replay, so one captured graph serves every epoch (no EpochState: positions
-// in order, for evaluation). The row is mapped to x * scale + shift (fastnn/data.py's input_affine; with a
+// in order, for evaluation). The row is mapped to x * scale + shift (fastnn/_data.py's input_affine; with a
 // per-feature normalize, fscale/fshift point to d floats each, else they are null and the scalars apply) and
 // stored as TOut in a row-major (rows, d) buffer, which cuBLASLt reads as the column-major (d, rows)
 // operand. The sample's y comes along when out_y is given: yw 32-bit words per sample, copied as bits (1: an

@@ -1,23 +1,23 @@
 // optim.cuh: the one description of each optimizer on the GPU: its parameters as every kernel takes them
 // (OptimParams, one kernel argument) and its update of one element in fp32. update.cu (the graph engine's update
 // over the flat buffers) and fused.cu (the fused engine's update on chip) both call optim_update. The arithmetic
-// is fastnn/optim.py's (PyTorch's SGD with dampening 0, and AdamW) in the same order, so every engine agrees with
+// is fastnn/_optim.py's (PyTorch's SGD with dampening 0, and AdamW) in the same order, so every engine agrees with
 // the NumPy engine to rounding, and the graph and fused engines round an update of the same numbers alike.
 //
 // Adding an optimizer touches three places, and no kernel or engine:
-//   - fastnn/optim.py: the class (its checks, state_names, NumPy step and kernel_params) and its KIND_ number;
-//   - this header: the same OPTIM_ number, any new OptimParams field (also in optim.py's KernelParams, same
+//   - fastnn/_optim.py: the class (its checks, state_names, NumPy step and kernel_params) and its KIND_ number;
+//   - this header: the same OPTIM_ number, any new OptimParams field (also in _optim.py's KernelParams, same
 //     order and type), its cases in optim_dispatch, optim_step and optim_update;
 //   - the NumPy engine's step (fastnn/engine/numpy_engine.py), which calls the class's NumPy step.
 #pragma once
 #include "common.cuh"
 
-// Optimizer kinds: fastnn/optim.py's KIND_SGD, KIND_ADAMW (tests/test_optim_kernel.py checks they agree).
+// Optimizer kinds: fastnn/_optim.py's KIND_SGD, KIND_ADAMW (tests/test_optim_kernel.py checks they agree).
 #define OPTIM_SGD 0
 #define OPTIM_ADAMW 1
 
 // Everything a kernel knows of the optimizer but the step's learning rate, passed by value as one kernel argument.
-// fastnn/optim.py's KernelParams has the same fields in the same order and C types (int, float); a CPU test compiles
+// fastnn/_optim.py's KernelParams has the same fields in the same order and C types (int, float); a CPU test compiles
 // this header with static_asserts of the size and of every field's position and type against the ctypes struct the
 // host passes (tests/test_optim_kernel.py). Fields an optimizer does not use are zero.
 struct OptimParams {
@@ -44,7 +44,7 @@ template <typename F, typename... A> __device__ __forceinline__ void optim_dispa
     else __trap();
 }
 
-// The optimizer state arrays read and written (fastnn/optim.py's state_names): s1 = SGD's momentum buffer when
+// The optimizer state arrays read and written (fastnn/_optim.py's state_names): s1 = SGD's momentum buffer when
 // momentum is nonzero, or AdamW's exp_avg; s2 = AdamW's exp_avg_sq.
 template <int K> __device__ __forceinline__ int optim_states(const OptimParams& p) {
     if (K == OPTIM_ADAMW) return 2;

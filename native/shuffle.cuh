@@ -1,5 +1,5 @@
 // shuffle.cuh: the sample order, index p of the keyed permutation of [0, n) for (seed, epoch).
-// The same uint32 arithmetic as fastnn/shuffle.py (the definition): lowbias32 mixing, a balanced
+// The same uint32 arithmetic as fastnn/_shuffle.py (the definition): lowbias32 mixing, a balanced
 // Feistel network of FEISTEL_ROUNDS rounds on the smallest even bit count covering n, and
 // cycle-walking back into [0, n). The GPU tests check that both give the same order.
 #pragma once

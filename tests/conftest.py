@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
-    from fastnn.device import cuda_status
+    from fastnn._device import cuda_status
 
     usable, reason = cuda_status()
     if usable:

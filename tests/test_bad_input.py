@@ -22,9 +22,9 @@ from fastnn import (
     Trainer,
     TrainingDiverged,
 )
-from fastnn import checkpoint as ckpt
-from fastnn.model import init_parameters
-from fastnn.schedules import Constant, Cosine, StepDecay
+from fastnn import _checkpoint as ckpt
+from fastnn._model import init_parameters
+from fastnn.schedules import Constant, Cosine, StepDecay, steps_per_epoch
 
 D, C = 10, 3
 
@@ -251,6 +251,9 @@ SCHEDULE_CASES = {
     "step_size str": (lambda: StepDecay("5"), "step_size", "'5'"),
     "step_size nan": (lambda: StepDecay(math.nan), "step_size", "nan"),
     "constant lr negative": (lambda: Constant(-1.0), "lr", "-1.0"),
+    "steps rows negative": (lambda: steps_per_epoch(-1, 8), "rows", "-1"),
+    "steps batch 0": (lambda: steps_per_epoch(10, 0), "batch_size", "got 0"),
+    "steps drop_last str": (lambda: steps_per_epoch(10, 3, "yes"), "drop_last", "'yes'"),
 }
 
 
@@ -260,6 +263,16 @@ def test_schedule_rejects(case: str) -> None:
     with pytest.raises(ConfigError) as info:
         make()
     assert name in str(info.value) and value in str(info.value), info.value
+
+
+def test_steps_per_epoch_counts_what_an_epoch_trains() -> None:
+    """The public count a schedule's total_steps needs: the short last batch is a step unless drop_last."""
+    assert [steps_per_epoch(n, 32) for n in (0, 1, 32, 33, 64)] == [0, 1, 1, 2, 2]
+    assert [steps_per_epoch(n, 32, drop_last=True) for n in (31, 32, 65)] == [0, 1, 2]
+    x, y = np.zeros((65, 3), np.float32), np.arange(65) % 2
+    with Trainer(MLP([3, 2]), batch_size=32, device="cpu") as t:
+        t.fit(x, y, epochs=2, progress=False)
+        assert t.step == 2 * steps_per_epoch(65, 32) == 6
 
 
 def test_schedules_accept_integral_floats_and_numpy_ints() -> None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(BENCH))
 import workloads as wl  # noqa: E402
 from report import PARTIAL_DIR, RAW_DIR  # noqa: E402
 
-from fastnn.shuffle import permutation  # noqa: E402
+from fastnn._shuffle import permutation  # noqa: E402
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
@@ -281,7 +281,7 @@ def test_torch_model_names_match_fastnn():
     import torch_contenders
 
     from fastnn import MLP
-    from fastnn.model import init_parameters, param_names
+    from fastnn._model import init_parameters, param_names
 
     model = torch_contenders.build_model((784, 32, 32, 10), torch.device("cpu"))
     sd = model.state_dict()
@@ -293,7 +293,7 @@ def test_torch_model_names_match_fastnn():
         torch_contenders.run_torch(contender, wl.build_workloads(True)[0], None, device="cpu")
 
 
-# ---- issue 11: JAX, fastnn's engines, end to end, time to accuracy, drift -------------------------------------
+# ---- JAX, fastnn's engines, end to end, time to accuracy, drift ----------------------------------------------
 
 
 def _tiny_data(n: int = 100) -> tuple:

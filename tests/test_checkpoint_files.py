@@ -1,4 +1,4 @@
-"""Checkpoint files that are hostile, damaged or written under failing disks (issue 8, items 5, 10 and 14).
+"""Checkpoint files that are hostile, damaged or written under failing disks.
 
 The bombs are small on disk; the tests count the bytes zipfile hands out, so a regression that decompresses
 them shows as a failed assertion, not as a machine out of memory."""
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, ConfigError, DataError, Trainer
-from fastnn import checkpoint as ckpt
+from fastnn import _checkpoint as ckpt
 
 D, C = 6, 3
 

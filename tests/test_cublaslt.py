@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastnn._errors import ConfigError, DeviceUnavailable, FastnnError
 from fastnn.cuda import cublaslt as lt
 from fastnn.cuda._loader import CudaLibraryError, checked_argtype, library_path
-from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError
 
 E = lt.Epilogue
 
@@ -350,7 +350,7 @@ def test_matmul_rejects_bad_arguments_before_any_gpu_work(args, over, named):
 
 @pytest.mark.bindings
 def test_handle_without_gpu_is_device_unavailable():
-    from fastnn.device import cuda_status
+    from fastnn._device import cuda_status
 
     if cuda_status()[0]:
         pytest.skip("a GPU is usable here: cublasLtCreate succeeds")

@@ -13,10 +13,10 @@ import pytest
 pytestmark = pytest.mark.bindings  # every test here reads cuda-bindings' enums, GPU or not
 cu = pytest.importorskip("cuda.bindings.driver", reason='needs the CUDA wheels: pip install -e ".[cu12]"')
 
+from fastnn._device import cuda_status  # noqa: E402
+from fastnn._errors import ConfigError, DeviceUnavailable, FastnnError  # noqa: E402
 from fastnn.cuda import driver  # noqa: E402
 from fastnn.cuda._loader import CudaDriverError, CudaLibraryError  # noqa: E402
-from fastnn.device import cuda_status  # noqa: E402
-from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError  # noqa: E402
 
 SUCCESS = cu.CUresult.CUDA_SUCCESS
 NO_GPU = not cuda_status()[0]

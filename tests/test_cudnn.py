@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastnn._errors import ConfigError, DeviceUnavailable, FastnnError
 from fastnn.cuda import cudnn
 from fastnn.cuda._loader import CudaLibraryError, checked_argtype, library_path
-from fastnn.errors import ConfigError, DeviceUnavailable, FastnnError
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU
@@ -125,7 +125,7 @@ def test_softmax_rejects_bad_arguments(n, c, dtype, out_dtype, named):
 
 @pytest.mark.bindings
 def test_handle_without_gpu_is_device_unavailable():
-    from fastnn.device import cuda_status
+    from fastnn._device import cuda_status
 
     if cuda_status()[0]:
         pytest.skip("a GPU is usable here: cudnnCreate succeeds")

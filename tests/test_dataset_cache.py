@@ -17,8 +17,8 @@ import pytest
 
 import fastnn
 from fastnn import _decoded, datasets
-from fastnn.data import check_inputs
-from fastnn.errors import DataError
+from fastnn._data import check_inputs
+from fastnn._errors import DataError
 
 STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 HOUR_AGO = time.time_ns() - 3600 * 10**9

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fastnn import _download, datasets
-from fastnn.errors import ConfigError, DataError
+from fastnn._errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parent.parent
 STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

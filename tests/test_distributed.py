@@ -20,8 +20,8 @@ import pytest
 
 import fastnn
 from fastnn import distributed
+from fastnn._errors import ConfigError, DeviceUnavailable
 from fastnn.engine import Tuning
-from fastnn.errors import ConfigError, DeviceUnavailable
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU
@@ -112,7 +112,7 @@ class _Reached(Exception):
 def test_explicit_arguments_win_over_launcher_variables_which_are_not_parsed_unless_used(monkeypatch, stray):
     """A stray variable of a launcher (another job's, a shell's) must not break init(rank=0, world=1, device=0):
     the arguments passed win, and a variable that is not used is not parsed."""
-    import fastnn.device
+    import fastnn._device
 
     for names in distributed.LAUNCHER_ENV:
         for name in names:
@@ -123,7 +123,7 @@ def test_explicit_arguments_win_over_launcher_variables_which_are_not_parsed_unl
     def reached():
         raise _Reached
 
-    monkeypatch.setattr(fastnn.device, "require_cuda", reached)
+    monkeypatch.setattr(fastnn._device, "require_cuda", reached)
     with pytest.raises(_Reached):
         distributed.init(rank=0, world=1, device=0)
 
@@ -132,7 +132,7 @@ def test_explicit_arguments_win_over_launcher_variables_which_are_not_parsed_unl
 def test_a_launcher_variable_is_parsed_only_for_the_argument_it_stands_for(monkeypatch):
     """rank and world passed, device not: LOCAL_RANK gives the device, RANK=node-a is not read; a LOCAL_RANK that is
     not an integer is then refused by name."""
-    import fastnn.device
+    import fastnn._device
     from fastnn.cuda import driver
 
     for names in distributed.LAUNCHER_ENV:
@@ -141,7 +141,7 @@ def test_a_launcher_variable_is_parsed_only_for_the_argument_it_stands_for(monke
     monkeypatch.setenv("RANK", "node-a")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setattr(fastnn.device, "require_cuda", lambda: None)
+    monkeypatch.setattr(fastnn._device, "require_cuda", lambda: None)
     monkeypatch.setattr(driver, "device_count", lambda: 2)
     with pytest.raises(ConfigError, match=r"device must be an integer in \[0, 2\), got 3"):
         distributed.init(rank=0, world=1)  # GPU 3 from LOCAL_RANK, refused: this machine has 2
@@ -351,13 +351,13 @@ def test_a_communicator_nccl_fails_to_make_is_aborted_and_raises_its_error(monke
 @pytest.mark.bindings
 def test_init_raises_collective_timeout_naming_rank_world_gpu_and_timeout(monkeypatch):
     """init's timeout bounds the communicator's creation too, through a stand-in NCCL that never sees the peer."""
-    import fastnn.device
+    import fastnn._device
     from fastnn.cuda import driver, nccl
 
     fake = _FakeNccl([nccl.Result.IN_PROGRESS])
     monkeypatch.setattr(nccl, "_lib", lambda: fake)
     monkeypatch.setattr(nccl, "available", lambda: (True, "NCCL (stand-in)"))
-    monkeypatch.setattr(fastnn.device, "require_cuda", lambda: None)
+    monkeypatch.setattr(fastnn._device, "require_cuda", lambda: None)
     monkeypatch.setattr(driver, "device_count", lambda: 1)
     monkeypatch.setattr(driver, "get_device", lambda ordinal: type("Dev", (), {"make_current": lambda self: None})())
     with pytest.raises(nccl.CollectiveTimeout, match=r"rank 0 of 2 on GPU 0: the other ranks did not join the "
@@ -1078,7 +1078,7 @@ def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
     refusal, weights) up `conn`."""
     try:
         if case == "epochs":
-            fastnn.trainer.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
+            fastnn._trainer.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
         with distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank) as group:
             x, y, model, kw = _case()
             with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda",

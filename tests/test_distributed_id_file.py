@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fastnn import distributed
-from fastnn.errors import ConfigError
+from fastnn._errors import ConfigError
 
 UID = bytes(range(128))  # what rank 0's nccl.unique_id() returns here (zeros included, as in a real id)
 

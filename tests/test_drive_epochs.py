@@ -189,7 +189,7 @@ class _Voting(EpochRuns):
 
 
 def test_a_stop_on_another_rank_stops_this_one_after_the_same_epoch():
-    from fastnn.control import StopTraining
+    from fastnn._control import StopTraining
 
     runs = _Voting(4, others=[None, 1, None, None])
     seen = []
@@ -200,8 +200,8 @@ def test_a_stop_on_another_rank_stops_this_one_after_the_same_epoch():
 
 @pytest.mark.parametrize("how", ["StopTraining", "an error in a callback", "divergence"])
 def test_a_rank_that_stops_votes_so_and_raises_its_own_error(how):
-    from fastnn.control import StopTraining
-    from fastnn.errors import TrainingDiverged
+    from fastnn._control import StopTraining
+    from fastnn._errors import TrainingDiverged
 
     runs = _Voting(4, others=[None] * 4)
     seen = []
@@ -356,7 +356,7 @@ def test_ctrl_c_between_a_vote_that_went_on_and_the_next_launch_still_queues_tha
 
 def test_a_stop_asked_after_a_held_ctrl_c_raises_the_ctrl_c():
     """fit swallows StopTraining: a Ctrl-C held during the previous vote must not turn into a quiet stop."""
-    from fastnn.control import StopTraining
+    from fastnn._control import StopTraining
 
     _need_python_sigint()
     runs = _Voting(4, others=[None] * 4, ctrl_c_in_vote=0)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, Trainer
+from fastnn._errors import ConfigError, DeviceUnavailable
 from fastnn.engine import Tuning, select
 from fastnn.engine.numpy_engine import NumpyEngine
-from fastnn.errors import ConfigError, DeviceUnavailable
 
 
 @pytest.mark.parametrize("engine", ["bogus", "", None, 1, "FUSED"])

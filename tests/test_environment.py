@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import fastnn
-from fastnn.environment import cuda_packages
+from fastnn._environment import cuda_packages
 
 
 def _dists(*pairs):
@@ -51,7 +51,7 @@ def test_version_flag():
 
 @pytest.mark.bindings
 def test_info_has_one_line_per_row_and_reports_the_packages():
-    from fastnn.info import info_lines
+    from fastnn._info import info_lines
 
     lines, _ = info_lines()
     assert all("\n" not in line for line in lines)

@@ -1,4 +1,4 @@
-"""Inputs beyond float16's range under precision "mixed"/"fp16" (issue 23 item 7): refused by name, after
+"""Inputs beyond float16's range under precision "mixed"/"fp16": refused by name, after
 `normalize`, in fit, evaluate, predict and predict_proba, on every device; precision "fp32" takes them.
 
 On the GPU a feature of 7e4 became inf in the gather's float16 output and every prediction of its row NaN,
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, DataError, Trainer
-from fastnn.data import check_operand_range
+from fastnn._data import check_operand_range
 
 D, C, N = 6, 3, 64
 ROW, COL, BIG = 7, 2, 7e4
@@ -117,7 +117,7 @@ def test_the_first_offending_entry_is_named_in_row_major_order() -> None:
 
 
 def _gpu(engine: dict, precision: str) -> Trainer:
-    from test_cuda_engine import _refused
+    from test_gpu_engines import _refused
 
     model, opt = MLP([D, 8, C]), SGD(lr=0.1)
     if _refused(engine, model, opt, 16, precision):

@@ -1,4 +1,4 @@
-"""`python -m fastnn info`, fastnn.device.cuda_status, and the rule that nothing above fastnn/cuda uses ctypes."""
+"""`python -m fastnn info`, fastnn._device.cuda_status, and the rule that nothing above fastnn/cuda uses ctypes."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from test_readme import NO_CUDA
 
-import fastnn.device
-from fastnn import info
+import fastnn._device
+from fastnn import _info as info
 from fastnn.__main__ import main
-from fastnn.device import cuda_status, require_cuda
-from fastnn.errors import DeviceUnavailable
+from fastnn._device import cuda_status, require_cuda
+from fastnn._errors import DeviceUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 USABLE, REASON = cuda_status()
@@ -70,7 +70,7 @@ def _fake_selftest(monkeypatch, run):
     module.__spec__ = importlib.machinery.ModuleSpec("fastnn.cuda.selftest", None)
     module.run_selftest = run
     monkeypatch.setitem(sys.modules, "fastnn.cuda.selftest", module)
-    monkeypatch.setattr(fastnn.device, "cuda_status", lambda: (True, "Fake GPU"))
+    monkeypatch.setattr(fastnn._device, "cuda_status", lambda: (True, "Fake GPU"))
 
 
 @pytest.mark.bindings
@@ -113,13 +113,13 @@ def test_cuda_status_never_raises(monkeypatch):
     def broken() -> tuple[bool, str]:
         raise ZeroDivisionError("unexpected")
 
-    monkeypatch.setattr(fastnn.device, "_probe", broken)
-    fastnn.device.cuda_status.cache_clear()
+    monkeypatch.setattr(fastnn._device, "_probe", broken)
+    fastnn._device.cuda_status.cache_clear()
     try:
-        usable, reason = fastnn.device.cuda_status()
+        usable, reason = fastnn._device.cuda_status()
         assert usable is False and "ZeroDivisionError" in reason
     finally:
-        fastnn.device.cuda_status.cache_clear()
+        fastnn._device.cuda_status.cache_clear()
 
 
 @pytest.mark.bindings
@@ -131,18 +131,18 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
 
     monkeypatch.setattr(driver, "device_count", lambda: 1)
     monkeypatch.setattr(_loader, "load_library", missing)
-    fastnn.device.cuda_status.cache_clear()
+    fastnn._device.cuda_status.cache_clear()
     try:
-        usable, reason = fastnn.device.cuda_status()
+        usable, reason = fastnn._device.cuda_status()
         assert usable is False and "cublasLt" in reason and 'pip install "fastnn-cuda[cu12]"' in reason
     finally:
-        fastnn.device.cuda_status.cache_clear()
+        fastnn._device.cuda_status.cache_clear()
 
 
 #: `fastnn info` with no `cuda` module importable (test_readme's NO_CUDA) and no CUDA wheel in the metadata, as on
 #: a CPU-only install.
 _NO_CUDA = NO_CUDA + """
-import fastnn.environment as e
+import fastnn._environment as e
 e.cuda_packages = lambda *a: e.CudaPackages(None, ())
 from fastnn.__main__ import main
 sys.exit(main(["info"]))

@@ -9,7 +9,7 @@ import pytest
 
 import fastnn
 from fastnn import MLP, DataError, Trainer
-from fastnn.data import check_inputs, check_labels
+from fastnn._data import check_inputs, check_labels
 
 D, C = 6, 3
 
@@ -158,8 +158,7 @@ def test_a_gpu_array_description_is_checked_before_anything_reads_it(case, gpu):
 @pytest.mark.parametrize("case", ["negative rows", "object typestr", "masked", "version 4"])
 def test_gpu_labels_are_described_before_any_copy(case, monkeypatch):
     # A CuPy int64 array re-described as "|O8" was copied into a NumPy object array: SIGSEGV on the H100.
-    from fastnn import gpu_arrays
-
+    from fastnn import _gpu_arrays as gpu_arrays
     monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied before the check"))
     fields, words = MALFORMED[case]
     y = _described(**{"shape": (40,), "typestr": "<i8", **fields})
@@ -179,8 +178,7 @@ def test_gpu_labels_are_described_before_any_copy(case, monkeypatch):
     ids=["float", "2-D", "count"],
 )
 def test_gpu_labels_of_the_wrong_shape_or_type_are_refused_before_any_copy(fields, words, monkeypatch):
-    from fastnn import gpu_arrays
-
+    from fastnn import _gpu_arrays as gpu_arrays
     monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied before the check"))
     with pytest.raises(DataError) as info:
         check_labels(_described(**fields), 40, C, "y", gpu=True)
@@ -191,8 +189,7 @@ def test_gpu_labels_of_the_wrong_shape_or_type_are_refused_before_any_copy(field
 def test_gpu_labels_on_a_cpu_trainer_are_refused_before_any_cuda_library_loads(monkeypatch):
     # Without a GPU driver this raised the library loader's DynamicLibNotFoundError from the label copy (the
     # copy is what loads the CUDA driver library).
-    from fastnn import gpu_arrays
-
+    from fastnn import _gpu_arrays as gpu_arrays
     monkeypatch.setattr(gpu_arrays.CudaArray, "to_host", lambda self: pytest.fail("copied on a CPU trainer"))
     t = Trainer(MLP([D, C]), device="cpu")
     x, y = _xy()

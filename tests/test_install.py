@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import fastnn
-from fastnn import install
+from fastnn import _install as install
+from fastnn._environment import CudaPackages
 from fastnn.cuda import _loader
-from fastnn.environment import CudaPackages
 
 REPO = Path(__file__).resolve().parents[1]
 

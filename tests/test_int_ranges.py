@@ -1,4 +1,4 @@
-"""Integers crossing into C are range-checked, never wrapped (issue 8, item 12); CPU only: the checks run
+"""Integers crossing into C are range-checked, never wrapped; CPU only: the checks run
 before any GPU work, and cuDNN/cuBLASLt descriptors can be created without a GPU."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, ConfigError, DataError, Trainer
+from fastnn._data import MAX_ROWS, check_inputs
 from fastnn.cuda._loader import c_int_value, checked_argtype, int_range
-from fastnn.data import MAX_ROWS, check_inputs
 
 
 def test_int_range_of_ctypes_integers():

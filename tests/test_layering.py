@@ -1,6 +1,6 @@
 """The layers of the house, checked from the source (no import, no GPU): only the bindings (`fastnn/cuda/`) speak
-ctypes; nothing under `fastnn/engine/` imports the user layer (trainer, control, distributed, sklearn); and no module
-imports another module's private names (`from .x import _y`)."""
+ctypes; nothing under `fastnn/engine/` imports the user layer (trainer, control, distributed, sklearn); no module
+imports another module's private names (`from .x import _y`); and the examples use the public API only."""
 
 from __future__ import annotations
 
@@ -16,7 +16,18 @@ PACKAGE = REPO / "fastnn"
 MODULES = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py"))
 
 #: What the engines may not import: the user's words live above them.
-USER_LAYER = ("fastnn.trainer", "fastnn.control", "fastnn.distributed", "fastnn.sklearn")
+USER_LAYER = ("fastnn._trainer", "fastnn._control", "fastnn.distributed", "fastnn.sklearn")
+
+#: The public modules besides `fastnn` itself, with the names of theirs that are public (None: the module's
+#: `__all__`). `fastnn.engine` is internal but for `Tuning`, an advanced argument of `Trainer`.
+PUBLIC_MODULES: dict[str, tuple[str, ...] | None] = {
+    "fastnn.datasets": None,
+    "fastnn.schedules": None,
+    "fastnn.sklearn": None,
+    "fastnn.distributed": None,
+    "fastnn.engine": ("Tuning",),
+}
+EXAMPLES = sorted(str(p.relative_to(REPO)) for p in (REPO / "examples").glob("*.py"))
 
 #: Private imports known to be on their way out, each with the change that removes it; the test fails once one is
 #: gone, so this list cannot outlive them. checkpoint.py: one module for atomic file writes (issue 24, item 4).
@@ -61,7 +72,7 @@ def test_the_engines_do_not_import_the_user_layer(path: str) -> None:
     for module, names in _imports(path):
         targets = [module] + [f"{module}.{n}" for n in names]
         bad = [t for t in targets if any(t == u or t.startswith(u + ".") for u in USER_LAYER)]
-        assert not bad, f"{path} imports {bad[0]}: move what it needs below the engines (fastnn.errors, engine/)"
+        assert not bad, f"{path} imports {bad[0]}: move what it needs below the engines (fastnn._errors, engine/)"
 
 
 def _private_imports(path: str) -> Iterator[str]:
@@ -102,14 +113,122 @@ def test_the_checks_see_what_they_look_for(tmp_path, monkeypatch) -> None:
         "from . import _mine\n"
         "from ..plan import _hidden\n"
         "def f():\n"
-        "    from ...trainer import Trainer\n"
+        "    from ..._trainer import Trainer\n"
     )
     path = "fastnn/engine/graph/x.py"
     imports = list(_imports(path))
     assert ("ctypes", []) in imports and ("fastnn", ["errors"]) in imports
-    assert ("fastnn.trainer", ["Trainer"]) in imports
+    assert ("fastnn._trainer", ["Trainer"]) in imports
     assert sorted(_private_imports(path)) == ["fastnn.engine._own", "fastnn.engine.plan._hidden"]
     with pytest.raises(AssertionError):
         test_only_the_bindings_use_ctypes(path)
-    with pytest.raises(AssertionError, match="imports fastnn.trainer"):
+    with pytest.raises(AssertionError, match="imports fastnn._trainer"):
         test_the_engines_do_not_import_the_user_layer(path)
+
+
+def _all(module: str) -> tuple[str, ...]:
+    """`module`'s `__all__`, read from its source (a list or tuple of string literals)."""
+    path = REPO / module.replace(".", "/")
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError(f"{source} has no __all__")
+
+
+def _public_names(module: str) -> tuple[str, ...]:
+    """The names of `module` (fastnn or a public submodule) that its users may use."""
+    names = _all(module) if module == "fastnn" else (PUBLIC_MODULES[module] or _all(module))
+    return names + tuple(m.rpartition(".")[2] for m in PUBLIC_MODULES) if module == "fastnn" else names
+
+
+def _non_public_uses(path: str) -> Iterator[str]:
+    """Every fastnn name `path` uses that is not public: imports (`from fastnn.x import y`, `import fastnn.x`) and
+    attributes of fastnn or of a public module bound to a name (`fastnn.x.y`, `distributed.y`)."""
+    tree = ast.parse((REPO / path).read_text())
+    bound: dict[str, str] = {}  # local name -> the fastnn module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name != "fastnn" and alias.name.startswith("fastnn.") and alias.name not in PUBLIC_MODULES:
+                    yield alias.name
+                elif alias.asname:  # `import fastnn.datasets as ds`: ds stands for the module
+                    bound[alias.asname] = alias.name
+                elif alias.name.partition(".")[0] == "fastnn":  # `import fastnn` (or fastnn.x): binds fastnn
+                    bound["fastnn"] = "fastnn"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").partition(".")[0] == "fastnn" and not node.level:
+            if node.module != "fastnn" and node.module not in PUBLIC_MODULES:
+                yield node.module
+                continue
+            for alias in node.names:
+                if alias.name not in _public_names(node.module):
+                    yield f"{node.module}.{alias.name}"
+                elif f"{node.module}.{alias.name}" in PUBLIC_MODULES:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            module = bound[node.value.id]
+            if node.attr not in _public_names(module):
+                yield f"{module}.{node.attr}"
+            elif module == "fastnn" and f"fastnn.{node.attr}" in PUBLIC_MODULES:
+                parent = next((p for p in ast.walk(tree) if isinstance(p, ast.Attribute) and p.value is node), None)
+                if parent is not None and parent.attr not in _public_names(f"fastnn.{node.attr}"):
+                    yield f"fastnn.{node.attr}.{parent.attr}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES)
+def test_the_examples_use_the_public_api_only(path: str) -> None:
+    bad = sorted(set(_non_public_uses(path)))
+    assert not bad, f"{path} uses {bad}: use fastnn.__all__ and the public modules ({', '.join(PUBLIC_MODULES)})"
+
+
+def test_the_examples_check_sees_what_it_looks_for(tmp_path, monkeypatch) -> None:
+    """Internal modules and names are found however they are reached; public ones pass."""
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "fastnn").mkdir()
+    (tmp_path / "fastnn" / "__init__.py").write_text('__all__ = ["Trainer", "datasets", "distributed"]\n')
+    (tmp_path / "fastnn" / "datasets.py").write_text('__all__ = ["load"]\n')
+    (tmp_path / "fastnn" / "distributed.py").write_text('__all__ = ["init"]\n')
+    (tmp_path / "fastnn" / "engine").mkdir()
+    (tmp_path / "fastnn" / "engine" / "__init__.py").write_text('__all__ = ["Tuning", "steps_per_epoch"]\n')
+    (tmp_path / "x.py").write_text(
+        "import fastnn\n"
+        "import fastnn._progress\n"
+        "from fastnn import distributed, Trainer, History\n"
+        "from fastnn.engine import Tuning, steps_per_epoch\n"
+        "from fastnn._state import MAX_EPOCH\n"
+        "fastnn.Trainer; fastnn.datasets.load; fastnn.datasets.DATASETS; fastnn._control; distributed.init\n"
+        "distributed.Group\n"
+    )
+    assert set(_non_public_uses("x.py")) == {
+        "fastnn.History", "fastnn._control", "fastnn.datasets.DATASETS", "fastnn.distributed.Group",
+        "fastnn.engine.steps_per_epoch", "fastnn._progress", "fastnn._state",
+    }  # fmt: skip
+
+
+def test_the_top_level_modules_are_public_or_underscored() -> None:
+    """A module at the top of fastnn/ is public (documented, in PUBLIC_MODULES) or has an underscore name, so that
+    `dir(fastnn)` and the docs show the public API only."""
+    public = {m.rpartition(".")[2] for m in PUBLIC_MODULES}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    names = {p.stem for p in PACKAGE.glob("*.py")} | packages
+    assert sorted(n for n in names if not n.startswith("_") and n not in public | {"cuda"}) == []
+
+
+def test_dir_fastnn_lists_the_public_api_only() -> None:
+    """After `import fastnn` and a CPU fit (which imports more of fastnn), the names without an underscore are
+    `fastnn.__all__` and `engine` (for `fastnn.engine.Tuning`): no internal module is left as an attribute."""
+    import json
+    import subprocess
+
+    code = (
+        "import numpy as np, fastnn\n"
+        "t = fastnn.Trainer(fastnn.MLP([2, 2]), device='cpu', batch_size=4)\n"
+        "t.fit(np.zeros((8, 2), np.float32), np.zeros(8, np.int64), progress=False)\n"
+        "print(json.dumps([[n for n in dir(fastnn) if not n.startswith('_')], fastnn.__all__]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shown, public = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(shown) == (set(public) - {"__version__"}) | {"engine"}, sorted(set(shown) ^ set(public))

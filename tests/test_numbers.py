@@ -1,5 +1,5 @@
-"""Numbers a float cannot hold, and Fractions (issue 23 item 18): every argument that is a number goes through
-fastnn.checks, so `10**400` or `Fraction(1, 100)` gives a ConfigError naming the argument and the value (a
+"""Numbers a float cannot hold, and Fractions: every argument that is a number goes through
+fastnn._checks, so `10**400` or `Fraction(1, 100)` gives a ConfigError naming the argument and the value (a
 DataError naming the file when it comes from a checkpoint), never a raw OverflowError or TypeError."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, EarlyStopping, Trainer
-from fastnn.checks import integer, number, shown
+from fastnn._checks import integer, number, shown
 from fastnn.schedules import Cosine, StepDecay
 
 BIG = 10**400
@@ -151,7 +151,7 @@ def test_a_checkpoint_holding_a_number_too_large_for_a_float_is_a_data_error_nam
 @pytest.mark.xfail(
     strict=True,
     reason="fastnn/sklearn.py's _check_params tests its numbers with np.isfinite (TypeError for both); it must "
-    "call fastnn.checks.number. Left to the helper reworking sklearn.py: remove this mark when it does",
+    "call fastnn._checks.number. Left to the helper reworking sklearn.py: remove this mark when it does",
 )
 @pytest.mark.parametrize("value", [BIG, Fraction(1, 100)], ids=["10**400", "Fraction"])
 def test_sklearn_learning_rate_init_too_large_or_a_fraction(value: object) -> None:

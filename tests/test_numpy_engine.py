@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, AdamW, TrainingDiverged
+from fastnn._model import init_parameters, param_names
+from fastnn._optim import adamw_step, sgd_step
+from fastnn._shuffle import permutation
 from fastnn.engine.base import EngineConfig, batch_slices, steps_per_epoch
 from fastnn.engine.numpy_engine import (
     NumpyEngine,
@@ -19,9 +22,6 @@ from fastnn.engine.numpy_engine import (
     loss_and_grad,
     softmax,
 )
-from fastnn.model import init_parameters, param_names
-from fastnn.optim import adamw_step, sgd_step
-from fastnn.shuffle import permutation
 
 SIZES = {0: [7, 4], 1: [7, 5, 4], 2: [7, 6, 5, 4]}
 

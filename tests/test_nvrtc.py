@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fastnn._errors import ConfigError
 from fastnn.cuda import nvrtc
 from fastnn.cuda._loader import NvrtcError
-from fastnn.errors import ConfigError
 
 ELF = b"\x7fELF"
 ARCHS = ("sm_80", "sm_90")

@@ -1,4 +1,4 @@
-"""The optimizer as the kernels take it: fastnn.optim's KernelParams, native/optim.cuh's OptimParams and the one
+"""The optimizer as the kernels take it: fastnn._optim's KernelParams, native/optim.cuh's OptimParams and the one
 packer between them (driver.arg_struct); every optimizer class covered, the layouts equal, the engines free of
 optimizer-specific code. CPU only (the `bindings` tests need the CUDA wheels, no GPU)."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fastnn.optim as optim
+import fastnn._optim as optim
 from fastnn import MLP
+from fastnn._errors import ConfigError
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.fused.plan import fused_plan
-from fastnn.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 #: One instance of every optimizer, each field away from its default where it has one.
@@ -27,7 +27,7 @@ EXAMPLES = {
 
 
 def _optimizer_classes() -> set[type]:
-    """Every optimizer class fastnn.optim defines (a dataclass with state_names)."""
+    """Every optimizer class fastnn._optim defines (a dataclass with state_names)."""
     return {
         c for c in vars(optim).values()
         if isinstance(c, type) and c.__module__ == optim.__name__ and hasattr(c, "state_names")

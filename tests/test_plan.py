@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from fastnn import MLP
+from fastnn._errors import ConfigError
+from fastnn._model import init_parameters
 from fastnn.engine.plan import ALIGN, gelu_aux_ld, param_layout, precision_spec, relu_aux_ld
-from fastnn.errors import ConfigError
-from fastnn.model import init_parameters
 
 
 def test_layout_offsets_are_aligned_and_disjoint():

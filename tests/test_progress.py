@@ -13,7 +13,7 @@ import pytest
 from test_training_control import EVAL, TRAIN, _reference, _trainer
 
 from fastnn import EarlyStopping, Trainer
-from fastnn import progress as progress_module
+from fastnn import _progress as progress_module
 
 EPOCHS = 6
 

@@ -148,4 +148,5 @@ def test_the_api_reference_covers_the_public_api():
             assert f"fastnn.{name}" in entries, name
     for module in ("sklearn", "distributed"):
         assert f"::: fastnn.{module}" in (reference / f"{module}.md").read_text()
+    assert "::: fastnn.engine.Tuning" in (reference / "engine.md").read_text()  # Trainer(tuning=): advanced, public
     assert "filters: public" in (REPO / "mkdocs.yml").read_text()

@@ -13,10 +13,10 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, DeviceUnavailable, Trainer
+from fastnn._model import init_parameters, param_names
 from fastnn.engine import select
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.numpy_engine import NumpyEngine, backward, forward, mse_loss_and_grad, r2_score
-from fastnn.model import init_parameters, param_names
 
 
 def _linear_data(n: int = 400, d: int = 5, k: int = 2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -169,8 +169,7 @@ def test_checkpoint_records_the_loss_and_old_files_are_classifiers(tmp_path: Pat
     np.testing.assert_array_equal(back.predict(x), t.predict(x))
     back.fit(x, y, epochs=1)  # continues as a regression
     # A file written before regression existed has no "loss": it is a classifier's.
-    from fastnn import checkpoint
-
+    from fastnn import _checkpoint as checkpoint
     config, arrays = checkpoint.load(path)
     config = {k: v for k, v in config.items() if k != "loss"}
     config["model"]["sizes"][-1] = 3
@@ -186,8 +185,8 @@ def test_checkpoint_records_the_loss_and_old_files_are_classifiers(tmp_path: Pat
 
 
 def test_regression_records_pass_the_history_check_and_print():
-    from fastnn.history import History, check_records
-    from fastnn.progress import format_epoch
+    from fastnn._history import History, check_records
+    from fastnn._progress import format_epoch
 
     record = {"epoch": 1, "train_loss": 0.5, "train_accuracy": None, "eval_loss": 0.7, "eval_accuracy": None,
               "seconds": 0.1}  # fmt: skip

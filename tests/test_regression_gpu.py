@@ -3,7 +3,7 @@ losses, evaluate's MSE and R^2, predict's values, the short last batch, uint8 an
 checkpoint round trip, and the engines built directly. Run on a GPU machine:
 `PYTHONPATH=$PWD python3 -m pytest -m gpu -q tests/test_regression_gpu.py`.
 
-Parameter tolerances are those of tests/test_cuda_engine.py's classification comparisons: fp32 tight, "mixed" and
+Parameter tolerances are those of tests/test_gpu_engines.py's classification comparisons: fp32 tight, "mixed" and
 "fp16" looser."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cuda_engine import _assert_close, _engine_class, _refused, _rel
+from test_gpu_engines import _assert_close, _engine_class, _refused, _rel
 
 from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn._model import init_parameters
 from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.numpy_engine import NumpyEngine
-from fastnn.model import init_parameters
 
 pytestmark = pytest.mark.gpu
 

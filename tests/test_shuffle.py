@@ -1,4 +1,4 @@
-"""fastnn.shuffle on the CPU: the seed as the kernels take it (two 32-bit halves), one helper for all callers."""
+"""fastnn._shuffle on the CPU: the seed as the kernels take it (two 32-bit halves), one helper for all callers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fastnn.shuffle import round_keys, split_u64
+from fastnn._shuffle import round_keys, split_u64
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,4 +32,4 @@ def test_no_module_splits_a_64_bit_value_by_hand(path):
     tree = ast.parse((REPO / path).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.RShift) and isinstance(node.right, ast.Constant):
-            assert node.right.value != 32 or path == "fastnn/shuffle.py", (path, node.lineno)
+            assert node.right.value != 32 or path == "fastnn/_shuffle.py", (path, node.lineno)

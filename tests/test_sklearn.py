@@ -107,7 +107,7 @@ def test_early_stopping_restores_the_best_validation_epoch():
                         random_state=0, device="cpu").fit(x, y)  # fmt: skip
     assert clf.n_iter_ < 200 and len(clf.validation_scores_) == clf.n_iter_
     assert clf.best_validation_score_ == max(clf.validation_scores_)
-    _, val = fastnn.control.split_indices(len(x), 0.1, clf.trainer_.config.seed)  # the rows held out
+    _, val = fastnn._control.split_indices(len(x), 0.1, clf.trainer_.config.seed)  # the rows held out
     assert clf.score(x[val], y[val]) == clf.best_validation_score_  # the weights are the best epoch's
 
 
@@ -179,7 +179,7 @@ def test_gpu_fit_predict_and_pickle_to_cpu():
     blob = pickle.dumps(clf)
     cpu = pickle.loads(blob)  # device="cuda" here: on a machine without a GPU it would load on the CPU
     cpu.trainer_ = fastnn.Trainer.load(_save(clf), device="cpu")
-    # The GPU evaluates in "mixed" (fp16 operands): tests/test_cuda_engine.py's bound for its probabilities.
+    # The GPU evaluates in "mixed" (fp16 operands): tests/test_gpu_engines.py's bound for its probabilities.
     np.testing.assert_allclose(cpu.predict_proba(x), clf.predict_proba(x), atol=2e-2)
     assert (cpu.predict(x) == clf.predict(x)).mean() > 0.99
     assert pickle.loads(blob).trainer_.device == "cuda"
@@ -343,7 +343,7 @@ def test_warm_start_continues_from_the_fitted_weights():
             clf.fit(x[y != "emu"], y[y != "emu"])
 
 
-# ---- partial_fit (issue 23 items 10 and 14) --------------------------------------------------------------------
+# ---- partial_fit ----------------------------------------------------------------------------------------------
 
 
 def test_partial_fit_auto_batch_is_min_200_rows_of_each_call():
@@ -430,7 +430,7 @@ def test_regressor_early_stopping_scores_r2_and_keeps_the_best_epoch():
 
     x, y = _regression(n=400)
     reg = MLPRegressor((16,), early_stopping=True, n_iter_no_change=3, random_state=0, device="cpu").fit(x, y)
-    _, val = fastnn.control.split_indices(len(x), 0.1, reg.trainer_.config.seed)
+    _, val = fastnn._control.split_indices(len(x), 0.1, reg.trainer_.config.seed)
     assert reg.best_validation_score_ == max(reg.validation_scores_)
     assert r2_score(y[val], reg.predict(x[val])) == pytest.approx(reg.best_validation_score_, abs=1e-5)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(reg)).predict(x), reg.predict(x))

@@ -13,8 +13,8 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, DeviceUnavailable, FastnnError, History, Trainer
+from fastnn._model import init_parameters
 from fastnn.engine import select
-from fastnn.model import init_parameters
 from fastnn.schedules import Cosine
 
 
@@ -148,7 +148,7 @@ def test_history_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_progress_prints_one_line_per_epoch(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    monkeypatch.setattr(fastnn.progress, "_have_tqdm", lambda: False)  # plain lines; test_training_control: tqdm
+    monkeypatch.setattr(fastnn._progress, "_have_tqdm", lambda: False)  # plain lines; test_training_control: tqdm
     x, y = _data()
     t = _trainer()
     t.fit(x, y, epochs=2)
@@ -185,8 +185,7 @@ def test_checkpoint_gets_the_umask_mode_and_replaces_atomically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
 ) -> None:
     # mkstemp would make 0600; a checkpoint is an ordinary file the user may share, like a dataset file.
-    from fastnn import checkpoint
-
+    from fastnn import _checkpoint as checkpoint
     renames = []
     real_replace = os.replace
 
@@ -277,13 +276,13 @@ def test_cuda_without_gpu_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cuda_when_fastnn_device_cannot_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "fastnn.device", None)
-    with pytest.raises(DeviceUnavailable, match="fastnn.device"):
+    monkeypatch.setitem(sys.modules, "fastnn._device", None)
+    with pytest.raises(DeviceUnavailable, match="fastnn._device"):
         Trainer(MLP([12, 4]), device="cuda")
 
 
 def test_cuda_on_a_machine_without_gpu_names_the_reason() -> None:
-    device = pytest.importorskip("fastnn.device")
+    device = pytest.importorskip("fastnn._device")
     usable, reason = device.cuda_status()
     if usable:
         pytest.skip("this machine has a usable GPU")

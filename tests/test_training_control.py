@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_trust import _assert_state, _state
+from test_state_integrity import _assert_state, _state
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, EarlyStopping, StopTraining, Trainer, TrainingDiverged
-from fastnn import progress as progress_module
-from fastnn.control import split_indices
+from fastnn import _progress as progress_module
+from fastnn._control import split_indices
 from fastnn.engine.base import Engine
 from fastnn.engine.numpy_engine import NumpyEngine
 

@@ -3,7 +3,7 @@ same weights, a callback stops with no epoch trained past it (the engine queues 
 validation split is the same rows. Run on a GPU machine: `PYTHONPATH=$PWD python3 -m pytest -m gpu -q`.
 
 Every case runs on the GPU engine matrix (the `engine` fixture, tests/conftest.py) in fp32, with the tolerance
-of tests/test_cuda_engine.py's fp32 comparisons; neighbouring epochs' weights differ by more than 1% here, so a
+of tests/test_gpu_engines.py's fp32 comparisons; neighbouring epochs' weights differ by more than 1% here, so a
 stop one epoch late fails.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_engine import _refused
+from test_gpu_engines import _refused
 from test_training_control import EPOCHS, EVAL, OPTIMIZERS, TRAIN, _expected_stop, _reference, _state
 
 import fastnn
 from fastnn import MLP, EarlyStopping, StopTraining, Trainer
-from fastnn import progress as progress_module
-from fastnn.control import split_indices
+from fastnn import _progress as progress_module
+from fastnn._control import split_indices
 
 pytestmark = pytest.mark.gpu
 

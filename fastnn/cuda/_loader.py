@@ -14,8 +14,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, DeviceUnavailable, FastnnError
-from ..install import pip_install
+from .._errors import ConfigError, DeviceUnavailable, FastnnError
+from .._install import pip_install
 from . import _capture
 
 __all__ = [

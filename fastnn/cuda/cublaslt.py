@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DeviceUnavailable
+from .._errors import ConfigError, DeviceUnavailable
 from ._loader import (
     CudaLibraryError,
     LibraryObject,

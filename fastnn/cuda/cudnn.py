@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, DeviceUnavailable
+from .._errors import ConfigError, DeviceUnavailable
 from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, in_current_context, stream_ptr
 
 __all__ = [

@@ -25,8 +25,8 @@ import numpy as np
 from cuda.bindings import __version__ as _bindings_version
 from cuda.bindings import driver as cu
 
-from ..errors import ConfigError, DeviceUnavailable
-from ..install import pip_install
+from .._errors import ConfigError, DeviceUnavailable
+from .._install import pip_install
 from . import _capture
 from ._loader import DRIVER_HINT, CudaDriverError, c_int_value
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from .._errors import ConfigError
 from . import _capture
 from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, stream_ptr
 

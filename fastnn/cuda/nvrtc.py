@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _files
 from .._cachedir import refusal as _refusal
-from ..errors import ConfigError, DeviceUnavailable, FastnnError
+from .._errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
 __all__ = [

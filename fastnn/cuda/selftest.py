@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import FastnnError
+from .._errors import FastnnError
 
 __all__ = ["SelfTestFailed", "run_selftest"]
 

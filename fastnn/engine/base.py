@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..model import MLP
-from ..optim import Optimizer
+from .._model import MLP
+from .._optim import Optimizer
 from .tuning import Tuning
 
 __all__ = ["LOSSES", "PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batch_slices", "steps_per_epoch"]
@@ -42,7 +42,7 @@ class EngineConfig:
     precision: str = "mixed"
     seed: int = 0
     drop_last: bool = False
-    normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn.data.check_normalize)
+    normalize: tuple[Any, Any] | None = None  #: floats, or per-feature tuples (fastnn._data.check_normalize)
     data_placement: str = "auto"  #: GPU engines: where the training set lives (fastnn.engine.placement)
     tuning: Tuning = Tuning()  #: the engines' measured choices (fastnn.engine.tuning); not saved in checkpoints
     loss: str = "cross_entropy"  #: one of LOSSES (the NumPy engine's functions define each)
@@ -113,7 +113,7 @@ class Engine(ABC):
         Epoch k of this call has absolute index first_epoch + k (it keys the shuffle). After the
         epochs whose k is in `eval_after`, evaluate on eval_data and fill the stats' eval fields.
         Call `on_epoch` in order as each epoch's numbers are known (through `report`). If an epoch's
-        loss or the state it leaves (`fastnn.state.state_problem`) is not finite, restore the
+        loss or the state it leaves (`fastnn._state.state_problem`) is not finite, restore the
         parameters and optimizer state to the end of the last finite epoch and raise TrainingDiverged
         naming that epoch by its number, absolute index + 1 (on_epoch is not called for it).
 
@@ -123,7 +123,7 @@ class Engine(ABC):
         reported once `report` has set `last_reported` to its stats, whether or not on_epoch returns;
         the caller reconciles from `last_reported` if an interrupt lands before on_epoch could act.
 
-        stoppable: on_epoch may raise to stop after the epoch it reports (fastnn.control's StopTraining), and
+        stoppable: on_epoch may raise to stop after the epoch it reports (fastnn.StopTraining), and
         no epoch after it may have trained then: the GPU engines queue no epoch ahead of the one reported
         (an idle gap of a host round trip per epoch instead of up to INFLIGHT_EPOCHS queued).
         on_step: called after every training step by engines that run steps from the host (the NumPy

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._errors import StopTraining, TrainingDiverged
 from ..cuda import nccl  # the module only: NCCL itself loads on first use (optional)
-from ..errors import StopTraining, TrainingDiverged
 from .base import Engine, EpochStats, OnEpoch
 
 __all__ = ["BAD_STATE_OFFSET", "EPOCH_STATE_DTYPE", "INFLIGHT_EPOCHS", "EpochEngine", "EpochEvalContext", "EpochRun",

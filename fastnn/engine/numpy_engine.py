@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import input_affine, prepare_batch
-from ..errors import TrainingDiverged
-from ..model import MLP, param_names
-from ..optim import AdamW, adamw_step, sgd_step
-from ..shuffle import permutation
-from ..state import state_problem
+from .._data import input_affine, prepare_batch
+from .._errors import TrainingDiverged
+from .._model import MLP, param_names
+from .._optim import AdamW, adamw_step, sgd_step
+from .._shuffle import permutation
+from .._state import state_problem
 from .base import Engine, EngineConfig, EpochStats, OnEpoch, batch_slices, steps_per_epoch
 
 __all__ = [

@@ -7,7 +7,7 @@ epoch graph (same sample order and results, slower per step); `"auto"` takes the
 
 from __future__ import annotations
 
-from ..errors import ConfigError, DataError
+from .._errors import ConfigError, DataError
 
 __all__ = ["DEVICE_FRACTION", "PLACEMENTS", "check_placement", "choose_placement"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..model import MLP, param_names
+from .._errors import ConfigError
+from .._model import MLP, param_names
 
 __all__ = ["ALIGN", "ParamLayout", "PrecisionSpec", "gelu_aux_ld", "param_layout", "precision_spec", "relu_aux_ld"]
 

@@ -19,9 +19,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from .._errors import ConfigError, DeviceUnavailable
+from .._gpu_arrays import CudaArray, check_on_device
 from ..cuda import deferring, nccl
-from ..errors import ConfigError, DeviceUnavailable
-from ..gpu_arrays import CudaArray, check_on_device
 from .base import Engine, EngineConfig, OnEpoch
 from .epochs import EpochRun, EpochRuns, drive_epochs
 from .graph import GraphEngine

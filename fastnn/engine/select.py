@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import ConfigError, DeviceUnavailable
+from .._errors import ConfigError, DeviceUnavailable
 from .base import Engine, EngineConfig
 
 __all__ = [
@@ -82,9 +82,9 @@ def graph_engine_class() -> type[Engine]:
         DeviceUnavailable: no usable GPU, or the GPU modules cannot be imported; the message says which.
     """
     try:
-        from ..device import cuda_status
+        from .._device import cuda_status
     except ImportError as exc:
-        raise DeviceUnavailable(f"fastnn.device failed to import: {exc}") from exc
+        raise DeviceUnavailable(f"fastnn._device failed to import: {exc}") from exc
     usable, reason = cuda_status()
     if not usable:
         raise DeviceUnavailable(f"no usable GPU: {reason}")

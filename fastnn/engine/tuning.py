@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["FUSED_LAYOUTS", "Tuning", "check_tuning"]
 

@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..._data import input_affine
+from ..._errors import ConfigError, DataError
+from ..._shuffle import feistel_bits, split_u64
 from ...cuda import driver
 from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32
-from ...data import input_affine
-from ...errors import ConfigError, DataError
-from ...shuffle import feistel_bits, split_u64
 from ..base import EngineConfig
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...optim import KIND_SGD
+from ..._optim import KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
 

@@ -14,9 +14,9 @@ import contextlib
 
 import numpy as np
 
+from ..._data import input_affine
+from ..._gpu_arrays import CudaArray
 from ...cuda import cublaslt, cudnn, driver, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
-from ...data import input_affine
-from ...gpu_arrays import CudaArray
 from ..base import Engine, EngineConfig, OnEpoch
 from ..epochs import EPOCH_STATE_DTYPE, EpochRun, EpochRuns, drive_epochs
 from ..group import Group

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..._data import input_affine
+from ..._shuffle import feistel_bits, split_u64
 from ...cuda import driver, nvrtc
 from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
-from ...data import input_affine
-from ...shuffle import feistel_bits, split_u64
 from .buffers import itemsize
 
 if TYPE_CHECKING:

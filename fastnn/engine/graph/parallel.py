@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..._errors import ConfigError
+from ..._shuffle import split_u64
 from ...cuda import deferring, driver, nccl
 from ...cuda.driver import arg_i32, arg_ptr
-from ...errors import ConfigError
-from ...shuffle import split_u64
 from ..base import LOSSES, PRECISIONS
 from ..epochs import hold_ctrl_c
 from ..group import Group

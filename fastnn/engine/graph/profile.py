@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..._errors import ConfigError
 from ...cuda import driver
-from ...errors import ConfigError
 from .step import step_nodes
 
 if TYPE_CHECKING:

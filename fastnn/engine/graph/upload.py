@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..._gpu_arrays import CudaArray, check_on_device
 from ...cuda import driver
-from ...gpu_arrays import CudaArray, check_on_device
 
 __all__ = ["DataKey", "data_key", "upload"]
 

@@ -1,7 +1,7 @@
-"""Nothing lost, nothing half-trusted (issue 8, items 1-4, 10, 11, 13) on the CPU: an epoch counts only with a
-finite loss and a finite state, interrupts leave counters, history and weights at the same epoch, `save`
-writes only what `load` takes, values are checked in the type that holds them, counters stay in range, and
-a long fit builds its lr table per chunk. The GPU halves are in tests/test_cuda_engine.py."""
+"""The training state stays whole and trusted, on the CPU: an epoch counts only with a finite loss and a finite
+state, interrupts leave counters, history and weights at the same epoch, `save` writes only what `load` takes,
+values are checked in the type that holds them, counters stay in range, and a long fit builds its lr table per
+chunk. The GPU halves are in tests/test_gpu_engines.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, FastnnError, Trainer, TrainingDiverged
-from fastnn import progress as progress_module
-from fastnn import trainer as trainer_module
+from fastnn import _progress as progress_module
+from fastnn import _trainer as trainer_module
+from fastnn._model import init_parameters
+from fastnn._state import MAX_EPOCH
 from fastnn.engine.base import Engine
 from fastnn.engine.numpy_engine import NumpyEngine
-from fastnn.model import init_parameters
-from fastnn.state import MAX_EPOCH
 
 D, C = 4, 3
 
@@ -62,7 +62,7 @@ def _rewrite(src: Path, dst: Path, edit: Callable[[dict, dict], None]) -> Path:
     return dst
 
 
-# ---- 1. an epoch is finite only if its loss and the state it leaves are ---------------------------------------
+# ---- an epoch is finite only if its loss and the state it leaves are ------------------------------------------------
 
 
 def test_last_update_making_weights_inf_is_divergence_and_save_stays_loadable(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_weights_beyond_float16_are_divergence_in_half_precisions(precision: str
     assert np.abs(f32.state_dict()["0.weight"]).max() > 65520
 
 
-# ---- 2. after any interrupt, counters, history and weights describe the same moment --------------------------
+# ---- after any interrupt, counters, history and weights describe the same moment ------------------------------------
 
 
 def _reference(epochs: int, **kw) -> dict[str, np.ndarray]:
@@ -208,7 +208,7 @@ def test_interrupt_while_printing_progress_keeps_the_epoch(monkeypatch: pytest.M
     _assert_consistent(t, 2, [False, False])
 
 
-# ---- 3. save never writes what load refuses ------------------------------------------------------------------
+# ---- save never writes what load refuses ----------------------------------------------------------------------------
 
 
 def test_adamw_second_moment_overflow_is_divergence_and_the_saved_file_stays_good(tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_save_refuses_what_load_would_and_keeps_the_old_file(tmp_path: Path, cas
     Trainer.load(path, device="cpu")
 
 
-# ---- 4. finite in the type actually used ---------------------------------------------------------------------
+# ---- finite in the type actually used -------------------------------------------------------------------------------
 
 
 def _fails_cleanly(t: Trainer, call: Callable[[], object], error: type[Exception], *words: str) -> None:
@@ -343,7 +343,7 @@ def test_normalize_that_overflows_float32_is_a_config_error(normalize, words) ->
     _names(info.value, "normalize", *words)
 
 
-# ---- 10. raw errors where a named one is due -----------------------------------------------------------------
+# ---- raw errors where a named one is due ----------------------------------------------------------------------------
 
 
 def test_epochs_as_numpy_uint64_max_is_a_config_error() -> None:
@@ -359,7 +359,7 @@ def test_a_model_too_big_to_allocate_is_refused_naming_the_bytes() -> None:
     _names(info.value, "sizes", "8,796,093,022,211 parameters", "35,184,372,088,844 bytes", "TiB", "2**31")
 
 
-# ---- 11. checkpoint values accepted but wrong ----------------------------------------------------------------
+# ---- checkpoint values accepted but wrong ---------------------------------------------------------------------------
 
 
 def _set(key: str, value: object) -> Callable[[dict, dict], None]:
@@ -423,7 +423,7 @@ def test_epoch_counter_stops_at_2_32_and_a_trainer_there_saves_and_loads(tmp_pat
     assert Trainer.load(tmp_path / "full.npz", device="cpu").epoch == MAX_EPOCH
 
 
-# ---- 13. a long fit builds its lr table per chunk of epochs --------------------------------------------------
+# ---- a long fit builds its lr table per chunk of epochs -------------------------------------------------------------
 
 
 def test_fit_of_10_7_epochs_builds_one_chunk_of_lr_table_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -472,7 +472,7 @@ def test_chunked_fit_equals_one_table_and_stops_cleanly_at_a_bad_step(monkeypatc
     _assert_state(_state(failing), _state(reference))
 
 
-# ---- 1, GPU side, checked on the CPU: the EpochState layout and the epoch-end kernels ---------------------------
+# ---- finite epochs, GPU side, checked on the CPU: the EpochState layout and the epoch-end kernels -------------------
 
 
 def test_epoch_state_struct_and_its_numpy_dtype_agree() -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from . import checkpoint
-from .checks import integer
-from .control import (
+from . import _checkpoint
+from ._checks import integer
+from ._control import (
     Callback,
     EarlyStopping,
     StopTraining,
@@ -28,20 +28,20 @@ from .control import (
     run_callbacks,
     split_indices,
 )
-from .data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
+from ._data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
+from ._errors import ConfigError, DataError, FastnnError
+from ._gpu_arrays import CudaArray
+from ._history import History, check_records, encode_records
+from ._model import MLP, init_parameters, param_names
+from ._optim import OPTIMIZERS, SGD, Optimizer
+from ._progress import check_progress, reporter
+from ._state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
 from .engine.base import LOSSES, PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
 from .engine.placement import check_placement
 from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
-from .errors import ConfigError, DataError, FastnnError
-from .gpu_arrays import CudaArray
-from .history import History, check_records, encode_records
-from .model import MLP, init_parameters, param_names
-from .optim import OPTIMIZERS, SGD, Optimizer
-from .progress import check_progress, reporter
 from .schedules import Schedule, bind, check_schedule, lr_table
-from .state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
 
 __all__ = ["Trainer"]
 
@@ -224,7 +224,7 @@ class Trainer:
         float targets (N,) or (N, k) (a regression's records have no accuracy: None). With eval_data
         = (x_eval, y_eval), evaluate after every `eval_every`-th epoch of this call and after its last.
         `validation_split=f` instead holds out ceil(f * N) rows of (x, y) as the eval data, chosen by
-        `fastnn.control.split_indices` from the trainer's seed (the same rows on every engine and call).
+        a permutation keyed by the trainer's seed (the same rows on every engine and call).
         Epochs are numbered from 1 wherever they are shown: record["epoch"] == n is the trainer's n-th epoch,
         and `trainer.epoch` (epochs done) is n after it.
 
@@ -242,7 +242,7 @@ class Trainer:
         Everything is validated before any training; the schedule is evaluated for every step of a chunk
         of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
         at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
-        A trainer counts at most 2**32 epochs (`fastnn.state.MAX_EPOCH`).
+        A trainer counts at most 2**32 epochs.
 
         Interrupted (Ctrl-C, an error in a callback), the counters, history and weights
         all describe the end of the same epoch: the last one whose training finished.
@@ -423,7 +423,7 @@ class Trainer:
         if isinstance(x, np.ndarray):
             # On the CPU too: the NumPy engine computes in float32 whatever the precision, but the same call must
             # give the same answer on every device, and precision "mixed"/"fp16" says float16 operands (as the
-            # state checks of fastnn.state hold the weights to float16's range on the CPU as well).
+            # state checks of fastnn._state hold the weights to float16's range on the CPU as well).
             operand = precision_spec(cfg.precision).operand
             check_operand_range(x, cfg.normalize, operand, name, f"precision={cfg.precision!r}")
         return x
@@ -517,7 +517,7 @@ class Trainer:
 
         Raises:
             DataError: a name is missing or unexpected, or an array has the wrong shape or values that are not
-                finite in float32 (or, with precision "fp16"/"mixed", in float16: see `fastnn.state`).
+                finite in float32 (or, with precision "fp16"/"mixed", in float16).
             FastnnError: called while this trainer's fit runs (from a callback).
         """
         self._check_open()
@@ -559,7 +559,7 @@ class Trainer:
             raise DataError(
                 f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
             ) from exc
-        checkpoint.save(path, config, state)
+        _checkpoint.save(path, config, state)
 
     @classmethod
     def load(
@@ -584,7 +584,7 @@ class Trainer:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
         # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
-        config, arrays = checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
+        config, arrays = _checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_engine(device, engine)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from .errors import DeviceUnavailable
+from ._errors import DeviceUnavailable
 
 __all__ = ["cuda_status", "require_cuda"]
 
@@ -25,7 +25,7 @@ def cuda_status() -> tuple[bool, str]:
         usable, reason = False, f"CUDA probe failed unexpectedly: {type(exc).__name__}: {exc}"
     if not usable:
         try:
-            from .environment import cuda_packages
+            from ._environment import cuda_packages
 
             mixed = cuda_packages().problem()
         except Exception:  # unreadable metadata must not hide the reason itself

@@ -12,7 +12,7 @@ import importlib.metadata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .install import pip_install
+from ._install import pip_install
 
 __all__ = ["CudaPackages", "cuda_packages"]
 

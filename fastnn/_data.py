@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .checks import shown
-from .errors import ConfigError, DataError
-from .gpu_arrays import CudaArray, cuda_array
-from .state import FP16_MAX
+from ._checks import shown
+from ._errors import ConfigError, DataError
+from ._gpu_arrays import CudaArray, cuda_array
+from ._state import FP16_MAX
 
 __all__ = [
     "check_inputs", "check_labels", "check_normalize", "check_operand_range", "check_targets", "input_affine",

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .checks import integer, number
-from .errors import ConfigError, DataError, StopTraining
+from ._checks import integer, number
+from ._errors import ConfigError, DataError, StopTraining
 
 __all__ = [
     "MONITORS",
@@ -35,7 +35,7 @@ __all__ = [
 #: What early stopping can watch, and whether smaller is better.
 MONITORS = {"eval_loss": True, "eval_accuracy": False}
 #: The SeedSequence spawn key of the validation split's stream: PCG64(SeedSequence(seed, spawn_key=(SPLIT_STREAM,)))
-#: is independent of the initial weights' PCG64(seed) and of every epoch's shuffle (fastnn/shuffle.py).
+#: is independent of the initial weights' PCG64(seed) and of every epoch's shuffle (fastnn/_shuffle.py).
 SPLIT_STREAM = 0x5B17
 
 #: A callback receives each epoch's record (a dict copy of the History record) once it is recorded.

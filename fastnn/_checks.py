@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import ConfigError
+from ._errors import ConfigError
 
 __all__ = ["integer", "number", "shown"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import shown
-from .errors import ConfigError
+from ._checks import shown
+from ._errors import ConfigError
 
 __all__ = ["ACTIVATIONS", "MAX_PARAMETERS", "MLP", "init_parameters", "param_names"]
 

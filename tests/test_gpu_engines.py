@@ -1,10 +1,11 @@
 """The GPU engines against the NumPy engine (the definition of correct). Run on a GPU machine:
 `PYTHONPATH=$PWD python3 -m pytest -m gpu -q`. Fashion-MNIST checks read $FASTNN_DATA.
 
-Every comparison runs on both GPU engines (the `engine` fixture): the graph engine and the fused engine,
-the latter twice: with the shared-memory layouts it picks, and forced into its lean layout (no fp16 weight
-copy, momentum holding the gradient), which it otherwise takes only for models too big for the standard one;
-all with the same tolerances. A case the fused engine cannot hold is checked to be refused with a ConfigError
+Every comparison runs on each entry of the engine matrix (the `engine` fixture, tests/conftest.py's
+GPU_ENGINES): the graph engine; the fused engine twice, with the shared-memory layouts it picks and forced into its
+lean layout (no fp16 weight copy, momentum holding the gradient), which it otherwise takes only for models too big
+for the standard one; and the graph engine as one rank of a data-parallel group, as a replica, and sharded; all
+with the same tolerances. A case the fused engine cannot hold is checked to be refused with a ConfigError
 naming the limit, and only where the fused engine's requirements allow a refusal (`_fused_must_hold`)."""
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import pytest
 
 import fastnn
 from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn._model import init_parameters
+from fastnn._shuffle import permutation
 from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig, steps_per_epoch
-from fastnn.model import init_parameters
-from fastnn.shuffle import permutation
 
 pytestmark = pytest.mark.gpu
 
@@ -405,7 +406,7 @@ def test_fused_holds_the_models_it_must(sizes):
         assert t.engine == "fused"
 
 
-# ---- issue 8: the state an epoch leaves, interrupts, the u32 epoch field ------------------------------------------
+# ---- the state an epoch leaves, interrupts, the u32 epoch field --------------------------------------------------
 
 
 def _diverging_case(case: str):

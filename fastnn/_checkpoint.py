@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _files
-from .errors import ConfigError, DataError
+from ._errors import ConfigError, DataError
 
 __all__ = ["FORMAT", "VERSION", "load", "save"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from ._errors import DataError
 
 __all__ = ["FP16_MAX", "MAX_EPOCH", "MAX_STEP", "check_counters", "checked_state", "state_problem"]
 

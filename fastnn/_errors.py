@@ -25,7 +25,7 @@ class StopTraining(FastnnError):
     """Raised by a `fit` callback to stop training after the epoch it was called for (that epoch is kept).
 
     `fit` catches it and returns normally; returning True from a callback does the same. (Defined here, below
-    the engines, whose epoch loop raises it on the ranks that another rank stopped; `fastnn.control` exports it.)
+    the engines, whose epoch loop raises it on the ranks that another rank stopped.)
     """
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import number, shown
-from .errors import ConfigError
+from ._checks import number, shown
+from ._errors import ConfigError
 
 __all__ = ["OPTIMIZERS", "SGD", "AdamW", "KernelParams", "Optimizer", "adamw_step", "sgd_step"]
 

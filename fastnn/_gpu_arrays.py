@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from ._errors import DataError
 
 __all__ = ["CudaArray", "check_on_device", "cuda_array"]
 

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .errors import ConfigError
+from ._errors import ConfigError
 
 __all__ = ["PROGRESS", "EpochReporter", "check_progress", "format_epoch", "print_epoch", "reporter"]
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from .install import DISTRIBUTION, OTHER_PROJECT, installed_version, other_project_version, pip_install
+from ._install import DISTRIBUTION, OTHER_PROJECT, installed_version, other_project_version, pip_install
 
 __all__ = ["format_version", "info_lines", "run_info"]
 
@@ -89,7 +89,7 @@ def _installed() -> str:
 
 def _cuda_installed() -> bool:
     """Whether any CUDA package is installed: cuda-bindings importable, or a CUDA wheel in the metadata."""
-    from .environment import cuda_packages
+    from ._environment import cuda_packages
 
     try:
         importlib.import_module("cuda.bindings")
@@ -118,8 +118,8 @@ def info_lines() -> tuple[list[str], int]:
     import numpy
 
     from . import __version__
-    from .device import cuda_status
-    from .environment import cuda_packages
+    from ._device import cuda_status
+    from ._environment import cuda_packages
 
     rows = [
         ("fastnn", __version__),
