@@ -161,18 +161,22 @@ class GraphEngine(Engine):
         (zero before the first call), as the NumPy engine does."""
         self.dev.make_current()
         self.stream.synchronize()
-        raw = np.zeros(self.state_bytes, dtype=np.uint8)
-        if self._state_set:
-            self.train_state.download(raw)
-        params = self.layout.pack(state, self.spec.param).view(np.uint8)
-        raw[: params.size] = params
+        # Every tensor checked (and cast where its type differs) before a byte is written: a bad one changes nothing.
+        regions = [(0, self.spec.param, self.layout.placed(state, self.spec.param))]
         for i, name in enumerate(self.opt_names):
             prefix = f"opt.{name}."
             if all(prefix + n in state for n in self.layout.names):
-                flat = self.layout.pack({n: state[prefix + n] for n in self.layout.names}, np.float32)
-                start = self.param_bytes + i * self.opt_bytes
-                raw[start : start + flat.nbytes] = flat.view(np.uint8)
-        self.train_state.upload(raw)
+                tensors = self.layout.placed({n: state[prefix + n] for n in self.layout.names}, np.float32)
+                regions.append((self.param_bytes + i * self.opt_bytes, np.float32, tensors))
+        if not self._state_set:
+            self.train_state.memset(0)
+        # Each region given is rewritten whole, its padding zero (layout.pack's bytes); the others stay as they are.
+        # Each tensor goes straight from the caller's array: no flat host copy of the whole state (for 140M parameters
+        # a flat copy was 0.56 GB of fresh pages per region, written and then read by the upload).
+        for start, dtype, tensors in regions:
+            driver.memset_d32(self.train_state.ptr + start, 0, self.layout.total * itemsize(dtype) // 4, self.stream)
+            for off, tensor in tensors:
+                self.train_state.upload(tensor, offset=start + off * itemsize(dtype))
         self._state_set = True
         kernels.refresh_half_copy(self)
         self.stream.synchronize()
