@@ -37,6 +37,9 @@ class GraphEngine(Engine):
 
     device = "cuda"
     name = "graph"
+    #: Whether the engine's constructor makes what the step's plans and kernels need (load_step_libraries), so that
+    #: a failure is reported before any work; the fused engine's epoch needs none of it (only its evaluation does).
+    step_libraries_at_build = True
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
                  group: Group | None = None) -> None:  # fmt: skip
@@ -62,11 +65,12 @@ class GraphEngine(Engine):
             self.dev = driver.get_device(ordinal)
             self.dev.make_current()
             self.stream = own(driver.Stream(self.dev))
-            self.lt = own(cublaslt.Handle())
-            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
-            self.dnn = own(cudnn.Handle(self.stream))
-            self.gather_mod = kernels.module(self.dev, "gather.cu")
-            self.loss_mod = kernels.module(self.dev, "loss.cu")
+            self.lt: cublaslt.Handle | None = None  # these five: load_step_libraries()
+            self.workspace: cublaslt.Workspace | None = None
+            self.dnn: cudnn.Handle | None = None
+            self.gather_mod = self.loss_mod = None
+            if self.step_libraries_at_build:
+                self.load_step_libraries()
             self.update_mod = kernels.module(self.dev, "update.cu")
             self.opt_names = config.optimizer.state_names
             total = self.layout.total
@@ -96,6 +100,22 @@ class GraphEngine(Engine):
         except BaseException:
             self._res.release()
             raise
+
+    def load_step_libraries(self) -> None:
+        """Make, once, what the graph step's and the evaluation's plans and kernels use: the cuBLASLt handle and
+        workspace, the cuDNN handle, the gather and loss kernels. Before any capture (they allocate and load)."""
+        if self.loss_mod is not None:  # the last one made: all there
+            return
+        own = self._res.own
+        self.dev.make_current()
+        if self.lt is None:  # one by one: after a failure the next call makes only what is missing
+            self.lt = own(cublaslt.Handle())
+        if self.workspace is None:
+            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
+        if self.dnn is None:
+            self.dnn = own(cudnn.Handle(self.stream))
+        self.gather_mod = kernels.module(self.dev, "gather.cu")
+        self.loss_mod = kernels.module(self.dev, "loss.cu")
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -289,6 +309,7 @@ class GraphEngine(Engine):
     def eval_context(self, x: np.ndarray, y: np.ndarray | None) -> EvalContext:
         """The forward graph for x's shape, with x and y uploaded afresh: evaluation data is small, and
         uploading it on every call (once per `fit`, not per epoch) means an array changed in place is seen."""
+        self.load_step_libraries()  # the fused engine's first evaluation: its forward plans need them
         ctx = self._eval
         if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
             ctx.load(x, y)
