@@ -246,13 +246,18 @@ def unchecked_function(lib: ctypes.CDLL, name: str, signatures: dict, status: ob
     code for every integer argument of every call."""
     restype, argtypes = signatures[name]
     fn = lib[name]  # a new function object: lib.<name> keeps its checked declaration
-    fn.argtypes = list(argtypes)
+    _declare(fn, restype, list(argtypes), status, errcheck)
+    return fn
+
+
+def _declare(fn: Any, restype: Any, argtypes: list, status: object, errcheck: Callable) -> None:
+    """Declare `fn`'s types; a restype of `status` becomes a C int checked by `errcheck`."""
+    fn.argtypes = argtypes
     if restype is status:
         fn.restype = ctypes.c_int
         fn.errcheck = errcheck
     else:
         fn.restype = restype
-    return fn
 
 
 def bind_library(libname: str, display: str, version_symbol: str | None, signatures: dict, status: object,
@@ -276,10 +281,5 @@ def bind_library(libname: str, display: str, version_symbol: str | None, signatu
             raise DeviceUnavailable(
                 f"{describe} lacks the symbol {name} that fastnn needs; fix: {_hint(libname)}"
             ) from exc
-        fn.argtypes = [checked_argtype(t) for t in argtypes]  # integers that would wrap are refused
-        if restype is status:
-            fn.restype = ctypes.c_int
-            fn.errcheck = errcheck
-        else:
-            fn.restype = restype
+        _declare(fn, restype, [checked_argtype(t) for t in argtypes], status, errcheck)  # no int may wrap
     return lib
