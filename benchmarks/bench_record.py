@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         loss()
         update()
 
-    rows = [(name, time_calls(fn, args.calls if name != "step" else args.calls // 10))
+    rows = [(name, time_calls(fn, args.calls if name != "step" else max(1, args.calls // 10)))
             for name, fn in (("matmul", matmul), ("softmax", softmax), ("loss", loss), ("update", update),
                              ("step", step))]  # fmt: skip
     print("| call | us per call |\n|---|---:|")
