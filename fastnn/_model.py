@@ -102,9 +102,24 @@ def init_parameters(model: MLP, seed: int) -> dict[str, np.ndarray]:
     names = iter(param_names(model))
     for fan_in, fan_out in model.layers:
         bound = 1.0 / math.sqrt(fan_in)
-        params[next(names)] = rng.uniform(-bound, bound, size=(fan_out, fan_in)).astype(np.float32)
-        params[next(names)] = rng.uniform(-bound, bound, size=(fan_out,)).astype(np.float32)
+        params[next(names)] = _uniform_f32(rng, bound, (fan_out, fan_in))
+        params[next(names)] = _uniform_f32(rng, bound, (fan_out,))
     return params
+
+
+#: Draws per piece in _uniform_f32: 512 KiB of float64, which stays in the CPU's cache until it is cast.
+_INIT_CHUNK = 1 << 16
+
+
+def _uniform_f32(rng: np.random.Generator, bound: float, shape: tuple[int, ...]) -> np.ndarray:
+    """`rng.uniform(-bound, bound, size=shape).astype(np.float32)`, bit for bit, drawn in pieces: uniform draws one
+    double after another, so pieces draw the same doubles, and no float64 array of the whole tensor is made (for
+    MLP 784-8192x3-10 that was 1.1 GB of memory written, then read again by the cast: ~5x slower)."""
+    out = np.empty(shape, dtype=np.float32)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, _INIT_CHUNK):
+        flat[start : start + _INIT_CHUNK] = rng.uniform(-bound, bound, size=min(_INIT_CHUNK, flat.size - start))
+    return out
 
 
 def _bytes(n: int) -> str:

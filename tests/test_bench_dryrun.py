@@ -795,3 +795,16 @@ def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):
     assert rows["current"][-1] == "same |" and rows["-lineinfo (for scale)"][-1] == "same |"
     assert int(rows["-lineinfo (for scale)"][4]) > int(rows["current"][4])  # debug sections, same code
     assert rows["--Ofast-compile=max"][-1] == "other |"
+
+
+@pytest.mark.bindings
+def test_record_benchmark_times_a_steps_calls_on_the_cpu():
+    """bench_record.py runs on the CPU (the libraries stubbed) and reports every call of a recorded step."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(BENCH / "bench_record.py"), "--calls", "20"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = dict(re.findall(r"\| (\w+) \| ([0-9.]+) \|", res.stdout))
+    assert set(rows) == {"matmul", "softmax", "loss", "update", "step"} and all(float(v) > 0 for v in rows.values())
+    assert "an epoch of 1,875 steps" in res.stdout

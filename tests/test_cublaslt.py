@@ -358,6 +358,113 @@ def test_handle_without_gpu_is_device_unavailable():
         lt.Handle()
 
 
+def _cpu_workspace(nbytes: int = 1 << 20) -> lt.Workspace:
+    ws = object.__new__(lt.Workspace)  # no device memory: the plan only passes its address and size on
+    ws.nbytes, ws.ptr = nbytes, 1 << 30
+    return ws
+
+
+@pytest.fixture
+def cpu_plan(monkeypatch):
+    """A Matmul (RELU_AUX_BIAS) built without a GPU: its real descriptors (host-only) and a blank algorithm in place
+    of the heuristic's; `calls` records every cublasLtMatmul call, which returns success (libc's labs of the NULL
+    handle, through the declaration the plan uses)."""
+    monkeypatch.setattr(lt.Matmul, "_heuristic", lambda self: [lt._Algo()])
+    plan = lt.Matmul(
+        type("FakeHandle", (), {"ptr": 0})(), 64, 32, 64, transa=True, transb=False, ab_type=lt.DataType.R_16F,
+        cd_type=lt.DataType.R_16F, compute=lt.ComputeType.COMPUTE_32F, epilogue=E.RELU_AUX_BIAS,
+        workspace=_cpu_workspace(),
+    )  # fmt: skip
+    labs = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(ctypes.CDLL(None).labs, ctypes.c_void_p).value)
+    restype, argtypes = lt._SIGNATURES["cublasLtMatmul"]
+    labs.argtypes, labs.errcheck = argtypes, lt._errcheck
+    plan.calls = []
+
+    def cublas_lt_matmul(*args):
+        plan.calls.append(args)
+        return labs(*args)
+
+    monkeypatch.setattr(lt, "_matmul_call", lambda: cublas_lt_matmul)
+    yield plan
+    plan.close()
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"a": 0}, "a must be a device pointer"),
+        ({"b": -256}, "b must be a device pointer"),
+        ({"d": 256.0}, "d must be a device pointer"),
+        ({"a": True}, "a must be a device pointer"),
+        ({"b": 4096 + 16}, "b=0x1010 is not 256-byte aligned"),
+        ({"c": 4096 + 4}, "c=0x1004 is not 256-byte aligned"),
+        ({"bias": 0}, r"bias \(needed by RELU_AUX_BIAS\) must be a device pointer"),
+        ({"aux": 4100}, r"aux \(needed by RELU_AUX_BIAS\)=0x1004 is not 256-byte aligned"),
+        ({"alpha": "1"}, "alpha and beta must be numbers"),
+        ({"beta": None}, "alpha and beta must be numbers"),
+        ({"d": 2**64 + 8192}, "d must be a device pointer"),  # c_void_p would wrap it to 8192
+    ],
+)
+def test_matmul_call_refuses_bad_arguments_before_the_library_call(cpu_plan, bad, named):
+    args = {"a": 4096, "b": 4096, "c": 0, "d": 8192, "bias": 4096, "aux": 4096, "alpha": 1.0, "beta": 0.0}
+    args.update(bad)
+    with pytest.raises(ConfigError, match=named):
+        cpu_plan(args.pop("a"), args.pop("b"), args.pop("c"), args.pop("d"), None, **args)
+    assert cpu_plan.calls == []
+
+
+@pytest.mark.bindings
+def test_matmul_call_passes_checked_values_and_keeps_the_descriptor_pointers(cpu_plan):
+    A = lt.MatmulDescAttribute
+    cpu_plan(np.int64(4096), 8192, 0, 12288, 77, bias=np.uint64(512), aux=1024, alpha=np.float32(0.5), beta=2)
+    (args,) = cpu_plan.calls
+    handle, desc, alpha, a, adesc, b, bdesc, beta, c, cdesc, d, ddesc, algo, ws, ws_bytes, stream = args
+    assert (a, b, c, d, stream) == (4096, 8192, 12288, 12288, 77)  # c = 0: C is D
+    assert all(type(v) is int for v in (a, b, c, d))  # numpy integers become ints
+    assert (desc, adesc, bdesc, cdesc, ddesc) == (cpu_plan._d.desc.ptr, cpu_plan._d.a.ptr, cpu_plan._d.b.ptr,
+                                                  cpu_plan._d.cd.ptr, cpu_plan._d.cd.ptr)  # fmt: skip
+    assert (ws, ws_bytes) == (1 << 30, 1 << 20)
+    assert alpha == cpu_plan._alpha.ctypes.data and beta == cpu_plan._beta.ctypes.data
+    assert cpu_plan._alpha[0] == 0.5 and cpu_plan._beta[0] == 2.0  # packed in the scale type, read at the call
+    assert cpu_plan._d.desc.get(A.BIAS_POINTER) == 512 and cpu_plan._d.desc.get(A.EPILOGUE_AUX_POINTER) == 1024
+    cpu_plan(4096, 8192, 0, 12288, None, bias=768, aux=1024, alpha=1.0)
+    assert cpu_plan._d.desc.get(A.BIAS_POINTER) == 768 and cpu_plan.calls[-1][-1] == 0  # None: the legacy stream
+    assert cpu_plan._alpha[0] == 1.0 and cpu_plan._beta[0] == 0.0
+
+
+@pytest.mark.bindings
+def test_matmul_call_failure_and_closed_plan_name_the_plan(cpu_plan, monkeypatch):
+    def failing(*args):
+        def cublasLtMatmul():  # stands in for the ctypes function object (only __name__ is read)
+            pass
+
+        lt._errcheck(int(lt.Status.EXECUTION_FAILED), cublasLtMatmul, args)
+
+    monkeypatch.setattr(lt, "_matmul_call", lambda: failing)
+    with pytest.raises(lt.CublasError) as info:
+        cpu_plan(4096, 4096, 0, 4096, None, bias=4096, aux=4096)
+    assert info.value.status_name == "CUBLAS_STATUS_EXECUTION_FAILED"
+    assert info.value.what == f"cublasLtMatmul ({cpu_plan.describe()})"
+    cpu_plan.close()
+    with pytest.raises(ConfigError, match="Matmul m=64 n=32 k=64 .* is closed"):
+        cpu_plan(4096, 4096, 0, 4096, None, bias=4096, aux=4096)
+
+
+@pytest.mark.bindings
+def test_matmul_call_declaration_checks_its_one_integer_at_plan_build(monkeypatch):
+    """The hot path's cublasLtMatmul skips the per-call range check of checked_argtype: the table's own types, the
+    same errcheck; its only integer argument, the workspace size, is refused when the plan is built instead."""
+    fn = lt._matmul_call()
+    restype, argtypes = lt._SIGNATURES["cublasLtMatmul"]
+    assert fn.argtypes == argtypes and fn.restype is ctypes.c_int and fn.errcheck is lt._errcheck
+    checked = lt._lib().cublasLtMatmul  # every other caller's: unchanged
+    assert fn is not checked and checked.argtypes == [checked_argtype(t) for t in argtypes]
+    monkeypatch.setattr(lt.Matmul, "_heuristic", lambda self: [lt._Algo()])
+    with pytest.raises(ConfigError, match="workspace nbytes = 18446744073709551616 does not fit C type c_ulong"):
+        lt.Matmul(None, 8, 8, 8, **_matmul_kwargs(workspace=_cpu_workspace(2**64)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: every epilogue, transpose and precision against NumPy float64
 # ---------------------------------------------------------------------------------------------------------------

@@ -284,6 +284,79 @@ def test_a_deferring_call_frees_what_it_dropped_once_it_returns_or_raises(ctx_ca
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# CPU: a kernel launch's checks and arguments (cuLaunchKernel replaced by a recorder)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Module:
+    def _alive(self) -> None:
+        pass
+
+
+class _Launches:
+    """cuLaunchKernel's stand-in: records (grid, block, shared, stream, the first `count` kernelParams pointers)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.status = SUCCESS
+        self.count = 1
+
+    def __call__(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        addresses = list((ctypes.c_uint64 * self.count).from_address(params))
+        self.calls.append(((gx, gy, gz), (bx, by, bz), shared, stream, addresses))
+        return (self.status,)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    recorder = _Launches()
+    monkeypatch.setattr(driver.cu, "cuLaunchKernel", recorder)
+    return recorder
+
+
+def test_launch_passes_the_addresses_of_its_arguments(launches):
+    kernel = driver.Kernel(_Module(), "k", 0)
+    stream = type("FakeStream", (), {"handle": 7})()
+    args = [driver.arg_ptr(4096), driver.arg_i32(-3), driver.arg_f32(0.5), driver.arg_struct([("lr", "f32", 0.1)])]
+    launches.count = len(args)
+    kernel.launch((2, 1, 1), [32, np.int64(1), 1], args, stream)
+    grid, block, shared, handle, addresses = launches.calls[-1]
+    assert grid == (2, 1, 1) and block == (32, 1, 1) and type(block[1]) is int and (shared, handle) == (0, 7)
+    assert addresses == [ctypes.addressof(a) for a in args]
+    launches.count = 1
+    kernel.launch((1, 1, 1), (1, 1, 1), [], stream)  # no arguments: still a valid (unused) kernelParams array
+    assert len(launches.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "grid, block, args, shared, named",
+    [
+        ((0, 1, 1), (32, 1, 1), [], 0, "grid must be three ints in"),
+        ((1, 1), (32, 1, 1), [], 0, "grid must be three positive ints"),
+        ((1, 1, 1), (32, True, 1), [], 0, "block must be three positive ints"),
+        ((1, 1, 1), (2**32, 1, 1), [], 0, "block must be three ints in"),
+        ((1, 1, 1), (32, 1, 1), [ctypes.c_int(1), 2.5], 0, "argument 1 must be a ctypes value, got float"),
+        ((1, 1, 1), (32, 1, 1), [(ctypes.c_int * 2)()], 0, "argument 0 must be a ctypes value, got c_int_Array_2"),
+        ((1, 1, 1), (32, 1, 1), [ctypes.pointer(ctypes.c_int())], 0, "argument 0 must be a ctypes value"),
+        ((1, 1, 1), (32, 1, 1), [], -1, "shared_mem must be in"),
+    ],
+)
+def test_launch_refuses_bad_arguments_before_the_driver_call(launches, grid, block, args, shared, named):
+    kernel = driver.Kernel(_Module(), "k", 0)
+    kernel.launch((1, 1, 1), (1, 1, 1), [ctypes.c_int(1), ctypes.c_float(2)], type("S", (), {"handle": 0})())
+    # a launch with good arguments came first: their types are known now, and the bad are still refused
+    with pytest.raises(ConfigError, match=named):
+        kernel.launch(grid, block, args, type("S", (), {"handle": 0})(), shared)
+    assert len(launches.calls) == 1
+
+
+def test_launch_failure_names_the_kernel(launches):
+    launches.status = cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CudaDriverError, match=r"cuLaunchKernel\('gather'\) failed: CUDA_ERROR_INVALID_VALUE"):
+        driver.Kernel(_Module(), "gather", 0).launch((1, 1, 1), (1, 1, 1), [], type("S", (), {"handle": 0})())
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -66,6 +66,29 @@ def test_every_symbol_of_the_signature_table_resolves():
 
 
 @pytest.mark.bindings
+def test_softmax_forward_is_recorded_through_its_own_unchecked_declaration(monkeypatch):
+    """Softmax.forward (once per recorded step) calls a declaration of cudnnSoftmaxForward without the per-call range
+    check of its constant integers; a failure still names the softmax."""
+    fn = cudnn._softmax_forward()
+    restype, argtypes = cudnn._SIGNATURES["cudnnSoftmaxForward"]
+    assert fn.argtypes == argtypes and fn.restype is ctypes.c_int and fn.errcheck is cudnn._errcheck
+    assert fn is not cudnn._lib().cudnnSoftmaxForward
+    calls = []
+
+    def cudnnSoftmaxForward(*args):
+        calls.append(args)
+        raise cudnn.CudnnError(2000, "CUDNN_STATUS_BAD_PARAM", "cudnnSoftmaxForward")
+
+    monkeypatch.setattr(cudnn, "_softmax_forward", lambda: cudnnSoftmaxForward)
+    monkeypatch.setattr(cudnn, "_TensorDesc", lambda *args: type("Desc", (), {"ptr": 5, "close": lambda self: None})())
+    sm = cudnn.Softmax(type("Handle", (), {"ptr": 3})(), 32, 10, "fp16")
+    with pytest.raises(cudnn.CudnnError, match=r"softmax forward \(32, 10\) HALF"):
+        sm.forward(4096, 8192)
+    ((handle, algo, mode, one, x_desc, x, zero, y_desc, y),) = calls
+    assert (handle, algo, mode, x_desc, x, y_desc, y) == (3, 1, 0, 5, 4096, 5, 8192)
+
+
+@pytest.mark.bindings
 def test_status_names_come_from_cudnn():
     assert cudnn.status_name(2000) == "CUDNN_STATUS_BAD_PARAM"
     assert cudnn.status_name(1001) == "CUDNN_STATUS_NOT_INITIALIZED"

@@ -406,6 +406,30 @@ def test_fused_holds_the_models_it_must(sizes):
         assert t.engine == "fused"
 
 
+def test_fused_makes_the_graph_steps_libraries_only_when_it_evaluates():
+    """engine="fused" trains without cuBLASLt's and cuDNN's handles, the cuBLASLt workspace and the gather and loss
+    kernels (issue 26: set-up time); its first evaluation makes them, and evaluates as the CPU does."""
+    model = MLP([24, 16, 4])
+    x, y = _data(400, 24, 4)
+    kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), batch_size=40, precision="fp32", seed=7)
+    cpu, fused = Trainer(model, device="cpu", **kw), Trainer(model, device="cuda", engine="fused", **kw)
+    eng = fused._engine
+    made = lambda: [getattr(eng, n) is not None for n in ("lt", "workspace", "dnn", "gather_mod", "loss_mod")]  # noqa: E731
+    assert made() == [False] * 5
+    cpu.fit(x, y, epochs=2)
+    fused.fit(x, y, epochs=2)
+    assert made() == [False] * 5
+    want, got = cpu.evaluate(x, y), fused.evaluate(x, y)
+    assert made() == [True] * 5
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
+    assert abs(got["accuracy"] - want["accuracy"]) <= 1 / 400  # at most one sample on the fence
+    np.testing.assert_allclose(fused.predict_proba(x[:50]), cpu.predict_proba(x[:50]), rtol=1e-3, atol=1e-5)
+    lt = eng.lt
+    hist = fused.fit(x, y, epochs=1, eval_data=(x, y))  # the evaluation inside fit reuses them
+    assert eng.lt is lt and np.isfinite(hist["eval_loss"]).all()
+    fused.close()
+
+
 # ---- the state an epoch leaves, interrupts, the u32 epoch field --------------------------------------------------
 
 

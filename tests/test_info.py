@@ -139,6 +139,35 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
         fastnn._device.cuda_status.cache_clear()
 
 
+_LOADS_ONCE = """
+import collections
+import cuda.pathfinder._dynamic_libs.load_nvidia_dynamic_lib as pf
+loads = collections.Counter()
+real = pf._load_lib_no_cache
+pf._load_lib_no_cache = lambda name: loads.update([name]) or real(name)
+from fastnn.cuda import cublaslt, cudnn, driver
+driver.device_count = lambda: 1  # no driver needed: the probe's library loading is what is counted
+driver.device_name = lambda ordinal=0: "Fake GPU"
+import fastnn._device
+assert fastnn._device.cuda_status() == (True, "Fake GPU"), fastnn._device.cuda_status()
+probed = dict(loads)
+cublaslt._lib(); cudnn._lib()
+from cuda.bindings import nvrtc
+nvrtc.nvrtcVersion()
+assert dict(loads) == probed and all(loads[n] == 1 for n in ("cublasLt", "cudnn", "nvrtc")), loads
+"""
+
+
+@pytest.mark.bindings
+def test_the_probe_loads_each_library_once_and_the_engines_reuse_it():
+    """issue 26: the libraries cuda_status loads (cuBLASLt, cuDNN, NVRTC) are the very ones the bindings then use,
+    never found or opened a second time."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", _LOADS_ONCE], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
 #: `fastnn info` with no `cuda` module importable (test_readme's NO_CUDA) and no CUDA wheel in the metadata, as on
 #: a CPU-only install.
 _NO_CUDA = NO_CUDA + """

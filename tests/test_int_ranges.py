@@ -60,6 +60,23 @@ def test_kernel_arguments_are_range_checked():
             fn(value)
 
 
+def test_kernel_arguments_beyond_the_common_case_take_the_full_check():
+    """arg_* decide a Python int in range or a float within float32's range in a comparison; anything else (numpy
+    numbers, bools, floats at float32's edge, NaN) gets what the full check gives."""
+    driver = pytest.importorskip("fastnn.cuda.driver")
+    assert driver.arg_ptr(np.uint64(2**64 - 256)).value == 2**64 - 256 and driver.arg_ptr(0).value is None
+    assert driver.arg_i32(np.int32(-7)).value == -7 and driver.arg_i32(True).value == 1
+    assert driver.arg_u32(np.uint8(200)).value == 200 and driver.arg_u64(np.int64(5)).value == 5
+    f32_max = float(np.finfo(np.float32).max)
+    assert driver.arg_f32(f32_max).value == f32_max and driver.arg_f32(np.float64(-0.25)).value == -0.25
+    assert driver.arg_f32(3.4028235e38).value == f32_max  # above float32's largest, but rounds down to it
+    assert np.isnan(driver.arg_f32(float("nan")).value) and driver.arg_f32(-np.inf).value == -np.inf
+    for fn, value in ((driver.arg_f32, 3.4028236e38), (driver.arg_f32, -1e39), (driver.arg_u64, np.int64(-1)),
+                      (driver.arg_ptr, 2**64), (driver.arg_i32, np.float32(1.0))):  # fmt: skip
+        with pytest.raises(ConfigError):
+            fn(value)
+
+
 def test_cudnn_tensor_of_2_pow_32_plus_8_rows_is_refused():
     cudnn = pytest.importorskip("fastnn.cuda.cudnn")
     try:

@@ -34,6 +34,7 @@ __all__ = [
     "library_path",
     "load_library",
     "stream_ptr",
+    "unchecked_function",
 ]
 
 #: The fix for a missing toolkit library: the extras pin matching wheels of every library fastnn loads.
@@ -185,8 +186,10 @@ def stream_ptr(stream: Any) -> int:
 _INT_CODES = frozenset("bBhHiIlLqQ")  # the struct codes of ctypes' integer types (c_int, c_size_t, c_uint64...)
 
 
+@functools.cache
 def int_range(ctype: type) -> tuple[int, int] | None:
-    """(lowest, highest) value of a ctypes integer type, or None for other types (pointers, floats)."""
+    """(lowest, highest) value of a ctypes integer type, or None for other types (pointers, floats). Cached: every
+    integer crossing into C asks, tens of thousands of times while an epoch graph is recorded."""
     code = getattr(ctype, "_type_", None)
     if not isinstance(code, str) or code not in _INT_CODES:
         return None
@@ -196,6 +199,8 @@ def int_range(ctype: type) -> tuple[int, int] | None:
 
 def _checked_int(ctype: type, value: Any, what: str) -> int:
     lo, hi = int_range(ctype)  # type: ignore[misc]
+    if type(value) is int and lo <= value <= hi:  # the common case, decided without operator.index
+        return value
     try:
         v = operator.index(value)  # ints, IntEnums, numpy integers; not floats (no silent truncation)
     except TypeError:
@@ -214,10 +219,14 @@ def c_int_value(ctype: type, value: Any, what: str) -> Any:
 def checked_argtype(ctype: type) -> type:
     """`ctype` itself for non-integer types; for integer types a subclass whose from_param refuses values that
     would wrap (ctypes reports it as ctypes.ArgumentError around the ConfigError; bindings re-raise the latter)."""
-    if int_range(ctype) is None:
+    bounds = int_range(ctype)
+    if bounds is None:
         return ctype
+    lo, hi = bounds
 
     def from_param(cls: type, value: Any) -> Any:
+        if type(value) is int and lo <= value <= hi:  # the common case first: from_param runs on every call
+            return ctype(value)
         if isinstance(value, (ctypes._SimpleCData, ctypes._Pointer)) or value is None:
             return ctype.from_param(value)
         return ctype(_checked_int(ctype, value, "argument"))
@@ -228,6 +237,27 @@ def checked_argtype(ctype: type) -> type:
 def argument_error(exc: ctypes.ArgumentError, what: str) -> ConfigError:
     """The ConfigError for a refused argument of a bound C function (see checked_argtype)."""
     return ConfigError(f"{what}: {exc}")
+
+
+def unchecked_function(lib: ctypes.CDLL, name: str, signatures: dict, status: object, errcheck: Callable) -> Any:
+    """A second function object for `name` of a library bound by bind_library: the same declaration (and errcheck for
+    a status), but integer arguments are not range-checked at each call. For hot paths (a call recorded thousands of
+    times per epoch graph) whose caller checked its integers once, when they were fixed; a per-call check runs Python
+    code for every integer argument of every call."""
+    restype, argtypes = signatures[name]
+    fn = lib[name]  # a new function object: lib.<name> keeps its checked declaration
+    _declare(fn, restype, list(argtypes), status, errcheck)
+    return fn
+
+
+def _declare(fn: Any, restype: Any, argtypes: list, status: object, errcheck: Callable) -> None:
+    """Declare `fn`'s types; a restype of `status` becomes a C int checked by `errcheck`."""
+    fn.argtypes = argtypes
+    if restype is status:
+        fn.restype = ctypes.c_int
+        fn.errcheck = errcheck
+    else:
+        fn.restype = restype
 
 
 def bind_library(libname: str, display: str, version_symbol: str | None, signatures: dict, status: object,
@@ -251,10 +281,5 @@ def bind_library(libname: str, display: str, version_symbol: str | None, signatu
             raise DeviceUnavailable(
                 f"{describe} lacks the symbol {name} that fastnn needs; fix: {_hint(libname)}"
             ) from exc
-        fn.argtypes = [checked_argtype(t) for t in argtypes]  # integers that would wrap are refused
-        if restype is status:
-            fn.restype = ctypes.c_int
-            fn.errcheck = errcheck
-        else:
-            fn.restype = restype
+        _declare(fn, restype, [checked_argtype(t) for t in argtypes], status, errcheck)  # no int may wrap
     return lib

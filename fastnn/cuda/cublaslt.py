@@ -40,6 +40,7 @@ from ._loader import (
     in_current_context,
     int_range,
     stream_ptr,
+    unchecked_function,
 )
 
 __all__ = [
@@ -382,6 +383,13 @@ def _lib() -> ctypes.CDLL:
     return bind_library("cublasLt", "cuBLASLt", "cublasLtGetVersion", _SIGNATURES, _STATUS, _errcheck)
 
 
+@functools.cache
+def _matmul_call() -> Any:
+    """cublasLtMatmul for Matmul.__call__ (recorded ~20,000 times per epoch graph): its one integer argument, the
+    workspace size, is range-checked once per plan instead of at each call (`unchecked_function`)."""
+    return unchecked_function(_lib(), "cublasLtMatmul", _SIGNATURES, _STATUS, _errcheck)
+
+
 def version() -> int:
     """cuBLASLt's version number (cublasLtGetVersion: major*10000 + minor*100 + patch, e.g. 120903)."""
     return int(_lib().cublasLtGetVersion())
@@ -646,6 +654,14 @@ def _leading_dim(name: str, value: int | None, rows: int) -> int:
     return int(value)
 
 
+_PTR_MAX = (1 << 64) - 1
+
+
+def _is_ptr(ptr: Any, align: int) -> bool:
+    """The common case of Matmul._check_ptr, decided in a few comparisons: a Python int in [1, 2**64), aligned."""
+    return type(ptr) is int and 0 < ptr <= _PTR_MAX and not ptr % align
+
+
 class _Descriptors:
     """Everything a Matmul describes to cuBLASLt before the heuristic: the desc and the A, B, C(=D) layouts.
 
@@ -767,6 +783,7 @@ class Matmul:
         self.sm_count_target = sm_count_target
         if not isinstance(workspace, Workspace):
             raise ConfigError(f"workspace must be a cublaslt.Workspace, got {type(workspace).__name__}")
+        c_int_value(ctypes.c_size_t, workspace.nbytes, "workspace nbytes")  # once here: calls pass it unchecked
         self.handle, self.workspace = handle, workspace
 
         # Host scalars packed in the scale type and kept alive by the plan (cuBLASLt reads them at each call).
@@ -798,6 +815,13 @@ class Matmul:
             self._algos = self._heuristic()
         self.algo_index = 0
         self._algo = self._algos[0]
+        # What every call needs and no call changes, worked out once: a step records ~10 of these calls, an
+        # epoch graph tens of thousands (the pointers and scalars are still checked at each call).
+        self._what = self.describe()
+        self._uses_bias = epilogue_uses_bias(self.epilogue)
+        self._bias_name = f"bias (needed by {self.epilogue.name})"
+        self._aux_name = f"aux (needed by {self.epilogue.name})"
+        self._alpha_ptr, self._beta_ptr = self._alpha.ctypes.data, self._beta.ctypes.data
 
     def describe(self) -> str:
         """A one-line description of the plan for messages and logs."""
@@ -865,8 +889,9 @@ class Matmul:
         self._d.desc.set(attr, ptr)
 
     def _check_ptr(self, name: str, ptr: Any) -> int:
-        if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool) or ptr <= 0:
-            raise ConfigError(f"{name} must be a device pointer (int > 0), got {ptr!r}")
+        # ctypes' c_void_p wraps an int beyond 64 bits silently (2**64 + 4096 would be 4096): refused here too.
+        if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool) or not 0 < ptr <= _PTR_MAX:
+            raise ConfigError(f"{name} must be a device pointer (an int in [1, 2**64)), got {ptr!r}")
         if ptr % self.min_alignment:
             raise ConfigError(
                 f"{name}=0x{int(ptr):x} is not {self.min_alignment}-byte aligned as promised by min_alignment"
@@ -893,18 +918,26 @@ class Matmul:
         the values it was captured with) or, with device_scalars=True, device pointers to scale-type values.
         """
         if self._d is None:
-            raise ConfigError(f"{self.describe()} is closed")
-        a = self._check_ptr("a", a)
-        b = self._check_ptr("b", b)
-        d = self._check_ptr("d", d)
-        c = d if not c else self._check_ptr("c", c)
-        if epilogue_uses_bias(self.epilogue):
-            bias = self._check_ptr(f"bias (needed by {self.epilogue.name})", bias)
+            raise ConfigError(f"{self._what} is closed")
+        align = self.min_alignment
+        # Pointers: ints > 0, aligned as promised; the common case decided inline, anything else by _check_ptr.
+        if not (_is_ptr(a, align) and _is_ptr(b, align) and _is_ptr(d, align)):
+            a = self._check_ptr("a", a)
+            b = self._check_ptr("b", b)
+            d = self._check_ptr("d", d)
+        if not c:
+            c = d
+        elif not _is_ptr(c, align):
+            c = self._check_ptr("c", c)
+        if self._uses_bias:
+            if not _is_ptr(bias, align):
+                bias = self._check_ptr(self._bias_name, bias)
             if bias != self._bias_ptr:  # host-side descriptor write: legal before and during capture
                 self._set_pointer(MatmulDescAttribute.BIAS_POINTER, bias)
                 self._bias_ptr = bias
         if self.aux_ld is not None:
-            aux = self._check_ptr(f"aux (needed by {self.epilogue.name})", aux)
+            if not _is_ptr(aux, align):
+                aux = self._check_ptr(self._aux_name, aux)
             if aux != self._aux_ptr:
                 self._set_pointer(MatmulDescAttribute.EPILOGUE_AUX_POINTER, aux)
                 self._aux_ptr = aux
@@ -916,29 +949,20 @@ class Matmul:
                 raise ConfigError(f"alpha and beta must be numbers, got {alpha!r} and {beta!r}")
             self._alpha[0] = alpha
             self._beta[0] = beta
-            alpha_ptr = self._alpha.ctypes.data
-            beta_ptr = self._beta.ctypes.data
+            alpha_ptr, beta_ptr = self._alpha_ptr, self._beta_ptr
+        d_ = self._d
         # The algorithm is always passed: algo=NULL would run the heuristic inside the call, which allocates
-        # and can fail during stream capture.
-        with _doing(self.describe()):
-            _lib().cublasLtMatmul(
-                self.handle.ptr,
-                self._d.desc.ptr,
-                alpha_ptr,
-                a,
-                self._d.a.ptr,
-                b,
-                self._d.b.ptr,
-                beta_ptr,
-                c,
-                self._d.cd.ptr,
-                d,
-                self._d.cd.ptr,
-                ctypes.byref(self._algo),
-                self.workspace.ptr,
-                self.workspace.nbytes,
-                stream_ptr(stream),
-            )
+        # and can fail during stream capture. The workspace size, the one integer argument, was range-checked
+        # when the plan was built, so _matmul_call does not check it again.
+        try:
+            _matmul_call()(
+                self.handle.ptr, d_.desc.ptr, alpha_ptr, a, d_.a.ptr, b, d_.b.ptr, beta_ptr, c, d_.cd.ptr, d, d_.cd.ptr,
+                ctypes.byref(self._algo), self.workspace.ptr, self.workspace.nbytes, stream_ptr(stream),
+            )  # fmt: skip
+        except ctypes.ArgumentError as exc:  # e.g. a pointer beyond 64 bits
+            raise argument_error(exc, self._what) from exc
+        except CublasError as exc:  # what `with _doing(self._what)` would have said, without its per-call cost
+            raise CublasError(exc.status, exc.status_name, f"cublasLtMatmul ({self._what})") from None
 
     def autotune(
         self,

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, DeviceUnavailable
-from ._loader import CudaLibraryError, LibraryObject, argument_error, bind_library, in_current_context, stream_ptr
+from ._loader import (
+    CudaLibraryError,
+    LibraryObject,
+    argument_error,
+    bind_library,
+    in_current_context,
+    stream_ptr,
+    unchecked_function,
+)
 
 __all__ = [
     "CudnnError",
@@ -165,6 +173,13 @@ def _lib() -> ctypes.CDLL:
     return bind_library("cudnn", "cuDNN", "cudnnGetVersion", _SIGNATURES, _STATUS, _errcheck)
 
 
+@functools.cache
+def _softmax_forward() -> Any:
+    """cudnnSoftmaxForward for Softmax.forward (recorded once per step): its integer arguments are the constant
+    algorithm and mode, so they are not range-checked at each call (`unchecked_function`)."""
+    return unchecked_function(_lib(), "cudnnSoftmaxForward", _SIGNATURES, _STATUS, _errcheck)
+
+
 def version() -> int:
     """cuDNN's version number (cudnnGetVersion: major*10000 + minor*100 + patch, e.g. 92800)."""
     return int(_lib().cudnnGetVersion())
@@ -291,6 +306,8 @@ class Softmax:
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)
         self._desc: _TensorDesc | None = _TensorDesc(self.dtype, self.n, self.c)
+        # Made once: forward is recorded once per step of an epoch graph.
+        self._forward_what = f"softmax forward ({self.n}, {self.c}) {self.dtype.name}"
 
     def _check(self) -> _TensorDesc:
         if self._desc is None:
@@ -301,8 +318,8 @@ class Softmax:
         """y = softmax(x) row by row (device pointers to n*c elements)."""
         desc = self._check()
         _call(
-            f"softmax forward ({self.n}, {self.c}) {self.dtype.name}",
-            _lib().cudnnSoftmaxForward,
+            self._forward_what,
+            _softmax_forward(),
             self.handle.ptr,
             SoftmaxAlgorithm.ACCURATE,
             SoftmaxMode.INSTANCE,

@@ -52,12 +52,24 @@ class ParamLayout:
     def pack(self, arrays: dict[str, np.ndarray], dtype: type) -> np.ndarray:
         """One flat array of `dtype` holding `arrays` at their offsets, zero padding between."""
         flat = np.zeros(self.total, dtype=dtype)
+        for off, a in self.placed(arrays, dtype):
+            flat[off : off + a.size] = a.ravel()
+        return flat
+
+    def placed(self, arrays: dict[str, np.ndarray], dtype: type) -> list[tuple[int, np.ndarray]]:
+        """(offset, tensor) of each of `arrays` as a C-contiguous array of `dtype`: the caller's own array when it is
+        one already. What `pack` writes, for copying each tensor to its place without a flat copy of them all.
+
+        Raises:
+            ConfigError: a tensor's shape is not the model's (every shape is checked before this returns).
+        """
+        out = []
         for name, off, shape in zip(self.names, self.offsets, self.shapes):
             a = np.asarray(arrays[name])
             if a.shape != shape:
                 raise ConfigError(f"state[{name!r}] has shape {a.shape}, expected {shape}")
-            flat[off : off + a.size] = a.ravel()
-        return flat
+            out.append((off, np.ascontiguousarray(a, dtype=dtype)))
+        return out
 
     def unpack(self, flat: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
         """float32 copies of each tensor in `flat`, keyed `prefix + name`."""

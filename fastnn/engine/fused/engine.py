@@ -51,6 +51,9 @@ class FusedEngine(GraphEngine):
     """engine="fused": one persistent cluster kernel per epoch; the graph engine's math, on chip."""
 
     name = "fused"
+    #: The epoch is one kernel of its own: cuBLASLt's and cuDNN's handles, the workspace and the gather and loss
+    #: kernels are made at the first evaluation or prediction (GraphEngine.load_step_libraries), not at build.
+    step_libraries_at_build = False
 
     @staticmethod
     def unsupported_reason(config: EngineConfig, device) -> str | None:

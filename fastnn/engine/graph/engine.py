@@ -38,6 +38,9 @@ class GraphEngine(Engine):
 
     device = "cuda"
     name = "graph"
+    #: Whether the engine's constructor makes what the step's plans and kernels need (load_step_libraries), so that
+    #: a failure is reported before any work; the fused engine's epoch needs none of it (only its evaluation does).
+    step_libraries_at_build = True
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
                  group: Group | None = None) -> None:  # fmt: skip
@@ -64,11 +67,12 @@ class GraphEngine(Engine):
             self.dev = driver.get_device(ordinal)
             self.dev.make_current()
             self.stream = own(driver.Stream(self.dev))
-            self.lt = own(cublaslt.Handle())
-            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
-            self.dnn = own(cudnn.Handle(self.stream))
-            self.gather_mod = kernels.module(self.dev, "gather.cu")
-            self.loss_mod = kernels.module(self.dev, "loss.cu")
+            self.lt: cublaslt.Handle | None = None  # these five: load_step_libraries()
+            self.workspace: cublaslt.Workspace | None = None
+            self.dnn: cudnn.Handle | None = None
+            self.gather_mod = self.loss_mod = None
+            if self.step_libraries_at_build:
+                self.load_step_libraries()
             self.update_mod = kernels.module(self.dev, "update.cu")
             self.opt_names = config.optimizer.state_names
             total = self.layout.total
@@ -99,6 +103,22 @@ class GraphEngine(Engine):
         except BaseException:
             self._res.release()
             raise
+
+    def load_step_libraries(self) -> None:
+        """Make, once, what the graph step's and the evaluation's plans and kernels use: the cuBLASLt handle and
+        workspace, the cuDNN handle, the gather and loss kernels. Before any capture (they allocate and load)."""
+        if self.loss_mod is not None:  # the last one made: all there
+            return
+        own = self._res.own
+        self.dev.make_current()
+        if self.lt is None:  # one by one: after a failure the next call makes only what is missing
+            self.lt = own(cublaslt.Handle())
+        if self.workspace is None:
+            self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
+        if self.dnn is None:
+            self.dnn = own(cudnn.Handle(self.stream))
+        self.gather_mod = kernels.module(self.dev, "gather.cu")
+        self.loss_mod = kernels.module(self.dev, "loss.cu")
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -164,18 +184,22 @@ class GraphEngine(Engine):
         (zero before the first call), as the NumPy engine does."""
         self.dev.make_current()
         self.stream.synchronize()
-        raw = np.zeros(self.state_bytes, dtype=np.uint8)
-        if self._state_set:
-            self.train_state.download(raw)
-        params = self.layout.pack(state, self.spec.param).view(np.uint8)
-        raw[: params.size] = params
+        # Every tensor checked (and cast where its type differs) before a byte is written: a bad one changes nothing.
+        regions = [(0, self.spec.param, self.layout.placed(state, self.spec.param))]
         for i, name in enumerate(self.opt_names):
             prefix = f"opt.{name}."
             if all(prefix + n in state for n in self.layout.names):
-                flat = self.layout.pack({n: state[prefix + n] for n in self.layout.names}, np.float32)
-                start = self.param_bytes + i * self.opt_bytes
-                raw[start : start + flat.nbytes] = flat.view(np.uint8)
-        self.train_state.upload(raw)
+                tensors = self.layout.placed({n: state[prefix + n] for n in self.layout.names}, np.float32)
+                regions.append((self.param_bytes + i * self.opt_bytes, np.float32, tensors))
+        if not self._state_set:
+            self.train_state.memset(0)
+        # Each region given is rewritten whole, its padding zero (layout.pack's bytes); the others stay as they are.
+        # Each tensor goes straight from the caller's array: no flat host copy of the whole state (for 140M parameters
+        # a flat copy was 0.56 GB of fresh pages per region, written and then read by the upload).
+        for start, dtype, tensors in regions:
+            driver.memset_d32(self.train_state.ptr + start, 0, self.layout.total * itemsize(dtype) // 4, self.stream)
+            for off, tensor in tensors:
+                self.train_state.upload(tensor, offset=start + off * itemsize(dtype))
         self._state_set = True
         kernels.refresh_half_copy(self)
         self.stream.synchronize()
@@ -288,6 +312,7 @@ class GraphEngine(Engine):
     def eval_context(self, x: np.ndarray, y: np.ndarray | None) -> EvalContext:
         """The forward graph for x's shape, with x and y uploaded afresh: evaluation data is small, and
         uploading it on every call (once per `fit`, not per epoch) means an array changed in place is seen."""
+        self.load_step_libraries()  # the fused engine's first evaluation: its forward plans need them
         ctx = self._eval
         if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
             ctx.load(x, y)
