@@ -98,8 +98,7 @@ class Trainer:
         tuning: advanced: a `fastnn.engine.Tuning`, the engines' measured choices (benchmarks and tests compare
             variants with it); None takes the measured winners. It changes how training runs, not what it computes.
         loss: "cross_entropy" (classification: integer labels, one output per class) or "mse" (regression: float
-            targets (N,) or (N, k) for a model of k outputs, the last layer linear; the NumPy engine only for now:
-            device="auto" trains it on the CPU, and the GPU engines refuse it with a ConfigError).
+            targets (N,) or (N, k) for a model of k outputs, the last layer linear); every engine trains both.
 
     Raises:
         ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
@@ -411,8 +410,10 @@ class Trainer:
         """(x_train, y_train, (x_val, y_val)) of `split_indices`, taken from x as it is now on every call.
 
         Not cached: a cache keyed by x's identity trained on stale rows after `x[:] = ...`, and a digest of x's
-        bytes costs more than the split itself (sha256 ~1.5 GB/s against a ~5 GB/s gather). The GPU engines
-        then load the new training part into the buffers they hold (same shape: no new graph), at bus speed."""
+        bytes costs more than the split itself (sha256 ~1.5 GB/s against a ~5 GB/s gather). The split's arrays are
+        new objects, so the GPU engines load the new training part into the buffers they hold (same shape: no new
+        graph), at bus speed. (An x given whole is known to the GPU engines by its identity: changed in place
+        between fits, it is not uploaded again, as the data guide says.)"""
         train, val = split_indices(x.shape[0], fraction, self._config.seed)
         return x[train], y[train], (x[val], y[val])
 

@@ -24,14 +24,13 @@ NCCL is optional: `pip install "fastnn-cuda[multi-cu12]"` (or multi-cu13; from a
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from . import _files
 from ._errors import ConfigError, DeviceUnavailable
 from .engine.group import Group, share
 
@@ -123,8 +122,7 @@ def _exchange_file(path: Path, rank: int, timeout: float | None) -> bytes:
 
 def _path_error(path: Path, exc: OSError) -> ConfigError:
     """The ConfigError for an OSError met at id_file: 'ENOENT (No such file or directory)', the name to search."""
-    reason = f"{errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})" if exc.errno else str(exc)
-    return ConfigError(f"id_file {str(path)!r}: {reason}")
+    return ConfigError(f"id_file {str(path)!r}: {_files.reason(exc)}")
 
 
 def _check_folder(path: Path) -> None:
@@ -142,25 +140,15 @@ def _check_folder(path: Path) -> None:
 
 
 def _write_id_file(path: Path, uid: bytes) -> None:
-    """Write `uid` (hex) to `path` for the other ranks: into a temporary file beside it, created exclusively and
-    without following a link (mkstemp: mode 0600, this user's), then renamed over `path`. A name planted in a shared
-    folder (a link to another file) is never written through, no rank reads a partial id, no other user can read
-    it, and nothing is left behind when a step fails."""
+    """Write `uid` (hex) to `path` for the other ranks through `_files.write_bytes`: a temporary file beside it,
+    created exclusively and without following a link, mode 0600, then renamed over `path`. A name planted in a
+    shared folder (a link to another file) is never written through, no rank reads a partial id, no other user can
+    read it, and nothing is left behind when a step fails."""
     _check_folder(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+        _files.write_bytes(path, uid.hex().encode(), mode=0o600)
     except OSError as exc:
         raise _path_error(path, exc) from exc
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(uid.hex())
-        os.replace(tmp, path)  # a link or a file already at `path` is replaced, never written through
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise _path_error(path, exc) from exc
-        raise
 
 
 def _read_id_file(path: Path) -> bytes | None:
