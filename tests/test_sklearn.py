@@ -167,6 +167,24 @@ def test_pickle_round_trip_predicts_the_same():
     assert back.trainer_.epoch == clf.trainer_.epoch
 
 
+
+@pytest.mark.parametrize("make", [MLPClassifier, LogisticRegression, MLPRegressor])
+def test_a_pickle_names_the_classes_as_fastnn_sklearns(make):
+    """A fitted estimator's pickle refers to its class, its learning-rate rule and its stopping rule as
+    fastnn.sklearn.X, the names they had when fastnn.sklearn was one module: pickles and joblib files written
+    before the package split load after it, and those written now do not depend on its private modules."""
+    import pickletools
+
+    x, y = _regression() if make is MLPRegressor else _blobs()
+    est = make(max_iter=2, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x, y)
+    ops = pickletools.genops(pickle.dumps(est, protocol=2))  # protocol 2: each class as one GLOBAL "module name"
+    named = {arg for op, arg, _ in ops if op.name == "GLOBAL" and arg.startswith("fastnn")}
+    assert named == {f"fastnn.sklearn {make.__name__}", "fastnn.sklearn _Rate", "fastnn.sklearn _Plateau"}
+    assert type(pickle.loads(pickle.dumps(est))) is make
+
 @pytest.mark.gpu
 def test_gpu_fit_predict_and_pickle_to_cpu():
     x, y = _blobs(n=2000)

@@ -1,0 +1,50 @@
+"""scikit-learn estimators wrapping `fastnn.Trainer`: `MLPClassifier`, `MLPRegressor` and `LogisticRegression`.
+
+They follow scikit-learn's conventions (parameters stored as given and checked in `fit`, `classes_`,
+`n_features_in_`, any hashable labels, `predict_proba`, `score`, `partial_fit`, `warm_start`) and take
+scikit-learn's parameter names where the meaning carries over, so that
+`fastnn.sklearn.MLPClassifier(**sklearn.neural_network.MLPClassifier().get_params())` works. A value fastnn
+cannot honour is refused at `fit` with the reason (a ValueError), never ignored. Training is `Trainer`'s: the
+same engines, devices, precisions and speed. Needs scikit-learn (`pip install "fastnn-cuda[sklearn]"`).
+
+Differences from scikit-learn's estimators, by design:
+
+- `activation` is "relu" or "gelu" (tanh form); `solver` is "adam" (AdamW: `alpha` is its decoupled weight
+  decay) or "sgd" (`alpha` is L2 weight decay on the mean loss), biases included, rather than scikit-learn's
+  penalty alpha / (2 * batch rows) * ||W||^2 in the loss; "lbfgs" is refused.
+- `learning_rate` ("constant", "invscaling", "adaptive") applies to either solver (scikit-learn: "sgd" only).
+- Inputs are used as float32 values as given (no /255 scaling of integer inputs); scale features yourself
+  (for example with a `StandardScaler` in a `Pipeline`).
+- `sample_weight` is accepted only when every weight is equal (the mean loss is then the same); other
+  weights are refused with a ValueError: the loss kernels compute an unweighted mean.
+- With `early_stopping`, the held-out rows are those `Trainer(validation_split=...)` holds out (seeded, not
+  stratified).
+- `MLPRegressor`'s `loss_curve_` is the mean squared error (scikit-learn's is half of it); with several
+  outputs its validation score is the variance-weighted R^2.
+"""
+
+from __future__ import annotations
+
+try:  # validate_data is new in scikit-learn 1.6: an older one is refused here with the same message
+    from sklearn.utils.validation import validate_data
+except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
+    raise ImportError(
+        'fastnn.sklearn needs scikit-learn >= 1.6: pip install "fastnn-cuda[sklearn]" (or pip install scikit-learn)'
+    ) from exc
+
+from ._base import Plateau, Rate
+from ._classifier import MLPClassifier
+from ._logistic import LogisticRegression
+from ._regressor import MLPRegressor
+
+__all__ = ["LogisticRegression", "MLPClassifier", "MLPRegressor"]
+
+# A pickle (or joblib file) names each class by module and qualified name, and a fitted estimator's holds a Rate
+# and a Plateau too: every one keeps the name it had when fastnn.sklearn was one module, so files written before
+# and after the split load alike, and the private modules stay free to move.
+for _cls in (LogisticRegression, MLPClassifier, MLPRegressor):
+    _cls.__module__ = __name__
+_Rate, _Plateau = Rate, Plateau
+for _cls, _name in ((Rate, "_Rate"), (Plateau, "_Plateau")):
+    _cls.__module__, _cls.__qualname__ = __name__, _name
+del _cls, _name, Plateau, Rate, validate_data

@@ -1,0 +1,400 @@
+"""What fastnn.sklearn's estimators share: scikit-learn's parameters checked and mapped onto a `Trainer`,
+its stopping and learning-rate rules, warm starts, partial fits and pickling."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import validate_data
+
+from .._control import split_indices
+from .._errors import DeviceUnavailable
+from .._model import MLP
+from .._optim import SGD, AdamW
+from .._trainer import Trainer
+from ..engine.base import steps_per_epoch
+
+__all__ = ["FastnnEstimator", "Plateau", "Rate", "keep_params", "unchanged_on_error"]
+
+_SOLVERS = ("adam", "sgd")
+_ACTIVATIONS = ("relu", "gelu")
+_LEARNING_RATES = ("constant", "invscaling", "adaptive")
+#: "adaptive" stops at a plateau once the rate is at most this, as scikit-learn's SGD optimizer does.
+_ADAPTIVE_MIN_LR = 1e-6
+
+
+def _auto_batch(batch_size: Any, n: int) -> int:
+    """scikit-learn's batch_size: "auto" is min(200, n) for the rows of this call; an integer is used as given."""
+    return min(200, n) if batch_size == "auto" else int(batch_size)
+
+
+class Rate:
+    """scikit-learn's `learning_rate` rule as a fastnn schedule (global step -> rate).
+
+    `lr` is the current base rate ("adaptive" divides it by 5 at each plateau); "invscaling" divides it by
+    (samples seen + 1) ** power_t, the samples seen before each epoch (scikit-learn's `t_`), which `begin`
+    describes for the fit call about to train: its first step, the samples seen before it, its rows per epoch
+    and steps per epoch."""
+
+    def __init__(self, kind: str, lr: float, power_t: float) -> None:
+        self.kind, self.lr, self.power_t = kind, lr, power_t
+        self.step0, self.seen0, self.rows, self.steps = 0, 0, 1, 1
+
+    def begin(self, step0: int, seen0: int, rows: int, steps: int) -> None:
+        self.step0, self.seen0, self.rows, self.steps = step0, seen0, rows, steps
+
+    def __call__(self, step: int) -> float:
+        if self.kind != "invscaling":
+            return self.lr
+        seen = self.seen0 + (step - self.step0) // self.steps * self.rows
+        return self.lr / (seen + 1) ** self.power_t
+
+
+class Plateau:
+    """scikit-learn's stopping rule, as a fit callback: an epoch that does not improve the training loss by more
+    than `tol` (or, with a validation `score`, the best score by at least `tol`) counts; more than `patience` in
+    a row stop (`triggered`). With a score, `best_state` holds the parameters of the best epoch so far."""
+
+    def __init__(self, tol: float, patience: float, score: Callable[[dict[str, Any]], float] | None = None) -> None:
+        self.tol, self.patience, self.score = tol, patience, score
+        self.best_loss, self.best_score, self.count, self.triggered = math.inf, -math.inf, 0, False
+        self.scores: list[float] = []
+        self.best_state: dict[str, np.ndarray] | None = None
+        self.trainer: Trainer | None = None  # set while a fit with a score runs, for best_state
+
+    def __call__(self, record: dict[str, Any]) -> bool:
+        if self.score is None:
+            loss = record["train_loss"]
+            self.count = self.count + 1 if not loss < self.best_loss - self.tol else 0
+            self.best_loss = min(self.best_loss, loss)
+        else:
+            score = self.score(record)
+            self.scores.append(score)
+            self.count = self.count + 1 if not score >= self.best_score + self.tol else 0  # NaN never improves
+            if score > self.best_score:
+                self.best_score = score
+                if self.trainer is not None:
+                    self.best_state = self.trainer.state_dict()
+        self.triggered = self.count > self.patience
+        return self.triggered
+
+
+def keep_params(est: BaseEstimator, params: dict[str, Any]) -> None:
+    """Store `__init__`'s arguments as given, unchecked (scikit-learn's rule: `fit` checks them)."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(est, name, value)
+
+
+@contextlib.contextmanager
+def unchanged_on_error(est: BaseEstimator) -> Iterator[None]:
+    """Run the block; if it raises, give `est` back every attribute it had before (a trainer made in the block is
+    closed), so a failed first `partial_fit` leaves nothing half set and the corrected call works."""
+    before = dict(est.__dict__)
+    try:
+        yield
+    except BaseException:
+        made = est.__dict__.get("trainer_")
+        if made is not None and made is not before.get("trainer_"):
+            made.close()
+        est.__dict__.clear()
+        est.__dict__.update(before)
+        raise
+
+
+class FastnnEstimator(BaseEstimator):
+    """What the estimators share: parameter checks, the Trainer, scikit-learn's stopping and rate rules,
+    warm starts, pickling. Subclasses say how targets are checked and encoded and what the loss is."""
+
+    _loss = "cross_entropy"
+    _hidden_sizes: tuple[int, ...]  # set by _check_params
+
+    # ---- parameters ---------------------------------------------------------------------------------------
+
+    def _hidden(self) -> Any:
+        return ()
+
+    def _activation(self) -> str:
+        return "relu"
+
+    def _decay(self, n_samples: int) -> float:
+        """The optimizer's weight decay for a fit on `n_samples` rows."""
+        return float(self.alpha)
+
+    def _check_params(self) -> None:
+        """Every parameter's value, or a ValueError naming it (ConfigError is a ValueError too)."""
+        hidden = self._hidden()
+        if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
+            hidden = (hidden,)
+        try:
+            hidden = tuple(hidden)
+        except TypeError:
+            raise ValueError(f"hidden_layer_sizes must be an int or a sequence of ints, got {hidden!r}") from None
+        if any(isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1 for h in hidden):
+            raise ValueError(f"hidden_layer_sizes must hold integers >= 1, got {self._hidden()!r}")
+        self._hidden_sizes = tuple(int(h) for h in hidden)
+        if self._activation() in ("identity", "logistic", "tanh"):
+            raise ValueError(
+                f"activation={self._activation()!r} is not implemented: fastnn's kernels fuse 'relu' and 'gelu' "
+                f"(its tanh form) into the matrix products; use one of {_ACTIVATIONS}"
+            )
+        if self._activation() not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self._activation()!r}")
+        if self.solver == "lbfgs":
+            raise ValueError(
+                "solver='lbfgs' is not implemented: fastnn trains by minibatch gradient steps (one CUDA graph or "
+                "kernel per epoch on a GPU), and L-BFGS is a full-batch quasi-Newton method; use 'adam' or 'sgd'"
+            )
+        if self.solver not in _SOLVERS:
+            raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
+        if self.learning_rate not in _LEARNING_RATES:
+            raise ValueError(f"learning_rate must be one of {_LEARNING_RATES}, got {self.learning_rate!r}")
+        for name in ("learning_rate_init", "alpha", "momentum", "tol", "validation_fraction", "power_t"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.learning_rate_init <= 0:
+            raise ValueError(f"learning_rate_init must be > 0, got {self.learning_rate_init!r}")
+        if self.early_stopping and not 0 < self.validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}")
+        for name in ("max_iter", "max_fun"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        v = self.n_iter_no_change
+        if v != math.inf and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise ValueError(f"n_iter_no_change must be an integer >= 1 or numpy.inf, got {v!r}")
+        b = self.batch_size
+        if b != "auto" and (isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1):
+            raise ValueError(f"batch_size must be 'auto' or an integer >= 1, got {b!r}")
+        if self.shuffle is not True and not (isinstance(self.shuffle, np.bool_) and self.shuffle):
+            raise ValueError(
+                f"shuffle={self.shuffle!r} is not implemented: fastnn draws a new order of the rows every epoch "
+                f"(the GPU gathers each batch through a seeded permutation); pass shuffle=True"
+            )
+        for name in ("warm_start", "nesterovs_momentum", "early_stopping"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    def _optimizer(self, n_samples: int) -> SGD | AdamW:
+        if self.solver == "sgd":
+            return SGD(
+                lr=float(self.learning_rate_init),
+                momentum=float(self.momentum),
+                nesterov=bool(self.nesterovs_momentum) and self.momentum > 0,
+                weight_decay=self._decay(n_samples),
+            )
+        return AdamW(
+            lr=float(self.learning_rate_init),
+            betas=(self.beta_1, self.beta_2),
+            eps=self.epsilon,
+            weight_decay=self._decay(n_samples),
+        )
+
+    def _seed(self) -> int:
+        return int(check_random_state(self.random_state).randint(0, 2**31 - 1))
+
+    # ---- targets (subclasses) -----------------------------------------------------------------------------
+
+    def _outputs(self) -> int:
+        """The network's outputs for the targets seen at the first fit."""
+        raise NotImplementedError
+
+    def _validation_score(self, y_val: np.ndarray) -> Callable[[dict[str, Any]], float]:
+        """record -> the validation score scikit-learn stops on, for encoded validation targets `y_val`."""
+        raise NotImplementedError
+
+    # ---- fitting ------------------------------------------------------------------------------------------
+
+    def _validate(self, X: Any, reset: bool) -> np.ndarray:
+        """X as float32 (n_samples, n_features_in_), through scikit-learn's checks."""
+        return validate_data(self, X, dtype=(np.float32, np.float64), reset=reset).astype(np.float32, copy=False)
+
+    @staticmethod
+    def _keep_rows(sample_weight: Any, n: int) -> np.ndarray | None:
+        """Rows to train on under `sample_weight`: those of nonzero weight, which must all be equal (the loss is
+        an unweighted mean, so equal weights change nothing and a zero weight drops the row); None = all."""
+        if sample_weight is None:
+            return None
+        w = np.asarray(sample_weight, dtype=np.float64)
+        if w.ndim == 0:
+            w = np.full(n, float(w))
+        if w.shape != (n,):
+            raise ValueError(f"sample_weight.shape == {w.shape}, expected ({n},)")
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise ValueError("sample_weight must hold finite values >= 0")
+        keep = w > 0
+        if not keep.any():
+            raise ValueError("Sample weights must contain at least one non-zero number.")
+        if not (w[keep] == w[keep][0]).all():
+            raise ValueError(
+                "fastnn trains on the unweighted mean loss: sample_weight is supported only when every nonzero weight "
+                "is equal (zero drops a row); resample the rows (e.g. sklearn.utils.resample) or drop sample_weight"
+            )
+        return None if keep.all() else keep
+
+    def _new_trainer(self, n_features: int, n_samples: int, schedule: Rate) -> Trainer:
+        model = MLP([n_features, *self._hidden_sizes, self._outputs()], activation=self._activation())
+        return Trainer(
+            model,
+            self._optimizer(n_samples),
+            batch_size=_auto_batch(self.batch_size, n_samples),
+            precision=self.precision,
+            device=self.device,
+            seed=self._seed(),
+            engine=self.engine,
+            schedule=schedule,
+            loss=self._loss,
+        )
+
+    def _start(self, X: np.ndarray) -> None:
+        """A new trainer for a fit (or a first partial_fit) on X, replacing (and closing) the fitted one; with
+        warm_start, it starts from the fitted weights (scikit-learn keeps them and starts a new optimizer, as
+        this does)."""
+        rate = Rate(self.learning_rate, float(self.learning_rate_init), float(self.power_t))
+        old = getattr(self, "trainer_", None)
+        warm = old is not None and self.warm_start
+        trainer = self._new_trainer(X.shape[1], X.shape[0], rate)
+        if warm:
+            if old.model != trainer.model:
+                trainer.close()
+                raise ValueError(
+                    f"warm_start=True needs the network fitted before, {list(old.model.sizes)}, but the parameters "
+                    f"and data now make {list(trainer.model.sizes)}: pass warm_start=False to start afresh"
+                )
+            trainer.load_state_dict(old.state_dict())
+        if old is not None:
+            old.close()
+        self.trainer_, self._rate_ = trainer, rate
+        if not warm or not hasattr(self, "loss_curve_"):
+            self.loss_curve_: list[float] = []
+            self.t_ = 0
+        self.n_iter_ = 0
+        self._plateau_ = Plateau(float(self.tol), self.n_iter_no_change)
+
+    def _rebatched(self, n_samples: int) -> None:
+        """partial_fit with batch_size="auto" takes min(200, n) of each call's rows, as scikit-learn does: the
+        trainer continues (weights, optimizer state, counters) at the new batch size when it changes."""
+        batch = _auto_batch(self.batch_size, n_samples)
+        trainer = self.trainer_
+        if batch == trainer.config.batch_size:
+            return
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trainer.npz")
+            trainer.save(path)
+            engine = trainer.engine if trainer.device == "cuda" else "auto"  # the engine that trained: the same
+            self.trainer_ = Trainer.load(path, device=trainer.device, engine=engine, schedule=self._rate_,
+                                         batch_size=batch)  # fmt: skip
+        trainer.close()
+
+    def _fit_new(self, X: np.ndarray, y: np.ndarray) -> None:
+        """`fit`'s training: up to max_iter epochs, stopping as scikit-learn does (tol, n_iter_no_change; with
+        early_stopping on a held-out score, ending with the best epoch's weights); "adaptive" divides the rate
+        by 5 at each plateau instead of stopping, until it is at most 1e-6."""
+        trainer, plateau, rate = self.trainer_, self._plateau_, self._rate_
+        eval_data = None
+        if self.early_stopping:
+            train, val = split_indices(X.shape[0], float(self.validation_fraction), trainer.config.seed)
+            X, y, eval_data = X[train], y[train], (X[val], y[val])
+            plateau.score, plateau.trainer = self._validation_score(eval_data[1]), trainer
+        steps = steps_per_epoch(X.shape[0], trainer.config.batch_size, trainer.config.drop_last)
+        left, converged = int(self.max_iter), False
+        try:
+            while left > 0:
+                rate.begin(trainer.step, self.t_, X.shape[0], steps)
+                history = trainer.fit(X, y, epochs=left, eval_data=eval_data, callbacks=[plateau],
+                                      progress=bool(self.verbose))  # fmt: skip
+                self._record(history, X.shape[0])
+                left -= len(history)
+                if not plateau.triggered:
+                    break
+                if self.learning_rate != "adaptive" or rate.lr <= _ADAPTIVE_MIN_LR:
+                    converged = True
+                    break
+                rate.lr /= 5.0
+                plateau.count, plateau.triggered = 0, False
+        finally:
+            plateau.trainer = plateau.score = None  # this fit's: the estimator pickles without them
+        if self.early_stopping:
+            self.validation_scores_ = list(plateau.scores)
+            self.best_validation_score_ = plateau.best_score
+            self.best_loss_ = None
+            if plateau.best_state is not None:
+                trainer.load_state_dict(plateau.best_state)  # scikit-learn ends with the best epoch's weights
+            plateau.best_state = None
+        else:
+            self.validation_scores_ = None
+            self.best_validation_score_ = None
+            self.best_loss_ = plateau.best_loss
+        if not converged:
+            warnings.warn(
+                f"{type(self).__name__}: max_iter={self.max_iter} epochs reached without convergence (tol={self.tol})",
+                ConvergenceWarning,
+                stacklevel=3,
+            )
+
+    def _fit_one_epoch(self, X: np.ndarray, y: np.ndarray) -> None:
+        """`partial_fit`'s training: one epoch; the stopping count goes on across calls, and with "adaptive" a
+        plateau divides the rate by 5 (scikit-learn's partial_fit does neither early stopping nor stopping)."""
+        trainer, plateau, rate = self.trainer_, self._plateau_, self._rate_
+        rate.begin(trainer.step, self.t_, X.shape[0], steps_per_epoch(X.shape[0], trainer.config.batch_size, False))
+        history = trainer.fit(X, y, epochs=1, progress=bool(self.verbose))
+        self._record(history, X.shape[0])
+        for record in history:
+            plateau(record)
+        if plateau.triggered and self.learning_rate == "adaptive" and rate.lr > _ADAPTIVE_MIN_LR:
+            rate.lr /= 5.0
+            plateau.count, plateau.triggered = 0, False
+        self.best_loss_ = plateau.best_loss
+
+    def _record(self, history: Any, rows: int) -> None:
+        """scikit-learn's counters after epochs of `rows` rows: n_iter_, t_, loss_curve_, loss_."""
+        self.n_iter_ += len(history)
+        self.t_ += rows * len(history)
+        self.loss_curve_ += [r["train_loss"] for r in history]
+        if self.loss_curve_:
+            self.loss_ = self.loss_curve_[-1]
+
+    # ---- pickling: the Trainer travels as a fastnn checkpoint -----------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())  # object.__getstate__ returns __dict__ itself: never pop from it
+        trainer = state.pop("trainer_", None)
+        if trainer is not None:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "trainer.npz")
+                trainer.save(path)
+                state["_trainer_checkpoint"] = Path(path).read_bytes()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        blob = state.pop("_trainer_checkpoint", None)
+        super().__setstate__(state)
+        if blob is None:
+            return
+        schedule = state.get("_rate_")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trainer.npz")
+            Path(path).write_bytes(blob)
+            try:
+                self.trainer_ = Trainer.load(path, device=self.device, engine=self.engine, schedule=schedule)
+            except DeviceUnavailable as exc:  # fitted on a GPU, unpickled where there is none
+                warnings.warn(f"{exc}; the unpickled estimator runs on the CPU", RuntimeWarning, stacklevel=2)
+                self.trainer_ = Trainer.load(path, device="cpu", schedule=schedule)
+
+    def __sklearn_tags__(self):  # noqa: D105
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        return tags

@@ -1,0 +1,94 @@
+"""fastnn.sklearn's `LogisticRegression`: a classifier with no hidden layer, whose L2 penalty `C` is weight
+decay."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from ._base import keep_params
+from ._classifier import FastnnClassifier
+
+__all__ = ["LogisticRegression"]
+
+
+class LogisticRegression(FastnnClassifier):
+    """Multinomial logistic regression trained by fastnn: a network with no hidden layer.
+
+    It takes scikit-learn `LogisticRegression`'s `C`, `penalty` and `fit_intercept`, and `MLPClassifier`'s
+    training parameters (see there). The L2 penalty ||W||^2 / (2 C) on the summed loss is SGD weight decay
+    1 / (C * n_samples) on the mean loss, so with solver="sgd" (the default) training goes to the optimum
+    scikit-learn's solvers find (the bias is decayed too); with solver="adam" it is AdamW's decoupled decay, a
+    different regulariser of the same strength. scikit-learn's solvers ("lbfgs", "newton-cg", "liblinear",
+    "sag", "saga", ...) are refused: fastnn trains by minibatch gradient steps.
+
+    Args:
+        penalty: "l2" or None (no penalty, as C=numpy.inf).
+        C: the inverse of the penalty's strength, > 0.
+        fit_intercept: True (every fastnn layer has a bias; False is refused).
+    """
+
+    def __init__(
+        self,
+        *,
+        penalty: str | None = "l2",
+        C: float = 1.0,
+        fit_intercept: bool = True,
+        solver: str = "sgd",
+        batch_size: int | str = "auto",
+        learning_rate: str = "constant",
+        learning_rate_init: float = 0.5,
+        power_t: float = 0.5,
+        max_iter: int = 100,
+        shuffle: bool = True,
+        random_state: Any = None,
+        tol: float = 1e-4,
+        verbose: bool = False,
+        warm_start: bool = False,
+        momentum: float = 0.9,
+        nesterovs_momentum: bool = True,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        n_iter_no_change: int = 10,
+        device: str = "auto",
+        precision: str = "mixed",
+        engine: str = "auto",
+    ) -> None:
+        keep_params(self, locals())
+
+    # Parameters of MLPClassifier's that logistic regression does not take: their one meaning here.
+    alpha = 0.0
+    max_fun = 15000
+
+    def _check_params(self) -> None:
+        if self.solver in ("lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"):
+            raise ValueError(
+                f"solver={self.solver!r} is not implemented: fastnn trains by minibatch gradient steps on the GPU; "
+                f"use 'sgd' (the default: with C it reaches the same optimum) or 'adam'"
+            )
+        if self.penalty not in ("l2", None):
+            raise ValueError(
+                f"penalty={self.penalty!r} is not implemented: fastnn's optimizers decay weights (L2); use 'l2' or "
+                f"None" + (" (an L1 penalty needs a proximal solver)" if self.penalty in ("l1", "elasticnet") else "")
+            )
+        c = self.C
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not c > 0:
+            raise ValueError(f"C must be a number > 0 (numpy.inf: no penalty), got {c!r}")
+        if self.fit_intercept is not True and not (isinstance(self.fit_intercept, np.bool_) and self.fit_intercept):
+            raise ValueError(
+                f"fit_intercept={self.fit_intercept!r} is not implemented: every fastnn layer has a bias; "
+                f"pass fit_intercept=True"
+            )
+        super()._check_params()
+
+    def _decay(self, n_samples: int) -> float:
+        """The L2 penalty ||W||^2 / (2 C) on the summed loss, as weight decay on the mean loss."""
+        if self.penalty is None or math.isinf(self.C):
+            return 0.0
+        return min(1.0 / (float(self.C) * n_samples), 1e6)  # fastnn's optimizers take weight decay up to 1e6
