@@ -148,11 +148,6 @@ def test_a_checkpoint_holding_a_number_too_large_for_a_float_is_a_data_error_nam
 # ---- the scikit-learn estimators ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fastnn/sklearn.py's _check_params tests its numbers with np.isfinite (TypeError for both); it must "
-    "call fastnn._checks.number. Left to the helper reworking sklearn.py: remove this mark when it does",
-)
 @pytest.mark.parametrize("value", [BIG, Fraction(1, 100)], ids=["10**400", "Fraction"])
 def test_sklearn_learning_rate_init_too_large_or_a_fraction(value: object) -> None:
     pytest.importorskip("sklearn")

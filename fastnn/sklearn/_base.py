@@ -19,6 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import validate_data
 
+from .._checks import number
 from .._control import split_indices
 from .._errors import DeviceUnavailable
 from .._model import MLP
@@ -162,9 +163,7 @@ class FastnnEstimator(BaseEstimator):
         if self.learning_rate not in _LEARNING_RATES:
             raise ValueError(f"learning_rate must be one of {_LEARNING_RATES}, got {self.learning_rate!r}")
         for name in ("learning_rate_init", "alpha", "momentum", "tol", "validation_fraction", "power_t"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+            number(name, getattr(self, name), "a finite number >= 0", lambda v: v >= 0)  # 10**400, Fractions
         if self.learning_rate_init <= 0:
             raise ValueError(f"learning_rate_init must be > 0, got {self.learning_rate_init!r}")
         if self.early_stopping and not 0 < self.validation_fraction < 1:
