@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import zipfile
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _checkpoints import rewrite
 
 from fastnn import (
     MLP,
@@ -387,19 +387,6 @@ def test_load_rejects_non_checkpoints(trained: Trainer, tmp_path: Path) -> None:
     _assert_rejected(tmp_path, "does not exist or is not a file")
 
 
-def _rewrite(src: Path, dst: Path, edit: Callable[[dict, dict], None]) -> Path:
-    """Copy checkpoint src to dst with `edit(config, arrays)` applied, bypassing the format's own writer."""
-    with np.load(src) as npz:
-        files = dict(npz.items())
-    config = json.loads(str(files["__fastnn_config__"]))
-    arrays = {k: v for k, v in files.items() if not k.startswith("__fastnn_")}
-    meta = {k: v for k, v in files.items() if k.startswith("__fastnn_")}
-    edit(config, arrays)
-    meta["__fastnn_config__"] = np.array(json.dumps(config))
-    np.savez(dst, **meta, **arrays)
-    return dst
-
-
 def test_load_rejects_newer_or_inconsistent_checkpoints(trained: Trainer, tmp_path: Path) -> None:
     src = tmp_path / "good.npz"
     trained.save(src)
@@ -413,22 +400,22 @@ def test_load_rejects_newer_or_inconsistent_checkpoints(trained: Trainer, tmp_pa
     def wrong_shape(config, arrays):
         arrays["0.weight"] = arrays["0.weight"][:, :-1]
 
-    _assert_rejected(_rewrite(src, tmp_path / "shape.npz", wrong_shape), "0.weight", "shape")
+    _assert_rejected(rewrite(src, tmp_path / "shape.npz", wrong_shape), "0.weight", "shape")
 
     def no_momentum(config, arrays):
         del arrays["opt.momentum.2.bias"]
 
-    _assert_rejected(_rewrite(src, tmp_path / "nomom.npz", no_momentum), "opt.momentum.2.bias", "missing")
+    _assert_rejected(rewrite(src, tmp_path / "nomom.npz", no_momentum), "opt.momentum.2.bias", "missing")
 
     def bad_config(config, arrays):
         config["model"]["sizes"] = [D, 0, C]
 
-    _assert_rejected(_rewrite(src, tmp_path / "config.npz", bad_config), "config", "sizes", f"[{D}, 0, {C}]")
+    _assert_rejected(rewrite(src, tmp_path / "config.npz", bad_config), "config", "sizes", f"[{D}, 0, {C}]")
 
     def nan_weight(config, arrays):
         arrays["2.bias"] = np.full_like(arrays["2.bias"], np.nan)
 
-    _assert_rejected(_rewrite(src, tmp_path / "nan.npz", nan_weight), "2.bias", "finite")
+    _assert_rejected(rewrite(src, tmp_path / "nan.npz", nan_weight), "2.bias", "finite")
 
 
 def _set(*keys: str | int, value: object) -> Callable[[dict, dict], None]:
@@ -478,7 +465,7 @@ def test_load_rejects_bad_config_values(trained: Trainer, tmp_path: Path, case: 
     trained.save(src)
     str(Trainer.load(src, device="cpu").history)  # the unedited file loads and its history prints
     edit, words = BAD_CONFIGS[case]
-    _assert_rejected(_rewrite(src, tmp_path / "bad.npz", edit), "invalid config", *words)
+    _assert_rejected(rewrite(src, tmp_path / "bad.npz", edit), "invalid config", *words)
 
 
 def test_load_keeps_the_callers_argument_errors_as_config_errors(trained: Trainer, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ chunk. The GPU halves are in tests/test_gpu_engines.py."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _checkpoints import rewrite
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, FastnnError, Trainer, TrainingDiverged
 from fastnn import _progress as progress_module
@@ -47,19 +47,6 @@ def _counters(t: Trainer) -> tuple[int, int, list]:
 def _names(exc: BaseException, *words: str) -> None:
     for w in words:
         assert w in str(exc), f"{w!r} not in: {exc}"
-
-
-def _rewrite(src: Path, dst: Path, edit: Callable[[dict, dict], None]) -> Path:
-    """Copy checkpoint src to dst with `edit(config, arrays)` applied, bypassing `Trainer.save`'s checks."""
-    with np.load(src) as npz:
-        files = dict(npz.items())
-    config = json.loads(str(files["__fastnn_config__"]))
-    arrays = {k: v for k, v in files.items() if not k.startswith("__fastnn_")}
-    meta = {k: v for k, v in files.items() if k.startswith("__fastnn_")}
-    edit(config, arrays)
-    meta["__fastnn_config__"] = np.array(json.dumps(config))
-    np.savez(dst, **meta, **arrays)
-    return dst
 
 
 # ---- an epoch is finite only if its loss and the state it leaves are ------------------------------------------------
@@ -307,7 +294,7 @@ def test_load_checks_the_files_arrays_after_the_cast(tmp_path: Path) -> None:
         arrays["0.weight"][0, 1] = -1e5
 
     for edit, words in ((f64_1e39, ["1e+39", "float32"]), (beyond_fp16, ["-100000.0", "float16", "'fp16'"])):
-        bad = _rewrite(tmp_path / "good.npz", tmp_path / "bad.npz", edit)
+        bad = rewrite(tmp_path / "good.npz", tmp_path / "bad.npz", edit)
         with pytest.raises(DataError) as info:
             Trainer.load(bad, device="cpu")
         _names(info.value, str(bad), "'0.weight'", *words)
@@ -402,7 +389,7 @@ def test_load_refuses_values_no_trainer_could_have_saved(tmp_path: Path, case: s
     t.save(tmp_path / "good.npz")
     Trainer.load(tmp_path / "good.npz", device="cpu")
     edit, words = BAD_VALUES[case]
-    bad = _rewrite(tmp_path / "good.npz", tmp_path / "bad.npz", edit)
+    bad = rewrite(tmp_path / "good.npz", tmp_path / "bad.npz", edit)
     with pytest.raises(DataError) as info:
         Trainer.load(bad, device="cpu")
     _names(info.value, str(bad), *words)
@@ -413,7 +400,7 @@ def test_epoch_counter_stops_at_2_32_and_a_trainer_there_saves_and_loads(tmp_pat
     x, y = _data()
     t.fit(x, y, epochs=1)
     t.save(tmp_path / "m.npz")
-    near = _rewrite(tmp_path / "m.npz", tmp_path / "near.npz", _set("epoch", MAX_EPOCH - 2))
+    near = rewrite(tmp_path / "m.npz", tmp_path / "near.npz", _set("epoch", MAX_EPOCH - 2))
     t = Trainer.load(near, device="cpu")
     _fails_cleanly(t, lambda: t.fit(x, y, epochs=3), ConfigError, "epochs", "got 3", "[0, 2]", str(MAX_EPOCH - 2))
     t.fit(x, y, epochs=2)  # epochs 2**32 - 2 and 2**32 - 1: the last ones a 32-bit epoch index reaches
