@@ -14,12 +14,15 @@ from pathlib import Path
 __all__ = ["file_refusal", "refusal"]
 
 
-def _owner_and_writers(st: os.stat_result, fix: str = "") -> str | None:
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+def _owner_and_writers(st: os.stat_result, private: bool = False, fix: str = "") -> str | None:
+    # The effective uid: what this process's files are created as (a setuid process's own files pass).
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if private and st.st_mode & 0o077:
+        return f"is open to others (mode {stat.S_IMODE(st.st_mode):04o})"
     writers = [who for who, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
     if writers:
-        return f"it is writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):04o}{fix})"
+        return f"is writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):04o}{fix})"
     return None
 
 
@@ -31,12 +34,13 @@ def refusal(directory: Path) -> str | None:
         return f"cannot stat it ({exc.strerror or exc})"
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a folder"
-    return _owner_and_writers(st, f"; fix: chmod 700 {directory}")
+    reason = _owner_and_writers(st, fix=f"; fix: chmod 700 {directory}")
+    return None if reason is None else f"it {reason}"
 
 
-def file_refusal(st: os.stat_result) -> str | None:
-    """Why a file of a trusted cache folder, by its (f)stat, cannot be trusted (None when it can): a regular file
-    owned by this user that nobody else may write."""
+def file_refusal(st: os.stat_result, private: bool = False) -> str | None:
+    """Why a file, by its (f)stat, cannot be trusted (None when it can): it must be a regular file owned by this
+    user that nobody else may write (`private`: that nobody else may even read). Completes "the file ..."."""
     if not stat.S_ISREG(st.st_mode):
-        return "it is not a regular file"
-    return _owner_and_writers(st)
+        return "is not a regular file"
+    return _owner_and_writers(st, private)

@@ -219,8 +219,8 @@ def test_a_group_writable_cache_folder_is_not_used(cache, timings):
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
 def test_a_cache_folder_owned_by_another_user_is_not_used(cache, timings, monkeypatch):
     tune(fake_plan())
-    uid = os.getuid()
-    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         tune(fake_plan())

@@ -300,9 +300,9 @@ def test_a_damaged_entry_is_rebuilt_not_trusted(setup, damage, stem):
 def test_an_entry_owned_by_another_user_is_rebuilt(setup, monkeypatch):
     source, cache, arrays, verified = setup
     load(source)
-    uid = os.getuid()
+    uid = os.geteuid()
     monkeypatch.setattr(_decoded, "refusal", lambda directory: None)  # the folder passes; the files do not
-    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
     check(load(source), arrays)
     assert len(verified) == 8
 
@@ -330,8 +330,8 @@ def test_a_cache_folder_open_to_others_is_not_used(setup):
 def test_a_cache_folder_owned_by_another_user_is_not_used(setup, monkeypatch):
     source, cache, arrays, verified = setup
     load(source)
-    uid = os.getuid()
-    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
     _decoded._warned.discard(cache)
     with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}"):
         check(load(source), arrays)

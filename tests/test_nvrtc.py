@@ -333,7 +333,7 @@ def test_cache_writable_by_others_is_not_used(kernels, cache, compiles, mode):
 def test_cache_owned_by_another_user_is_not_used(kernels, cache, compiles, monkeypatch):
     cache.mkdir(mode=0o700)
     uid = cache.stat().st_uid
-    monkeypatch.setattr(nvrtc.os, "getuid", lambda: uid + 1)
+    monkeypatch.setattr(nvrtc.os, "geteuid", lambda: uid + 1)
     with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}, not by this user"):
         nvrtc.compile_native("k.cu", "sm_90")
     assert len(compiles) == 1 and list(cache.iterdir()) == []

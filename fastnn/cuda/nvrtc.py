@@ -13,7 +13,6 @@ import importlib.util
 import os
 import re
 import secrets
-import stat
 import threading
 import warnings
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _files
+from .._cachedir import file_refusal
 from .._cachedir import refusal as _refusal
 from .._errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
@@ -234,13 +234,9 @@ def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
     except OSError as exc:
         return None, f"cannot be opened ({exc.strerror or exc}; a link?)", False
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file", False
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            return None, f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})", False
-        if st.st_mode & 0o077:
-            return None, f"is open to others (mode {stat.S_IMODE(st.st_mode):04o})", False
+        why = file_refusal(os.fstat(fd), private=True)
+        if why is not None:
+            return None, why, False
         key = os.read(fd, _KEY_BYTES + 1)
     finally:
         os.close(fd)
