@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import warnings
 from pathlib import Path
 
-__all__ = ["file_refusal", "refusal"]
+__all__ = ["file_refusal", "refusal", "trusted_dir", "warn_once"]
+
+_warned: set[tuple[Path, str]] = set()  # (folder, problem) already warned about in this process
+_lock = threading.Lock()
 
 
 def _owner_and_writers(st: os.stat_result, private: bool = False, fix: str = "") -> str | None:
@@ -44,3 +49,27 @@ def file_refusal(st: os.stat_result, private: bool = False) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     return _owner_and_writers(st, private)
+
+
+def warn_once(directory: Path, problem: str, message: str, stacklevel: int) -> None:
+    """One RuntimeWarning per cache folder and kind of problem: a failing cache must not flood the output.
+    `stacklevel` counts from the caller, as warnings.warn's does."""
+    with _lock:
+        if (directory, problem) in _warned:
+            return
+        _warned.add((directory, problem))
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+def trusted_dir(directory: Path, what: str, fallback: str, stacklevel: int) -> Path | None:
+    """`directory`, created 0700 if absent, when it passes the owner and mode checks; else None, with one warning
+    naming the `what` ("kernel cache") not used and the `fallback` taken instead."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # parents get the umask's mode, the cache 0700
+    except OSError:
+        return None  # an unwritable location: no cache, nothing trusted, nothing to warn about
+    reason = refusal(directory)
+    if reason is None:
+        return directory
+    warn_once(directory, what, f"fastnn: not using the {what} {directory}: {reason}; {fallback}", stacklevel + 1)
+    return None

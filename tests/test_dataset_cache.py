@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fastnn
-from fastnn import _decoded, datasets
+from fastnn import _cachedir, _decoded, datasets
 from fastnn._data import check_inputs
 from fastnn._errors import DataError
 
@@ -301,7 +301,7 @@ def test_an_entry_owned_by_another_user_is_rebuilt(setup, monkeypatch):
     source, cache, arrays, verified = setup
     load(source)
     uid = os.geteuid()
-    monkeypatch.setattr(_decoded, "refusal", lambda directory: None)  # the folder passes; the files do not
+    monkeypatch.setattr(_cachedir, "refusal", lambda directory: None)  # the folder passes; the files do not
     monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
     check(load(source), arrays)
     assert len(verified) == 8
@@ -317,7 +317,7 @@ def test_a_cache_folder_open_to_others_is_not_used(setup):
     source, cache, arrays, verified = setup
     load(source)
     cache.chmod(0o777)
-    _decoded._warned.discard(cache)
+    _cachedir._warned.discard((cache, "dataset cache"))
     with pytest.warns(RuntimeWarning, match="not using the dataset cache .* writable by its group and others"):
         check(load(source), arrays)
     with warnings.catch_warnings():
@@ -332,7 +332,7 @@ def test_a_cache_folder_owned_by_another_user_is_not_used(setup, monkeypatch):
     load(source)
     uid = os.geteuid()
     monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
-    _decoded._warned.discard(cache)
+    _cachedir._warned.discard((cache, "dataset cache"))
     with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}"):
         check(load(source), arrays)
     assert len(verified) == 8
