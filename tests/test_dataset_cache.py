@@ -183,6 +183,16 @@ def test_decoded_bytes_that_are_not_the_published_ones_are_not_recorded(setup, m
     assert len(list(cache.glob("*.idx"))) == 3
 
 
+@posix
+def test_the_entry_key_is_pinned():
+    """The key names the entries already on users' disks: a refactoring that changed it would silently decode
+    every dataset again and leave the old entries behind. Change this value only together with SCHEMA_VERSION."""
+    source = Path("/nonexistent/fastnn/train-images-idx3-ubyte.gz")  # no link on the way: its real path is itself
+    assert _decoded.SCHEMA_VERSION == 1
+    key = _decoded.entry_key("mnist", "train-images", "ab" * 32, source)
+    assert key == "62e3a49f1e46d97570754951b52b3d01edfd20b3e062878044df4cde70de09dd"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Damaged or foreign entries: rebuilt, never trusted
 # ---------------------------------------------------------------------------------------------------------------

@@ -161,6 +161,15 @@ def test_cache_key_covers_arch_options_source_headers_and_version():
     assert len(keys) == len(variants) and key not in keys
 
 
+def test_cache_key_is_pinned():
+    """The key names the CUBINs already on users' disks: a refactoring that changed it would silently recompile
+    every kernel once and leave the old entries behind. Change this value only together with SCHEMA_VERSION."""
+    headers = {"a.cuh": b"A", "b.cuh": b""}
+    key = nvrtc.cache_key("k.cu", b"src", headers, "sm_90", ("--use_fast_math", "-lineinfo"), (12, 9))
+    assert nvrtc.SCHEMA_VERSION == 2
+    assert key == "9aac852580f9d5586cc1bd0c4cd2346d74dfa9925fa94f49e4910881d078ca5c"
+
+
 @pytest.mark.bindings
 def test_changed_options_arch_or_header_recompile(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
