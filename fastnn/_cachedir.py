@@ -7,16 +7,28 @@ dataset cache (_decoded.py). It imports nothing from fastnn, so any layer may us
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["file_refusal", "refusal", "trusted_dir", "warn_once"]
+__all__ = ["digest", "file_refusal", "refusal", "trusted_dir", "warn_once"]
 
 _warned: set[tuple[Path, str]] = set()  # (folder, problem) already warned about in this process
 _lock = threading.Lock()
+
+
+def digest(fields: Iterable[str | bytes]) -> str:
+    """sha256 (hex) of `fields` (text as UTF-8), each prefixed with its length (8 bytes, little-endian) so that no
+    two different field lists hash the same stream. Names cache entries: keep it byte-stable."""
+    h = hashlib.sha256()
+    for field in fields:
+        data = field.encode() if isinstance(field, str) else field
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
 
 
 def _owner_and_writers(st: os.stat_result, private: bool = False, fix: str = "") -> str | None:

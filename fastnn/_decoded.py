@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _files
-from ._cachedir import file_refusal, trusted_dir
+from ._cachedir import digest, file_refusal, trusted_dir
 
 __all__ = ["CACHE_ENV", "RACY_NS", "cache_dir", "entry_key", "lookup", "store"]
 
@@ -58,11 +58,7 @@ def _trusted_dir() -> Path | None:
 
 def entry_key(dataset: str, stem: str, source_sha256: str, source: Path) -> str:
     """sha256 (hex) naming the entry of `source` (its real path), verified as `dataset`'s `stem` by its sha256."""
-    h = hashlib.sha256()
-    for field in (f"schema {SCHEMA_VERSION}", dataset, stem, source_sha256, os.path.realpath(source)):
-        data = field.encode()
-        h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
+    return digest((f"schema {SCHEMA_VERSION}", dataset, stem, source_sha256, os.path.realpath(source)))
 
 
 def _identity(st: os.stat_result, with_device: bool = True) -> dict[str, int]:
@@ -149,9 +145,9 @@ def store(
         return
     data = np.ascontiguousarray(array)
     header = _header(data.shape)
-    digest = hashlib.sha256(header)
-    digest.update(memoryview(data).cast("B"))
-    sha = digest.hexdigest()
+    content = hashlib.sha256(header)
+    content.update(memoryview(data).cast("B"))
+    sha = content.hexdigest()
     if published_sha256 is not None and sha != published_sha256:
         return
     try:

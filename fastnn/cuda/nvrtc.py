@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _files
-from .._cachedir import file_refusal, trusted_dir, warn_once
+from .._cachedir import digest, file_refusal, trusted_dir, warn_once
 from .._errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -257,24 +257,11 @@ def cache_key(
     filename: str, source: bytes, headers: dict[str, bytes], arch: str, options: Sequence[str], version: tuple[int, int]
 ) -> str:
     """sha256 (hex) of everything a CUBIN depends on: schema, file, source, every header, arch, options, NVRTC."""
-    h = hashlib.sha256()
-
-    def field(data: bytes) -> None:  # length-prefixed, so no two different inputs hash the same stream
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-
-    field(f"schema {SCHEMA_VERSION}".encode())
-    field(filename.encode())
-    field(source)
+    fields: list[str | bytes] = [f"schema {SCHEMA_VERSION}", filename, source]
     for name in sorted(headers):
-        field(name.encode())
-        field(headers[name])
-    field(arch.encode())
-    field(len(options).to_bytes(8, "little"))
-    for option in options:
-        field(option.encode())
-    field(f"nvrtc {version[0]}.{version[1]}".encode())
-    return h.hexdigest()
+        fields += [name, headers[name]]
+    fields += [arch, len(options).to_bytes(8, "little"), *options, f"nvrtc {version[0]}.{version[1]}"]
+    return digest(fields)
 
 
 def _read_cache(path: Path, secret: bytes) -> bytes | None:
