@@ -294,7 +294,8 @@ def init(
         raise nccl.CollectiveTimeout(
             f"{where}: the other ranks did not join the communicator within {timeout:g} s (distributed.init's "
             f"timeout): check that every rank was started with world={world} and the same id, and that none has "
-            "died; the communicator was aborted"
+            "died or read a stale id_file left by an earlier run (an old id names a bootstrap that no longer exists: "
+            "remove the file and start every rank again); the communicator was aborted"
         ) from None
     except nccl.NcclError as exc:  # NCCL's own message, with which rank and GPU met it
         exc.args = (f"{where}: {exc.args[0]}",)
