@@ -23,14 +23,12 @@ import hashlib
 import json
 import math
 import os
-import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from . import _files
-from ._cachedir import file_refusal, refusal
+from ._cachedir import digest, file_refusal, trusted_dir
 
 __all__ = ["CACHE_ENV", "RACY_NS", "cache_dir", "entry_key", "lookup", "store"]
 
@@ -45,10 +43,6 @@ RACY_NS = 2_000_000_000
 _RECORD_MAX = 1 << 16
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-_warned: set[Path] = set()
-_lock = threading.Lock()
-
-
 def cache_dir() -> Path:
     """$FASTNN_DATASET_CACHE_DIR, else ~/.cache/fastnn/decoded; absolute."""
     override = os.environ.get(CACHE_ENV)
@@ -59,33 +53,12 @@ def cache_dir() -> Path:
 
 def _trusted_dir() -> Path | None:
     """cache_dir(), created 0700 if absent, when it passes the ownership rules; else None (warned once)."""
-    directory = cache_dir()
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        return None  # an unwritable location: no cache, nothing trusted, nothing to warn about
-    reason = refusal(directory)
-    if reason is None:
-        return directory
-    with _lock:
-        if directory in _warned:
-            return None
-        _warned.add(directory)
-    warnings.warn(
-        f"fastnn: not using the dataset cache {directory}: {reason}; decompressing datasets on every load instead",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return None
+    return trusted_dir(cache_dir(), "dataset cache", "decompressing datasets on every load instead", stacklevel=4)
 
 
 def entry_key(dataset: str, stem: str, source_sha256: str, source: Path) -> str:
     """sha256 (hex) naming the entry of `source` (its real path), verified as `dataset`'s `stem` by its sha256."""
-    h = hashlib.sha256()
-    for field in (f"schema {SCHEMA_VERSION}", dataset, stem, source_sha256, os.path.realpath(source)):
-        data = field.encode()
-        h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
+    return digest((f"schema {SCHEMA_VERSION}", dataset, stem, source_sha256, os.path.realpath(source)))
 
 
 def _identity(st: os.stat_result, with_device: bool = True) -> dict[str, int]:
@@ -172,9 +145,9 @@ def store(
         return
     data = np.ascontiguousarray(array)
     header = _header(data.shape)
-    digest = hashlib.sha256(header)
-    digest.update(memoryview(data).cast("B"))
-    sha = digest.hexdigest()
+    content = hashlib.sha256(header)
+    content.update(memoryview(data).cast("B"))
+    sha = content.hexdigest()
     if published_sha256 is not None and sha != published_sha256:
         return
     try:

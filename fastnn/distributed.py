@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _files
+from ._cachedir import file_refusal
 from ._errors import ConfigError, DeviceUnavailable
 from .engine.group import Group, share
 
@@ -193,8 +194,8 @@ def _check_trusted(path: Path, st: os.stat_result) -> None:
                 stat.S_IFLNK: "a symbolic link", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}  # fmt: skip
         what = kind.get(stat.S_IFMT(st.st_mode), "not a regular file")
         raise ConfigError(f"id_file {str(path)!r} is {what}: refused, only a regular file written by rank 0 is read")
-    me = os.geteuid()
-    if st.st_uid != me or st.st_mode & 0o022:
+    if file_refusal(st) is not None:  # another user's, or writable by its group or others
+        me = os.geteuid()
         raise ConfigError(
             f"id_file {str(path)!r} is owned by {_user(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: refused, "
             f"the NCCL id is read only from a file of this user ({_user(me)}) that no one else may write (rank 0 "
@@ -293,7 +294,8 @@ def init(
         raise nccl.CollectiveTimeout(
             f"{where}: the other ranks did not join the communicator within {timeout:g} s (distributed.init's "
             f"timeout): check that every rank was started with world={world} and the same id, and that none has "
-            "died; the communicator was aborted"
+            "died or read a stale id_file left by an earlier run (an old id names a bootstrap that no longer exists: "
+            "remove the file and start every rank again); the communicator was aborted"
         ) from None
     except nccl.NcclError as exc:  # NCCL's own message, with which rank and GPU met it
         exc.args = (f"{where}: {exc.args[0]}",)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fastnn
-from fastnn import _decoded, datasets
+from fastnn import _cachedir, _decoded, datasets
 from fastnn._data import check_inputs
 from fastnn._errors import DataError
 
@@ -183,6 +183,16 @@ def test_decoded_bytes_that_are_not_the_published_ones_are_not_recorded(setup, m
     assert len(list(cache.glob("*.idx"))) == 3
 
 
+@posix
+def test_the_entry_key_is_pinned():
+    """The key names the entries already on users' disks: a refactoring that changed it would silently decode
+    every dataset again and leave the old entries behind. Change this value only together with SCHEMA_VERSION."""
+    source = Path("/nonexistent/fastnn/train-images-idx3-ubyte.gz")  # no link on the way: its real path is itself
+    assert _decoded.SCHEMA_VERSION == 1
+    key = _decoded.entry_key("mnist", "train-images", "ab" * 32, source)
+    assert key == "62e3a49f1e46d97570754951b52b3d01edfd20b3e062878044df4cde70de09dd"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Damaged or foreign entries: rebuilt, never trusted
 # ---------------------------------------------------------------------------------------------------------------
@@ -300,9 +310,9 @@ def test_a_damaged_entry_is_rebuilt_not_trusted(setup, damage, stem):
 def test_an_entry_owned_by_another_user_is_rebuilt(setup, monkeypatch):
     source, cache, arrays, verified = setup
     load(source)
-    uid = os.getuid()
-    monkeypatch.setattr(_decoded, "refusal", lambda directory: None)  # the folder passes; the files do not
-    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    uid = os.geteuid()
+    monkeypatch.setattr(_cachedir, "refusal", lambda directory: None)  # the folder passes; the files do not
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
     check(load(source), arrays)
     assert len(verified) == 8
 
@@ -317,7 +327,7 @@ def test_a_cache_folder_open_to_others_is_not_used(setup):
     source, cache, arrays, verified = setup
     load(source)
     cache.chmod(0o777)
-    _decoded._warned.discard(cache)
+    _cachedir._warned.discard((cache, "dataset cache"))
     with pytest.warns(RuntimeWarning, match="not using the dataset cache .* writable by its group and others"):
         check(load(source), arrays)
     with warnings.catch_warnings():
@@ -330,9 +340,9 @@ def test_a_cache_folder_open_to_others_is_not_used(setup):
 def test_a_cache_folder_owned_by_another_user_is_not_used(setup, monkeypatch):
     source, cache, arrays, verified = setup
     load(source)
-    uid = os.getuid()
-    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
-    _decoded._warned.discard(cache)
+    uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
+    _cachedir._warned.discard((cache, "dataset cache"))
     with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}"):
         check(load(source), arrays)
     assert len(verified) == 8

@@ -362,7 +362,8 @@ def test_init_raises_collective_timeout_naming_rank_world_gpu_and_timeout(monkey
     monkeypatch.setattr(driver, "get_device", lambda ordinal: type("Dev", (), {"make_current": lambda self: None})())
     with pytest.raises(nccl.CollectiveTimeout, match=r"rank 0 of 2 on GPU 0: the other ranks did not join the "
                        r"communicator within 0.2 s \(distributed.init's timeout\): check that every rank was started "
-                       r"with world=2"):  # fmt: skip
+                       r"with world=2 and the same id, and that none has died or read a stale id_file left by an "
+                       r"earlier run \(an old id names a bootstrap that no longer exists"):  # fmt: skip
         distributed.init(0, 2, uid=bytes(128), device=0, timeout=0.2)
     assert fake.events == ["abort 7"]
 

@@ -161,6 +161,15 @@ def test_cache_key_covers_arch_options_source_headers_and_version():
     assert len(keys) == len(variants) and key not in keys
 
 
+def test_cache_key_is_pinned():
+    """The key names the CUBINs already on users' disks: a refactoring that changed it would silently recompile
+    every kernel once and leave the old entries behind. Change this value only together with SCHEMA_VERSION."""
+    headers = {"a.cuh": b"A", "b.cuh": b""}
+    key = nvrtc.cache_key("k.cu", b"src", headers, "sm_90", ("--use_fast_math", "-lineinfo"), (12, 9))
+    assert nvrtc.SCHEMA_VERSION == 2
+    assert key == "9aac852580f9d5586cc1bd0c4cd2346d74dfa9925fa94f49e4910881d078ca5c"
+
+
 @pytest.mark.bindings
 def test_changed_options_arch_or_header_recompile(kernels, cache, compiles):
     nvrtc.compile_native("k.cu", "sm_90")
@@ -333,7 +342,7 @@ def test_cache_writable_by_others_is_not_used(kernels, cache, compiles, mode):
 def test_cache_owned_by_another_user_is_not_used(kernels, cache, compiles, monkeypatch):
     cache.mkdir(mode=0o700)
     uid = cache.stat().st_uid
-    monkeypatch.setattr(nvrtc.os, "getuid", lambda: uid + 1)
+    monkeypatch.setattr(nvrtc.os, "geteuid", lambda: uid + 1)
     with pytest.warns(RuntimeWarning, match=f"owned by uid {uid}, not by this user"):
         nvrtc.compile_native("k.cu", "sm_90")
     assert len(compiles) == 1 and list(cache.iterdir()) == []

@@ -12,7 +12,6 @@ fails any check is ignored and rewritten, and an untrusted folder means no cache
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from .._cachedir import digest
 from . import nvrtc
 
 __all__ = ["SCHEMA_VERSION", "Choice", "entry_key", "gpu_identity", "lookup", "store"]
@@ -60,11 +60,7 @@ def entry_key(plan: Any, gpu: str, version: int, *, beta: float, c_is_d: bool, r
     fields = [f"schema {SCHEMA_VERSION}", f"gpu {gpu}", f"cublasLt {version}"]
     fields += [f"{name} {_text(getattr(plan, name))}" for name in PLAN_FIELDS]
     fields += [f"workspace {plan.workspace.nbytes}", f"beta0 {beta == 0}", f"c_is_d {c_is_d}", f"repeats {repeats}"]
-    h = hashlib.sha256()
-    for field in fields:  # length-prefixed, so no two different field lists hash the same stream
-        data = field.encode()
-        h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
+    return digest(fields)
 
 
 def _folder() -> tuple[Path, bytes] | None:

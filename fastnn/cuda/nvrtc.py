@@ -13,15 +13,13 @@ import importlib.util
 import os
 import re
 import secrets
-import stat
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import _files
-from .._cachedir import refusal as _refusal
+from .._cachedir import digest, file_refusal, trusted_dir, warn_once
 from .._errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -168,7 +166,6 @@ def native_sources() -> list[Path]:
 
 
 _resolved_dirs: dict[str, Path] = {}  # $FASTNN_CACHE_DIR as set -> the absolute folder it meant at first use
-_warned: set[tuple[Path, str]] = set()  # (cache folder, problem) already warned about
 _lock = threading.Lock()
 
 
@@ -202,26 +199,7 @@ def cache_dir() -> Path:
 
 def _trusted_dir() -> Path | None:
     """cache_dir(), created 0700 if absent, when it passes the owner and mode checks; else None (warned once)."""
-    directory = cache_dir()
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # parents get the umask's mode, the cache 0700
-    except OSError:
-        return None  # an unwritable location: no cache, as before (nothing to warn about: nothing is trusted)
-    reason = _refusal(directory)
-    if reason is None:
-        return directory
-    message = f"fastnn: not using the kernel cache {directory}: {reason}; compiling kernels in memory instead"
-    _warn_once(directory, "folder", message)
-    return None
-
-
-def _warn_once(directory: Path, problem: str, message: str) -> None:
-    """One RuntimeWarning per cache folder and kind of problem: a failing cache must not flood the output."""
-    with _lock:
-        if (directory, problem) in _warned:
-            return
-        _warned.add((directory, problem))
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return trusted_dir(cache_dir(), "kernel cache", "compiling kernels in memory instead", stacklevel=3)
 
 
 def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
@@ -234,13 +212,9 @@ def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
     except OSError as exc:
         return None, f"cannot be opened ({exc.strerror or exc}; a link?)", False
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file", False
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            return None, f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})", False
-        if st.st_mode & 0o077:
-            return None, f"is open to others (mode {stat.S_IMODE(st.st_mode):04o})", False
+        why = file_refusal(os.fstat(fd), private=True)
+        if why is not None:
+            return None, why, False
         key = os.read(fd, _KEY_BYTES + 1)
     finally:
         os.close(fd)
@@ -261,12 +235,13 @@ def _cache_secret(directory: Path) -> bytes | None:
             pass  # another process made it first: use theirs
         except OSError as exc:
             message = f"cannot write the kernel cache's key {path} ({_files.reason(exc)})"
-            _warn_once(directory, "key", f"fastnn: {message}; compiling kernels in memory instead")
+            warn_once(directory, "key", f"fastnn: {message}; compiling kernels in memory instead", stacklevel=3)
             return None
         key, why, _ = _read_secret(path)
     if key is None:
         message = f"not using the kernel cache {directory}: its key {path} {why}"
-        _warn_once(directory, "key", f"fastnn: {message}; compiling kernels in memory instead (fix: remove {path})")
+        fallback = f"compiling kernels in memory instead (fix: remove {path})"
+        warn_once(directory, "key", f"fastnn: {message}; {fallback}", stacklevel=3)
     return key
 
 
@@ -282,24 +257,11 @@ def cache_key(
     filename: str, source: bytes, headers: dict[str, bytes], arch: str, options: Sequence[str], version: tuple[int, int]
 ) -> str:
     """sha256 (hex) of everything a CUBIN depends on: schema, file, source, every header, arch, options, NVRTC."""
-    h = hashlib.sha256()
-
-    def field(data: bytes) -> None:  # length-prefixed, so no two different inputs hash the same stream
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-
-    field(f"schema {SCHEMA_VERSION}".encode())
-    field(filename.encode())
-    field(source)
+    fields: list[str | bytes] = [f"schema {SCHEMA_VERSION}", filename, source]
     for name in sorted(headers):
-        field(name.encode())
-        field(headers[name])
-    field(arch.encode())
-    field(len(options).to_bytes(8, "little"))
-    for option in options:
-        field(option.encode())
-    field(f"nvrtc {version[0]}.{version[1]}".encode())
-    return h.hexdigest()
+        fields += [name, headers[name]]
+    fields += [arch, len(options).to_bytes(8, "little"), *options, f"nvrtc {version[0]}.{version[1]}"]
+    return digest(fields)
 
 
 def _read_cache(path: Path, secret: bytes) -> bytes | None:
@@ -323,11 +285,12 @@ def _write_cache(path: Path, cubin: bytes, secret: bytes) -> None:
     try:
         _files.write_bytes(path, _MAGIC + _mac(secret, path.name, cubin) + b"\n" + cubin, mode=0o600)
     except OSError as exc:
-        _warn_once(
+        warn_once(
             path.parent,
             "write",
             f"fastnn: cannot write to the kernel cache {path.parent} ({_files.reason(exc)}); kernels are compiled "
             f"but not cached",
+            stacklevel=3,
         )
 
 
