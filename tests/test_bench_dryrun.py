@@ -43,7 +43,7 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     # 10 workloads x 15 GPU contenders (fastnn x5, torch x7, jax x3) + numpy-cpu on logreg
-    assert "pairs: 159" in out  # + the two XLA flag variants on 4 of the 10 workloads
+    assert "pairs: 169" in out  # + the two XLA flag variants on 4 of the 10 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:
         assert f"mlp-{h} " in out
@@ -500,7 +500,8 @@ def test_final_preset_covers_every_published_contender():
     # call 1 alone is the headline: fastnn auto, its engines and every peer that can be fastest, every workload
     ns = bench_mnist.parse_args(["--final", "1", "--out", "x"])
     contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
-    assert {c.name for c in contenders} == {"fastnn-mixed", "fastnn-graph", "fastnn-fused", *bench_mnist.PEERS}
+    fastnn_rows = {"fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid"}
+    assert {c.name for c in contenders} == fastnn_rows | set(bench_mnist.PEERS)
     assert {"jax-default", "torch-graph-tf32"} <= set(bench_mnist.PEERS) and ns.drift == "" and ns.out == "x"
     assert [w.name for w in workloads] == [w.name for w in wl.build_workloads(quick=False)]
     ns = bench_mnist.parse_args(["--final", "5"])
