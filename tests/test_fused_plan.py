@@ -74,9 +74,9 @@ def test_a_model_too_big_is_refused_naming_bytes_and_what_is_held(sizes, optimiz
     "precision,batch,mma", [("mixed", 128, "1"), ("fp16", 32, "1"), ("fp32", 128, "0"), ("mixed", 8, "0")]
 )
 def test_tensor_cores_for_half_operands_in_chunks_of_16_rows_or_more(precision, batch, mma):
-    plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8)
+    plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(fused_logreg=False))
     assert _option(plan, "FUSED_MMA") == mma, (plan.rows, plan.options)
-    fma = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(tensor_cores=False))
+    fma = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(tensor_cores=False, fused_logreg=False))
     assert _option(fma, "FUSED_MMA") == "0"
 
 
@@ -131,8 +131,9 @@ def test_the_kernel_compiles_for_each_layout(
     sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan(sizes, optimizer, precision, 32, x_dtype, Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores))
-    assert isinstance(plan, fp.FusedPlan), plan
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
+    assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
     assert cubin[:4] == b"\x7fELF"
 
@@ -173,7 +174,7 @@ def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
 def test_the_regression_kernel_compiles(sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch,
                                         tmp_path):  # fmt: skip
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning, loss="mse")
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
