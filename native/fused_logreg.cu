@@ -337,7 +337,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         const bool cls_lo = g < C, cls_hi = g + 8 < C;  // are classes g and g + 8 real
         // fp32 masters of the owned chunks: [0..3] class g, features 4t..4t+3 of the chunk; [4..7] class g + 8
         float mw[NJ][8], mom[NJ][8];
-        u32 freal = 0;  // bit 4j + i: feature 4t + i of chunk j is a real feature (SHIFT masks the pads' gradient)
+        u32 freal = 0;  // bit 4j + i: feature 4t + i of chunk j is a real feature (pads are never updated)
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const int cl = warp + NCW * j;
@@ -612,10 +612,10 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {
+                            // pads (features past d or this CTA's chunks, classes past C) stay exactly zero
+                            if (!(freal & (1u << (4 * j + (e & 3)))) || !(e < 4 ? cls_lo : cls_hi)) continue;
                             float gr = ac[e] * zs;
-                            if constexpr (SHIFT) {
-                                if (freal & (1u << (4 * j + (e & 3)))) gr = fmaf(1.f, e < 4 ? gb_lo : gb_hi, gr);
-                            }
+                            if constexpr (SHIFT) gr += e < 4 ? gb_lo : gb_hi;  // shift * the bias gradient
                             float w = mw[j][e], m1 = 0.f, m2 = 0.f;
                             float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
                             constexpr int V = NCW * NJ * 8 * 32;
@@ -745,7 +745,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             for (int u = pt; u < rows * UPR; u += NPW * 32) {  // consecutive threads: consecutive bytes of a row
                 const int r = u / UPR, c = u - r * UPR;
                 const int f = c * (G > 1 ? G : 1);  // the unit's first feature within this CTA's slice
-                if (c0 * 16 + f >= D) continue;
+                if (f >= nch * 16 || c0 * 16 + f >= D) continue;  // pad chunks and pad features stay zero
                 const u8* src = xg + (u64)ix[r] * D + f;
                 if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
                 else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
