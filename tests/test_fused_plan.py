@@ -74,9 +74,9 @@ def test_a_model_too_big_is_refused_naming_bytes_and_what_is_held(sizes, optimiz
     "precision,batch,mma", [("mixed", 128, "1"), ("fp16", 32, "1"), ("fp32", 128, "0"), ("mixed", 8, "0")]
 )
 def test_tensor_cores_for_half_operands_in_chunks_of_16_rows_or_more(precision, batch, mma):
-    plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8)
+    plan = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(fused_logreg=False))
     assert _option(plan, "FUSED_MMA") == mma, (plan.rows, plan.options)
-    fma = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(tensor_cores=False))
+    fma = _plan([784, 10], MOMENTUM, precision, batch, np.uint8, Tuning(tensor_cores=False, fused_logreg=False))
     assert _option(fma, "FUSED_MMA") == "0"
 
 
@@ -131,8 +131,9 @@ def test_the_kernel_compiles_for_each_layout(
     sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan(sizes, optimizer, precision, 32, x_dtype, Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores))
-    assert isinstance(plan, fp.FusedPlan), plan
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
+    assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
     assert cubin[:4] == b"\x7fELF"
 
@@ -173,10 +174,116 @@ def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
 def test_the_regression_kernel_compiles(sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch,
                                         tmp_path):  # fmt: skip
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning, loss="mse")
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
     assert cubin[:4] == b"\x7fELF"
     classifier = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
     assert cubin != nvrtc.compile_native("fused.cu", "sm_90", classifier.options)  # the regression's head is in it
+
+
+# ---- native/fused_logreg.cu: which logistic regressions it serves, why the others go to fused.cu ----------------
+
+
+@pytest.mark.parametrize("features,cluster", [(20, 1), (256, 1), (257, 2), (512, 2), (513, 4), (784, 4), (1024, 4),
+                                              (1025, 8), (2048, 8), (2049, None)])  # fmt: skip
+def test_the_logreg_cluster_is_the_smallest_with_at_most_16_chunks_a_cta(features, cluster):
+    assert fp.logreg_cluster(features) == cluster
+
+
+@pytest.mark.parametrize("classes", [2, 3, 10, 16])
+@pytest.mark.parametrize("batch", [1, 17, 100, 128])
+@pytest.mark.parametrize("optimizer", [SGD(lr=0.1), MOMENTUM, AdamW(lr=1e-3)], ids=["sgd", "momentum", "adamw"])
+@pytest.mark.parametrize("precision", ["mixed", "fp16"])
+def test_uint8_logistic_regression_takes_the_logreg_kernel(classes, batch, optimizer, precision):
+    plan = _plan([784, classes], optimizer, precision, batch, np.uint8)
+    assert (plan.source, plan.function, plan.threads) == ("fused_logreg.cu", "fused_logreg_kernel", 384)
+    assert plan.cluster == 4 and plan.rows == -(-batch // 16) * 16
+    assert plan.smem_bytes <= fp.HOPPER_SMEM and plan.why.startswith("fused_logreg.cu: 784 features in 49 chunks")
+    assert _option(plan, "LR_C") == str(classes) and _option(plan, "LR_NS") == str(len(optimizer.state_names))
+    assert _option(plan, "LR_ST") == "4"  # every case here has room for 4 gather stages
+
+
+@pytest.mark.parametrize(
+    "sizes,precision,batch,x_dtype,kw,reason",
+    [
+        ([784, 10], "mixed", 128, np.float32, {}, "float32 inputs"),
+        ([784, 10], "fp32", 128, np.uint8, {}, "precision 'fp32'"),
+        ([784, 10], "mixed", 128, np.uint8, {"loss": "mse"}, "loss 'mse'"),
+        ([784, 17], "mixed", 128, np.uint8, {}, "17 classes"),
+        ([784, 10], "mixed", 129, np.uint8, {}, "batch size 129"),
+        ([784, 64, 10], "mixed", 32, np.uint8, {}, "the model has a hidden layer"),
+        ([2049, 10], "mixed", 32, np.uint8, {}, "2049 features"),
+        ([784, 10], "mixed", 32, np.uint8, {"tuning": Tuning(fused_logreg=False)}, "Tuning(fused_logreg=False)"),
+    ],
+)
+def test_the_rest_goes_to_fused_cu_saying_why(sizes, precision, batch, x_dtype, kw, reason):
+    plan = _plan(sizes, MOMENTUM, precision, batch, x_dtype, **kw)
+    assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu" and plan.function == "fused_epoch_kernel"
+    assert plan.why.startswith("fused.cu, not fused_logreg.cu: ") and reason in plan.why, plan.why
+    assert isinstance(fp.logreg_plan(EngineConfig(model=MLP(sizes), optimizer=MOMENTUM, batch_size=batch,
+                                                  precision=precision, **kw), x_dtype), str)  # fmt: skip
+
+
+def test_the_logreg_kernel_drops_gather_stages_then_declines_where_shared_memory_is_short():
+    # 1024 features on 4 CTAs, 16 classes, AdamW: 255,696 bytes with 4 stages, 219,824 with 3, 183,952 with 2
+    cfg = EngineConfig(model=MLP([1024, 16]), optimizer=AdamW(lr=1e-3), batch_size=128, precision="mixed")
+    plans = [fp.logreg_plan(cfg, np.uint8, limit) for limit in (232448, 219824, 219823, 183952)]
+    assert [_option(p, "LR_ST") for p in plans] == ["3", "3", "2", "2"]
+    assert [p.smem_bytes for p in plans] == [219824, 219824, 183952, 183952]
+    reason = fp.logreg_plan(cfg, np.uint8, 183951)
+    assert isinstance(reason, str) and "bytes of shared memory per CTA even with 2 stages" in reason
+    fallback = fp.fused_plan(cfg, np.uint8, 183951)  # fused.cu then, or its own refusal naming the bytes
+    assert isinstance(fallback, str) or fallback.source == "fused.cu"
+
+
+def test_a_nonzero_shift_and_the_row_copy_width_are_compiled_in():
+    def opts(sizes, normalize=None):
+        cfg = EngineConfig(model=MLP(sizes), optimizer=MOMENTUM, batch_size=64, precision="mixed", normalize=normalize)
+        plan = fp.logreg_plan(cfg, np.uint8)
+        return _option(plan, "LR_SHIFT"), _option(plan, "LR_G")
+
+    assert opts([784, 10]) == ("0", "16")
+    assert opts([784, 10], (0.0, 2.0)) == ("0", "16")  # x / 255 / 2: a scale only
+    assert opts([784, 10], (0.3, 0.5)) == ("1", "16")
+    assert opts([100, 10]) == ("0", "4") and opts([40, 10]) == ("0", "8") and opts([50, 10]) == ("0", "1")
+
+
+# One kernel per cluster size, copy width, precision, optimizer, shift and batch: the static_assert in
+# fused_logreg.cu fails to compile if its layout needs more than LR_SMEM, i.e. if logreg_smem_bytes undercounts.
+LOGREG_KERNELS = [
+    ([784, 10], MOMENTUM, "mixed", 128, None),
+    ([784, 10], SGD(lr=0.1), "mixed", 128, None),
+    ([784, 10], AdamW(lr=1e-3), "mixed", 128, (0.3, 0.5)),
+    ([784, 16], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), "fp16", 100, None),
+    ([784, 3], AdamW(lr=1e-3), "fp16", 1, None),
+    ([100, 7], MOMENTUM, "mixed", 64, (0.5, 0.25)),
+    ([50, 15], AdamW(lr=1e-3), "mixed", 48, None),
+    ([40, 2], SGD(lr=0.1), "mixed", 16, None),
+    ([300, 10], MOMENTUM, "mixed", 128, None),
+    ([2048, 10], AdamW(lr=1e-3), "mixed", 128, None),  # 8 CTAs, 2 gather stages
+]
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("sizes,optimizer,precision,batch,normalize", LOGREG_KERNELS)
+def test_the_logreg_kernel_compiles(sizes, optimizer, precision, batch, normalize, monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision,
+                       normalize=normalize)  # fmt: skip
+    plan = fp.fused_plan(cfg, np.uint8)
+    assert plan.source == "fused_logreg.cu", plan.why
+    assert nvrtc.compile_native(plan.source, "sm_90", plan.options)[:4] == b"\x7fELF"
+
+
+@pytest.mark.bindings
+def test_an_undercounted_logreg_plan_fails_to_compile_and_the_profile_compiles(monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan([784, 10], MOMENTUM, "mixed", 128, np.uint8)
+    options = [o if not o.startswith("-DLR_SMEM=") else f"-DLR_SMEM={plan.smem_bytes - 16}" for o in plan.options]
+    with pytest.raises(Exception, match="shared-memory size is smaller"):
+        nvrtc.compile_native("fused_logreg.cu", "sm_90", options)
+    profiled = _plan([784, 10], MOMENTUM, "mixed", 128, np.uint8, Tuning(fused_profile=True))
+    assert profiled.source == "fused_logreg.cu" and profiled.options[-1] == "-DFUSED_PROFILE"
+    assert nvrtc.compile_native("fused_logreg.cu", "sm_90", profiled.options)[:4] == b"\x7fELF"

@@ -200,6 +200,101 @@ def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, preci
     gpu.close()
 
 
+# ---- native/fused_logreg.cu: the logistic regressions fused/plan.py's logreg_plan sends to it ----------------------
+# (sizes, optimizer, batch, n, precision, extra Trainer kwargs): uint8 inputs, 784-10 at batch 128 with every
+# optimizer, odd class counts, widths whose rows take 16-, 4- and 1-byte copies (784, 100, 50), clusters of 4, 1 and
+# 8 CTAs, a short last batch (n not a multiple of the batch), drop_last, and scalar normalize with and without a shift.
+LOGREG_CASES = [
+    ([784, 10], SGD(lr=0.1), 128, 1000, "mixed", {}),
+    ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {}),
+    ([784, 10], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), 128, 1000, "mixed", {}),
+    ([784, 10], AdamW(lr=1e-3, weight_decay=0.01), 128, 1000, "mixed", {}),
+    ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "fp16", {}),
+    ([784, 10], AdamW(lr=1e-3), 128, 1000, "fp16", {}),
+    ([784, 3], SGD(lr=0.1, momentum=0.5), 32, 301, "mixed", {}),
+    ([784, 16], AdamW(lr=2e-3), 100, 1000, "mixed", {}),
+    ([784, 2], SGD(lr=0.1), 1, 60, "mixed", {}),
+    ([100, 7], SGD(lr=0.1, momentum=0.9), 64, 500, "mixed", {}),
+    ([50, 15], AdamW(lr=1e-3), 48, 400, "mixed", {}),
+    ([2000, 9], SGD(lr=0.02, momentum=0.9), 128, 700, "mixed", {}),
+    ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"drop_last": True}),
+    ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"normalize": (0.3, 0.5)}),
+    ([784, 11], AdamW(lr=1e-3), 96, 1000, "mixed", {"normalize": (0.0, 2.0)}),
+    ([100, 5], SGD(lr=0.05), 32, 300, "fp16", {"normalize": (0.5, 0.25)}),
+]
+
+
+def _logreg_kernel_of(t: Trainer) -> str:
+    """The kernel file the fused trainer's epoch runs (after a fit)."""
+    return t._engine.train_context.plan.source
+
+
+@pytest.mark.parametrize("sizes,optimizer,batch,n,precision,kw", LOGREG_CASES)
+def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
+    """engine="fused" on fused_logreg.cu (asserted: the comparison cannot silently run fused.cu) against the NumPy
+    engine in fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
+    model = MLP(sizes)
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1])
+    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
+                  engine="fused", **kw)  # fmt: skip
+    hc = cpu.fit(x, y, epochs=2)
+    hg = gpu.fit(x, y, epochs=2)
+    assert _logreg_kernel_of(gpu) == "fused_logreg.cu", gpu._engine.train_context.plan.why
+    params, loss, flips, probs = TOLERANCES[precision]
+    _assert_close(cpu, gpu, params)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
+    samples = len(x) - len(x) % batch if kw.get("drop_last") else len(x)
+    np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=flips / 333 + 1 / samples)
+    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
+    ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
+    assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
+    assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
+    np.testing.assert_allclose(gpu.predict_proba(xt), cpu.predict_proba(xt), atol=probs)
+    gpu.close()
+
+
+def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
+    step count go back to the flat training state between launches exactly)."""
+    model = MLP([784, 10])
+    x, y = _data(1000, 784, 10)
+    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
+              engine="fused")  # fmt: skip
+    one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
+    one.fit(x, y, epochs=4)
+    two.fit(x, y, epochs=4)
+    three.fit(x, y, epochs=1)
+    three.fit(x, y, epochs=3)
+    assert _logreg_kernel_of(one) == "fused_logreg.cu"
+    a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+        np.testing.assert_array_equal(c[name], a[name], err_msg=name)
+    for t in (one, two, three):
+        t.close()
+
+
+def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
+    """Which kernel engine="fused" runs: fused_logreg.cu for uint8 logistic regression in "mixed" and "fp16";
+    fused.cu for float inputs, "fp32", a hidden layer, 17 classes, batches over 128 and Tuning(fused_logreg=False)."""
+    x8, y = _data(300, 64, 10)
+    cases = [
+        (MLP([64, 10]), x8, "mixed", 32, {}, "fused_logreg.cu"),
+        (MLP([64, 10]), x8, "fp16", 128, {}, "fused_logreg.cu"),
+        (MLP([64, 10]), x8.astype(np.float32), "mixed", 32, {}, "fused.cu"),
+        (MLP([64, 10]), x8, "fp32", 32, {}, "fused.cu"),
+        (MLP([64, 16, 10]), x8, "mixed", 32, {}, "fused.cu"),
+        (MLP([64, 17]), x8, "mixed", 32, {}, "fused.cu"),
+        (MLP([64, 10]), x8, "mixed", 129, {}, "fused.cu"),
+        (MLP([64, 10]), x8, "mixed", 32, {"tuning": Tuning(fused_logreg=False)}, "fused.cu"),
+    ]
+    for model, x, precision, batch, kw, source in cases:
+        with Trainer(model, batch_size=batch, precision=precision, device="cuda", engine="fused", **kw) as t:
+            t.fit(x, y % model.sizes[-1], epochs=1)
+            assert _logreg_kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
+
+
 def test_drop_last_and_schedule_match_numpy(engine):
     model = MLP([16, 24, 3])
     x, y = _data(250, 16, 3, dtype=np.float32)

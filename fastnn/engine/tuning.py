@@ -52,8 +52,12 @@ class Tuning:
     #: scalar FMA, logistic regression at 128 rows 8.50 against 8.46. False compiles the scalar path everywhere.
     tensor_cores: bool = True
     #: Fused engine: compile native/fused.cu with -DFUSED_PROFILE: CTA 0 prints the cycles per step of each phase
-    #: (bench_fused.py --phases). Benchmarks only: the printing costs time.
+    #: (bench_fused.py --phases; native/fused_logreg.cu: warp 0 of CTA 0). Benchmarks only: the printing costs time.
     fused_profile: bool = False
+    #: Fused engine: logistic regression on native/fused_logreg.cu wherever fused/plan.py's `logreg_plan` serves it
+    #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
+    #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
+    fused_logreg: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):

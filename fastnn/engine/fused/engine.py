@@ -3,10 +3,11 @@
 It is the graph engine (`graph/`) with another training context (`make_train_context`): the parameters and optimizer
 state stay in the graph engine's flat training state, and evaluation, prediction, snapshots, divergence
 handling, interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library
-nodes per step, its graph is one cluster launch of `native/fused.cu` (which loads the state into shared
-memory, trains every step of the epoch and writes the state back) followed by the graph engine's epoch-end
-nodes. The kernel is compiled per model shape and loss (NVRTC, disk-cached: a regression, loss "mse", has its own
-head); `plan.py` decides what fits.
+nodes per step, its graph is one cluster launch of `native/fused_logreg.cu` (logistic regression where its plan
+serves it) or `native/fused.cu` (everything else), which loads the state on chip, trains every step of the epoch
+and writes the state back, followed by the graph engine's epoch-end nodes. Both take the same arguments. The
+kernel is compiled per model shape and loss (NVRTC, disk-cached: a regression, loss "mse", has its own head);
+`plan.py` decides which kernel and what fits.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class FusedEngine(GraphEngine):
         plan = fused_plan(self.config, x_dtype, self.dev.max_shared_memory_optin)
         if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
             raise ConfigError(f"engine='fused' cannot train this model: {plan}")
-        kernel = module(self.dev, "fused.cu", plan.options).function("fused_epoch_kernel")
+        kernel = module(self.dev, plan.source, plan.options).function(plan.function)
         if kernel.max_active_clusters((plan.cluster, 1, 1), (plan.threads, 1, 1), plan.smem_bytes, plan.cluster) < 1:
             raise ConfigError(
                 f"engine='fused' cannot train this model: a cluster of {plan.cluster} CTAs with "

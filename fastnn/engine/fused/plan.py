@@ -1,22 +1,31 @@
 """The fused engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
 
-`native/fused.cu` trains a whole epoch in one cluster of CTAs with everything in shared memory. This module
-mirrors its shared-memory layout (the kernel checks at compile time that it needs no more than the bytes
-computed here), picks the layout (standard or lean), the rows per chunk and tensor cores or FMA (within what the
-config's `Tuning` allows), and says why a model cannot be held, naming the limit.
+Two kernels. `native/fused_logreg.cu` trains logistic regression (sizes [d, C]) on a cluster of S CTAs with
+producer warps, register-resident master weights and mbarrier-completed exchanges (issue 25); `logreg_plan` says
+where it serves (uint8 inputs, "mixed" or "fp16", cross-entropy, 2..16 classes, batches up to 128, d up to
+2,048) and mirrors its shared-memory layout. `native/fused.cu` trains everything else in one cluster of 16 CTAs
+with everything in shared memory: this module mirrors its layout too (each kernel checks at compile time that it
+needs no more than the bytes computed here), picks the layout (standard or lean), the rows per chunk and tensor
+cores or FMA (within what the config's `Tuning` allows), and says why a model cannot be held, naming the limit.
+`FusedPlan.why` says which kernel was chosen and why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..._data import input_affine
 from ..._optim import KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
 
-__all__ = ["CLUSTER", "MIN_CC", "MMA_MIN_ROWS", "THREADS", "FusedPlan", "fused_plan", "smem_floats"]
+__all__ = [
+    "CLUSTER", "LOGREG_MAX_BATCH", "LOGREG_MAX_CLASSES", "LOGREG_MAX_FEATURES", "LOGREG_THREADS", "MIN_CC",
+    "MMA_MIN_ROWS", "THREADS", "FusedPlan", "fused_plan", "logreg_cluster", "logreg_plan", "logreg_smem_bytes",
+    "smem_floats",
+]  # fmt: skip
 
 #: CTAs in the cluster: 16 (non-portable, allowed on H100/H200), the most Hopper runs as one cluster.
 CLUSTER = 16
@@ -97,15 +106,148 @@ def smem_floats(
 class FusedPlan:
     """What the fused kernel is compiled and launched with for one model, batch and precision."""
 
-    rows: int  #: rows per chunk (R)
+    rows: int  #: rows per chunk (R); fused_logreg.cu: the batch's rows rounded up to 16 (one chunk a step)
     cluster: int
     threads: int
     smem_bytes: int
-    options: tuple[str, ...]  #: NVRTC -D options of native/fused.cu
+    options: tuple[str, ...]  #: NVRTC -D options of `source`
+    source: str = "fused.cu"  #: the kernel file in native/
+    function: str = "fused_epoch_kernel"  #: its extern "C" entry point
+    why: str = ""  #: which kernel, and why (the logistic-regression kernel's reason for declining, if it did)
+
+
+# ---- native/fused_logreg.cu: logistic regression on a cluster of S CTAs (issue 25, ../shared/design/fused-v2.md) ----
+#: Threads per CTA: 8 consumer warps (forward rows, softmax, weight gradient and update) and 4 producer warps (the
+#: gather: one batch row per thread).
+LOGREG_THREADS = 384
+LOGREG_CONSUMER_WARPS = 8
+#: Classes: the two 8-wide n-tiles of one mma.sync m16n8k16 pair (a class row per fragment row of the wgrad).
+LOGREG_MAX_CLASSES = 16
+#: Rows a step: one producer thread per row, 16 rows per consumer warp in the forward and the softmax.
+LOGREG_MAX_BATCH = 128
+#: 16-feature chunks a CTA holds at most: each consumer warp keeps the fp32 masters of at most 2 chunks in
+#: registers (8 a lane a chunk; momentum beside them). Measured (fused-v2.md 2.2, 784 features = 49 chunks, batch
+#: 128): 13 chunks a CTA (S = 4) 2.70 us a step, 25 (S = 2) 3.36-3.45, 49 (S = 1) 4.78-4.97, 7 (S = 8) 2.91-3.07;
+#: so the plan takes the smallest cluster that leaves at most 16 chunks a CTA.
+LOGREG_MAX_CHUNKS = 16
+LOGREG_CLUSTERS = (1, 2, 4, 8)
+LOGREG_MAX_FEATURES = 16 * LOGREG_MAX_CHUNKS * LOGREG_CLUSTERS[-1]
+#: Gather stages (producers run this many batches ahead), most first; fewer where shared memory is short.
+LOGREG_STAGES = (4, 3, 2)
+
+
+def logreg_cluster(features: int) -> int | None:
+    """The cluster size for `features` inputs: the smallest S leaving at most LOGREG_MAX_CHUNKS chunks a CTA."""
+    chunks = _cdiv(features, 16)
+    return next((s for s in LOGREG_CLUSTERS if _cdiv(chunks, s) <= LOGREG_MAX_CHUNKS), None)
+
+
+def _up16(a: int) -> int:
+    return _cdiv(a, 16) * 16
+
+
+def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, n_state: int,
+                      adamw: bool) -> int:  # fmt: skip
+    """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there)."""
+    nch = _cdiv(_cdiv(features, 16), cluster)
+    rowb = nch * 16 + (16 if nch % 2 == 0 else 0)  # an odd number of 16-byte chunks a row: conflict-free rows
+    nj = _cdiv(nch, LOGREG_CONSUMER_WARPS)
+    ce = classes + (classes & 1)
+    nw = LOGREG_CONSUMER_WARPS
+    parts = [
+        stages * rows * rowb,  # staged uint8 rows
+        16 * nch * 16 * 2,  # W16: fp16 operand copy [16 classes][nch * 16 features]
+        16 * (rows + 8) * 2,  # dlogits^T, fp16 [16 classes][rows + 8]
+        (2 * cluster if cluster > 1 else 1) * rows * ce * 4,  # partial logits [parity][rank][row][class]
+        stages * rows * 4,  # labels
+        stages * rows * 4,  # sample indices
+        stages * 16,  # step constants (lr, Adam's corrections, rows)
+        3 * 16 * 4,  # bias and its optimizer state (replicated)
+        nw * 16 * 4,  # per-warp bias-gradient partials
+        nw * 16 * 4,  # per-warp column sums of W16 (a nonzero normalize shift)
+        nw * 2 * 8,  # per-warp loss sum and correct count (doubles)
+        2 * nw * nj * 8 * 32 * 4 if adamw else 0,  # AdamW's moments, each lane's beside its masters
+        (2 * stages + 2) * 8,  # mbarriers: full and empty per stage, the exchange's two
+    ]
+    return sum(_up16(b) for b in parts)
+
+
+def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
+    """The plan of native/fused_logreg.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    tuning = config.tuning
+    if not tuning.fused_logreg:
+        return "it is switched off (Tuning(fused_logreg=False))"
+    if len(sizes) != 2:
+        return "the model has a hidden layer (it trains logistic regression, sizes [d, C])"
+    features, classes = sizes
+    if config.loss != "cross_entropy":
+        return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
+    if config.precision not in ("mixed", "fp16"):
+        return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
+    if np.dtype(x_dtype) != np.uint8:
+        return f"{np.dtype(x_dtype).name} inputs (it feeds uint8 pixels to the tensor cores unconverted)"
+    if not 2 <= classes <= LOGREG_MAX_CLASSES:
+        return f"{classes} classes (it takes 2 to {LOGREG_MAX_CLASSES}: one pair of 8-wide MMA tiles)"
+    if config.batch_size > LOGREG_MAX_BATCH:
+        return f"batch size {config.batch_size} (it takes up to {LOGREG_MAX_BATCH}: one producer thread a row)"
+    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+        return "normalize is per-feature (it takes two numbers)"
+    cluster = logreg_cluster(features)
+    if cluster is None:
+        return f"{features} features (it takes up to {LOGREG_MAX_FEATURES}: 16 chunks of 16 on each of 8 CTAs)"
+    n_state = len(opt.state_names)
+    kernel = opt.kernel_params()
+    adamw = kernel.kind != KIND_SGD
+    rows = _cdiv(config.batch_size, 16) * 16
+    need = stages = 0
+    for stages in LOGREG_STAGES:
+        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw)
+        if need <= smem_limit:
+            break
+    else:
+        return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
+                f"{smem_limit:,}")  # fmt: skip
+    _, shift = input_affine(np.uint8, config.normalize)
+    layout = param_layout(model)
+    options = (
+        "-std=c++17",
+        f"-DLR_D={features}",
+        f"-DLR_C={classes}",
+        f"-DLR_S={cluster}",
+        f"-DLR_BR={rows}",
+        f"-DLR_ST={stages}",
+        f"-DLR_G={next(g for g in (16, 8, 4, 1) if features % g == 0)}",
+        f"-DLR_BOFF={layout.offsets[1]}",
+        f"-DLR_PREC={_PREC[config.precision]}",
+        f"-DLR_OPT={kernel.kind}",
+        f"-DLR_NS={n_state}",
+        f"-DLR_SHIFT={int(float(shift) != 0.0)}",
+        f"-DLR_SMEM={need}",
+    ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
+    why = (
+        f"fused_logreg.cu: {features} features in {_cdiv(features, 16)} chunks of 16 over a cluster of {cluster} "
+        f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages"
+    )
+    return FusedPlan(rows=rows, cluster=cluster, threads=LOGREG_THREADS, smem_bytes=need, options=options,
+                     source="fused_logreg.cu", function="fused_logreg_kernel", why=why)  # fmt: skip
 
 
 def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
-    """The plan for `config` with inputs of `x_dtype`, or a reason (naming the limit) it cannot be held."""
+    """The plan for `config` with inputs of `x_dtype`, or a reason (naming the limit) it cannot be held: the
+    logistic-regression kernel where `logreg_plan` serves the model, else native/fused.cu."""
+    logreg = logreg_plan(config, x_dtype, smem_limit)
+    if isinstance(logreg, FusedPlan):
+        return logreg
+    plan = _fused_cu_plan(config, x_dtype, smem_limit)
+    if isinstance(plan, str):
+        return plan
+    return replace(plan, why=f"fused.cu, not fused_logreg.cu: {logreg}")
+
+
+def _fused_cu_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int) -> FusedPlan | str:
+    """native/fused.cu's plan, or why it cannot hold the model."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
     widest = max(sizes)

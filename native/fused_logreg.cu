@@ -1,0 +1,778 @@
+// fused_logreg.cu: a whole training epoch of LOGISTIC REGRESSION (sizes [d, C], no hidden layer) in ONE persistent
+// kernel on a thread-block cluster of S CTAs (issue 25; the design and its measurements: ../shared/design/fused-v2.md,
+// the probe it is ported from: ../shared/probes/fused_floor/logreg_probe.cu).
+//
+// What it computes: the same epoch as fused.cu, the graph engine and the NumPy engine (the definition): for each step
+// s, the batch of positions [s*batch, s*batch + rows) in the epoch's keyed order (shuffle.cuh), x*scale + shift
+// (uint8 x, scalar scale and shift); logits z = W x + b; softmax cross-entropy averaged over the rows (log-sum-exp,
+// argmax first-max-wins as loss.cu); dlogits (p - onehot) / rows (zero for the rows a short last batch lacks); the
+// weight and bias gradients; the optimizer step (optim.cuh's optim_update: SGD with momentum/Nesterov/weight decay,
+// or AdamW) at st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count are added to
+// st->hist[2 * epoch_in_fit + {0, 1}]. Parameters and optimizer state come from the engine's flat training state
+// (params, s1, s2 at the parameter layout's offsets) at the start and go back at the end, with the fp16 copy w16 in
+// "mixed", exactly as fused.cu does it, so evaluation, divergence checks, snapshots and checkpoints are unchanged.
+// Precisions: "mixed" (fp32 masters, fp16 operands) and "fp16" (masters rounded to fp16 after every update, params
+// stored as fp16); the products are mma.sync m16n8k16 with fp16 operands and fp32 accumulation.
+//
+// Launch: grid = one cluster of LR_S CTAs (1, 2, 4 or 8), block = 384 threads (8 consumer warps, 4 producer warps),
+// dynamic shared memory = LR_SMEM bytes (fused/plan.py's logreg_smem_bytes; a static_assert checks the layout
+// needs no more). sm_90 (clusters, mbarriers with transaction counts, bulk copies into peer CTAs).
+//
+// Partition: the d input features in 16-byte chunks (ceil(d/16) of them), CTA r owns chunks [r*K/S, (r+1)*K/S);
+// the widest CTA holds NCH chunks and the narrower ones pad with zero chunks. Consumer warp w owns chunks w, w+8 of
+// its CTA in the weight gradient and the update (its lanes hold their fp32 masters in registers), and rows
+// 16w..16w+15 of the batch in the forward and the softmax. Producer thread p gathers batch row p.
+//
+// A step (consumers):                                                     (producers, up to LR_ST steps ahead)
+//   wait full[stage]                                                        wait empty[stage]
+//   forward: partial logits of the CTA's features, rows 16w.., mma.sync     Feistel index and label of row p,
+//     (uint8 pixel x fed as the fp16 subnormal x * 2^-24: one PRMT per      the CTA's slice of every row by
+//     two pixels; scale * 2^24 applied to the fp32 accumulators, and          cp.async (16, 8 or 4 bytes) whose
+//     shift * colsum(W16) added for a nonzero shift)                          completion arrives on full[stage]
+//   partials -> own slot; one bulk copy of the warp's 16 rows to each peer,   (d not a multiple of 4: plain
+//     completing on the peer's exchange mbarrier (byte-counted)               loads and a plain arrive)
+//   B0 (named barrier, 256 consumer threads); wait exchange[s & 1]          step constants (lr, Adam's bias
+//   softmax, loss, argmax, dlogits of all rows in EVERY CTA (fixed-order      corrections, rows) by thread 0,
+//     sum over the S slots: identical bits everywhere); dlogits^T fp16;       released by a plain arrive
+//     per-warp bias-gradient partials
+//   B1; thread 0 re-arms exchange[s & 1] for step s + 2
+//   weight gradient (m = class, n = feature, k = row) on tensor cores; the optimizer step applied straight from the
+//     accumulators to the register masters; only the fp16 copy W16 rewritten; the bias (replicated: the same
+//     arithmetic on the same numbers in every CTA) by warp 7; arrive empty[stage]
+//   B2
+// No cluster barrier inside the loop (one at the start: every CTA's mbarriers exist; one at the end: no CTA leaves
+// while a peer may still copy into it).
+//
+// Memory plan (per CTA): registers: the fp32 masters of the warp's chunks (8 a lane a chunk, at most 2 chunks) and,
+// for SGD with momentum, the momentum buffer beside them (16 more); shared memory: LR_ST stages of staged uint8 rows
+// (rows x ROWB bytes, ROWB an odd number of 16-byte chunks: conflict-free fragment loads), the fp16 operand copy W16
+// [16 classes][NCH*16], dlogits^T fp16 [16][rows + 8], the partial logits [2 parities][S ranks][rows][CE] fp32, labels,
+// sample indices and step constants per stage, the bias with its optimizer state, per-warp bias-gradient partials
+// and W16 column sums, per-warp loss sums, AdamW's two moments (each lane's 16 per chunk, beside nothing else: they
+// do not fit in registers beside the fragments), the mbarriers. Global memory: the training set (read once a
+// step), the lr table, the history, the training state at the start and the end.
+//
+// Rounds and visibility, per buffer (s = step, B0/B1/B2 the CTA's consumer barriers of a step):
+//   staged rows, labels, indices, step constants [stage]: written by producers (cp.async / stores), visible after the
+//     full[stage] wait (mbarrier phase completion: cp.async arrivals and thread 0's release arrive); rewritten only
+//     after every consumer warp arrived on empty[stage] (after its last read, the weight gradient).
+//   partial logits [s & 1][rank]: own slot written before B0 (generic stores, fence.proxy.async before the bulk
+//     copy reads it); peer slots land by bulk copy, visible after the exchange[s & 1] wait (acquire.cluster); read
+//     between B0 and B1; thread 0 re-arms the barrier after B1. The same buffer is written again at step s + 2: a
+//     peer sends step s + 2 only after it received this CTA's step s + 1 partials, which leave after B2 of step s,
+//     after the re-arm (causality replaces a WAR barrier); likewise a source slot is overwritten at s + 2 only after
+//     every peer acknowledged (by sending s + 1) that its step-s copy landed.
+//   W16: read in the forward (before B0), written in the update (between B1 and B2).
+//   dlogits^T, bias-gradient partials: written in the softmax (B0..B1), read in the weight gradient (B1..B2).
+//   bias: read in the softmax (B0..B1), written by warp 7 in the update (B1..B2).
+//   W16 column sums (nonzero shift): written in the update (B1..B2), read in the next forward (before B0).
+#include "common.cuh"
+#include "optim.cuh"
+#include "shuffle.cuh"
+
+// ---- shape, precision and optimizer: compile-time (-D from fused/plan.py's logreg_plan); defaults: 784 -> 10 ----
+#ifndef LR_D
+#define LR_D 784
+#define LR_C 10
+#define LR_S 4
+#define LR_BR 128
+#define LR_ST 4
+#define LR_G 16
+#define LR_BOFF 7936
+#define LR_PREC 1
+#define LR_OPT 0
+#define LR_NS 1
+#define LR_SHIFT 0
+#define LR_SMEM 232448
+#endif
+
+constexpr int D = LR_D;        // input features
+constexpr int C = LR_C;        // classes (2..16)
+constexpr int S = LR_S;        // CTAs in the cluster
+constexpr int BR = LR_BR;      // rows a step: the batch size rounded up to 16
+constexpr int ST = LR_ST;      // gather stages
+constexpr int G = LR_G;        // bytes per cp.async of a row (16, 8, 4), or 1: plain loads (d not a multiple of 4)
+constexpr int BOFF = LR_BOFF;  // element offset of the bias in the flat parameter layout (the weight is at 0)
+constexpr int PREC = LR_PREC;  // 1 mixed (fp32 masters, fp16 operands), 2 fp16 (fp16 masters)
+constexpr int OPT = LR_OPT;    // optim.cuh's OPTIM_*
+constexpr int NS = LR_NS;      // optimizer state arrays
+constexpr bool SHIFT = LR_SHIFT != 0;  // a nonzero normalize shift: shift * colsum(W16) joins the logits
+constexpr int NCW = 8, NPW = 4, NT = (NCW + NPW) * 32;
+constexpr int NCHUNK = (D + 15) / 16;            // 16-feature chunks of a row
+constexpr int NCH = (NCHUNK + S - 1) / S;        // chunks of the widest CTA
+constexpr int ROWB = NCH * 16 + (NCH % 2 == 0 ? 16 : 0);  // staged row stride: an odd number of 16-byte chunks
+constexpr int XST = BR * ROWB;                   // bytes of a stage's rows
+constexpr int WLD = NCH * 16;                    // W16 row stride (halfs)
+constexpr int ZLD = BR + 8;                      // dlogits^T row stride (halfs)
+constexpr int CE = C + (C & 1);                  // partial-logit row stride: even, for 8-byte stores
+constexpr int NJ = (NCH + NCW - 1) / NCW;        // chunks a consumer warp owns
+constexpr int RW = BR / 16;                      // consumer warps with forward/softmax rows
+constexpr int CH = (C + 1) / 2;                  // classes a softmax lane takes (two lanes a row)
+constexpr bool MOM_REG = OPT == OPTIM_SGD && NS == 1;  // SGD's momentum buffer in registers
+constexpr bool ADAM = OPT == OPTIM_ADAMW;              // AdamW's moments in shared memory
+constexpr u32 XBYTES = (u32)(S - 1) * BR * CE * 4;     // partial logits a CTA receives per step
+static_assert(C >= 2 && C <= 16, "one m16n8k16 pair of n-tiles: 2 to 16 classes");
+static_assert(BR % 16 == 0 && BR >= 16 && BR <= 128, "one producer thread a row, 16 rows a consumer warp");
+static_assert(NJ <= 2 && NCH <= 16, "masters of at most two chunks a lane");
+static_assert(S == 1 || S == 2 || S == 4 || S == 8, "a portable cluster");
+static_assert(G == 1 || (D % G == 0 && (G == 4 || G == 8 || G == 16)), "cp.async needs aligned rows");
+static_assert(PREC == 1 || PREC == 2, "fp16 operands: mixed or fp16");
+static_assert(ADAM ? NS == 2 : NS <= 1, "SGD keeps 0 or 1 state arrays, AdamW 2");
+
+__host__ __device__ constexpr int up16(int a) { return (a + 15) / 16 * 16; }
+
+struct Lay {  // byte offsets into dynamic shared memory; fused/plan.py's logreg_smem_bytes adds the same parts
+    int x, w16, zt, recv, lab, idx, info, bias, gbp, wcs, hist, adam, bar, total;
+};
+__host__ __device__ constexpr Lay make_lay() {
+    Lay y{};
+    int o = 0;
+    y.x = o; o += up16(ST * XST);
+    y.w16 = o; o += up16(16 * WLD * 2);
+    y.zt = o; o += up16(16 * ZLD * 2);
+    y.recv = o; o += up16((S > 1 ? 2 * S : 1) * BR * CE * 4);
+    y.lab = o; o += up16(ST * BR * 4);
+    y.idx = o; o += up16(ST * BR * 4);
+    y.info = o; o += up16(ST * 16);
+    y.bias = o; o += up16(3 * 16 * 4);
+    y.gbp = o; o += up16(NCW * 16 * 4);
+    y.wcs = o; o += up16(NCW * 16 * 4);
+    y.hist = o; o += up16(NCW * 2 * 8);
+    y.adam = o; o += up16(ADAM ? 2 * NCW * NJ * 8 * 32 * 4 : 0);
+    y.bar = o; o += up16((2 * ST + 2) * 8);
+    y.total = o;
+    return y;
+}
+constexpr Lay LY = make_lay();
+static_assert(LY.total <= LR_SMEM, "fused/plan.py's shared-memory size is smaller than the kernel's layout");
+
+// What a producer hands the consumers with each stage besides the rows: the step's rate, AdamW's bias corrections
+// (powf twice: off the consumers' path) and the batch's row count.
+struct StepInfo {
+    float lr, c1, c2;
+    int rows;
+};
+
+// ---- PTX helpers (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------------------
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 mapa(u32 a, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+// Start and end only: a release/acquire cluster barrier is a GPU-scope MEMBAR (850 cycles on an H100).
+__device__ __forceinline__ void cluster_sync_full() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(u32 a, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(u32 a, u32 parity) {
+    u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ bool mbar_try_cluster(u32 a, u32 parity) {
+    u32 ok;
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(a), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void mbar_arrive(u32 a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_arm_tx(u32 a, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The watchdog: a wait that has not completed after 2^26 polls or ~4 seconds prints where it is and traps, so a lost
+// arrival costs seconds, not the device.
+__device__ __noinline__ void lr_stuck(int what, u32 bar, u32 parity, int s) {
+    const char* names[4] = {"full (rows of a stage)", "empty (stage released)", "exchange (peers' partial logits)",
+                            "?"};
+    printf("fused_logreg: stuck on the %s mbarrier 0x%x parity %u at step %d, block %d, warp %d\n",
+           names[what < 3 ? what : 3], bar, parity, s, (int)blockIdx.x, (int)(threadIdx.x >> 5));
+    __trap();
+}
+enum { W_FULL = 0, W_EMPTY = 1, W_XCHG = 2 };
+// Warp-uniform: every lane tests (each with the barrier's acquire), the loop condition is a vote, so the code after
+// it stays on the converged path (per-lane loops made the compiler emit divergence-safe shuffles in the probe).
+template <bool CLUSTER_SCOPE>
+__device__ __forceinline__ void wait_warp(u32 bar, u32 parity, int s, int what) {
+    u32 polls = 0;
+    u64 t0 = 0;
+    while (!__all_sync(0xffffffffu, CLUSTER_SCOPE ? mbar_try_cluster(bar, parity) : mbar_try(bar, parity))) {
+        if ((++polls & 0xfffu) == 0u) {
+            const u64 now = global_ns();
+            if (polls == 0x1000u) t0 = now;
+            else if (now - t0 > 4000000000ull || polls >= (1u << 26)) lr_stuck(what, bar, parity, s);
+        }
+    }
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+// This thread's arrival on `bar`, triggered when all its earlier cp.async have landed (counted in the init count).
+__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bulk_s2cluster(u32 rdst, u32 lsrc, u32 bytes, u32 rbar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     rdst),
+                 "r"(lsrc), "r"(bytes), "r"(rbar)
+                 : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void bar_consumers() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+__device__ __forceinline__ void bar_producers() { asm volatile("bar.sync 2, 128;" ::: "memory"); }
+// d(16x8) += a(16x16) b(16x8), fp16 operands, fp32 accumulation. Fragments (g = lane / 4, t = lane % 4): a = {(g,
+// 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b = {(2t..2t+1, g), (2t+8.., g)}, d = {(g, 2t), (g, 2t+1),
+// (g+8, 2t), (g+8, 2t+1)}; the lower half of each 32-bit register holds the lower index.
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 v;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+__device__ __forceinline__ float rnd16(float x) { return to_f(from_f<half_t>(x)); }
+
+#ifdef FUSED_PROFILE
+#define LR_PROF(i)                                        \
+    do {                                                  \
+        if (prof_on) {                                    \
+            const long long t_ = clock64();               \
+            prof[i] += t_ - prof_t;                       \
+            prof_t = t_;                                  \
+        }                                                 \
+    } while (0)
+#else
+#define LR_PROF(i) do {} while (0)
+#endif
+
+#if LR_PREC == 2
+typedef half_t TParam;
+#else
+typedef float TParam;
+#endif
+
+// ---- the kernel ---------------------------------------------------------------------------------------------------
+__device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16g, const u8* __restrict__ x,
+                             const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
+                             EpochState* est, int steps, int batch, float scale, float shift, OptimParams p) {
+    extern __shared__ __align__(128) u8 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const u32 rank = S > 1 ? cluster_rank() : 0u;
+    const int c0 = (int)(rank * NCHUNK) / S, nch = (int)((rank + 1) * NCHUNK) / S - c0;  // this CTA's chunks
+    u8* X = sm + LY.x;
+    half_t* W16 = reinterpret_cast<half_t*>(sm + LY.w16);
+    half_t* dZT = reinterpret_cast<half_t*>(sm + LY.zt);
+    float* recv = reinterpret_cast<float*>(sm + LY.recv);
+    int* lab = reinterpret_cast<int*>(sm + LY.lab);
+    int* idxs = reinterpret_cast<int*>(sm + LY.idx);
+    StepInfo* info = reinterpret_cast<StepInfo*>(sm + LY.info);
+    float* bias = reinterpret_cast<float*>(sm + LY.bias);  // [16] bias, [16] its s1, [16] its s2
+    float* gbp = reinterpret_cast<float*>(sm + LY.gbp);    // [warp][16] bias-gradient partials
+    float* wcs = reinterpret_cast<float*>(sm + LY.wcs);    // [warp][16] column sums of W16 (SHIFT)
+    double* hsum = reinterpret_cast<double*>(sm + LY.hist);
+    float* adam = reinterpret_cast<float*>(sm + LY.adam);
+    const u32 bar0 = smem_u32(sm + LY.bar);
+    auto full = [&](int i) { return bar0 + 8u * (u32)i; };
+    auto empty = [&](int i) { return bar0 + 8u * (u32)(ST + i); };
+    auto xbar = [&](int i) { return bar0 + 8u * (u32)(2 * ST + i); };
+
+    for (int i = tid; i < LY.total / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 0; i < ST; ++i) {
+            mbar_init(full(i), NPW * 32 + 1);  // each producer thread's cp.async arrival, and thread 0's release
+            mbar_init(empty(i), NCW);          // one arrival per consumer warp
+        }
+        mbar_init(xbar(0), 1);
+        mbar_init(xbar(1), 1);
+        if (S > 1) {  // armed for steps 0 and 1 before any peer can send (re-armed after each use, after B1)
+            mbar_arm_tx(xbar(0), XBYTES);
+            mbar_arm_tx(xbar(1), XBYTES);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if constexpr (S > 1) cluster_sync_full();  // every CTA's barriers exist (and are armed) before anyone sends
+    // fused/plan.py compiled this kernel for the optimizer passed
+    if (p.kind != OPT) __trap();
+    const u32 epoch = est->epoch, epoch_in_fit = est->epoch_in_fit;
+    const u64 step0 = est->step0;
+    const float* lr_table = est->lr;
+
+    if (warp < NCW) {
+        // =============================== consumers ===============================
+        const int g = lane >> 2, t = lane & 3;
+        const bool cls_lo = g < C, cls_hi = g + 8 < C;  // are classes g and g + 8 real
+        // fp32 masters of the owned chunks: [0..3] class g, features 4t..4t+3 of the chunk; [4..7] class g + 8
+        float mw[NJ][8], mom[NJ][8];
+        u32 freal = 0;  // bit 4j + i: feature 4t + i of chunk j is a real feature (pads are never updated)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int cl = warp + NCW * j;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int f = (c0 + cl) * 16 + 4 * t + i;
+                const bool real = cl < nch && f < D;
+                freal |= real ? 1u << (4 * j + i) : 0u;
+                const int e0 = g * D + f, e1 = (g + 8) * D + f;
+                mw[j][i] = real && cls_lo ? to_f(params[e0]) : 0.f;
+                mw[j][4 + i] = real && cls_hi ? to_f(params[e1]) : 0.f;
+                mom[j][i] = MOM_REG && real && cls_lo ? s1g[e0] : 0.f;
+                mom[j][4 + i] = MOM_REG && real && cls_hi ? s1g[e1] : 0.f;
+                if constexpr (ADAM) {
+                    float* a = adam + (((warp * NJ + j) * 8 + i) * 32 + lane);
+                    float* b = adam + (((warp * NJ + j) * 8 + 4 + i) * 32 + lane);
+                    constexpr int V = NCW * NJ * 8 * 32;  // the second moment's offset
+                    a[0] = real && cls_lo ? s1g[e0] : 0.f;
+                    a[V] = real && cls_lo ? s2g[e0] : 0.f;
+                    b[0] = real && cls_hi ? s1g[e1] : 0.f;
+                    b[V] = real && cls_hi ? s2g[e1] : 0.f;
+                }
+            }
+        }
+        // The fp16 operand copy (pads stay zero) and, for a nonzero shift, the warp's column sums of it.
+        auto write_w16 = [&]() {
+            float cs_lo = 0.f, cs_hi = 0.f;
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int cl = warp + NCW * j;
+                if (cl < NCH) {
+                    if (cls_lo)
+                        *reinterpret_cast<uint2*>(W16 + g * WLD + cl * 16 + 4 * t) =
+                            make_uint2(pack_h2(mw[j][0], mw[j][1]), pack_h2(mw[j][2], mw[j][3]));
+                    if (cls_hi)
+                        *reinterpret_cast<uint2*>(W16 + (8 + g) * WLD + cl * 16 + 4 * t) =
+                            make_uint2(pack_h2(mw[j][4], mw[j][5]), pack_h2(mw[j][6], mw[j][7]));
+                    if constexpr (SHIFT) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            cs_lo += rnd16(mw[j][i]);
+                            cs_hi += rnd16(mw[j][4 + i]);
+                        }
+                    }
+                }
+            }
+            if constexpr (SHIFT) {
+                cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 1);
+                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 1);
+                cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 2);
+                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 2);
+                if (t == 0) {
+                    wcs[warp * 16 + g] = cs_lo;
+                    wcs[warp * 16 + 8 + g] = cs_hi;
+                }
+            }
+        };
+        write_w16();
+        if (warp == NCW - 1 && lane < C) {  // the bias (replicated) and its optimizer state
+            bias[lane] = to_f(params[BOFF + lane]);
+            if (NS >= 1) bias[16 + lane] = s1g[BOFF + lane];
+            if (NS >= 2) bias[32 + lane] = s2g[BOFF + lane];
+        }
+        bar_consumers();
+
+        const float zs = scale * 16777216.f;  // 2^24 * scale: fp16-subnormal pixels back to x * scale
+        double loss_acc = 0.0;
+        float ok_acc = 0.f;
+#ifdef FUSED_PROFILE
+        long long prof[7] = {0, 0, 0, 0, 0, 0, 0};
+        const bool prof_on = rank == 0 && warp == 0;
+        long long prof_t = clock64();
+#endif
+        int stg = 0;
+        u32 fpar = 0;
+        for (int s = 0; s < steps; ++s) {
+            const u8* xs = X + stg * XST;
+            wait_warp<false>(full(stg), fpar, s, W_FULL);
+            const StepInfo si = info[stg];
+            const int rows = si.rows;
+            const float inv_rows = 1.f / (float)rows;
+            LR_PROF(0);  // rows wait (and the loop top)
+            const int xb = S > 1 ? (s & 1) : 0;
+
+            // ---- forward: rows 16w..16w+15 x this CTA's chunks; K permuted inside each chunk: logical k (2t, 2t+1)
+            // = features (4t, 4t+1), (2t+8, 2t+9) = (4t+2, 4t+3), so one 4-byte load gives a0/a2 and one 8-byte
+            // load of W16 gives b0/b1. Two accumulator sets per n-tile (independent chains).
+            if (warp < RW) {
+                float acc[2][2][4];
+#pragma unroll
+                for (int a = 0; a < 2; ++a)
+#pragma unroll
+                    for (int b = 0; b < 2; ++b)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) acc[a][b][i] = 0.f;
+                const u8* xr0 = xs + (16 * warp + g) * ROWB + 4 * t;
+                const half_t* wa = W16 + g * WLD + 4 * t;
+                const half_t* wb = W16 + (8 + g) * WLD + 4 * t;
+#pragma unroll
+                for (int kc = 0; kc < NCH; ++kc) {
+                    const u32 x0 = *reinterpret_cast<const u32*>(xr0 + kc * 16);
+                    const u32 x1 = *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16);
+                    const uint2 b0 = *reinterpret_cast<const uint2*>(wa + kc * 16);
+                    const u32 a0 = __byte_perm(x0, 0u, 0x4140), a2 = __byte_perm(x0, 0u, 0x4342);
+                    const u32 a1 = __byte_perm(x1, 0u, 0x4140), a3 = __byte_perm(x1, 0u, 0x4342);
+                    mma16816(acc[kc & 1][0], a0, a1, a2, a3, b0.x, b0.y);
+                    if constexpr (C > 8) {
+                        const uint2 b1 = *reinterpret_cast<const uint2*>(wb + kc * 16);
+                        mma16816(acc[kc & 1][1], a0, a1, a2, a3, b1.x, b1.y);
+                    }
+                }
+                // partial logits x * scale (+ shift * colsum(W16) of this CTA's features): [row g: class 2t, 2t+1;
+                // row g+8: class 2t, 2t+1] of n-tile 0 (classes 0..7) and n-tile 1 (classes 8..15)
+                float p0[4], p1[4];
+                float sh[4] = {0.f, 0.f, 0.f, 0.f};  // shift * colsum of classes 2t, 2t+1, 8+2t, 9+2t
+                if constexpr (SHIFT) {
+#pragma unroll
+                    for (int w = 0; w < NCW; ++w) {  // fixed order
+                        sh[0] += wcs[w * 16 + 2 * t];
+                        sh[1] += wcs[w * 16 + 2 * t + 1];
+                        sh[2] += wcs[w * 16 + 8 + 2 * t];
+                        sh[3] += wcs[w * 16 + 9 + 2 * t];
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) sh[i] *= shift;
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    p0[i] = fmaf(acc[0][0][i] + acc[1][0][i], zs, sh[i & 1]);
+                    p1[i] = fmaf(acc[0][1][i] + acc[1][1][i], zs, sh[2 + (i & 1)]);
+                }
+                float* own = recv + ((xb * S + (int)rank) * BR + 16 * warp) * CE;
+                if (2 * t < C) {
+                    *reinterpret_cast<float2*>(own + g * CE + 2 * t) = make_float2(p0[0], p0[1]);
+                    *reinterpret_cast<float2*>(own + (g + 8) * CE + 2 * t) = make_float2(p0[2], p0[3]);
+                }
+                if (8 + 2 * t < C) {
+                    *reinterpret_cast<float2*>(own + g * CE + 8 + 2 * t) = make_float2(p1[0], p1[1]);
+                    *reinterpret_cast<float2*>(own + (g + 8) * CE + 8 + 2 * t) = make_float2(p1[2], p1[3]);
+                }
+                if constexpr (S > 1) {
+                    // this warp's 16 rows to each peer: one bulk copy each, completing on the peer's exchange
+                    // barrier (generic-proxy writes made visible to the async proxy first)
+                    fence_proxy_async();
+                    __syncwarp();
+                    if (lane < S - 1) {
+                        const u32 q = (u32)lane < rank ? (u32)lane : (u32)lane + 1u;
+                        const u32 src = smem_u32(own);
+                        bulk_s2cluster(mapa(src, q), src, 16 * CE * 4, mapa(xbar(xb), q));
+                    }
+                }
+            }
+            LR_PROF(1);  // forward
+            bar_consumers();  // B0: the CTA's own partials are staged
+            if (S > 1 && warp < RW) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
+            LR_PROF(2);  // exchange
+
+            // ---- softmax, loss, argmax, dlogits: two lanes a row (classes hh*CH .. hh*CH + CH - 1)
+            if (warp < RW) {
+                const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
+                float z[CH];
+#pragma unroll
+                for (int c = 0; c < CH; ++c) z[c] = 0.f;
+#pragma unroll
+                for (int q = 0; q < S; ++q) {  // fixed order: the same sums in every CTA
+                    const float* src = recv + ((xb * S + q) * BR + r) * CE + cb;
+#pragma unroll
+                    for (int c = 0; c < CH; ++c)
+                        if (cb + c < C) z[c] += src[c];
+                }
+                float m = __int_as_float(0xff800000);  // -inf
+                int bi = 0x7fffffff;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    if (cb + c < C) {
+                        z[c] += bias[cb + c];
+                        if (argmax_takes(z[c], m)) {
+                            m = z[c];
+                            bi = cb + c;
+                        }
+                    }
+                }
+                {  // the pair's argmax, the lower classes (lane hh = 0) first: first maximum (and NaN) wins
+                    const float om = __shfl_xor_sync(0xffffffffu, m, 1);
+                    const int ob = __shfl_xor_sync(0xffffffffu, bi, 1);
+                    const float lm = hh ? om : m, um = hh ? m : om;
+                    const int lb = hh ? ob : bi, ub = hh ? bi : ob;
+                    const bool up = argmax_takes(um, lm);
+                    m = up ? um : lm;
+                    bi = up ? ub : lb;
+                }
+                const bool valid = r < rows;
+                const int yl = valid ? lab[stg * BR + r] : -1;
+                float ex[CH], ssum = 0.f, zy = 0.f;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    ex[c] = cb + c < C ? __expf(z[c] - m) : 0.f;
+                    ssum += ex[c];
+                    zy += yl == cb + c ? z[c] : 0.f;
+                }
+                ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
+                zy += __shfl_xor_sync(0xffffffffu, zy, 1);
+                const float inv = 1.f / ssum;
+                float d[CH];
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    d[c] = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
+                    if (cb + c < C) dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
+                }
+                if (valid && hh == 0) {
+                    loss_acc += (double)(logf(ssum) - (zy - m));
+                    ok_acc += bi == yl ? 1.f : 0.f;
+                }
+                // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
+#pragma unroll
+                for (int o = 2; o <= 16; o <<= 1)
+#pragma unroll
+                    for (int c = 0; c < CH; ++c) d[c] += __shfl_xor_sync(0xffffffffu, d[c], o);
+                if (lane < 2)
+#pragma unroll
+                    for (int c = 0; c < CH; ++c)
+                        if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
+            }
+            LR_PROF(3);  // softmax
+            bar_consumers();  // B1: dlogits^T and the bias-gradient partials complete; the exchange slot read
+            if (S > 1 && tid == 0 && s + 2 < steps) mbar_arm_tx(xbar(s & 1), XBYTES);
+            LR_PROF(4);  // B1
+
+            // ---- weight gradient (m = class, n = feature, k = row) and the optimizer step on the register masters
+            {
+                const OptimStep o{si.lr, si.c1, si.c2};
+                u32 af[RW][4];
+#pragma unroll
+                for (int ks = 0; ks < RW; ++ks) {
+                    const half_t* zr = dZT + g * ZLD + ks * 16 + 2 * t;
+                    af[ks][0] = *reinterpret_cast<const u32*>(zr);
+                    af[ks][2] = *reinterpret_cast<const u32*>(zr + 8);
+                    af[ks][1] = *reinterpret_cast<const u32*>(zr + 8 * ZLD);  // classes 8..15 (zero past C)
+                    af[ks][3] = *reinterpret_cast<const u32*>(zr + 8 * ZLD + 8);
+                }
+                float gb_lo = 0.f, gb_hi = 0.f;  // SHIFT: the bias gradient of classes g, g + 8
+                if constexpr (SHIFT) {
+#pragma unroll
+                    for (int w = 0; w < RW; ++w) {
+                        gb_lo += gbp[w * 16 + g];
+                        gb_hi += gbp[w * 16 + 8 + g];
+                    }
+                    gb_lo *= shift;
+                    gb_hi *= shift;
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const int cl = warp + NCW * j;
+                    if (cl < NCH) {
+                        float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                        for (int ks = 0; ks < RW; ++ks) {
+                            // B = pixels of rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1
+                            // (n-tile 1) of the chunk: one 2-byte load a row, PRMT into fp16 subnormals
+                            const u8* xr = xs + cl * 16 + 2 * g + (ks * 16 + 2 * t) * ROWB;
+                            const u32 q0 = *reinterpret_cast<const unsigned short*>(xr);
+                            const u32 q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
+                            const u32 q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
+                            const u32 q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
+                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6420),
+                                     __byte_perm(q2, q3, 0x6420));
+                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6521),
+                                     __byte_perm(q2, q3, 0x6521));
+                        }
+                        // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
+                        // and class g + 8: element e of the masters is accumulator ac[e]
+                        const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) {
+                            // pads (features past d or this CTA's chunks, classes past C) stay exactly zero
+                            if (!(freal & (1u << (4 * j + (e & 3)))) || !(e < 4 ? cls_lo : cls_hi)) continue;
+                            float gr = ac[e] * zs;
+                            if constexpr (SHIFT) gr += e < 4 ? gb_lo : gb_hi;  // shift * the bias gradient
+                            float w = mw[j][e], m1 = 0.f, m2 = 0.f;
+                            float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
+                            constexpr int V = NCW * NJ * 8 * 32;
+                            if constexpr (MOM_REG) m1 = mom[j][e];
+                            if constexpr (ADAM) {
+                                m1 = am[0];
+                                m2 = am[V];
+                            }
+                            optim_update<OPT>(p, o, NS, gr, w, m1, m2);
+                            if constexpr (PREC == 2) w = rnd16(w);  // "fp16" keeps fp16 weights
+                            mw[j][e] = w;
+                            if constexpr (MOM_REG) mom[j][e] = m1;
+                            if constexpr (ADAM) {
+                                am[0] = m1;
+                                am[V] = m2;
+                            }
+                        }
+                    }
+                }
+                write_w16();
+                if (warp == NCW - 1 && lane < C) {  // the bias: the same arithmetic on the same numbers everywhere
+                    float gsum = 0.f;
+#pragma unroll
+                    for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
+                    float b = bias[lane], m1 = NS >= 1 ? bias[16 + lane] : 0.f, m2 = NS >= 2 ? bias[32 + lane] : 0.f;
+                    optim_update<OPT>(p, o, NS, gsum, b, m1, m2);
+                    if constexpr (PREC == 2) b = rnd16(b);
+                    bias[lane] = b;
+                    if (NS >= 1) bias[16 + lane] = m1;
+                    if (NS >= 2) bias[32 + lane] = m2;
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(stg));  // this warp is done with the stage
+            LR_PROF(5);  // weight gradient and update
+            bar_consumers();  // B2: W16 (and its column sums) complete for the next forward; the bias updated
+            LR_PROF(6);  // B2
+            if (++stg == ST) {
+                stg = 0;
+                fpar ^= 1u;
+            }
+        }
+#ifdef FUSED_PROFILE
+        if (prof_on && lane == 0 && steps > 0)
+            printf("fused_logreg phases (cycles/step, CTA 0 warp 0): rows-wait %lld forward %lld exchange %lld "
+                   "softmax %lld B1 %lld wgrad+update %lld B2 %lld\n",
+                   prof[0] / steps, prof[1] / steps, prof[2] / steps, prof[3] / steps, prof[4] / steps,
+                   prof[5] / steps, prof[6] / steps);
+#endif
+
+        // ---- write the state back (each CTA its features, CTA 0 the bias), and the epoch's loss and correct count
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int cl = warp + NCW * j;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (!(freal & (1u << (4 * j + i)))) continue;
+                const int f = (c0 + cl) * 16 + 4 * t + i;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (!(h ? cls_hi : cls_lo)) continue;
+                    const int e = (g + 8 * h) * D + f, k = 4 * h + i;
+                    const float w = mw[j][k];
+                    params[e] = from_f<TParam>(w);
+                    if (w16g) w16g[e] = from_f<half_t>(w);
+                    if constexpr (MOM_REG) s1g[e] = mom[j][k];
+                    if constexpr (ADAM) {
+                        const float* am = adam + (((warp * NJ + j) * 8 + k) * 32 + lane);
+                        s1g[e] = am[0];
+                        s2g[e] = am[NCW * NJ * 8 * 32];
+                    }
+                }
+            }
+        }
+        if (rank == 0 && warp == NCW - 1 && lane < C) {
+            params[BOFF + lane] = from_f<TParam>(bias[lane]);
+            if (w16g) w16g[BOFF + lane] = from_f<half_t>(bias[lane]);
+            if (NS >= 1) s1g[BOFF + lane] = bias[16 + lane];
+            if (NS >= 2) s2g[BOFF + lane] = bias[32 + lane];
+        }
+        double l = loss_acc, c = (double)ok_acc;
+        for (int o = 16; o > 0; o >>= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+            c += __shfl_xor_sync(0xffffffffu, c, o);
+        }
+        if (lane == 0) {
+            hsum[2 * warp] = l;
+            hsum[2 * warp + 1] = c;
+        }
+        bar_consumers();
+        if (rank == 0 && tid == 0) {  // every CTA computed every row's loss: CTA 0's are the epoch's
+            double ls = 0.0, cs = 0.0;
+            for (int w = 0; w < NCW; ++w) {
+                ls += hsum[2 * w];
+                cs += hsum[2 * w + 1];
+            }
+            est->hist[2 * epoch_in_fit] += ls;
+            est->hist[2 * epoch_in_fit + 1] += cs;
+        }
+    } else {
+        // =============================== producers ===============================
+        const int pt = tid - NCW * 32;  // batch row of the index and the label
+        u32 keys[FEISTEL_ROUNDS];
+        round_keys(seed_lo, seed_hi, epoch, keys);
+        constexpr int UPR = NCH * 16 / (G > 1 ? G : 1);  // copy units a staged row (pad chunks included)
+        int stg = 0;
+        u32 epar = 1u;  // a fresh barrier's previous phase counts as complete: the first ST waits pass
+        for (int s = 0; s < steps; ++s) {
+            wait_warp<false>(empty(stg), epar, s, W_EMPTY);
+            const int rows = min(batch, (int)n - s * batch);
+            int* ix = idxs + stg * BR;
+            if (pt < rows) {
+                const u32 id = permuted_index(keys, half_bits, n, (u32)(s * batch + pt));
+                ix[pt] = (int)id;
+                if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
+                else lab[stg * BR + pt] = y[id];
+            }
+            if (pt == 0) {
+                const u64 k = (u64)epoch_in_fit * steps + s;
+                const float lr = lr_table[k];
+                const OptimStep o = optim_step<OPT>(p, lr, step0 + k + 1);  // Adam counts steps from 1
+                info[stg] = StepInfo{lr, o.c1, o.c2, rows};
+            }
+            bar_producers();
+            u8* xd = X + stg * XST;
+            const u8* xg = x + (u64)c0 * 16;
+            for (int u = pt; u < rows * UPR; u += NPW * 32) {  // consecutive threads: consecutive bytes of a row
+                const int r = u / UPR, c = u - r * UPR;
+                const int f = c * (G > 1 ? G : 1);  // the unit's first feature within this CTA's slice
+                if (f >= nch * 16 || c0 * 16 + f >= D) continue;  // pad chunks and pad features stay zero
+                const u8* src = xg + (u64)ix[r] * D + f;
+                if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
+                else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
+                else if constexpr (G == 4) cp_async4(smem_u32(xd + r * ROWB + f), src);
+                else xd[r * ROWB + f] = *src;
+            }
+            if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
+            else mbar_arrive(full(stg));  // release: this thread's plain stores
+            if (pt == 0) mbar_arrive(full(stg));  // release: the step constants
+            // (the stage's indices are rewritten ST steps later, after the next step's bar_producers)
+            if (++stg == ST) {
+                stg = 0;
+                epar ^= 1u;
+            }
+        }
+    }
+    __syncthreads();
+    if constexpr (S > 1) cluster_sync_full();  // no CTA leaves while a peer may still address it
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+fused_logreg_kernel(TParam* params, float* s1, float* s2, half_t* w16, const u8* x, const int* y, u32 n, u32 seed_lo,
+                    u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
+                    OptimParams opt) {
+#if __CUDA_ARCH__ >= 900
+    logreg_epoch(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt);
+#else
+    __trap();  // clusters need sm_90: fused/plan.py refuses older GPUs
+#endif
+}
