@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint
 from ._checks import integer
 from ._control import (
     Callback,
@@ -560,6 +559,8 @@ class Trainer:
             raise DataError(
                 f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
             ) from exc
+        from . import _checkpoint  # zipfile and the file helpers: imported by the first save or load
+
         _checkpoint.save(path, config, state)
 
     @classmethod
@@ -584,6 +585,8 @@ class Trainer:
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
+        from . import _checkpoint
+
         # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
         config, arrays = _checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"
