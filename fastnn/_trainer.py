@@ -40,6 +40,7 @@ from .engine.placement import check_placement
 from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
+from .engine.warmup import overlapped
 from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["Trainer"]
@@ -153,10 +154,12 @@ class Trainer:
             loss=loss,
         )
         self._schedule = bind(schedule, optimizer.lr)
-        self._engine = create_engine(
-            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
-            group=distributed, devices=devices,
-        )
+        # On a GPU, CUDA's start (probe, context) runs on a thread meanwhile: the engine's first calls find it done.
+        with overlapped(device, devices, distributed):
+            state = init_parameters(model, self._config.seed)
+            self._engine = create_engine(
+                device, self._config, state, engine=engine, stacklevel=2, group=distributed, devices=devices
+            )
         self._distributed = distributed
         self._closed = False
         self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
