@@ -11,25 +11,16 @@ import threading
 import types
 
 import pytest
+from _fake_engines import FakeGraph
 
 import fastnn
 import fastnn._device
 from fastnn import MLP, Trainer
 from fastnn._errors import DeviceUnavailable
 from fastnn.engine import select, warmup
-from fastnn.engine.numpy_engine import NumpyEngine
 
 
-class _FakeGraph(NumpyEngine):
-    device = "cuda"
-    name = "graph"
-
-    def __init__(self, config, state, ordinal: int = 0) -> None:
-        self.ordinal = ordinal
-        super().__init__(config, state)
-
-
-class _FakeFused(_FakeGraph):
+class _FakeFused(FakeGraph):
     name = "fused"
 
     @classmethod
@@ -56,7 +47,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
         return calls.result
 
     monkeypatch.setattr(fastnn._device, "cuda_status", lambda: (True, "Fake GPU"))
-    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    monkeypatch.setattr(select, "graph_engine_class", lambda: FakeGraph)
     fused = types.ModuleType("fastnn.engine.fused")
     fused.FusedEngine = _FakeFused
     fused.prefer_fused = lambda config, device: True
