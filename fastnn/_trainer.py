@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint
 from ._checks import integer
 from ._control import (
     Callback,
@@ -41,6 +40,7 @@ from .engine.placement import check_placement
 from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
+from .engine.warmup import overlapped
 from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["Trainer"]
@@ -154,10 +154,12 @@ class Trainer:
             loss=loss,
         )
         self._schedule = bind(schedule, optimizer.lr)
-        self._engine = create_engine(
-            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
-            group=distributed, devices=devices,
-        )
+        # On a GPU, CUDA's start (probe, context) runs on a thread meanwhile: the engine's first calls find it done.
+        with overlapped(device, devices, distributed):
+            state = init_parameters(model, self._config.seed)
+            self._engine = create_engine(
+                device, self._config, state, engine=engine, stacklevel=2, group=distributed, devices=devices
+            )
         self._distributed = distributed
         self._closed = False
         self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
@@ -560,6 +562,8 @@ class Trainer:
             raise DataError(
                 f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
             ) from exc
+        from . import _checkpoint  # zipfile and the file helpers: imported by the first save or load
+
         _checkpoint.save(path, config, state)
 
     @classmethod
@@ -584,6 +588,8 @@ class Trainer:
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
+        from . import _checkpoint
+
         # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
         config, arrays = _checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"

@@ -779,6 +779,42 @@ def test_setup_benchmark_table_of_failed_and_partial_runs():
         bench_setup.run(bench_setup.parse_args(["--out", "x.md", "--only", "nope"]))
 
 
+def test_end_to_end_times_the_users_set_up_not_the_harness_check(monkeypatch):
+    """The end-to-end worker's trainer is built as a user builds it: the harness's check of the initial weights
+    (a second draw of every value, the whole state read back) is left to the speed benchmark."""
+    import end_to_end
+    import fastnn_contenders
+
+    def second_draw(*args):
+        raise AssertionError("the end-to-end clock drew the initial weights a second time")
+
+    monkeypatch.setattr(fastnn_contenders, "init_parameters", second_draw)
+    w = wl.Workload("t", (784, 16, 10), lr=0.05, batch_size=32, samples=100, epochs=1)
+    contender = {c.name: c for c in wl.CONTENDERS}["numpy-cpu"]
+    adapter = end_to_end._Fastnn(contender, w, _tiny_data())
+    assert adapter.trainer.engine == "numpy"
+    adapter.close()
+    with pytest.raises(AssertionError, match="second time"):  # the speed benchmark's trainer is still checked
+        fastnn_contenders.make_trainer(contender, w)
+
+
+def test_setup_benchmark_byte_compiles_fastnn_as_an_install_does(tmp_path, monkeypatch):
+    """Every process of the set-up table imports fastnn from .pyc files, as from a pip install (which compiles them),
+    even where PYTHONDONTWRITEBYTECODE keeps the interpreter from writing them."""
+    import importlib.util
+
+    import bench_setup
+
+    package = tmp_path / "fastnn"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "_part.py").write_text("Y = 2\n")
+    spec = importlib.util.spec_from_file_location("fastnn", package / "__init__.py")
+    monkeypatch.setattr(bench_setup.importlib.util, "find_spec", lambda name: spec)
+    assert bench_setup.byte_compile() == package
+    assert {p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc")} == {"__init__", "_part"}
+
+
 def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):
     """bench_nvrtc.py on the CPU: -lineinfo makes a larger CUBIN with the same machine code; --Ofast-compile=max
     other machine code. Skipped where NVRTC cannot be loaded."""

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _fake_engines import FakeGraph
 
 from fastnn import MLP, Trainer
 from fastnn._errors import ConfigError, DeviceUnavailable
@@ -56,15 +57,6 @@ def test_forced_fused_on_a_model_it_cannot_hold_names_the_limit() -> None:
 # ---- the whole path with the GPU modules faked ------------------------------------------------------------
 
 
-class _FakeGraph(NumpyEngine):
-    device = "cuda"
-    name = "graph"
-
-    def __init__(self, config, state, ordinal: int = 0) -> None:
-        self.ordinal = ordinal
-        super().__init__(config, state)
-
-
 class _FakeFused(NumpyEngine):
     device = "cuda"
     name = "fused"
@@ -87,7 +79,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """A 'GPU' whose graph and fused engines are NumPy engines; the fused one holds layers up to 100 wide
     and its rule prefers it below 64."""
     _FakeFused.built = 0
-    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    monkeypatch.setattr(select, "graph_engine_class", lambda: FakeGraph)
     fused = types.ModuleType("fastnn.engine.fused")
     fused.FusedEngine = _FakeFused
     fused.prefer_fused = lambda config, device: max(config.model.sizes[1:]) < 64
@@ -146,7 +138,7 @@ def test_load_with_a_refused_engine_blames_the_engine_not_the_file(fake_gpu, tmp
 
 
 def test_fused_module_that_fails_to_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    monkeypatch.setattr(select, "graph_engine_class", lambda: FakeGraph)
     monkeypatch.setitem(sys.modules, "fastnn.engine.fused", None)  # import raises ImportError
     assert Trainer(MLP([20, 10]), device="cuda").engine == "graph"  # auto: the graph engine
     with pytest.raises(select.EngineRefused, match="engine='fused' is unavailable"):
@@ -250,7 +242,7 @@ def fake_replicas(monkeypatch: pytest.MonkeyPatch) -> list:
     """The replica engine faked (a NumPy engine); the list records the devices of each one made."""
     made: list = []
 
-    class FakeReplicas(_FakeGraph):
+    class FakeReplicas(FakeGraph):
         name = "replicas (fake)"
 
         def __init__(self, config, state, devices) -> None:
