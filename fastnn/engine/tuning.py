@@ -12,11 +12,28 @@ from dataclasses import dataclass, fields
 
 from .._errors import ConfigError
 
-__all__ = ["FUSED_LAYOUTS", "Tuning", "check_tuning"]
+__all__ = ["FUSED_LAYOUTS", "GRID_RULE", "GridRule", "Tuning", "check_tuning"]
 
 #: The fused engine's shared-memory layouts (fused/plan.py): "standard" keeps a gradient array per weight array
 #: and, in "mixed", an fp16 operand copy; "lean" keeps neither (see `Tuning.fused_layouts`).
 FUSED_LAYOUTS = ("standard", "lean")
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """Where engine="auto" takes the grid engine (after the fused engine's rule, before the graph engine): every
+    hidden layer between min_hidden and max_hidden wide, a batch of at most max_batch, one of `precisions`."""
+
+    min_hidden: int
+    max_hidden: int
+    max_batch: int
+    precisions: tuple[str, ...]
+
+
+#: PROVISIONAL, not yet measured with the product kernel: the probe (grid.md) beat the graph engine 3-4x at
+#: h = 256-1024 and 1.8x at 4096, batch 32, "mixed". The lead measures native/grid.cu against the graph engine
+#: (benchmarks) and replaces these numbers with the measured crossover.
+GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed", "fp16"))
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,9 @@ class Tuning:
     #: Fused engine: compile native/fused.cu with -DFUSED_PROFILE: CTA 0 prints the cycles per step of each phase
     #: (bench_fused.py --phases). Benchmarks only: the printing costs time.
     fused_profile: bool = False
+    #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
+    #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
+    grid_profile: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
