@@ -42,18 +42,20 @@ def _replicas(**tuning: Any) -> dict[str, Any]:
 
 #: The GPU engine matrix: each entry's Trainer keyword arguments (a new engine joins with one entry). "fused-lean" is
 #: engine="fused" held to its lean shared-memory layout (no fp16 weight copy, momentum holding the gradient), which
-#: it otherwise takes only for models the standard one cannot hold. "graph-nccl" is the graph engine in a
-#: data-parallel group of one rank: every step's gradients go through the NCCL all-reduces captured on the side
-#: stream and the history through its epoch-end sum (an identity for one rank, so every tolerance stays), which is
-#: what one GPU can check of the data-parallel path. "graph-replicas" is `devices=`'s engine (engine/replicas.py) on
-#: GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of one: its threads, communicators and lock-step
-#: epochs without a peer). "graph-sharded" is graph-replicas with the optimizer update sharded over the GPUs
+#: it otherwise takes only for models the standard one cannot hold. "grid" is the grid engine (one cooperative kernel
+#: over up to every SM; it refuses logistic regression by name: test_gpu_engines._refused). "graph-nccl" is the graph
+#: engine in a data-parallel group of one rank: every step's gradients go through the NCCL all-reduces captured on the
+#: side stream and the history through its epoch-end sum (an identity for one rank, so every tolerance stays), which
+#: is what one GPU can check of the data-parallel path. "graph-replicas" is `devices=`'s engine (engine/replicas.py)
+#: on GPUs 0 and 1 where there are two, else on GPU 0 alone (a replica of one: its threads, communicators and
+#: lock-step epochs without a peer). "graph-sharded" is graph-replicas with the optimizer update sharded over the GPUs
 #: (Tuning.sharded_update: reduce-scatters, per-layer updates and all-gathers, the state gathered at each epoch's
 #: end).
 GPU_ENGINES: dict[str, Callable[[], dict[str, Any]]] = {
     "graph": lambda: {"engine": "graph"},
     "fused": lambda: {"engine": "fused"},
     "fused-lean": lambda: {"engine": "fused", "tuning": Tuning(fused_layouts=("lean",))},
+    "grid": lambda: {"engine": "grid"},
     "graph-nccl": _group_of_one,
     "graph-replicas": _replicas,
     "graph-sharded": lambda: _replicas(sharded_update=True),
