@@ -52,10 +52,12 @@
 //               column owner reached after its step s update) and written by columns in step s's backward (after the
 //               round H_{NH-1} of step s, which every row reader reached after its step s forward read). W_0, the
 //               hidden biases and the head's columns are read and written only by their owner.
-//   PRIV[p]     CTA p's own logits/dlogits (B x C), the last hidden layer's whole dZ (B x width) and its slice of dZ_0
-//               (B x NB_0): only CTA p, ordered by __syncthreads.
+//   PRIV[p]     CTA p's own logits/dlogits (B x C), the last hidden layer's whole dZ (B x width), its slice of dZ_0
+//               (B x NB_0) and the step's inputs as operands (B x D): only CTA p, ordered by __syncthreads.
+// Every scratch access goes through L2 (ld/st.global.cg), the CTA's own regions too.
 // Products (v1): scalar fp32 FMA from shared-memory tiles (K chunks of 64, the next chunk prefetched into registers),
-// each thread a 2x2 block of outputs summed over k in ascending order: deterministic, no float atomics.
+// each thread a 2x2 block of outputs summed over k in ascending order: deterministic, no float atomics. Operands and
+// outputs are described as data (Operand, Emit), so one compiled product per tile shape serves every call site.
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
@@ -116,7 +118,7 @@ constexpr int NB0 = nb_of(0);
 
 // ---- layouts: global scratch (floats) and shared memory (floats); plan.py mirrors both ----------------------------
 struct Scratch {
-    long long h[2][NH], z[2][NH], dz[NH], headw[2], priv, logits, dzh, dz0, priv_stride, total;
+    long long h[2][NH], z[2][NH], dz[NH], headw[2], priv, logits, dzh, dz0, xs, priv_stride, total;
 };
 __host__ __device__ constexpr Scratch make_scratch() {
     Scratch s{};
@@ -134,7 +136,8 @@ __host__ __device__ constexpr Scratch make_scratch() {
     s.logits = 0;
     s.dzh = up32((long long)B * C);
     s.dz0 = s.dzh + up32((long long)B * HW);
-    s.priv_stride = s.dz0 + up32((long long)B * NB0);
+    s.xs = s.dz0 + up32((long long)B * NB0);
+    s.priv_stride = s.xs + up32((long long)B * D);
     s.total = o + P * s.priv_stride;
     return s;
 }
@@ -184,7 +187,7 @@ __device__ __forceinline__ void st_cg(half_t* p, float v) {
 // acquire load, then __syncthreads, orders the CTA's later reads after every CTA's arrival. The watchdog turns a
 // hang (a CTA not resident, a round miscounted) into a trap within seconds instead of a stuck GPU.
 #define GRID_WATCHDOG (1u << 26)
-__device__ __forceinline__ void grid_round(u32* counter, u32& rounds, int step) {
+__device__ __noinline__ void grid_round(u32* counter, u32& rounds, int step) {
     __syncthreads();
     if (threadIdx.x == 0) {
         const u32 target = (u32)P * (rounds + 1);
@@ -244,80 +247,13 @@ __device__ __forceinline__ float act_grad(float z) {
 #endif
 }
 
-// ---- products ---------------------------------------------------------------------------------------------------
-// out(i, j) = sum_{k < K} fa(i, k) * fb(j, k) for i < M, j < N, handed to emit(i, j, out). A CTA tile is TM x TN
-// outputs (TM * TN = 1024: 2x2 per thread); K runs in chunks of KC staged in shared memory k-major (As[k][i],
-// Bs[k][j]), the next chunk's operands loaded into registers while this one computes. Outside the shape the
-// operands read as zero; every output sums k in ascending order (the same bits on every run and every CTA).
-__host__ __device__ constexpr int tn_for(int n) { return n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64; }
-template <int TN, typename FA, typename FB, typename Emit>
-__device__ __forceinline__ void gemm(float* tl, int M, int N, int K, FA fa, FB fb, Emit emit) {
-    constexpr int TM = 1024 / TN, TX = TN / 2, AS = TM + 4, BS = TN + 4;
-    static_assert(AS + BS <= TILE_W, "tile wider than the shared-memory plan");
-    constexpr int EA = TM * KC / NT, EB = cdiv(TN * KC, NT);
-    float* As = tl;
-    float* Bs = tl + KC * AS;
-    const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
-    for (int i0 = 0; i0 < M; i0 += TM) {
-        for (int j0 = 0; j0 < N; j0 += TN) {
-            float ra[EA], rb[EB];
-            auto fetch = [&](int k0) {
-#pragma unroll
-                for (int e = 0; e < EA; ++e) {
-                    const int q = tid + e * NT, k = q % KC, i = q / KC;
-                    ra[e] = (i0 + i < M && k0 + k < K) ? fa(i0 + i, k0 + k) : 0.f;
-                }
-#pragma unroll
-                for (int e = 0; e < EB; ++e) {
-                    const int q = tid + e * NT, k = q % KC, j = q / KC;
-                    rb[e] = (q < TN * KC && j0 + j < N && k0 + k < K) ? fb(j0 + j, k0 + k) : 0.f;
-                }
-            };
-            float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-            fetch(0);
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                __syncthreads();  // the previous chunk's (or product's) readers are done with the tiles
-#pragma unroll
-                for (int e = 0; e < EA; ++e) {
-                    const int q = tid + e * NT;
-                    As[(q % KC) * AS + q / KC] = ra[e];
-                }
-#pragma unroll
-                for (int e = 0; e < EB; ++e) {
-                    const int q = tid + e * NT;
-                    if (q < TN * KC) Bs[(q % KC) * BS + q / KC] = rb[e];
-                }
-                __syncthreads();
-                if (k0 + KC < K) fetch(k0 + KC);
-#pragma unroll 8
-                for (int k = 0; k < KC; ++k) {
-                    const float2 a = *reinterpret_cast<const float2*>(As + k * AS + 2 * ty);
-                    const float2 b = *reinterpret_cast<const float2*>(Bs + k * BS + 2 * tx);
-                    acc[0][0] = __fmaf_rn(a.x, b.x, acc[0][0]);
-                    acc[0][1] = __fmaf_rn(a.x, b.y, acc[0][1]);
-                    acc[1][0] = __fmaf_rn(a.y, b.x, acc[1][0]);
-                    acc[1][1] = __fmaf_rn(a.y, b.y, acc[1][1]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int i = i0 + 2 * ty + r, j = j0 + 2 * tx + c;
-                    if (i < M && j < N) emit(i, j, acc[r][c]);
-                }
-        }
-    }
-    __syncthreads();  // every emit done (they may write what the next phase reads)
-}
-
 // ---- the optimizer step of one element of the flat state (optim.cuh's arithmetic, as update.cu and fused.cu) ----
 struct Opt {
     OptimParams p;
     OptimStep o;
 };
-template <typename TP>
-__device__ __forceinline__ float update_elem(TP* params, float* s1g, float* s2g, long long e, float g, const Opt& op) {
+__device__ __noinline__ float update_elem(TParam* params, float* s1g, float* s2g, long long e, float g,
+                                          const Opt op) {
     float w = ld_cg(params + e);
     float m = NS >= 1 ? ld_cg(s1g + e) : 0.f, v = NS >= 2 ? ld_cg(s2g + e) : 0.f;
     optim_update<OPT>(op.p, op.o, NS, g, w, m, v);
@@ -328,18 +264,16 @@ __device__ __forceinline__ float update_elem(TP* params, float* s1g, float* s2g,
     return w;
 }
 
-// ---- the epoch ---------------------------------------------------------------------------------------------------
-template <typename TP>
+// ---- what a step's products read and write, as data: one compiled product serves every layer ----------------------
 struct Ctx {
-    TP* params;
+    TParam* params;
     float* s1g;
     float* s2g;
-    const TX* x;
-    float* scr;    // global scratch
-    float* priv;   // this CTA's region of it
-    float* tl;     // product tiles (shared)
-    const int* idx;  // the step's sample indices (shared)
-    float scale, shift;
+    float* scr;      // global scratch
+    float* priv;     // this CTA's region of it
+    float* tl;       // product tiles (shared)
+    const float* hb;  // the head bias (shared)
+    Opt op;
     int cta, m, par, step;
     u32* counter;    // the rounds' counter (sync word 0)
     u32 rounds;      // rounds this CTA has passed in this launch
@@ -349,82 +283,196 @@ struct Ctx {
 #endif
 };
 
-// The network's input (i, k) of the step: sample idx[i], mapped and rounded as an operand.
-template <typename TP>
-__device__ __forceinline__ float xval(const Ctx<TP>& c, int i, int k) {
-    return rnd(to_f(c.x[(u64)c.idx[i] * D + k]) * c.scale + c.shift);
+// An operand: element (i, k) at base + i * ri + k * rk of fp32 scratch, or of the parameters (param: TParam, which
+// is fp16 in "fp16"), rounded as an operand where rnd is set. Always through L2 (ld.global.cg).
+struct Operand {
+    const void* p;
+    long long ri, rk;
+    bool param, round;
+};
+__device__ __forceinline__ float load_op(const Operand& a, int i, int k) {
+    const long long e = i * a.ri + k * a.rk;
+    const float v = (PREC == 2 && a.param) ? ld_cg(reinterpret_cast<const half_t*>(a.p) + e)
+                                           : ld_cg(reinterpret_cast<const float*>(a.p) + e);
+    const float r = rnd(v);
+    return a.round ? r : v;  // a select, not a branch: the chunk's loads stay one straight run
 }
 
+// What becomes of output (i, j) = v:
+//   E_FWD     z = v + rnd(bias[j]) (bias: parameter index b2 + j); H[i, j] = rnd(act(z)) at out, Z[i, j] = z (rounded
+//             in "mixed"/"fp16") at out2, both at b + i * ri + j;
+//   E_LOGITS  out[b + i * ri + j] = v + head bias[j];
+//   E_ACTGRAD out[b + i * ri + j] = rnd(v * act'(zin[b2 + i * ri2 + j]));
+//   E_UPDATE  the optimizer step of parameter b + i * ri + j * rj with gradient v; where out is set, the new weight
+//             rounded as an operand at out[b2 + i * ri + j * rj] (the head's next operand copy).
+enum { E_FWD, E_LOGITS, E_ACTGRAD, E_UPDATE };
+struct Emit {
+    int kind;
+    float* out;
+    float* out2;
+    const float* zin;
+    long long b, ri, rj, b2, ri2;
+};
+__device__ __noinline__ void emit_one(const Ctx& c, const Emit& e, int i, int j, float v) {
+    if (e.kind == E_FWD) {
+        float z = v + rnd(ld_cg(c.params + e.b2 + j));
+        const float h = rnd(act(z));
+        z = PREC == 0 ? z : rnd(z);
+        st_cg(e.out + e.b + i * e.ri + j, h);
+        st_cg(e.out2 + e.b + i * e.ri + j, z);
+    } else if (e.kind == E_LOGITS) {
+        st_cg(e.out + e.b + i * e.ri + j, v + c.hb[j]);
+    } else if (e.kind == E_ACTGRAD) {
+        st_cg(e.out + e.b + i * e.ri + j, rnd(v * act_grad(ld_cg(e.zin + e.b2 + i * e.ri2 + j))));
+    } else {
+        const long long q = i * e.ri + j * e.rj;
+        const float w = update_elem(c.params, c.s1g, c.s2g, e.b + q, v, c.op);
+        if (e.out != nullptr) st_cg(e.out + e.b2 + q, rnd(w));
+    }
+}
+
+// ---- products ---------------------------------------------------------------------------------------------------
+// out(i, j) = sum_{k < K} A(i, k) * B(j, k) for i < M, j < N, handed to emit_one. A CTA tile is TM x TN outputs
+// (TM * TN = 1024: 2x2 per thread); K runs in chunks of KC staged in shared memory k-major (As[k][i], Bs[k][j]), the
+// next chunk's operands loaded into registers while this one computes. Outside the shape the operands read as zero;
+// every output sums k in ascending order (the same bits on every run and every CTA). Not inlined: one copy per tile
+// shape serves every call (code size, grid.md rule 5).
+__host__ __device__ constexpr int tn_for(int n) { return n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64; }
+template <int TN>
+__device__ __noinline__ void gemm(const Ctx& c, int M, int N, int K, const Operand A, const Operand B, const Emit e) {
+    constexpr int TM = 1024 / TN, TX = TN / 2, AS = TM + 4, BS = TN + 4;
+    static_assert(AS + BS <= TILE_W, "tile wider than the shared-memory plan");
+    constexpr int EA = TM * KC / NT, EB = TN * KC / NT;
+    static_assert(EA * NT == TM * KC && EB * NT == TN * KC, "a chunk's operands split evenly over the threads");
+    float* As = c.tl;
+    float* Bs = c.tl + KC * AS;
+    const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+    for (int i0 = 0; i0 < M; i0 += TM) {
+        for (int j0 = 0; j0 < N; j0 += TN) {
+            float ra[EA], rb[EB];
+            float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+            // One call site each for the loads and the arithmetic: iteration ch loads chunk ch into registers while
+            // it computes chunk ch - 1 from shared memory, then stores chunk ch.
+            const int chunks = cdiv(K, KC);
+            for (int ch = 0; ch <= chunks; ++ch) {
+                if (ch < chunks) {
+                    const int k0 = ch * KC;
+#pragma unroll
+                    for (int q = 0; q < EA; ++q) {
+                        const int t = tid + q * NT, k = t % KC, i = t / KC;
+                        ra[q] = (i0 + i < M && k0 + k < K) ? load_op(A, i0 + i, k0 + k) : 0.f;
+                    }
+#pragma unroll
+                    for (int q = 0; q < EB; ++q) {
+                        const int t = tid + q * NT, k = t % KC, j = t / KC;
+                        rb[q] = (j0 + j < N && k0 + k < K) ? load_op(B, j0 + j, k0 + k) : 0.f;
+                    }
+                }
+                if (ch > 0) {
+#pragma unroll 8
+                    for (int k = 0; k < KC; ++k) {
+                        const float2 a = *reinterpret_cast<const float2*>(As + k * AS + 2 * ty);
+                        const float2 b = *reinterpret_cast<const float2*>(Bs + k * BS + 2 * tx);
+                        acc[0][0] = __fmaf_rn(a.x, b.x, acc[0][0]);
+                        acc[0][1] = __fmaf_rn(a.x, b.y, acc[0][1]);
+                        acc[1][0] = __fmaf_rn(a.y, b.x, acc[1][0]);
+                        acc[1][1] = __fmaf_rn(a.y, b.y, acc[1][1]);
+                    }
+                }
+                if (ch == chunks) break;
+                __syncthreads();  // the previous chunk's (or product's) readers are done with the tiles
+#pragma unroll
+                for (int q = 0; q < EA; ++q) {
+                    const int t = tid + q * NT;
+                    As[(t % KC) * AS + t / KC] = ra[q];
+                }
+#pragma unroll
+                for (int q = 0; q < EB; ++q) {
+                    const int t = tid + q * NT;
+                    Bs[(t % KC) * BS + t / KC] = rb[q];
+                }
+                __syncthreads();
+            }
+            for (int r = 0; r < 2; ++r)
+                for (int q = 0; q < 2; ++q) {
+                    const int i = i0 + 2 * ty + r, j = j0 + 2 * tx + q;
+                    if (i < M && j < N) emit_one(c, e, i, j, acc[r][q]);
+                }
+        }
+    }
+    __syncthreads();  // every emit done (they may write what the next phase reads)
+}
+template <int NMAX>
+__device__ __forceinline__ void product(const Ctx& c, int M, int N, int K, const Operand& A, const Operand& B,
+                                        const Emit& e) {
+    gemm<tn_for(NMAX)>(c, M, N, K, A, B, e);
+}
+
+// ---- the step's phases --------------------------------------------------------------------------------------------
+__device__ __forceinline__ Operand op_f32(const float* p, long long ri, long long rk, bool round = false) {
+    return Operand{p, ri, rk, false, round};
+}
+__device__ __forceinline__ Operand op_param(const TParam* p, long long ri, long long rk) {
+    return Operand{p, ri, rk, true, true};
+}
+
+// The exchange buffers of step parity par (compile-time layer: the layout's offsets stay constants).
+template <int l> __device__ __forceinline__ float* h_buf(float* scr, int par) {
+    return scr + (par ? SC.h[1][l] : SC.h[0][l]);
+}
+template <int l> __device__ __forceinline__ float* z_buf(float* scr, int par) {
+    return scr + (par ? SC.z[1][l] : SC.z[0][l]);
+}
+__device__ __forceinline__ float* headw_buf(float* scr, int par) { return scr + (par ? SC.headw[1] : SC.headw[0]); }
+
 // Forward of hidden layer l for this CTA's units: Z, H = act(Z) into the exchange buffers of the step's parity.
-template <int l, typename TP>
-__device__ __forceinline__ void forward(const Ctx<TP>& c) {
+template <int l>
+__device__ __forceinline__ void forward(const Ctx& c) {
     constexpr int K = SZ[l], W = SZ[l + 1], NB = nb_of(l);
     const int u0 = c.cta * NB, cnt = max(0, min(NB, W - u0));
     if (cnt == 0) return;
-    const TP* Wm = c.params + OFF[2 * l];
-    const TP* bias = c.params + OFF[2 * l + 1];
-    float* Ho = c.scr + SC.h[c.par][l];
-    float* Zo = c.scr + SC.z[c.par][l];
-    auto fb = [&](int j, int k) { return rnd(ld_cg(Wm + (long long)(u0 + j) * K + k)); };
-    auto emit = [&](int i, int j, float v) {
-        float z = v + rnd(ld_cg(bias + u0 + j));
-        const float h = rnd(act(z));
-        z = PREC == 0 ? z : rnd(z);
-        st_cg(Ho + i * W + u0 + j, h);
-        st_cg(Zo + i * W + u0 + j, z);
-    };
-    if constexpr (l == 0) {
-        gemm<tn_for(NB)>(c.tl, c.m, cnt, K, [&](int i, int k) { return xval(c, i, k); }, fb, emit);
-    } else {
-        const float* Hi = c.scr + SC.h[c.par][l > 0 ? l - 1 : 0];
-        gemm<tn_for(NB)>(c.tl, c.m, cnt, K, [&](int i, int k) { return ld_cg(Hi + i * K + k); }, fb, emit);
-    }
+    const Operand A = l == 0 ? op_f32(c.priv + SC.xs, D, 1) : op_f32(h_buf<(l > 0 ? l - 1 : 0)>(c.scr, c.par), K, 1);
+    const Operand B = op_param(c.params + OFF[2 * l] + (long long)u0 * K, K, 1);
+    const Emit e{E_FWD, h_buf<l>(c.scr, c.par), z_buf<l>(c.scr, c.par), nullptr, u0, W, 0, OFF[2 * l + 1] + u0, 0};
+    product<NB>(c, c.m, cnt, K, A, B, e);
 }
 
-// The bias step of this CTA's units of hidden layer l, whose dZ (rows of stride ldz, unit u at column col0 + u) is
-// given: the gradient is the column sum in row order.
-template <int l, typename TP, typename DZ>
-__device__ __forceinline__ void bias_step(const Ctx<TP>& c, const Opt& op, DZ dz) {
-    constexpr int NB = nb_of(l), W = SZ[l + 1];
-    const int u0 = c.cta * NB, cnt = max(0, min(NB, W - u0));
+// The bias step of this CTA's units [u0, u0 + cnt) of a hidden layer whose bias starts at parameter `bias`, from
+// dZ (m rows of stride ldz; the CTA's first unit at column col0): the gradient is the column sum in row order.
+__device__ __noinline__ void bias_step(const Ctx& c, long long bias, int cnt, const float* dz, int ldz, int col0) {
     for (int j = threadIdx.x; j < cnt; j += NT) {
         float g = 0.f;
-        for (int i = 0; i < c.m; ++i) g += dz(i, u0 + j);
-        update_elem(c.params, c.s1g, c.s2g, OFF[2 * l + 1] + u0 + j, g, op);
+        for (int i = 0; i < c.m; ++i) g += ld_cg(dz + i * ldz + col0 + j);
+        update_elem(c.params, c.s1g, c.s2g, bias + j, g, c.op);
     }
 }
 
-// Backward through layer l >= 1 (hidden, not the head), the whole dZ_l given by dzl(i, k): this CTA's hidden bias
-// units of layer l; dZ_{l-1} of its units of layer l-1 (into the exchange buffer, or its own dZ_0 slice); the step of
-// its column block W_l[:, U_p(l-1)].
-template <int l, typename TP, typename DZ>
-__device__ __forceinline__ void backward(const Ctx<TP>& c, const Opt& op, DZ dzl) {
-    constexpr int K = SZ[l], W = SZ[l + 1], NB = nb_of(l - 1);
-    bias_step<l>(c, op, dzl);
+// Backward through layer l >= 1 (hidden, not the head) from its whole dZ (dzl, rows of stride SZ[l+1]): this CTA's
+// bias units of layer l; dZ_{l-1} of its units of layer l-1 (into the exchange buffer, or its own dZ_0 slice); the
+// step of its column block W_l[:, U_p(l-1)].
+template <int l>
+__device__ __forceinline__ void backward(const Ctx& c, const float* dzl) {
+    constexpr int K = SZ[l], W = SZ[l + 1], NB = nb_of(l - 1), NBL = nb_of(l);
+    {
+        const int v0 = c.cta * NBL;
+        bias_step(c, OFF[2 * l + 1] + v0, max(0, min(NBL, W - v0)), dzl, W, v0);
+    }
     const int u0 = c.cta * NB, cnt = max(0, min(NB, K - u0));
     if (cnt == 0) return;
-    TP* Wm = c.params + OFF[2 * l];
-    const float* Zp = c.scr + SC.z[c.par][l - 1];
-    const float* Hp = c.scr + SC.h[c.par][l - 1];
-    float* out = l - 1 >= 1 ? c.scr + SC.dz[l - 1] : c.priv + SC.dz0;
+    const float* Zp = z_buf<l - 1>(c.scr, c.par);
+    const float* Hp = h_buf<l - 1>(c.scr, c.par);
     // dgrad: dH_{l-1}[i, u] = sum_k dZ_l[i, k] W_l[k, u], then dZ_{l-1} = rnd(dH act'(Z)), before the update below
-    gemm<tn_for(NB)>(
-        c.tl, c.m, cnt, W, dzl, [&](int u, int k) { return rnd(ld_cg(Wm + (long long)k * K + u0 + u)); },
-        [&](int i, int u, float v) {
-            const float dz = rnd(v * act_grad(ld_cg(Zp + i * K + u0 + u)));
-            if (l - 1 >= 1) st_cg(out + i * K + u0 + u, dz);
-            else out[i * NB0 + u] = dz;
-        });
+    const Emit dg = l - 1 >= 1 ? Emit{E_ACTGRAD, c.scr + SC.dz[l - 1], nullptr, Zp, u0, K, 0, u0, K}
+                               : Emit{E_ACTGRAD, c.priv + SC.dz0, nullptr, Zp, 0, NB0, 0, u0, K};
+    product<NB>(c, c.m, cnt, W, op_f32(dzl, W, 1), op_param(c.params + OFF[2 * l] + u0, 1, K), dg);
     // weight gradient dW_l[k, u] = sum_i dZ_l[i, k] H_{l-1}[i, u], straight into the optimizer step
-    gemm<tn_for(NB)>(
-        c.tl, W, cnt, c.m, [&](int k, int i) { return dzl(i, k); },
-        [&](int u, int i) { return ld_cg(Hp + i * K + u0 + u); },
-        [&](int k, int u, float g) { update_elem(c.params, c.s1g, c.s2g, OFF[2 * l] + (long long)k * K + u0 + u, g, op); });
+    const Emit up{E_UPDATE, nullptr, nullptr, nullptr, OFF[2 * l] + u0, K, 1, 0, 0};
+    product<NB>(c, W, cnt, c.m, op_f32(dzl, 1, W), op_f32(Hp + u0, 1, K), up);
 }
 
 // Forward of hidden layers l .. NH-1, a round after each.
-template <int l, typename TP>
-__device__ __forceinline__ void forward_from(Ctx<TP>& c) {
+template <int l>
+__device__ __forceinline__ void forward_from(Ctx& c) {
     if constexpr (l < NH) {
         forward<l>(c);
         PROF(3);
@@ -436,59 +484,50 @@ __device__ __forceinline__ void forward_from(Ctx<TP>& c) {
 
 // Backward through hidden layers l .. 1 (column-owned), a round after each but the last; layer NH-1's dZ is this
 // CTA's own whole copy (the head's dgrad), the others' the exchange buffer.
-template <int l, typename TP>
-__device__ __forceinline__ void backward_from(Ctx<TP>& c, const Opt& op) {
+template <int l>
+__device__ __forceinline__ void backward_from(Ctx& c) {
     if constexpr (l >= 1) {
-        if constexpr (l == NH - 1) {
-            const float* dzh = c.priv + SC.dzh;
-            backward<l>(c, op, [&](int i, int k) { return dzh[i * HW + k]; });
-        } else {
-            const float* dzx = c.scr + SC.dz[l];
-            backward<l>(c, op, [&](int i, int k) { return ld_cg(dzx + i * SZ[l + 1] + k); });
-        }
+        backward<l>(c, l == NH - 1 ? c.priv + SC.dzh : c.scr + SC.dz[l]);
         PROF(6);
         if constexpr (l >= 2) {
             grid_round(c.counter, c.rounds, c.step);
             PROF(7);
         }
-        backward_from<l - 1>(c, op);
+        backward_from<l - 1>(c);
     }
 }
 
 // Epoch end, "mixed": the fp16 copy (what evaluation's GEMMs read) of everything this CTA owns, layers l .. L-1.
-template <int l, typename TP>
-__device__ __forceinline__ void half_copy_from(const Ctx<TP>& c, half_t* w16) {
+template <int l>
+__device__ __forceinline__ void half_copy_from(const Ctx& c, half_t* w16) {
     if constexpr (l < L) {
         constexpr int K = SZ[l], W = SZ[l + 1];
-        const int tid = threadIdx.x, cta = c.cta;
-        const TP* params = c.params;
-
+        const int tid = threadIdx.x;
         if constexpr (l == 0) {  // rows
-            const int u0 = cta * NB0, cnt = max(0, min(NB0, W - u0));
+            const int u0 = c.cta * NB0, cnt = max(0, min(NB0, W - u0));
             for (int e = tid; e < cnt * K; e += NT) {
                 const long long g = OFF[0] + (long long)u0 * K + e;
-                w16[g] = from_f<half_t>(ld_cg(params + g));
+                w16[g] = from_f<half_t>(ld_cg(c.params + g));
             }
         } else {  // columns
             constexpr int NB = nb_of(l - 1);
-            const int u0 = cta * NB, cnt = max(0, min(NB, K - u0));
+            const int u0 = c.cta * NB, cnt = max(0, min(NB, K - u0));
             for (int e = tid; e < W * cnt; e += NT) {
                 const long long g = OFF[2 * l] + (long long)(e / cnt) * K + u0 + e % cnt;
-                w16[g] = from_f<half_t>(ld_cg(params + g));
+                w16[g] = from_f<half_t>(ld_cg(c.params + g));
             }
         }
         if constexpr (l < NH) {  // hidden biases by unit
             constexpr int NB = nb_of(l);
-            const int u0 = cta * NB, cnt = max(0, min(NB, W - u0));
+            const int u0 = c.cta * NB, cnt = max(0, min(NB, W - u0));
             for (int j = tid; j < cnt; j += NT)
-                w16[OFF[2 * l + 1] + u0 + j] = from_f<half_t>(ld_cg(params + OFF[2 * l + 1] + u0 + j));
+                w16[OFF[2 * l + 1] + u0 + j] = from_f<half_t>(ld_cg(c.params + OFF[2 * l + 1] + u0 + j));
         }
         half_copy_from<l + 1>(c, w16);
     }
 }
 
-template <typename TP>
-__device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, const TX* __restrict__ x,
+__device__ void grid_epoch(TParam* params, float* s1g, float* s2g, half_t* w16, const TX* __restrict__ x,
                            const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* st,
                            int steps, int batch, float scale, float shift, OptimParams prm, float* scr, u32* sync) {
     extern __shared__ __align__(16) float sm[];
@@ -501,11 +540,21 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
     float* hg = sm + SL.hg;
     float* hs1 = sm + SL.hs1;
     float* hs2 = sm + SL.hs2;
-    Ctx<TP> c{params, s1g, s2g, x, scr, scr + SC.priv + (long long)cta * SC.priv_stride, sm + SL.tiles, idx,
-              scale, shift, cta, 0, 0, 0, sync, 0};
+    Ctx c{};
+    c.params = params;
+    c.s1g = s1g;
+    c.s2g = s2g;
+    c.scr = scr;
+    c.priv = scr + SC.priv + (long long)cta * SC.priv_stride;
+    c.tl = sm + SL.tiles;
+    c.hb = hb;
+    c.op.p = prm;
+    c.cta = cta;
+    c.counter = sync;
+    c.rounds = 0;
     constexpr int NBH = nb_of(NH - 1);  // this CTA's columns of the head: its units of the last hidden layer
     const int hu0 = cta * NBH, hcnt = max(0, min(NBH, HW - hu0));
-    TP* Wh = params + OFF[2 * L - 2];
+    const TParam* Wh = params + OFF[2 * L - 2];
 
     // -- the head's bias and its optimizer state, replicated; this CTA's columns of the head's operand copy 0
     for (int j = tid; j < C; j += NT) {
@@ -528,6 +577,9 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
     for (int q = 0; q < NPHASE; ++q) c.prof[q] = 0;
     c.prof_t = clock64();
 #endif
+    float* lg = c.priv + SC.logits;  // the logits, then dlogits (m x C)
+    float* dzh = c.priv + SC.dzh;    // the last hidden layer's whole dZ (m x HW)
+    float* xs = c.priv + SC.xs;      // the step's inputs as operands (m x D)
 
     for (int s = 0; s < steps; ++s) {
         const int m = min(batch, (int)n - s * batch);
@@ -536,12 +588,18 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
         c.par = par;
         c.step = s;
         const u64 k = (u64)epoch_in_fit * steps + s;
-        const Opt op{prm, optim_step<OPT>(prm, st->lr[k], step0 + k + 1)};  // Adam counts steps from 1
-        // -- the step's samples: keyed order, labels (a regression's rows carry their sample index)
+        c.op.o = optim_step<OPT>(prm, st->lr[k], step0 + k + 1);  // Adam counts steps from 1
+        // -- the step's samples: keyed order, labels (a regression's rows carry their sample index), the inputs mapped
+        // and rounded once into this CTA's operand rows
         for (int i = tid; i < m; i += NT) {
             const int src = (int)permuted_index(keys, half_bits, n, (u32)(s * batch + i));
             idx[i] = src;
             lab[i] = GRID_LOSS == 1 ? src : y[src];
+        }
+        __syncthreads();
+        for (int e = tid; e < m * D; e += NT) {
+            const int i = e / D, kk = e % D;
+            st_cg(xs + e, rnd(to_f(x[(u64)idx[i] * D + kk]) * scale + shift));
         }
         __syncthreads();
         PROF(0);
@@ -554,13 +612,11 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
         forward_from<1>(c);
 
         // -- head (every CTA, all rows): logits, loss, dlogits in place
-        float* lg = c.priv + SC.logits;
-        const float* Hl = scr + SC.h[par][NH - 1];
-        const float* Zl = scr + SC.z[par][NH - 1];
-        const float* Wc = scr + SC.headw[par];
-        gemm<tn_for(C)>(
-            c.tl, m, C, HW, [&](int i, int kk) { return ld_cg(Hl + i * HW + kk); },
-            [&](int j, int kk) { return ld_cg(Wc + j * HW + kk); }, [&](int i, int j, float v) { lg[i * C + j] = v + hb[j]; });
+        const float* Hl = h_buf<NH - 1>(scr, par);
+        const float* Zl = z_buf<NH - 1>(scr, par);
+        const float* Wc = headw_buf(scr, par);
+        product<C>(c, m, C, HW, op_f32(Hl, HW, 1), op_f32(Wc, HW, 1),
+                   Emit{E_LOGITS, lg, nullptr, nullptr, 0, C, 0, 0, 0});
         const float inv_rows = 1.f / (float)m;
         const float mse_scale = (float)(2.0 / ((double)m * C));  // rounded once, as the NumPy engine's
         for (int i = warp; i < m; i += NW) {
@@ -569,30 +625,32 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
                 const float* t = reinterpret_cast<const float*>(y) + (u64)lab[i] * C;
                 float sq = 0.f;
                 for (int j = lane; j < C; j += 32) {
-                    const float d = z[j] - t[j];
+                    const float d = ld_cg(z + j) - t[j];
                     sq += d * d;
                 }
                 sq = warp_sum(sq);
                 if (lane == 0) loss_acc += (double)(sq / (float)C);
-                __syncwarp();
-                for (int j = lane; j < C; j += 32) z[j] = (z[j] - t[j]) * mse_scale;
+                for (int j = lane; j < C; j += 32) st_cg(z + j, (ld_cg(z + j) - t[j]) * mse_scale);
             } else {
                 float zmax = __int_as_float(0xff800000);  // -inf
                 int best = 0x7fffffff;
-                for (int j = lane; j < C; j += 32)
-                    if (argmax_takes(z[j], zmax)) { zmax = z[j]; best = j; }
+                for (int j = lane; j < C; j += 32) {
+                    const float zj = ld_cg(z + j);
+                    if (argmax_takes(zj, zmax)) { zmax = zj; best = j; }
+                }
                 warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
                 float sum = 0.f;
-                for (int j = lane; j < C; j += 32) sum += expf(z[j] - zmax);
+                for (int j = lane; j < C; j += 32) sum += expf(ld_cg(z + j) - zmax);
                 sum = warp_sum(sum);
                 const int label = lab[i];
-                const float zl = z[label];
+                const float zl = ld_cg(z + label);
                 if (lane == 0) {
                     loss_acc += (double)(logf(sum) - (zl - zmax));
                     ok_acc += best == label ? 1.0 : 0.0;
                 }
-                __syncwarp();
-                for (int j = lane; j < C; j += 32) z[j] = (expf(z[j] - zmax) / sum - (j == label ? 1.f : 0.f)) * inv_rows;
+                __syncwarp();  // every lane has read z[label] before any lane overwrites it
+                for (int j = lane; j < C; j += 32)
+                    st_cg(z + j, (expf(ld_cg(z + j) - zmax) / sum - (j == label ? 1.f : 0.f)) * inv_rows);
             }
         }
         __syncthreads();
@@ -603,52 +661,38 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
         // and the next step's operand copy.
         for (int j = tid; j < C; j += NT) {
             float g = 0.f;
-            for (int i = 0; i < m; ++i) g += lg[i * C + j];
+            for (int i = 0; i < m; ++i) g += ld_cg(lg + i * C + j);
             hg[j] = g;
         }
         __syncthreads();
         for (int j = tid; j < C; j += NT) {
             float w = hb[j], m1 = NS >= 1 ? hs1[j] : 0.f, m2 = NS >= 2 ? hs2[j] : 0.f;
-            optim_update<OPT>(op.p, op.o, NS, hg[j], w, m1, m2);
+            optim_update<OPT>(c.op.p, c.op.o, NS, hg[j], w, m1, m2);
             if (PREC == 2) w = rnd(w);
             hb[j] = w;
             if (NS >= 1) hs1[j] = m1;
             if (NS >= 2) hs2[j] = m2;
         }
-        float* dzh = c.priv + SC.dzh;
-        gemm<tn_for(HW)>(
-            c.tl, m, HW, C, [&](int i, int j) { return rnd(lg[i * C + j]); },
-            [&](int u, int j) { return ld_cg(Wc + j * HW + u); },
-            [&](int i, int u, float v) { dzh[i * HW + u] = rnd(v * act_grad(ld_cg(Zl + i * HW + u))); });
-        if (hcnt > 0) {
-            float* Wn = scr + SC.headw[par ^ 1];
-            gemm<tn_for(NBH)>(
-                c.tl, C, hcnt, m, [&](int j, int i) { return rnd(lg[i * C + j]); },
-                [&](int u, int i) { return ld_cg(Hl + i * HW + hu0 + u); },
-                [&](int j, int u, float g) {
-                    const long long e = (long long)j * HW + hu0 + u;
-                    st_cg(Wn + e, rnd(update_elem(params, s1g, s2g, OFF[2 * L - 2] + e, g, op)));
-                });
-        }
+        product<HW>(c, m, HW, C, op_f32(lg, C, 1, true), op_f32(Wc, 1, HW),
+                    Emit{E_ACTGRAD, dzh, nullptr, Zl, 0, HW, 0, 0, HW});
+        if (hcnt > 0)
+            product<NBH>(c, C, hcnt, m, op_f32(lg, 1, C, true), op_f32(Hl + hu0, 1, HW),
+                         Emit{E_UPDATE, headw_buf(scr, par ^ 1), nullptr, nullptr, OFF[2 * L - 2] + hu0, HW, 1,
+                              hu0, 0});
         PROF(5);
 
         // -- backward through hidden layers NH-1 .. 1 (column-owned), a round after each but the last
-        backward_from<NH - 1>(c, op);
+        backward_from<NH - 1>(c);
 
         // -- layer 0 (row-owned): its bias and weight steps from this CTA's dZ_0 slice
         {
             const int u0 = cta * NB0, cnt = max(0, min(NB0, SZ[1] - u0));
-            const float* dz0 = c.priv + SC.dz0;
-            auto dz = [&](int i, int u) {  // u counts from this CTA's first unit
-                return NH == 1 ? dzh[i * HW + u0 + u] : dz0[i * NB0 + u];
-            };
-            bias_step<0>(c, op, [&](int i, int uu) { return dz(i, uu - u0); });
+            const float* dz0 = NH == 1 ? dzh + u0 : c.priv + SC.dz0;  // column u of this CTA's slice
+            const int ld0 = NH == 1 ? HW : NB0;
+            bias_step(c, OFF[1] + u0, cnt, dz0, ld0, 0);
             if (cnt > 0)
-                gemm<tn_for(D)>(
-                    c.tl, cnt, D, m, [&](int u, int i) { return dz(i, u); }, [&](int kk, int i) { return xval(c, i, kk); },
-                    [&](int u, int kk, float g) {
-                        update_elem(params, s1g, s2g, OFF[0] + (long long)(u0 + u) * D + kk, g, op);
-                    });
+                product<D>(c, cnt, D, m, op_f32(dz0, 1, ld0), op_f32(xs, 1, D),
+                           Emit{E_UPDATE, nullptr, nullptr, nullptr, OFF[0] + (long long)u0 * D, D, 1, 0, 0});
         }
         PROF(8);
     }
@@ -658,7 +702,7 @@ __device__ void grid_epoch(TP* params, float* s1g, float* s2g, half_t* w16, cons
     if (cta == 0) {
         for (int j = tid; j < C; j += NT) {
             const int g = OFF[2 * L - 1] + j;
-            params[g] = from_f<TP>(hb[j]);
+            params[g] = from_f<TParam>(hb[j]);
             if (NS >= 1) s1g[g] = hs1[j];
             if (NS >= 2) s2g[g] = hs2[j];
             if (w16 != nullptr) w16[g] = from_f<half_t>(hb[j]);
@@ -695,8 +739,8 @@ grid_epoch_kernel(TParam* params, float* s1, float* s2, half_t* w16, const TX* x
                   u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
                   OptimParams opt, float* scratch, u32* sync) {
 #if __CUDA_ARCH__ >= 900
-    grid_epoch<TParam>(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt,
-                       scratch, sync);
+    grid_epoch(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt, scratch,
+               sync);
 #else
     __trap();  // grid/plan.py refuses GPUs older than sm_90
 #endif

@@ -87,7 +87,7 @@ def test_the_scratch_is_what_the_kernel_lays_out():
     up32 = lambda a: -(-a // 32) * 32  # noqa: E731
     parity = 2 * (2 * up32(batch * 512) + 2 * up32(batch * 300))  # H, Z of both hidden layers, two parities
     head = 2 * up32(10 * 300)
-    per_cta = up32(batch * 10) + up32(batch * 300) + up32(batch * -(-512 // ctas))
+    per_cta = up32(batch * 10) + up32(batch * 300) + up32(batch * -(-512 // ctas)) + up32(batch * 784)
     assert gp.scratch_floats(sizes, batch, ctas) == parity + head + ctas * per_cta
     assert _plan(list(sizes), batch=batch).scratch_bytes == 4 * (parity + head + ctas * per_cta)
 
@@ -104,8 +104,8 @@ def test_logistic_regression_is_refused_by_name():
         ([784, 8193, 10], 32, gp.HOPPER_SMEM, "a layer of 8193 is wider than the grid kernel's 8192"),
         ([784, 256, 4000], 1024, 60000, "a batch of 1024 with 4000 classes needs 93,184 bytes of shared memory per "
                                         "CTA, over the GPU's 60,000"),
-        ([784, 8192, 8192, 10], 1024, gp.HOPPER_SMEM, "bytes of global scratch over 132 CTAs, over the grid kernel's "
-                                                     "4,294,967,296"),
+        ([8192, 8192, 8192, 10], 1024, gp.HOPPER_SMEM, "bytes of global scratch over 132 CTAs, over the grid kernel's "
+                                                     "8,589,934,592"),
     ],
 )  # fmt: skip
 def test_a_model_over_a_limit_is_refused_naming_it(sizes, batch, smem, expect):

@@ -30,7 +30,7 @@ MAX_BATCH = 1024
 #: Widest layer (inputs and classes included) the kernel is written for.
 MAX_WIDTH = 8192
 #: Global scratch (exchange buffers, head copies, per-CTA regions) the engine allocates at most.
-MAX_SCRATCH = 4 << 30
+MAX_SCRATCH = 8 << 30
 #: Products' K chunk (grid.cu's KC) and the widest tile pair of a chunk (TM + 4 + TN + 4 floats a k).
 KC = 64
 TILE_WIDTH = 144
@@ -74,7 +74,7 @@ def smem_floats(batch: int, classes: int, n_state: int) -> int:
 def scratch_floats(sizes: tuple[int, ...], batch: int, ctas: int) -> int:
     """Global scratch in 4-byte words, as grid.cu's make_scratch(): H and Z of every hidden layer by step parity,
     the exchanged dZ of layers 1 .. NH-2, the head's two operand copies, and per CTA its logits, the last hidden
-    layer's whole dZ and its own slice of dZ_0."""
+    layer's whole dZ, its own slice of dZ_0 and the step's inputs as operands."""
     nh = len(sizes) - 2
     o = 0
     for _ in range(2):
@@ -84,7 +84,7 @@ def scratch_floats(sizes: tuple[int, ...], batch: int, ctas: int) -> int:
         o += _up32(batch * sizes[layer + 1]) if 1 <= layer <= nh - 2 else 0
     o += 2 * _up32(sizes[-1] * sizes[-2])
     nb0 = units(sizes, ctas)[0]
-    o += ctas * (_up32(batch * sizes[-1]) + _up32(batch * sizes[-2]) + _up32(batch * nb0))
+    o += ctas * (_up32(batch * sizes[-1]) + _up32(batch * sizes[-2]) + _up32(batch * nb0) + _up32(batch * sizes[0]))
     return o
 
 
