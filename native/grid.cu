@@ -58,6 +58,7 @@
 // Products (v1): scalar fp32 FMA from shared-memory tiles (K chunks of 64, the next chunk prefetched into registers),
 // each thread a 2x2 block of outputs summed over k in ascending order: deterministic, no float atomics. Operands and
 // outputs are described as data (Operand, Emit), so one compiled product per tile shape serves every call site.
+#include "activation.cuh"
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
@@ -224,28 +225,10 @@ __device__ __noinline__ void grid_round(u32* counter, u32& rounds, int step) {
 #define NPHASE 10  // gather, F0, forward rounds, forward l >= 1, head + loss, head backward, backward l >= 1,
                    // backward rounds, layer 0 update, epilogue
 
-// ---- numerics shared with the other engines -------------------------------------------------------------------
-__device__ __forceinline__ float rnd(float x) {
-    if (PREC == 0) return x;
-    return to_f(from_f<half_t>(x));
-}
-#define GELU_C 0.7978845608028654f
-#define GELU_K 0.044715f
-__device__ __forceinline__ float act(float z) {
-#if GRID_ACT == 0
-    return z > 0.f ? z : 0.f;
-#else
-    return 0.5f * z * (1.f + tanhf(GELU_C * (z + GELU_K * z * z * z)));
-#endif
-}
-__device__ __forceinline__ float act_grad(float z) {
-#if GRID_ACT == 0
-    return z > 0.f ? 1.f : 0.f;
-#else
-    const float t = tanhf(GELU_C * (z + GELU_K * z * z * z));
-    return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_K * z * z);
-#endif
-}
+// ---- numerics shared with the other engines (activation.cuh) -------------------------------------------------
+__device__ __forceinline__ float rnd(float x) { return round_operand<PREC>(x); }
+__device__ __forceinline__ float act(float z) { return activation<GRID_ACT>(z); }
+__device__ __forceinline__ float act_grad(float z) { return activation_grad<GRID_ACT>(z); }
 
 // ---- the optimizer step of one element of the flat state (optim.cuh's arithmetic, as update.cu and fused.cu) ----
 struct Opt {
