@@ -384,3 +384,26 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
         Trainer.load(path, device="cuda", devices=0)
     with pytest.raises(DeviceUnavailable, match="there is no GPU 5"):
         Trainer.load(path, device="cuda", devices=[5])
+
+
+@pytest.mark.bindings
+def test_the_grid_rule_is_data_and_takes_no_range_until_measured() -> None:
+    """prefer_grid reads tuning.GRID_RULE: today's (version 1 measured 5-10x slower than the graph engine) takes no
+    model; a rule with a range takes the models inside it only."""
+    from fastnn import SGD
+    from fastnn.engine.base import EngineConfig
+    from fastnn.engine.grid import prefer_grid
+    from fastnn.engine.tuning import GridRule
+
+    def cfg(sizes, batch=32, precision="mixed"):
+        return EngineConfig(model=MLP(sizes), optimizer=SGD(lr=0.1), batch_size=batch, precision=precision)
+
+    bench = cfg([784, 256, 256, 256, 10])
+    assert not prefer_grid(bench, None)
+    rule = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed",))
+    assert prefer_grid(bench, None, rule)
+    assert not prefer_grid(cfg([784, 128, 256, 10]), None, rule)  # a hidden layer below the range
+    assert not prefer_grid(cfg([784, 4096, 10]), None, rule)
+    assert not prefer_grid(cfg([784, 256, 10], batch=128), None, rule)
+    assert not prefer_grid(cfg([784, 256, 10], precision="fp32"), None, rule)
+    assert not prefer_grid(cfg([784, 10]), None, rule)  # no hidden layer

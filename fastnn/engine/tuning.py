@@ -30,10 +30,12 @@ class GridRule:
     precisions: tuple[str, ...]
 
 
-#: PROVISIONAL, not yet measured with the product kernel: the probe (grid.md) beat the graph engine 3-4x at
-#: h = 256-1024 and 1.8x at 4096, batch 32, "mixed". The lead measures native/grid.cu against the graph engine
-#: (benchmarks) and replaces these numbers with the measured crossover.
-GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed", "fp16"))
+#: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD): the
+#: grid kernel's generic version 1 (scalar products, masters streamed through L2) ran 237.7 us/step at h = 256 and
+#: 627.5 at 1024 against the graph engine's 49.7 and 63.5 (0.21x, 0.10x). No range is faster yet, so engine="auto"
+#: never takes it (an empty precision list) until the fast path ported from the probe (grid.md: 11.5-17 us/step at
+#: h = 256-1024) is measured; then this becomes that path's measured range.
+GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=())
 
 
 @dataclass(frozen=True)
