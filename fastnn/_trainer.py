@@ -79,13 +79,15 @@ class Trainer:
             With "mixed" and "fp16", inputs must stay within float16's range (|x| <= 65504 after `normalize`) on
             every device, the CPU included: a DataError names the first one that does not.
         device: "cpu", "cuda", or "auto" (the GPU when usable, else the CPU with a warning).
-        engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "graph"
-            (one CUDA graph of library calls per epoch: any model), or "auto" (fused where it holds the model
-            and is faster, else graph). Ignored on the CPU, where only "auto" is accepted.
+        engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "grid" (one
+            cooperative persistent kernel per epoch over up to every SM: MLPs with hidden layers, mid and wide ones
+            at small batches), "graph" (one CUDA graph of library calls per epoch: any model), or "auto" (fused
+            where it holds the model and is faster, else grid likewise, else graph). Ignored on the CPU, where only
+            "auto" is accepted.
         seed: keys the initial weights and every epoch's sample order; an integer in [0, 2**64).
         schedule: a callable global step -> lr (see `fastnn.schedules`); None keeps the optimizer's lr.
         normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1]; each a number or a
-            vector with one entry per input feature (the fused engine takes numbers only).
+            vector with one entry per input feature (the fused and grid engines take numbers only).
         drop_last: drop each epoch's last batch when it is short.
         data_placement: on a GPU, where the training set lives: "device" (GPU memory), "host" (mapped host memory,
             read over the bus by the gather: for sets larger than GPU memory; the graph engine only) or "auto"
@@ -101,7 +103,8 @@ class Trainer:
             targets (N,) or (N, k) for a model of k outputs, the last layer linear); every engine trains both.
 
     Raises:
-        ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
+        ConfigError: an argument is invalid (the message names it), or engine="fused" or "grid" cannot serve the
+            model.
         DeviceUnavailable: device="cuda" (or `devices` naming GPUs) and no usable GPU; a GPU in `devices` that the
             machine does not have; several `devices` and no NCCL (the message names the extra).
     """
@@ -176,7 +179,7 @@ class Trainer:
 
     @property
     def engine(self) -> str:
-        """ "numpy", "graph" or "fused": the engine that trains (what device and engine "auto" resolved to)."""
+        """ "numpy", "graph", "fused" or "grid": the engine that trains (what device and engine "auto" resolved to)."""
         return self._engine.name
 
     @property

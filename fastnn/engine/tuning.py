@@ -12,11 +12,30 @@ from dataclasses import dataclass, fields
 
 from .._errors import ConfigError
 
-__all__ = ["FUSED_LAYOUTS", "Tuning", "check_tuning"]
+__all__ = ["FUSED_LAYOUTS", "GRID_RULE", "GridRule", "Tuning", "check_tuning"]
 
 #: The fused engine's shared-memory layouts (fused/plan.py): "standard" keeps a gradient array per weight array
 #: and, in "mixed", an fp16 operand copy; "lean" keeps neither (see `Tuning.fused_layouts`).
 FUSED_LAYOUTS = ("standard", "lean")
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """Where engine="auto" takes the grid engine (after the fused engine's rule, before the graph engine): every
+    hidden layer between min_hidden and max_hidden wide, a batch of at most max_batch, one of `precisions`."""
+
+    min_hidden: int
+    max_hidden: int
+    max_batch: int
+    precisions: tuple[str, ...]
+
+
+#: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD): the
+#: grid kernel's generic version 1 (scalar products, masters streamed through L2) ran 237.7 us/step at h = 256 and
+#: 627.5 at 1024 against the graph engine's 49.7 and 63.5 (0.21x, 0.10x). No range is faster yet, so engine="auto"
+#: never takes it (an empty precision list) until the fast path ported from the probe (grid.md: 11.5-17 us/step at
+#: h = 256-1024) is measured; then this becomes that path's measured range.
+GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=())
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,9 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
+    #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
+    #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
+    grid_profile: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

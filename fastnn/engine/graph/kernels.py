@@ -17,12 +17,13 @@ from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u
 from .buffers import itemsize
 
 if TYPE_CHECKING:
+    from .contexts import TrainContext
     from .engine import GraphEngine
 
 __all__ = [
     "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "launch_elementwise", "module",
-    "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update", "record_zero_grads",
-    "refresh_half_copy",
+    "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update",
+    "record_zero_grads", "refresh_half_copy",
 ]  # fmt: skip
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
@@ -178,3 +179,23 @@ def record_epoch_end(eng: GraphEngine) -> None:
     args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.snapshot.ptr), arg_u64(words), state]
     launch_elementwise(eng, "snapshot", words, args)
     eng.update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(eng.epoch_state.ptr)], eng.stream)
+
+
+def persistent_epoch_args(ctx: TrainContext) -> list:
+    """The arguments the persistent-kernel engines' epoch kernels (native/fused.cu, grid.cu) take first, in order:
+    the training state (parameters, optimizer states 1 and 2 or null, the fp16 copy or null), the resident training
+    set, the shuffle's key, the epoch state, the steps and batch, the input's affine map and the optimizer."""
+    eng = ctx.eng
+    cfg = eng.config
+    n_state = len(eng.opt_names)
+    s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
+    s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
+    scale, shift = input_affine(ctx.dtype, cfg.normalize)
+    seed_lo, seed_hi = split_u64(cfg.seed)
+    return [
+        arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
+        arg_ptr(ctx.x.ptr), arg_ptr(ctx.y.ptr), arg_u32(ctx.n),
+        arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(ctx.n) // 2),
+        arg_ptr(eng.epoch_state.ptr), arg_i32(ctx.steps), arg_i32(cfg.batch_size), arg_f32(scale),
+        arg_f32(shift), arg_struct(cfg.optimizer.kernel_params().c_fields()),
+    ]  # fmt: skip
