@@ -80,6 +80,9 @@ class Tuning:
     #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
     #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
     grid_profile: bool = False
+    #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
+    #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).
+    grid_fast: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -4,8 +4,9 @@ It is the graph engine (`graph/`) with another training context (`make_train_con
 parameters and optimizer state stay in the graph engine's flat training state (the kernel reads and writes them in
 place, in L2), so evaluation, prediction, snapshots, divergence handling, interruption and checkpoints are inherited
 unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of `native/grid.cu` and the
-graph engine's epoch-end nodes. The kernel is compiled per model shape, batch, precision, optimizer, loss and GPU SM
-count (NVRTC, disk-cached); `plan.py` decides what it serves.
+graph engine's epoch-end nodes. The kernel (`native/grid_fast.cu`, the fast path, where `plan.fast_plan` serves the
+model, else the generic `native/grid.cu`; both take the same arguments) is compiled per model shape, batch,
+precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each serves.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from .plan import MIN_CC, GridPlan, grid_plan
 __all__ = ["GridEngine", "GridTrainContext", "prefer_grid"]
 
 #: Bytes of the sync buffer: the round counter (word 0, zeroed before every launch) and, from byte 128, the phase
-#: profile of -DGRID_PROFILE (native/grid.cu's NPHASE cycle sums, then the step and round counts).
+#: profile of -DGRID_PROFILE (the kernel's cycle sums of GridPlan.phases, then the step and round counts).
 SYNC_BYTES = 256
-PROFILE_WORDS = 12
 
 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
@@ -78,7 +78,7 @@ class GridEngine(GraphEngine):
         plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
         if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
             raise ConfigError(f"engine='grid' cannot train this model: {plan}")
-        kernel = module(self.dev, "grid.cu", plan.options).function("grid_epoch_kernel")
+        kernel = module(self.dev, plan.source, plan.options).function(plan.function)
         if kernel.max_active_blocks(plan.threads, plan.smem_bytes) < 1:
             raise ConfigError(
                 f"engine='grid' cannot train this model: a CTA of {plan.threads} threads with {plan.smem_bytes:,} "
@@ -113,7 +113,7 @@ class GridTrainContext(TrainContext):
         record_epoch_end(eng)
 
     def phase_cycles(self) -> np.ndarray:
-        """The last epoch's phase profile (Tuning.grid_profile): CTA 0's clock64 cycle sums per phase, then the step
-        and round counts (zeros when the kernel was compiled without it)."""
-        out = np.zeros(PROFILE_WORDS, dtype=np.int64)
+        """The last epoch's phase profile (Tuning.grid_profile): CTA 0's clock64 cycle sums per phase (the names in
+        plan.phases), then the step and round counts (zeros when the kernel was compiled without it)."""
+        out = np.zeros(len(self.plan.phases) + 2, dtype=np.int64)
         return self.sync.download(out, offset=128)
