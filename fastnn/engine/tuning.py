@@ -31,11 +31,13 @@ class GridRule:
 
 
 #: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD): the
-#: grid kernel's generic version 1 (scalar products, masters streamed through L2) ran 237.7 us/step at h = 256 and
-#: 627.5 at 1024 against the graph engine's 49.7 and 63.5 (0.21x, 0.10x). No range is faster yet, so engine="auto"
-#: never takes it (an empty precision list) until the fast path ported from the probe (grid.md: 11.5-17 us/step at
-#: h = 256-1024) is measured; then this becomes that path's measured range.
-GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=())
+#: grid kernel's generic version 1 (native/grid.cu: scalar products, masters streamed through L2) ran 237.7 us/step at
+#: h = 256 and 627.5 at 1024 against the graph engine's 49.7 and 63.5 (0.21x, 0.10x), so engine="auto" takes the grid
+#: engine only where its fast kernel (native/grid_fast.cu, the probe's design: 11.5-17 us/step at h = 256-1024 in
+#: grid.md) serves the model: `prefer_grid` requires this range AND grid/plan.py's `fast_plan` (three equal hidden
+#: layers, a multiple of 128 wide, "mixed", batch <= 32, SGD with or without momentum, uint8 inputs assumed: the
+#: engine is chosen before the data is seen). The range is the fast kernel's; the lead's sweep confirms it.
+GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",))
 
 
 @dataclass(frozen=True)

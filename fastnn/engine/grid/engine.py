@@ -24,7 +24,7 @@ from ..graph.contexts import TrainContext
 from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from ..tuning import GRID_RULE, GridRule
-from .plan import MIN_CC, GridPlan, grid_plan
+from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, fast_plan, grid_plan
 
 __all__ = ["GridEngine", "GridTrainContext", "prefer_grid"]
 
@@ -35,16 +35,22 @@ SYNC_BYTES = 256
 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
-    precision fall in the measured range where it beats the graph engine (none yet: see GRID_RULE)."""
+    precision fall in the measured range and the fast kernel (plan.fast_plan) serves the model on `device` (None: an
+    H100). The engine is chosen before the data is seen, so uint8 inputs are assumed (float inputs run grid.cu)."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
-    return (
+    in_range = (
         bool(hidden)
         and rule.min_hidden <= min(hidden)
         and max(hidden) <= rule.max_hidden
         and config.batch_size <= rule.max_batch
         and config.precision in rule.precisions
     )
+    if not in_range:
+        return False
+    sms = device.sm_count if device is not None else HOPPER_SMS
+    smem = device.max_shared_memory_optin if device is not None else HOPPER_SMEM
+    return isinstance(fast_plan(config, np.uint8, sms, smem), GridPlan)
 
 
 class GridEngine(GraphEngine):
