@@ -315,6 +315,17 @@ __device__ __forceinline__ float sum_red(const float* red, int row, int col) {
     for (int w = 0; w < NW; ++w) z += red[(w * 32 + row) * 8 + col];
     return z;
 }
+// a master fragment and its momentum (zeros without momentum) from shared memory
+__device__ __forceinline__ void ld_frag(const float4* w, const float4* m, int i, float (&wv)[4], float (&mv)[4]) {
+    const float4 v = w[i];
+    wv[0] = v.x; wv[1] = v.y; wv[2] = v.z; wv[3] = v.w;
+    const float4 u = MOM ? m[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    mv[0] = u.x; mv[1] = u.y; mv[2] = u.z; mv[3] = u.w;
+}
+__device__ __forceinline__ void st_frag(float4* w, float4* m, int i, const float (&wv)[4], const float (&mv)[4]) {
+    w[i] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+    if constexpr (MOM) m[i] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+}
 __device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
 #pragma unroll
     for (int a = 0; a < 2; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
@@ -410,8 +421,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             v[q] = params[e];
             mv[q] = MOM ? s1g[e] : 0.f;
         }
-        w0sm[kk * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
-        if constexpr (MOM) m0sm[kk * 32 + lane] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+        st_frag(w0sm, m0sm, kk * 32 + lane, v, mv);
     }
     float w1m[KPW][4], m1m[KPW][4];  // the W1 master column block (and momentum) in registers
 #pragma unroll
@@ -427,8 +437,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             v[q] = params[e2];
             mv[q] = MOM ? s1g[e2] : 0.f;
         }
-        w2sm[kk * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
-        if constexpr (MOM) m2sm[kk * 32 + lane] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+        st_frag(w2sm, m2sm, kk * 32 + lane, v, mv);
         store_w16(W16F1, cta, kk, w1m[i], lane);  // step 0's forward copies
         store_w16(W16F2, cta, kk, v, lane);
     }
@@ -523,16 +532,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             const int kk = warp + 8 * i;
             if (kk < NKS0) {
                 float w[4], mo[4];
-                {
-                    const float4 v = w0sm[kk * 32 + lane];
-                    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-                    if constexpr (MOM) {
-                        const float4 mv = m0sm[kk * 32 + lane];
-                        mo[0] = mv.x; mo[1] = mv.y; mo[2] = mv.z; mo[3] = mv.w;
-                    } else {
-                        mo[0] = mo[1] = mo[2] = mo[3] = 0.f;
-                    }
-                }
+                ld_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
                 if (do_b0) {
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
@@ -550,8 +550,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
                         upd(prm, ob, SHIFT ? __fmaf_rn(cc[0], zs, gsh) : cc[0] * zs, w[2 * h2], mo[2 * h2]);
                         upd(prm, ob, SHIFT ? __fmaf_rn(cc[1], zs, gsh) : cc[1] * zs, w[2 * h2 + 1], mo[2 * h2 + 1]);
                     }
-                    w0sm[kk * 32 + lane] = make_float4(w[0], w[1], w[2], w[3]);
-                    if constexpr (MOM) m0sm[kk * 32 + lane] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+                    st_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
                 }
                 if (do_f0) {
                     const u32 bw0 = pack_h2(w[0], w[1]), bw1 = pack_h2(w[2], w[3]);
@@ -822,11 +821,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
                         adz[mt][2 * h2 + 1] = z1;
                     }
                 }
-                float wk[4];
-                {
-                    const float4 v = w2sm[kl * 32 + lane];
-                    wk[0] = v.x; wk[1] = v.y; wk[2] = v.z; wk[3] = v.w;
-                }
+                const float4 v = w2sm[kl * 32 + lane];  // the master before its update
+                const float wk[4] = {v.x, v.y, v.z, v.w};
                 dgrad_ks(adz, wk, accD);
             }
             fence_proxy_async();  // in-place generic writes before a later bulk copy into this tile
@@ -841,20 +837,10 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
                 float w[4], mo[4];
-                {
-                    const float4 v = w2sm[kl * 32 + lane];
-                    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-                    if constexpr (MOM) {
-                        const float4 mv = m2sm[kl * 32 + lane];
-                        mo[0] = mv.x; mo[1] = mv.y; mo[2] = mv.z; mo[3] = mv.w;
-                    } else {
-                        mo[0] = mo[1] = mo[2] = mo[3] = 0.f;
-                    }
-                }
+                ld_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
                 wgrad_ks(act0, kl, ah1, w, mo, prm, oc, lane);
                 store_w16(W16F2, cta, kl, w, lane);
-                w2sm[kl * 32 + lane] = make_float4(w[0], w[1], w[2], w[3]);
-                if constexpr (MOM) m2sm[kl * 32 + lane] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+                st_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
             }
             bias_step(actp, u0, b2s, mb2, oc);
             __syncthreads();  // the tile is free for dZ1
@@ -909,18 +895,16 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         if constexpr (MOM) s1g[e] = mv;
     };
     for (int kk = warp; kk < NKS0; kk += NW) {
-        const float4 v = w0sm[kk * 32 + lane];
-        const float4 mv = MOM ? m0sm[kk * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float vv[4] = {v.x, v.y, v.z, v.w}, mm[4] = {mv.x, mv.y, mv.z, mv.w};
+        float vv[4], mm[4];
+        ld_frag(w0sm, m0sm, kk * 32 + lane, vv, mm);
 #pragma unroll
         for (int q = 0; q < 4; ++q) put(OW0 + (long long)(u0 + g) * D + kofs(kk, q), vv[q], mm[q]);
     }
 #pragma unroll
     for (int i = 0; i < KPW; ++i) {
         const int kk = warp * KPW + i;
-        const float4 v = w2sm[kk * 32 + lane];
-        const float4 mv = MOM ? m2sm[kk * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float vv[4] = {v.x, v.y, v.z, v.w}, mm[4] = {mv.x, mv.y, mv.z, mv.w};
+        float vv[4], mm[4];
+        ld_frag(w2sm, m2sm, kk * 32 + lane, vv, mm);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             put(OW1 + (long long)kofs(kk, q) * H + u0 + g, w1m[i][q], m1m[i][q]);

@@ -122,6 +122,33 @@ class GridPlan:
     phases: tuple[str, ...] = V1_PHASES  #: the -DGRID_PROFILE phases, in the order the kernel sums them
 
 
+def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, extra: tuple[str, ...] = ()):
+    """The NVRTC -D options both grid kernels take (their layouts check GRID_SMEM and GRID_SCRATCH), then `extra`,
+    then -DGRID_PROFILE where Tuning.grid_profile asks for it."""
+    model, sizes = config.model, tuple(config.model.sizes)
+    return (
+        (
+            "-std=c++17",
+            f"-DGRID_NL={len(sizes) - 1}",
+            f"-DGRID_SIZES={{{','.join(str(s) for s in sizes)}}}",
+            f"-DGRID_OFFS={{{','.join(str(o) for o in param_layout(model).offsets)}}}",
+            f"-DGRID_P={ctas}",
+            f"-DGRID_B={config.batch_size}",
+            f"-DGRID_NT={THREADS}",
+            f"-DGRID_XIN={0 if np.dtype(x_dtype) == np.uint8 else 1}",
+            f"-DGRID_PREC={_PREC[config.precision]}",
+            f"-DGRID_ACT={0 if model.activation == 'relu' else 1}",
+            f"-DGRID_OPT={config.optimizer.kernel_params().kind}",
+            f"-DGRID_NS={len(config.optimizer.state_names)}",
+            f"-DGRID_SMEM={smem}",
+            f"-DGRID_SCRATCH={scratch}",
+            f"-DGRID_LOSS={int(config.loss == 'mse')}",
+        )
+        + extra
+        + (("-DGRID_PROFILE",) if config.tuning.grid_profile else ())
+    )
+
+
 def fast_smem_bytes(features: int, hidden: int, n_state: int) -> int:
     """Shared memory of one CTA of native/grid_fast.cu, as its make_smem(): the batch (two stages), the activation
     tile, the CTA's fp16 weight rows, the cross-warp sums, the own activation tiles, biases / W3 slice / logits /
@@ -192,25 +219,8 @@ def fast_plan(
     _, shift = input_affine(np.uint8, config.normalize)
     ctas = hidden // UNITS_PER_CTA
     scratch = fast_scratch_bytes(hidden)
-    layout = param_layout(model)
-    options = (
-        "-std=c++17",
-        f"-DGRID_NL={len(sizes) - 1}",
-        f"-DGRID_SIZES={{{','.join(str(s) for s in sizes)}}}",
-        f"-DGRID_OFFS={{{','.join(str(o) for o in layout.offsets)}}}",
-        f"-DGRID_P={ctas}",
-        f"-DGRID_B={batch}",
-        f"-DGRID_NT={THREADS}",
-        "-DGRID_XIN=0",
-        f"-DGRID_PREC={_PREC['mixed']}",
-        "-DGRID_ACT=0",
-        f"-DGRID_OPT={kernel.kind}",
-        f"-DGRID_NS={n_state}",
-        f"-DGRID_SMEM={need}",
-        f"-DGRID_SCRATCH={scratch}",
-        "-DGRID_LOSS=0",
-        f"-DGRID_SHIFT={int(float(shift) != 0.0)}",
-    ) + (("-DGRID_PROFILE",) if config.tuning.grid_profile else ())
+    shifted = int(float(shift) != 0.0)
+    options = _options(config, x_dtype, ctas, need, scratch, (f"-DGRID_SHIFT={shifted}",))
     why = (f"grid_fast.cu: {ctas} CTAs of {UNITS_PER_CTA} units, masters on chip ({need:,} bytes of shared memory a "
            f"CTA), {FAST_MAX_BATCH} rows a step")  # fmt: skip
     return GridPlan(ctas=ctas, units=(UNITS_PER_CTA,) * 3, threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
@@ -252,25 +262,7 @@ def grid_plan(
             f"the model {list(sizes)} at a batch of {batch} needs {scratch:,} bytes of global scratch over {ctas} "
             f"CTAs, over the grid kernel's {MAX_SCRATCH:,}"
         )
-    kernel = opt.kernel_params()
-    layout = param_layout(model)
-    options = (
-        "-std=c++17",
-        f"-DGRID_NL={len(sizes) - 1}",
-        f"-DGRID_SIZES={{{','.join(str(s) for s in sizes)}}}",
-        f"-DGRID_OFFS={{{','.join(str(o) for o in layout.offsets)}}}",
-        f"-DGRID_P={ctas}",
-        f"-DGRID_B={batch}",
-        f"-DGRID_NT={THREADS}",
-        f"-DGRID_XIN={0 if np.dtype(x_dtype) == np.uint8 else 1}",
-        f"-DGRID_PREC={_PREC[config.precision]}",
-        f"-DGRID_ACT={0 if model.activation == 'relu' else 1}",
-        f"-DGRID_OPT={kernel.kind}",
-        f"-DGRID_NS={n_state}",
-        f"-DGRID_SMEM={need}",
-        f"-DGRID_SCRATCH={scratch}",
-        f"-DGRID_LOSS={int(config.loss == 'mse')}",
-    ) + (("-DGRID_PROFILE",) if config.tuning.grid_profile else ())
+    options = _options(config, x_dtype, ctas, need, scratch)
     why = f"grid.cu (v1), not grid_fast.cu: {fast}"
     return GridPlan(ctas=ctas, units=units(sizes, ctas), threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
                     rounds=rounds_per_step(nh), options=options, why=why)  # fmt: skip
