@@ -69,7 +69,6 @@
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
-#include "sm90.cuh"
 
 // ---- shape, precision and optimizer: compile-time (-D from fused/plan.py's logreg_plan); defaults: 784 -> 10 ----
 #ifndef LR_D
@@ -154,7 +153,8 @@ struct StepInfo {
     int rows;
 };
 
-// ---- PTX helpers of this kernel (the shared ones: sm90.cuh) ------------------------------------------------------
+// ---- PTX helpers (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------------------
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -169,6 +169,17 @@ __device__ __forceinline__ u32 mapa(u32 a, u32 rank) {
 __device__ __forceinline__ void cluster_sync_full() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+__device__ __forceinline__ void mbar_init(u32 a, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(u32 a, u32 parity) {
+    u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(a), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
 __device__ __forceinline__ bool mbar_try_cluster(u32 a, u32 parity) {
     u32 ok;
     asm volatile(
@@ -177,6 +188,18 @@ __device__ __forceinline__ bool mbar_try_cluster(u32 a, u32 parity) {
         : "r"(a), "r"(parity)
         : "memory");
     return ok != 0;
+}
+__device__ __forceinline__ void mbar_arrive(u32 a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_arm_tx(u32 a, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 // The watchdog: a wait that has not completed after 2^26 polls or ~4 seconds prints where it is and traps, so a lost
@@ -222,8 +245,24 @@ __device__ __forceinline__ void bulk_s2cluster(u32 rdst, u32 lsrc, u32 bytes, u3
                  "r"(lsrc), "r"(bytes), "r"(rbar)
                  : "memory");
 }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void bar_consumers() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 __device__ __forceinline__ void bar_producers() { asm volatile("bar.sync 2, 128;" ::: "memory"); }
+// d(16x8) += a(16x16) b(16x8), fp16 operands, fp32 accumulation. Fragments (g = lane / 4, t = lane % 4): a = {(g,
+// 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b = {(2t..2t+1, g), (2t+8.., g)}, d = {(g, 2t), (g, 2t+1),
+// (g+8, 2t), (g+8, 2t+1)}; the lower half of each 32-bit register holds the lower index.
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 v;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+__device__ __forceinline__ float rnd16(float x) { return to_f(from_f<half_t>(x)); }
 
 #ifdef FUSED_PROFILE
 #define LR_PROF(i)                                        \
