@@ -11,10 +11,8 @@ for h in 32..1024 to find the width where the fused engine stops winning (engine
 "fused-lean" is the fused engine held to its lean shared-memory layout (no fp16 weight copy, momentum holding
 the gradient), which it takes by itself only where the standard layout does not fit: its cost, measured;
 "fused-fma" computes the products with scalar FMA instead of tensor cores ("fused-lean-fma": both).
-"grid" is engine="grid" (one cooperative kernel over every SM: native/grid_fast.cu where its plan serves the model,
-else native/grid.cu; "grid-v1" forces grid.cu); --widths replaces the sweep's widths (up to 8192: wide models train
-`samples` rows for one epoch) and --batch its batch size. --phases also prints the grid kernel's phase profile
-(-DGRID_PROFILE: CTA 0's cycles per step of each phase).
+"grid" is engine="grid" (one cooperative kernel over every SM); --widths replaces the sweep's widths (up to 8192:
+wide models train `samples` rows for one epoch) and --batch its batch size.
 """
 
 from __future__ import annotations
@@ -39,14 +37,11 @@ SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 def tuning_of(engine: str, phases: bool = False) -> Tuning:
     """The Tuning an --engines entry names: "-lean" holds the fused engine to its lean layout, "-fma" computes the
-    products with scalar FMA, "-v1" holds the grid engine to grid.cu; phases: the fused kernel prints its phase
-    timing (-DFUSED_PROFILE), the grid kernel sums its own (-DGRID_PROFILE)."""
+    products with scalar FMA; phases: the fused kernel prints its phase timing (-DFUSED_PROFILE)."""
     return Tuning(
         fused_layouts=("lean",) if "-lean" in engine else Tuning().fused_layouts,
         tensor_cores="-fma" not in engine,
         fused_profile=phases,
-        grid_profile=phases and engine.startswith("grid"),
-        grid_fast="-v1" not in engine,
     )
 
 
@@ -62,28 +57,14 @@ def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, mo
     except fastnn.ConfigError as exc:
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
     try:
-        r = _timed(t, x, y, xt, yt, epochs, batch) | {
+        return _timed(t, x, y, xt, yt, epochs, batch) | {
             "sizes": sizes,
             "engine": engine,
             "precision": precision,
             "momentum": momentum,
         }
-        if engine.startswith("grid"):
-            r |= _grid_phases(t)
-        return r
     finally:
         t.close()
-
-
-def _grid_phases(t: fastnn.Trainer) -> dict:
-    """The grid kernel that ran and, with --phases, its last epoch's cycles per step of each phase (CTA 0)."""
-    ctx = t._engine.train_context
-    out: dict = {"kernel": ctx.plan.source}
-    words = ctx.phase_cycles()
-    steps = int(words[-2])
-    if steps:
-        out["phase_cycles_per_step"] = {name: float(c) / steps for name, c in zip(ctx.plan.phases, words)}
-    return out
 
 
 def _timed(t: fastnn.Trainer, x, y, xt, yt, epochs: int, batch: int) -> dict:
@@ -139,11 +120,7 @@ def main() -> None:
                     continue
                 print(f"{str(job[0]):28s} {engine:10s} {prec:5s} b{job[2]:<4d} {r['us_per_step']:8.2f} us/step  "
                       f"first fit {r['first_fit_s']:.2f} s  acc {r['test_accuracy']:.4f}  "
-                      f"loss {r['final_train_loss']:.4f}  {r.get('kernel', '')}", flush=True)  # fmt: skip
-                if "phase_cycles_per_step" in r:
-                    cycles = r["phase_cycles_per_step"]
-                    print(f"{'':28s} phases (cycles/step, CTA 0; total {sum(cycles.values()):,.0f}): "
-                          + ", ".join(f"{k} {v:,.0f}" for k, v in cycles.items()), flush=True)
+                      f"loss {r['final_train_loss']:.4f}", flush=True)  # fmt: skip
             base = pair.get("graph", {}).get("us_per_step")
             for engine, r in pair.items():
                 if engine != "graph" and base and "us_per_step" in r:
