@@ -41,7 +41,10 @@
 // [2 stages][32][d] uint8; one activation tile [h/8][32][8] fp16 (the exchange's landing place); the CTA's fp16 rows
 // of W1/W2 [h/16][32][4]; the cross-warp reduction buffer; the CTA's own H0, H1, H2, dZ0 tiles [32][8] fp16; biases,
 // the W3 slice [16][8], logits and dlogits [32][16] (and their momentum); labels; the W0 master [d/16][32][4] and W2
-// master [h/16][32][4] fp32 in fragment order (and their momentum); the mbarriers.
+// master [h/16][32][4] fp32 in fragment order (and their momentum); the mbarriers. Where the momentum does not fit on
+// chip (GRID_MOMG: h >= 768 with 784 inputs), the W0, W1 and W2 momentum live in the CTA's private region of the
+// global scratch (L2: [d/16 + 2h/16][32] float4, read and written only by their lane, 16-byte accesses; W0's a pass
+// ahead), 2 x (d/16 + h/8) x 512 bytes of L2 traffic a CTA a step.
 // Global scratch (plan.py's fast_scratch_bytes mirrors make_scratch()), fp16, visibility per buffer:
 //   HG0, HG1, HG2, DZG1 [h/8][32][8]: written by the unit owners (plain stores) before their arrival at R1, R2, R3, R5
 //     of step s; read after that round by one bulk copy (fence.proxy.async.global after the acquire). Rewritten in
@@ -80,6 +83,7 @@
 #define GRID_SCRATCH (1 << 30)
 #define GRID_LOSS 0
 #define GRID_SHIFT 0
+#define GRID_MOMG 0
 #endif
 
 static_assert(GRID_NL == 4, "the fast path trains three hidden layers (grid.cu serves other depths)");
@@ -99,6 +103,10 @@ constexpr int BR = 32;  // rows a step (a shorter batch is masked)
 constexpr int NT = 256, NW = 8;
 constexpr int OPT = GRID_OPT, NS = GRID_NS;
 constexpr bool MOM = NS >= 1;
+// momentum of W0, W1, W2 in this CTA's private region of the global scratch (L2) instead of shared memory and
+// registers: where the masters leave no room for it on chip (h >= 768 with 784 inputs)
+constexpr bool MOMG = GRID_MOMG != 0;
+static_assert(MOM || !MOMG, "momentum in global memory needs momentum");
 constexpr bool SHIFT = GRID_SHIFT != 0;
 static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && KS % 8 == 0 && KPW >= 1, "h/8 CTAs, h a multiple of 128");
 static_assert(D % 16 == 0 && D >= 16, "inputs in k-steps of 16 (16-byte row copies)");
@@ -112,7 +120,7 @@ static_assert(OPT == OPTIM_SGD && NS <= 1, "the fast path's optimizers: SGD with
 __host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
 
 // ---- global scratch (bytes) ----------------------------------------------------------------------------------------
-struct Scratch { long long w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, total; };
+struct Scratch { long long w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, mom, total; };
 __host__ __device__ constexpr Scratch make_scratch() {
     Scratch s{};
     long long o = 0;
@@ -124,6 +132,7 @@ __host__ __device__ constexpr Scratch make_scratch() {
     s.hg1 = o; o += up128(2LL * H * BR);
     s.hg2 = o; o += up128(2LL * H * BR);
     s.dzg1 = o; o += up128(2LL * H * BR);
+    s.mom = o; o += MOMG ? (long long)P * (NKS0 + 2 * KS) * 512 : 0;  // per CTA: W0 [NKS0][32], W1, W2 [KS][32] float4
     s.total = o;
     return s;
 }
@@ -151,8 +160,8 @@ __host__ __device__ constexpr Smem make_smem() {
     y.prof = o; o += 16 * 8;
     y.w0 = o; o += NKS0 * 512;
     y.w2 = o; o += KS * 512;
-    y.m0 = o; o += MOM ? NKS0 * 512 : 0;
-    y.m2 = o; o += MOM ? KS * 512 : 0;
+    y.m0 = o; o += MOM && !MOMG ? NKS0 * 512 : 0;
+    y.m2 = o; o += MOM && !MOMG ? KS * 512 : 0;
     y.bar = o; o += 3 * 8;
     y.total = o;
     return y;
@@ -386,8 +395,12 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
 #endif
     float4* w0sm = reinterpret_cast<float4*>(sm + SL.w0);  // W0 master rows U_p [NKS0][32] (fragment order)
     float4* w2sm = reinterpret_cast<float4*>(sm + SL.w2);  // W2 master columns U_p [KS][32]
-    float4* m0sm = reinterpret_cast<float4*>(sm + SL.m0);
-    float4* m2sm = reinterpret_cast<float4*>(sm + SL.m2);
+    // the momentum of W0 and W2 in the same fragment order: shared memory, or (MOMG) the CTA's global region, which
+    // also holds W1's (otherwise in registers beside its master)
+    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * (NKS0 + 2 * KS) * 32
+                        : reinterpret_cast<float4*>(sm + SL.m0);
+    float4* m2sm = MOMG ? m0sm + NKS0 * 32 : reinterpret_cast<float4*>(sm + SL.m2);
+    float4* m1g = m2sm + KS * 32;  // MOMG only
     const u32 bar0 = smem_u32(sm + SL.bar);
     const u32 xfull0 = bar0, xfull1 = bar0 + 8u, full = bar0 + 16u;
     half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
@@ -432,12 +445,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         for (int q = 0; q < 4; ++q) {  // W1[n][u0 + g]
             const long long e = OW1 + (long long)kofs(kk, q) * H + u0 + g;
             w1m[i][q] = params[e];
-            m1m[i][q] = MOM ? s1g[e] : 0.f;
+            m1m[i][q] = MOM ? s1g[e] : 0.f;  // MOMG: stored to m1g below
             const long long e2 = OW2 + (long long)kofs(kk, q) * H + u0 + g;
             v[q] = params[e2];
             mv[q] = MOM ? s1g[e2] : 0.f;
         }
         st_frag(w2sm, m2sm, kk * 32 + lane, v, mv);
+        if constexpr (MOMG) m1g[kk * 32 + lane] = make_float4(m1m[i][0], m1m[i][1], m1m[i][2], m1m[i][3]);
         store_w16(W16F1, cta, kk, w1m[i], lane);  // step 0's forward copies
         store_w16(W16F2, cta, kk, v, lane);
     }
@@ -527,12 +541,21 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
         const float gsh = SHIFT ? shift * gb0[g] : 0.f;  // shift * the bias gradient of unit g
         float rs = 0.f;
+        float4 mnext = make_float4(0.f, 0.f, 0.f, 0.f);  // MOMG: the next fragment's momentum, loaded a pass ahead
+        if (MOMG && do_b0) mnext = m0sm[warp * 32 + lane];
 #pragma unroll 2
         for (int i = 0; i < K0W; ++i) {
             const int kk = warp + 8 * i;
             if (kk < NKS0) {
                 float w[4], mo[4];
-                ld_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                if constexpr (MOMG) {
+                    const float4 v = w0sm[kk * 32 + lane];
+                    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+                    mo[0] = mnext.x; mo[1] = mnext.y; mo[2] = mnext.z; mo[3] = mnext.w;
+                    if (do_b0 && kk + 8 < NKS0) mnext = m0sm[(kk + 8) * 32 + lane];
+                } else {
+                    ld_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                }
                 if (do_b0) {
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
@@ -799,7 +822,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             const uint2* w3b = reinterpret_cast<const uint2*>(W3B) + (long long)par * (H / 8) * 32 + lane;
             float accD[2][4];
             zero_acc(accD);
-#pragma unroll
+#pragma unroll 2
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
                 u32 adz[2][4];
@@ -833,8 +856,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         {  // B2's weight gradient and bias, off the critical path (waiting for R5 anyway)
             u32 ah1[2][4];
             load_hpT(ah1, smem_u32(Hp1), lane);
-#pragma unroll
-            for (int i = 0; i < KPW; ++i) {
+#pragma unroll 1
+            for (int i = 0; i < KPW; ++i) {  // rolled: off the critical path, code size (grid.md rule 5)
                 const int kl = warp * KPW + i;
                 float w[4], mo[4];
                 ld_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
@@ -870,7 +893,14 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
-                wgrad_ks(act0, kl, ah0, w1m[i], m1m[i], prm, oc, lane);
+                if constexpr (MOMG) {
+                    const float4 u = m1g[kl * 32 + lane];
+                    float mo[4] = {u.x, u.y, u.z, u.w};
+                    wgrad_ks(act0, kl, ah0, w1m[i], mo, prm, oc, lane);
+                    m1g[kl * 32 + lane] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+                } else {
+                    wgrad_ks(act0, kl, ah0, w1m[i], m1m[i], prm, oc, lane);
+                }
                 store_w16(W16F1, cta, kl, w1m[i], lane);
             }
             bias_step(actp, u0, b1s, mb1, oc);
@@ -905,9 +935,11 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         const int kk = warp * KPW + i;
         float vv[4], mm[4];
         ld_frag(w2sm, m2sm, kk * 32 + lane, vv, mm);
+        const float4 u = MOMG ? m1g[kk * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float m1v[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            put(OW1 + (long long)kofs(kk, q) * H + u0 + g, w1m[i][q], m1m[i][q]);
+            put(OW1 + (long long)kofs(kk, q) * H + u0 + g, w1m[i][q], MOMG ? m1v[q] : m1m[i][q]);
             put(OW2 + (long long)kofs(kk, q) * H + u0 + g, vv[q], mm[q]);
         }
     }

@@ -1,6 +1,6 @@
-// sm90.cuh: inline-PTX helpers of the sm_90 persistent kernels (fused_logreg.cu, grid_fast.cu): shared-memory
-// addresses, mbarriers with transaction counts, bulk copies, the async-proxy fence, the m16n8k16 fp16 tensor-core
-// product and fp16 packing. Inline PTX because NVRTC compiles the kernels without the toolkit's headers.
+// sm90.cuh: inline-PTX helpers of the sm_90 persistent kernels (grid_fast.cu; fused_logreg.cu still has its own
+// copies of the same definitions): shared-memory addresses, mbarriers with transaction counts, the async-proxy fence,
+// the m16n8k16 fp16 tensor-core product and fp16 packing. Inline PTX: NVRTC compiles without the toolkit's headers.
 #pragma once
 #include "common.cuh"
 

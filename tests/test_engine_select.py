@@ -395,7 +395,7 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
     assert prefer_grid(bench, None)
     assert prefer_grid(cfg([784, 1024, 1024, 1024, 10]), None)
     assert prefer_grid(cfg([784, 512, 512, 512, 10], batch=8, optimizer=SGD(lr=0.1, momentum=0.9)), None)
-    assert not prefer_grid(cfg([784, 1024, 1024, 1024, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)  # smem
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)  # L2 momentum
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], optimizer=AdamW(lr=1e-3)), None)
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], batch=64), None)
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], precision="fp32"), None)

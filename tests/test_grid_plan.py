@@ -194,8 +194,9 @@ CHOICES = [
     ([784, 128, 128, 128, 10], MOMENTUM, "mixed", np.uint8, 1, {}, "grid_fast.cu"),
     ([784, 512, 512, 512, 16], MOMENTUM, "mixed", np.uint8, 20, {"normalize": (0.5, 0.25)}, "grid_fast.cu"),
     ([784, 1024, 1024, 1024, 2], SGD(lr=0.1, weight_decay=1e-4), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
+    ([784, 640, 640, 640, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum on chip
     ([64, 256, 256, 256, 10], SGD(lr=0.1, momentum=0.9, nesterov=True), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
-    ([784, 1024, 1024, 1024, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),  # masters + momentum: > 227 KB
+    ([784, 1024, 1024, 1024, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum in L2
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp32", np.uint8, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp16", np.uint8, 32, {}, "grid.cu"),
@@ -224,9 +225,13 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_fast_kernel", h // 8, (8, 8, 8), 4)
         assert plan.phases == gp.FAST_PHASES and plan.why.startswith("grid_fast.cu: ")
         n_state = len(optimizer.state_names)
-        assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state) == int(_option(plan, "GRID_SMEM"))
-        assert plan.scratch_bytes == gp.fast_scratch_bytes(h) == int(_option(plan, "GRID_SCRATCH"))
+        assert plan.smem_bytes == int(_option(plan, "GRID_SMEM"))
+        assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH"))
         assert _option(plan, "GRID_SHIFT") == ("1" if "normalize" in kw else "0")
+        momg = n_state == 1 and gp.fast_smem_bytes(sizes[0], h, n_state) > gp.HOPPER_SMEM
+        assert _option(plan, "GRID_MOMG") == str(int(momg)) and ("momentum in L2" in plan.why) == momg
+        assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg)
+        assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], momg)
     else:
         assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
         assert plan.why.startswith("grid.cu (v1), not grid_fast.cu: ")
@@ -244,6 +249,7 @@ FAST_KERNELS = [
     ([784, 256, 256, 256, 10], MOMENTUM, 32, {}),
     ([784, 512, 512, 512, 16], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), 7, {}),
     ([784, 1024, 1024, 1024, 10], SGD(lr=0.1), 32, {"tuning": Tuning(grid_profile=True)}),
+    ([784, 768, 768, 768, 10], MOMENTUM, 32, {}),  # momentum in L2
     ([512, 256, 256, 256, 2], SGD(lr=0.1), 32, {"normalize": (0.5, 0.25)}),
 ]  # fmt: skip
 
