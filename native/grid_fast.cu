@@ -226,11 +226,7 @@ __device__ __noinline__ void fast_stuck(int what, u32 v, u32 target, int s) {
     __trap();
 }
 __device__ __forceinline__ void watchdog(u32& polls, u64& t0, int what, u32 v, u32 target, int s) {
-    if ((++polls & 0xfffu) == 0u) {
-        const u64 now = global_ns();
-        if (polls == 0x1000u) t0 = now;
-        else if (now - t0 > 4000000000ull) fast_stuck(what, v, target, s);
-    }
+    if (wait_expired(polls, t0)) fast_stuck(what, v, target, s);
 }
 __device__ __forceinline__ void mbar_wait(u32 a, u32 parity, int s) {
     u32 polls = 0;

@@ -28,6 +28,15 @@ __device__ __forceinline__ u64 global_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// A wait's watchdog, called once per poll (t0 starts at 0): true once about WATCHDOG_NS of %globaltimer have passed
+// since the 4096th poll (the clock is read every 4096 polls), so a lost arrival traps in seconds, not minutes.
+#define WATCHDOG_NS 4000000000ull
+__device__ __forceinline__ bool wait_expired(u32& polls, u64& t0) {
+    if ((++polls & 0xfffu) != 0u) return false;
+    const u64 now = global_ns();
+    if (polls == 0x1000u) t0 = now;
+    return polls != 0x1000u && now - t0 > WATCHDOG_NS;
+}
 // Generic-proxy accesses of shared memory ordered before later async-proxy ones (a bulk copy into the same bytes).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // d(16x8) += a(16x16) b(16x8), fp16 operands, fp32 accumulation. Fragments (g = lane / 4, t = lane % 4): a = {(g,

@@ -274,3 +274,25 @@ def test_an_undercounted_fast_plan_fails_to_compile(name, message, monkeypatch, 
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
     with pytest.raises(Exception, match=message):
         nvrtc.compile_native("grid_fast.cu", "sm_90", options)
+
+
+@pytest.mark.bindings
+def test_a_scratch_that_does_not_fit_beside_the_training_set_is_a_data_error_naming_both():
+    from fastnn import DataError
+    from fastnn.engine.grid.engine import SYNC_BYTES, check_scratch_fits
+
+    check_scratch_fits(1000, 1000 + SYNC_BYTES, 5_000_000)
+    with pytest.raises(DataError, match=r"global scratch \(1,001 bytes\) does not fit in the GPU's free memory "
+                                        r"\(1,256 bytes\) beside the training set \(5,000,000 bytes\)"):  # fmt: skip
+        check_scratch_fits(1001, 1000 + SYNC_BYTES, 5_000_000)
+
+
+@pytest.mark.bindings
+def test_each_kernel_names_the_phases_its_profile_times():
+    from fastnn.engine.grid.engine import PHASES, GridTrainContext
+
+    for sizes, kernel in (([784, 256, 256, 256, 10], "grid_fast.cu"), ([784, 256, 10], "grid.cu")):
+        ctx = GridTrainContext.__new__(GridTrainContext)
+        ctx.plan = _plan(sizes, SGD(lr=0.1))
+        assert ctx.plan.source == kernel and ctx.phase_names() == PHASES[kernel] == ctx.plan.phases
+    assert len(PHASES["grid.cu"]) == 10 and len(PHASES["grid_fast.cu"]) == 12  # the kernels' NPHASE

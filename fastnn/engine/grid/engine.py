@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..._errors import ConfigError
+from ..._errors import ConfigError, DataError
 from ...cuda import driver
 from ...cuda.driver import arg_ptr
 from ..base import EngineConfig
@@ -24,13 +24,30 @@ from ..graph.contexts import TrainContext
 from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from ..tuning import GRID_RULE, GridRule
-from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, fast_plan, grid_plan
+from .plan import FAST_PHASES, HOPPER_SMEM, HOPPER_SMS, MIN_CC, V1_PHASES, GridPlan, fast_plan, grid_plan
 
-__all__ = ["GridEngine", "GridTrainContext", "prefer_grid"]
+__all__ = ["PHASES", "GridEngine", "GridTrainContext", "check_scratch_fits", "prefer_grid"]
 
 #: Bytes of the sync buffer: the round counter (word 0, zeroed before every launch) and, from byte 128, the phase
 #: profile of -DGRID_PROFILE (the kernel's cycle sums of GridPlan.phases, then the step and round counts).
 SYNC_BYTES = 256
+#: The phases each kernel's -DGRID_PROFILE times, in the order of GridTrainContext.phase_cycles() (GridPlan.phases).
+PHASES = {"grid.cu": V1_PHASES, "grid_fast.cu": FAST_PHASES}
+
+
+def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> None:
+    """The grid kernel's global scratch must fit in the GPU memory left after the training set (which the placement
+    choice sized without it).
+
+    Raises:
+        DataError: it does not; the message names both sizes and the way out.
+    """
+    if scratch_bytes + SYNC_BYTES > free_bytes:
+        raise DataError(
+            f"the grid kernel's global scratch ({scratch_bytes:,} bytes) does not fit in the GPU's free memory "
+            f"({free_bytes:,} bytes) beside the training set ({data_bytes:,} bytes): use a smaller batch, or "
+            f"engine='graph'"
+        )
 
 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
@@ -104,6 +121,7 @@ class GridTrainContext(TrainContext):
     def build(self, buf: Callable) -> None:
         self.require_resident("grid")
         self.kernel, self.plan = self.eng.grid_kernel(self.dtype)
+        check_scratch_fits(self.plan.scratch_bytes, self.eng.dev.mem_info()[0], self.x.nbytes)
         self.scratch = buf(self.plan.scratch_bytes)
         self.sync = buf(SYNC_BYTES)
 
@@ -118,8 +136,12 @@ class GridTrainContext(TrainContext):
         self.kernel.launch((p.ctas, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cooperative=True)
         record_epoch_end(eng)
 
+    def phase_names(self) -> tuple[str, ...]:
+        """The names of phase_cycles()'s phase words: those of the kernel this context runs (PHASES)."""
+        return PHASES[self.plan.source]
+
     def phase_cycles(self) -> np.ndarray:
         """The last epoch's phase profile (Tuning.grid_profile): CTA 0's clock64 cycle sums per phase (the names in
         plan.phases), then the step and round counts (zeros when the kernel was compiled without it)."""
-        out = np.zeros(len(self.plan.phases) + 2, dtype=np.int64)
+        out = np.zeros(len(self.phase_names()) + 2, dtype=np.int64)
         return self.sync.download(out, offset=128)
