@@ -8,8 +8,8 @@
 // step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed
 // order (shuffle.cuh), x*scale + shift; Linear + ReLU three times, Linear; softmax cross-entropy averaged over the m
 // rows; the backward pass; the optimizer step of every parameter (optim.cuh's optim_update: plain SGD, SGD with
-// momentum/Nesterov/weight decay) at the rate st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count
-// are added to st->hist[2 * epoch_in_fit + {0, 1}]. Numerics ("mixed"): fp16 operands on the tensor cores
+// momentum/Nesterov/weight decay, AdamW) at the rate st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and
+// correct count are added to st->hist[2 * epoch_in_fit + {0, 1}]. Numerics ("mixed"): fp16 operands on the tensor cores
 // (mma.sync m16n8k16, fp32 accumulation), fp32 masters; activations H and the gradients dZ stored as fp16; dlogits
 // fp32 (fp16 as an operand); uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and
 // scale * 2^24 multiplies the fp32 accumulators (so x*scale is not rounded to fp16 first, unlike fused.cu: a
@@ -36,15 +36,16 @@
 // R5 (dZ1): 4. The counter is sync word 0, zeroed by the engine's memset node before the launch; round r of the
 // launch completes when the counter reaches P * (r + 1).
 //
-// Memory plan. Registers: the W1 master column block (KPW = h/128 k-steps of 16 per warp, 4 floats a lane each) and,
-// with momentum, its buffer beside it. Shared memory (plan.py's fast_smem_bytes mirrors make_smem()): the batch
+// Memory plan. Registers: the W1 master column block (KPW = h/128 k-steps of 16 per warp, 4 floats a lane each) and
+// its optimizer state beside it (SGD's momentum, or AdamW's two moments: NS arrays). Shared memory (plan.py's fast_smem_bytes mirrors make_smem()): the batch
 // [2 stages][32][d] uint8; one activation tile [h/8][32][8] fp16 (the exchange's landing place); the CTA's fp16 rows
 // of W1/W2 [h/16][32][4]; the cross-warp reduction buffer; the CTA's own H0, H1, H2, dZ0 tiles [32][8] fp16; biases,
-// the W3 slice [16][8], logits and dlogits [32][16] (and their momentum); labels; the W0 master [d/16][32][4] and W2
-// master [h/16][32][4] fp32 in fragment order (and their momentum); the mbarriers. Where the momentum does not fit on
-// chip (GRID_MOMG: h >= 768 with 784 inputs), the W0, W1 and W2 momentum live in the CTA's private region of the
-// global scratch (L2: [d/16 + 2h/16][32] float4, read and written only by their lane, 16-byte accesses; W0's a pass
-// ahead), 2 x (d/16 + h/8) x 512 bytes of L2 traffic a CTA a step.
+// the W3 slice [16][8], logits and dlogits [32][16] (and their state); labels; the W0 master [d/16][32][4] and W2
+// master [h/16][32][4] fp32 in fragment order (and their state); the mbarriers. Where the state does not fit on chip
+// (GRID_MOMG: momentum at h >= 768, AdamW at h >= 512 with 784 inputs), the W0, W1 and W2 state lives in the CTA's
+// private region of the global scratch (L2: NS x [d/16 + 2h/16][32] float4, read and written only by their lane,
+// 16-byte accesses; W0's a pass ahead), 2 x NS x (d/16 + h/8) x 512 bytes of L2 traffic a CTA a step. AdamW's element
+// step is one called function (adamw_elem), not inlined at every update site (code size).
 // Global scratch (plan.py's fast_scratch_bytes mirrors make_scratch()), fp16, visibility per buffer:
 //   HG0, HG1, HG2, DZG1 [h/8][32][8]: written by the unit owners (plain stores) before their arrival at R1, R2, R3, R5
 //     of step s; read after that round by one bulk copy (fence.proxy.async.global after the acquire). Rewritten in
@@ -102,11 +103,13 @@ constexpr int K0W = (NKS0 + 7) / 8;  // of them per warp at most
 constexpr int BR = 32;  // rows a step (a shorter batch is masked)
 constexpr int NT = 256, NW = 8;
 constexpr int OPT = GRID_OPT, NS = GRID_NS;
-constexpr bool MOM = NS >= 1;
-// momentum of W0, W1, W2 in this CTA's private region of the global scratch (L2) instead of shared memory and
-// registers: where the masters leave no room for it on chip (h >= 768 with 784 inputs)
+constexpr bool MOM = NS >= 1;  // optimizer state beside the masters: SGD's momentum, or AdamW's two moments
+// the optimizer state of W0, W1, W2 in this CTA's private region of the global scratch (L2) instead of shared memory
+// and registers: where the masters leave no room for it on chip (momentum: h >= 768 with 784 inputs)
 constexpr bool MOMG = GRID_MOMG != 0;
-static_assert(MOM || !MOMG, "momentum in global memory needs momentum");
+static_assert(MOM || !MOMG, "optimizer state in global memory needs optimizer state");
+constexpr int MSF = 3 * 8 + 16 + 16 * 8;  // one state array of the biases and the W3 slice (floats)
+constexpr int GST = (NKS0 + 2 * KS) * 32;  // MOMG: one state array of a CTA's W0, W2, W1 fragments (float4)
 constexpr bool SHIFT = GRID_SHIFT != 0;
 static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && KS % 8 == 0 && KPW >= 1, "h/8 CTAs, h a multiple of 128");
 static_assert(D % 16 == 0 && D >= 16, "inputs in k-steps of 16 (16-byte row copies)");
@@ -115,7 +118,8 @@ static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
 static_assert(BR * NB == NT, "the epilogues give each thread one (row, unit)");
 static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_XIN == 0 && GRID_ACT == 0 && GRID_LOSS == 0,
               "the fast path: mixed precision, uint8 inputs, ReLU, cross-entropy");
-static_assert(OPT == OPTIM_SGD && NS <= 1, "the fast path's optimizers: SGD with or without momentum");
+static_assert((OPT == OPTIM_SGD && NS <= 1) || (OPT == OPTIM_ADAMW && NS == 2),
+              "the fast path's optimizers: SGD with or without momentum, AdamW");
 
 __host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
 
@@ -132,7 +136,7 @@ __host__ __device__ constexpr Scratch make_scratch() {
     s.hg1 = o; o += up128(2LL * H * BR);
     s.hg2 = o; o += up128(2LL * H * BR);
     s.dzg1 = o; o += up128(2LL * H * BR);
-    s.mom = o; o += MOMG ? (long long)P * (NKS0 + 2 * KS) * 512 : 0;  // per CTA: W0 [NKS0][32], W1, W2 [KS][32] float4
+    s.mom = o; o += MOMG ? (long long)P * NS * GST * 16 : 0;  // per CTA, per state: W0 [NKS0][32], W2, W1 [KS][32] float4
     s.total = o;
     return s;
 }
@@ -155,13 +159,13 @@ __host__ __device__ constexpr Smem make_smem() {
     y.red = o; o += REDF * 4;
     y.hp = o; o += 4 * BR * NB * 2;
     y.sf = o; o += NSF * 4;
-    y.msf = o; o += MOM ? (3 * NB + 16 + 16 * NB) * 4 : 0;
+    y.msf = o; o += NS * MSF * 4;
     y.lab = o; o += 2 * BR * 4;
     y.prof = o; o += 16 * 8;
     y.w0 = o; o += NKS0 * 512;
     y.w2 = o; o += KS * 512;
-    y.m0 = o; o += MOM && !MOMG ? NKS0 * 512 : 0;
-    y.m2 = o; o += MOM && !MOMG ? KS * 512 : 0;
+    y.m0 = o; o += MOMG ? 0 : NS * NKS0 * 512;
+    y.m2 = o; o += MOMG ? 0 : NS * KS * 512;
     y.bar = o; o += 3 * 8;
     y.total = o;
     return y;
@@ -252,10 +256,26 @@ __device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s
 }
 
 // ---- the optimizer step of one element (optim.cuh's arithmetic) ----------------------------------------------------
-__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m) {
-    float v = 0.f;
+// AdamW's element step (a division, a square root and their slow paths) is one called function, not inlined at
+// every update site: the step's code stays near grid.md's 64-KB budget (SGD's few FMAs are inlined).
+__device__ __noinline__ float3 adamw_elem(const OptimParams p, const OptimStep o, float g, float w, float m, float v) {
     optim_update<OPT>(p, o, NS, g, w, m, v);
+    return make_float3(w, m, v);
 }
+__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m, float& v) {
+    if constexpr (OPT == OPTIM_ADAMW) {
+        const float3 r = adamw_elem(p, o, g, w, m, v);
+        w = r.x;
+        m = r.y;
+        v = r.z;
+    } else {
+        optim_update<OPT>(p, o, NS, g, w, m, v);
+    }
+}
+// a lane's fragment of a master (4 elements) and its optimizer state (m: momentum or exp_avg; v: exp_avg_sq)
+struct Fr {
+    float w[4], m[4], v[4];
+};
 
 // ---- building blocks (each a warp's share) --------------------------------------------------------------------------
 __device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * BR + row) * 8 + (unit & 7); }
@@ -271,8 +291,8 @@ __device__ __forceinline__ void load_hpT(u32 (&ah)[2][4], u32 hp, int lane) {
 }
 // weight gradient of k-step kl (16 rows n of W) x the CTA's 8 units, straight into the optimizer step of the master
 // fragments w[q] = W[n = 16kl + 2t + (q & 1) + 8 (q >> 1)][unit g]; B = dZ [row][n] from the activation tile
-__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[2][4], float (&w)[4], float (&m)[4],
-                                         const OptimParams& p, const OptimStep& o, int lane) {
+__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[2][4], Fr& f, const OptimParams& p,
+                                         const OptimStep& o, int lane) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
         u32 b[4];
@@ -280,8 +300,8 @@ __device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[2][4],
         float cc[4] = {0.f, 0.f, 0.f, 0.f};
         mma16816(cc, ah[0][0], ah[0][1], ah[0][2], ah[0][3], b[0], b[1]);
         mma16816(cc, ah[1][0], ah[1][1], ah[1][2], ah[1][3], b[2], b[3]);
-        upd(p, o, cc[0], w[2 * h2], m[2 * h2]);
-        upd(p, o, cc[1], w[2 * h2 + 1], m[2 * h2 + 1]);
+        upd(p, o, cc[0], f.w[2 * h2], f.m[2 * h2], f.v[2 * h2]);
+        upd(p, o, cc[1], f.w[2 * h2 + 1], f.m[2 * h2 + 1], f.v[2 * h2 + 1]);
     }
 }
 // the fp16 copy of the master fragments of k-step kk, transposed (movmatrix) into the forward's B-fragment order of
@@ -320,16 +340,28 @@ __device__ __forceinline__ float sum_red(const float* red, int row, int col) {
     for (int w = 0; w < NW; ++w) z += red[(w * 32 + row) * 8 + col];
     return z;
 }
-// a master fragment and its momentum (zeros without momentum) from shared memory
-__device__ __forceinline__ void ld_frag(const float4* w, const float4* m, int i, float (&wv)[4], float (&mv)[4]) {
-    const float4 v = w[i];
-    wv[0] = v.x; wv[1] = v.y; wv[2] = v.z; wv[3] = v.w;
-    const float4 u = MOM ? m[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    mv[0] = u.x; mv[1] = u.y; mv[2] = u.z; mv[3] = u.w;
+// float4 <-> 4 floats
+__device__ __forceinline__ void f4(const float4 a, float (&d)[4]) {
+    d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w;
 }
-__device__ __forceinline__ void st_frag(float4* w, float4* m, int i, const float (&wv)[4], const float (&mv)[4]) {
-    w[i] = make_float4(wv[0], wv[1], wv[2], wv[3]);
-    if constexpr (MOM) m[i] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+__device__ __forceinline__ float4 f4(const float (&d)[4]) { return make_float4(d[0], d[1], d[2], d[3]); }
+// fragment i of a master's state arrays (m at sm, v at sm + stride; zeros where the optimizer keeps none)
+__device__ __forceinline__ void ld_state(const float4* sm, int stride, int i, Fr& f) {
+    f4(NS >= 1 ? sm[i] : make_float4(0.f, 0.f, 0.f, 0.f), f.m);
+    f4(NS >= 2 ? sm[i + stride] : make_float4(0.f, 0.f, 0.f, 0.f), f.v);
+}
+__device__ __forceinline__ void st_state(float4* sm, int stride, int i, const Fr& f) {
+    if constexpr (NS >= 1) sm[i] = f4(f.m);
+    if constexpr (NS >= 2) sm[i + stride] = f4(f.v);
+}
+// fragment i of a master (w) and its state
+__device__ __forceinline__ void ld_frag(const float4* w, const float4* sm, int stride, int i, Fr& f) {
+    f4(w[i], f.w);
+    ld_state(sm, stride, i, f);
+}
+__device__ __forceinline__ void st_frag(float4* w, float4* sm, int stride, int i, const Fr& f) {
+    w[i] = f4(f.w);
+    st_state(sm, stride, i, f);
 }
 __device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
 #pragma unroll
@@ -353,7 +385,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
 #endif
 
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
-__device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
+__device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w16, const u8* __restrict__ x,
                                 const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
                                 EpochState* st, int steps, int batch, float scale, float shift, OptimParams prm,
                                 u8* scr, u32* sync) {
@@ -380,7 +412,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
     float* dl = lg + BR * 16;   // [32][16]
     float* rsum = dl + BR * 16;  // SHIFT: [warp][8] partial row sums of the fp16 W0 rows; then [8] bias gradients
     float* gb0 = rsum + NW * NB;
-    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // momentum of b0, b1, b2, b3, W3 slice (same layout)
+    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // state of b0, b1, b2, b3, W3 slice (same layout; v at +MSF)
     float* mb1 = mb0 + NB;
     float* mb2 = mb1 + NB;
     float* mb3 = mb2 + NB;
@@ -391,12 +423,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
 #endif
     float4* w0sm = reinterpret_cast<float4*>(sm + SL.w0);  // W0 master rows U_p [NKS0][32] (fragment order)
     float4* w2sm = reinterpret_cast<float4*>(sm + SL.w2);  // W2 master columns U_p [KS][32]
-    // the momentum of W0 and W2 in the same fragment order: shared memory, or (MOMG) the CTA's global region, which
-    // also holds W1's (otherwise in registers beside its master)
-    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * (NKS0 + 2 * KS) * 32
+    // the optimizer state of W0 and W2 in the same fragment order (state array k at + k * S0 / S2): shared memory,
+    // or (MOMG) the CTA's global region, which also holds W1's (otherwise in registers beside its master)
+    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * NS * GST
                         : reinterpret_cast<float4*>(sm + SL.m0);
     float4* m2sm = MOMG ? m0sm + NKS0 * 32 : reinterpret_cast<float4*>(sm + SL.m2);
     float4* m1g = m2sm + KS * 32;  // MOMG only
+    constexpr int S0 = MOMG ? GST : NKS0 * 32, S2 = MOMG ? GST : KS * 32, S1 = GST;
     const u32 bar0 = smem_u32(sm + SL.bar);
     const u32 xfull0 = bar0, xfull1 = bar0 + 8u, full = bar0 + 16u;
     half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
@@ -422,49 +455,47 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
     }
     // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
     auto kofs = [&](int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); };
-    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
-        float v[4], mv[4];
+    // a fragment of the flat training state at k-step kk: element q at base + kofs(kk, q) * stride (W0: the row
+    // u0 + g, stride 1; W1, W2: the column u0 + g, stride H)
+    auto get = [&](Fr& f, long long base, int stride, int kk) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const long long e = OW0 + (long long)(u0 + g) * D + kofs(kk, q);
-            v[q] = params[e];
-            mv[q] = MOM ? s1g[e] : 0.f;
+            const long long e = base + (long long)kofs(kk, q) * stride;
+            f.w[q] = params[e];
+            f.m[q] = NS >= 1 ? s1g[e] : 0.f;
+            f.v[q] = NS >= 2 ? s2g[e] : 0.f;
         }
-        st_frag(w0sm, m0sm, kk * 32 + lane, v, mv);
+    };
+    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
+        Fr f;
+        get(f, e_w0, 1, kk);
+        st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
     }
-    float w1m[KPW][4], m1m[KPW][4];  // the W1 master column block (and momentum) in registers
+    Fr w1f[KPW];  // the W1 master column block (and its state, unless MOMG) in registers
 #pragma unroll
     for (int i = 0; i < KPW; ++i) {
         const int kk = warp * KPW + i;
-        float v[4], mv[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // W1[n][u0 + g]
-            const long long e = OW1 + (long long)kofs(kk, q) * H + u0 + g;
-            w1m[i][q] = params[e];
-            m1m[i][q] = MOM ? s1g[e] : 0.f;  // MOMG: stored to m1g below
-            const long long e2 = OW2 + (long long)kofs(kk, q) * H + u0 + g;
-            v[q] = params[e2];
-            mv[q] = MOM ? s1g[e2] : 0.f;
-        }
-        st_frag(w2sm, m2sm, kk * 32 + lane, v, mv);
-        if constexpr (MOMG) m1g[kk * 32 + lane] = make_float4(m1m[i][0], m1m[i][1], m1m[i][2], m1m[i][3]);
-        store_w16(W16F1, cta, kk, w1m[i], lane);  // step 0's forward copies
-        store_w16(W16F2, cta, kk, v, lane);
+        get(w1f[i], e_w1, H, kk);
+        if constexpr (MOMG) st_state(m1g, S1, kk * 32 + lane, w1f[i]);
+        Fr f2;
+        get(f2, e_w2, H, kk);
+        st_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
+        store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
+        store_w16(W16F2, cta, kk, f2.w, lane);
     }
+    // one element of a bias or of the W3 slice (shared memory: w, its state at ms[0], ms[MSF]) from flat element e
+    auto get1 = [&](float& w, float* ms, long long e) {
+        w = params[e];
+        if constexpr (NS >= 1) ms[0] = s1g[e];
+        if constexpr (NS >= 2) ms[MSF] = s2g[e];
+    };
     if (tid < NB) {
-        b0s[tid] = params[OB0 + u0 + tid];
-        b1s[tid] = params[OB1 + u0 + tid];
-        b2s[tid] = params[OB2 + u0 + tid];
-        if constexpr (MOM) {
-            mb0[tid] = s1g[OB0 + u0 + tid];
-            mb1[tid] = s1g[OB1 + u0 + tid];
-            mb2[tid] = s1g[OB2 + u0 + tid];
-        }
+        get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
+        get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
+        get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
     }
-    if (tid < C) {
-        b3s[tid] = params[OB3 + tid];
-        if constexpr (MOM) mb3[tid] = s1g[OB3 + tid];
-    }
+    if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
     // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
     auto put_w3 = [&](int par, int c, int u, float wv) {
         const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
@@ -476,9 +507,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
     };
     if (tid < 16 * NB) {
         const int c = tid / NB, u = tid % NB;
-        const float wv = c < C ? params[OW3 + (long long)c * H + u0 + u] : 0.f;
-        w3s[tid] = wv;
-        if constexpr (MOM) mw3[tid] = c < C ? s1g[OW3 + (long long)c * H + u0 + u] : 0.f;
+        if (c < C) get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
+        const float wv = w3s[tid];
         put_w3(0, c, u, wv);
         put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
     }
@@ -528,6 +558,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
     const float* lr_table = st->lr;
     double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
     OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate and constants
+    // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF]
+    auto upd1 = [&](const OptimStep& o, float g, float& w, float* ms) {
+        float m = NS >= 1 ? ms[0] : 0.f, v = NS >= 2 ? ms[MSF] : 0.f;
+        upd(prm, o, g, w, m, v);
+        if constexpr (NS >= 1) ms[0] = m;
+        if constexpr (NS >= 2) ms[MSF] = v;
+    };
 
     // B0 of step s-1 (weight gradient of W0, optimizer step in the master fragments) fused with F0 of step s
     auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][4], const OptimStep& ob) {
@@ -537,21 +574,25 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
         const float gsh = SHIFT ? shift * gb0[g] : 0.f;  // shift * the bias gradient of unit g
         float rs = 0.f;
-        float4 mnext = make_float4(0.f, 0.f, 0.f, 0.f);  // MOMG: the next fragment's momentum, loaded a pass ahead
-        if (MOMG && do_b0) mnext = m0sm[warp * 32 + lane];
+        Fr nx;  // MOMG: the next fragment's state, loaded a pass ahead
+        if (MOMG && do_b0) ld_state(m0sm, S0, warp * 32 + lane, nx);
 #pragma unroll 2
         for (int i = 0; i < K0W; ++i) {
             const int kk = warp + 8 * i;
             if (kk < NKS0) {
-                float w[4], mo[4];
+                Fr f;
                 if constexpr (MOMG) {
-                    const float4 v = w0sm[kk * 32 + lane];
-                    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-                    mo[0] = mnext.x; mo[1] = mnext.y; mo[2] = mnext.z; mo[3] = mnext.w;
-                    if (do_b0 && kk + 8 < NKS0) mnext = m0sm[(kk + 8) * 32 + lane];
+                    f4(w0sm[kk * 32 + lane], f.w);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        f.m[q] = nx.m[q];
+                        f.v[q] = nx.v[q];
+                    }
+                    if (do_b0 && kk + 8 < NKS0) ld_state(m0sm, S0, (kk + 8) * 32 + lane, nx);
                 } else {
-                    ld_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                    ld_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
                 }
+                float(&w)[4] = f.w;
                 if (do_b0) {
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
@@ -566,10 +607,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
                         float cc[4] = {0.f, 0.f, 0.f, 0.f};
                         mma16816(cc, ahz[0][0], ahz[0][1], ahz[0][2], ahz[0][3], bx[0][0], bx[0][1]);
                         mma16816(cc, ahz[1][0], ahz[1][1], ahz[1][2], ahz[1][3], bx[1][0], bx[1][1]);
-                        upd(prm, ob, SHIFT ? __fmaf_rn(cc[0], zs, gsh) : cc[0] * zs, w[2 * h2], mo[2 * h2]);
-                        upd(prm, ob, SHIFT ? __fmaf_rn(cc[1], zs, gsh) : cc[1] * zs, w[2 * h2 + 1], mo[2 * h2 + 1]);
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int q = 2 * h2 + e;
+                            upd(prm, ob, SHIFT ? __fmaf_rn(cc[e], zs, gsh) : cc[e] * zs, f.w[q], f.m[q], f.v[q]);
+                        }
                     }
-                    st_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                    st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
                 }
                 if (do_f0) {
                     const u32 bw0 = pack_h2(w[0], w[1]), bw1 = pack_h2(w[2], w[3]);
@@ -602,9 +646,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             float sd = 0.f;
             for (int b = 0; b < BR; ++b) sd += to_f(dZ0p[cg_idx(b, tid)]);
             if constexpr (SHIFT) gb0[tid] = sd;
-            float mz = MOM ? mb0[tid] : 0.f;
-            upd(prm, ob, sd, b0s[tid], mz);
-            if constexpr (MOM) mb0[tid] = mz;
+            upd1(ob, sd, b0s[tid], mb0 + tid);
         }
     };
     // the bias step of this CTA's units of a hidden layer from its dZ in an activation-layout tile
@@ -612,9 +654,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         if (tid < NB) {
             float sd = 0.f;
             for (int b = 0; b < BR; ++b) sd += to_f(dz[cg_idx(b, col0 + tid)]);
-            float mz = MOM ? ms[tid] : 0.f;
-            upd(prm, o, sd, bs[tid], mz);
-            if constexpr (MOM) ms[tid] = mz;
+            upd1(o, sd, bs[tid], ms + tid);
         }
     };
     // forward epilogue: cross-warp sum, bias (+ shift * row sum for layer 0), ReLU, fp16 to the own tile and exchange
@@ -798,9 +838,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
             if (tid < C) {
                 float sd = 0.f;
                 for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
-                float mz = MOM ? mb3[tid] : 0.f;
-                upd(prm, oc, sd, b3s[tid], mz);
-                if constexpr (MOM) mb3[tid] = mz;
+                upd1(oc, sd, b3s[tid], mb3 + tid);
             }
             if (tid < 16 * NB) {
                 const int c = tid / NB, u = tid % NB;
@@ -808,9 +846,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
                 if (c < C) {
                     float sw = 0.f;
                     for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
-                    float mz = MOM ? mw3[tid] : 0.f;
-                    upd(prm, oc, sw, wv, mz);
-                    if constexpr (MOM) mw3[tid] = mz;
+                    upd1(oc, sw, wv, mw3 + tid);
                     w3s[tid] = wv;
                 }
                 put_w3(par ^ 1, c, u, wv);
@@ -855,11 +891,11 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
 #pragma unroll 1
             for (int i = 0; i < KPW; ++i) {  // rolled: off the critical path, code size (grid.md rule 5)
                 const int kl = warp * KPW + i;
-                float w[4], mo[4];
-                ld_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
-                wgrad_ks(act0, kl, ah1, w, mo, prm, oc, lane);
-                store_w16(W16F2, cta, kl, w, lane);
-                st_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
+                Fr f;
+                ld_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
+                wgrad_ks(act0, kl, ah1, f, prm, oc, lane);
+                store_w16(W16F2, cta, kl, f.w, lane);
+                st_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
             }
             bias_step(actp, u0, b2s, mb2, oc);
             __syncthreads();  // the tile is free for dZ1
@@ -883,21 +919,16 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
                 u32 az[2][4];
                 load_act_a(act0, kl, 0, lane, az[0]);
                 load_act_a(act0, kl, 1, lane, az[1]);
-                dgrad_ks(az, w1m[i], accD);
+                dgrad_ks(az, w1f[i].w, accD);
             }
             bwd_out(accD, Hp0, dZ0p, 0);
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
-                if constexpr (MOMG) {
-                    const float4 u = m1g[kl * 32 + lane];
-                    float mo[4] = {u.x, u.y, u.z, u.w};
-                    wgrad_ks(act0, kl, ah0, w1m[i], mo, prm, oc, lane);
-                    m1g[kl * 32 + lane] = make_float4(mo[0], mo[1], mo[2], mo[3]);
-                } else {
-                    wgrad_ks(act0, kl, ah0, w1m[i], m1m[i], prm, oc, lane);
-                }
-                store_w16(W16F1, cta, kl, w1m[i], lane);
+                if constexpr (MOMG) ld_state(m1g, S1, kl * 32 + lane, w1f[i]);
+                wgrad_ks(act0, kl, ah0, w1f[i], prm, oc, lane);
+                if constexpr (MOMG) st_state(m1g, S1, kl * 32 + lane, w1f[i]);
+                store_w16(W16F1, cta, kl, w1f[i].w, lane);
             }
             bias_step(actp, u0, b1s, mb1, oc);
             __syncthreads();
@@ -915,37 +946,44 @@ __device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8
         b0f0(steps, true, false, acc, o_prev);
     }
     __syncthreads();
-    auto put = [&](long long e, float v, float mv) {
-        params[e] = v;
-        if (w16 != nullptr) w16[e] = from_f<half_t>(v);
-        if constexpr (MOM) s1g[e] = mv;
+    // an element back to the flat training state (and the fp16 copy): master w, state at ms[0], ms[MSF]
+    auto put1 = [&](long long e, float w, const float* ms) {
+        params[e] = w;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+        if constexpr (NS >= 1) s1g[e] = ms[0];
+        if constexpr (NS >= 2) s2g[e] = ms[MSF];
+    };
+    auto put = [&](const Fr& f, long long base, int stride, int kk) {  // a fragment, as get() reads it
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const long long e = base + (long long)kofs(kk, q) * stride;
+            params[e] = f.w[q];
+            if (w16 != nullptr) w16[e] = from_f<half_t>(f.w[q]);
+            if constexpr (NS >= 1) s1g[e] = f.m[q];
+            if constexpr (NS >= 2) s2g[e] = f.v[q];
+        }
     };
     for (int kk = warp; kk < NKS0; kk += NW) {
-        float vv[4], mm[4];
-        ld_frag(w0sm, m0sm, kk * 32 + lane, vv, mm);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) put(OW0 + (long long)(u0 + g) * D + kofs(kk, q), vv[q], mm[q]);
+        Fr f;
+        ld_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
+        put(f, e_w0, 1, kk);
     }
 #pragma unroll
     for (int i = 0; i < KPW; ++i) {
         const int kk = warp * KPW + i;
-        float vv[4], mm[4];
-        ld_frag(w2sm, m2sm, kk * 32 + lane, vv, mm);
-        const float4 u = MOMG ? m1g[kk * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float m1v[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            put(OW1 + (long long)kofs(kk, q) * H + u0 + g, w1m[i][q], MOMG ? m1v[q] : m1m[i][q]);
-            put(OW2 + (long long)kofs(kk, q) * H + u0 + g, vv[q], mm[q]);
-        }
+        Fr f2;
+        ld_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
+        put(f2, e_w2, H, kk);
+        if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
+        put(w1f[i], e_w1, H, kk);
     }
     if (tid < NB) {
-        put(OB0 + u0 + tid, b0s[tid], MOM ? mb0[tid] : 0.f);
-        put(OB1 + u0 + tid, b1s[tid], MOM ? mb1[tid] : 0.f);
-        put(OB2 + u0 + tid, b2s[tid], MOM ? mb2[tid] : 0.f);
+        put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
+        put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
+        put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
     }
-    if (tid < C * NB) put(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], MOM ? mw3[tid] : 0.f);
-    if (cta == 0 && tid < C) put(OB3 + tid, b3s[tid], MOM ? mb3[tid] : 0.f);
+    if (tid < C * NB) put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
+    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) {  // the epoch's loss sum and correct count (CTA 0 computed every row's)
         double l = loss_acc, c = ok_acc;
         for (int o = 16; o > 0; o >>= 1) {
@@ -972,9 +1010,8 @@ grid_fast_kernel(float* params, float* s1, float* s2, half_t* w16, const u8* x, 
                  u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
                  OptimParams opt, u8* scratch, u32* sync) {
 #if __CUDA_ARCH__ >= 900
-    (void)s2;
-    grid_fast_epoch(params, s1, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt, scratch,
-                    sync);
+    grid_fast_epoch(params, s1, s2, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt,
+                    scratch, sync);
 #else
     __trap();  // grid/plan.py refuses GPUs older than sm_90
 #endif

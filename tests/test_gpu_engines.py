@@ -325,7 +325,8 @@ def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
 # ---- native/grid_fast.cu: the models grid/plan.py's fast_plan sends to the grid engine's fast kernel ----------------
 # (sizes, optimizer, batch, n, extra Trainer kwargs): uint8 inputs, "mixed", three equal hidden layers; a short last
 # batch in every case (n not a multiple of the batch), batches under 32 rows (masked), plain SGD, momentum (on chip,
-# and in L2 at h = 768), Nesterov with weight decay, a nonzero normalize shift, 2 and 16 classes, 64 input features.
+# and in L2 at h = 768), AdamW (moments on chip at 256, in L2 at 512), Nesterov with weight decay, a nonzero
+# normalize shift, 2 and 16 classes, 64 input features.
 # Momentum 0.9 trains at lr 0.01: at 0.05 fp16 rounding, amplified, moves the graph engine as far from the NumPy
 # engine (0.059-0.073 worst tensor, measured) as this kernel (0.053-0.065), past the "mixed" tolerance.
 GRID_FAST_CASES = [
@@ -335,6 +336,8 @@ GRID_FAST_CASES = [
     ([784, 128, 128, 128, 16], SGD(lr=0.05, momentum=0.5), 20, 301, {"normalize": (0.5, 0.25)}),
     ([64, 128, 128, 128, 2], SGD(lr=0.05), 1, 45, {}),
     ([784, 768, 768, 768, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),  # the momentum in L2 (GRID_MOMG)
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-3, weight_decay=0.01), 32, 32 * 20 + 13, {}),  # moments on chip
+    ([784, 512, 512, 512, 10], AdamW(lr=1e-3), 16, 16 * 12 + 5, {}),  # AdamW's moments in L2 (GRID_MOMG)
 ]  # fmt: skip
 
 

@@ -200,7 +200,8 @@ CHOICES = [
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp32", np.uint8, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp16", np.uint8, 32, {}, "grid.cu"),
-    ([784, 256, 256, 256, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # state on chip
+    ([784, 512, 512, 512, 10], AdamW(lr=1e-3, weight_decay=0.01), "mixed", np.uint8, 8, {}, "grid_fast.cu"),  # L2
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 33, {}, "grid.cu"),
     ([784, 256, 256, 256, 17], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
     ([784, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
@@ -228,10 +229,11 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert plan.smem_bytes == int(_option(plan, "GRID_SMEM"))
         assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH"))
         assert _option(plan, "GRID_SHIFT") == ("1" if "normalize" in kw else "0")
-        momg = n_state == 1 and gp.fast_smem_bytes(sizes[0], h, n_state) > gp.HOPPER_SMEM
-        assert _option(plan, "GRID_MOMG") == str(int(momg)) and ("momentum in L2" in plan.why) == momg
+        on_chip = gp.fast_smem_bytes(sizes[0], h, n_state) <= gp.HOPPER_SMEM and n_state * h // 128 <= 8
+        momg = n_state >= 1 and not on_chip
+        assert _option(plan, "GRID_MOMG") == str(int(momg)) and ("optimizer state in L2" in plan.why) == momg
         assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg)
-        assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], momg)
+        assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
     else:
         assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
         assert plan.why.startswith("grid.cu (v1), not grid_fast.cu: ")
@@ -250,6 +252,8 @@ FAST_KERNELS = [
     ([784, 512, 512, 512, 16], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), 7, {}),
     ([784, 1024, 1024, 1024, 10], SGD(lr=0.1), 32, {"tuning": Tuning(grid_profile=True)}),
     ([784, 768, 768, 768, 10], MOMENTUM, 32, {}),  # momentum in L2
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-3), 32, {}),  # AdamW's moments on chip
+    ([784, 1024, 1024, 1024, 10], AdamW(lr=1e-3, weight_decay=0.01), 16, {}),  # in L2
     ([512, 256, 256, 256, 2], SGD(lr=0.1), 32, {"normalize": (0.5, 0.25)}),
 ]  # fmt: skip
 

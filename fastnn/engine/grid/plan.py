@@ -3,7 +3,7 @@
 Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
 the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models
 `fast_plan` accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 inputs, "mixed", ReLU,
-cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum), and the generic `native/grid.cu`
+cross-entropy with 2..16 classes, batch <= 32, any optimizer: SGD, momentum, AdamW), and the generic `native/grid.cu`
 (version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each
 kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than
 the bytes computed here), and says why a model cannot be served, naming the limit.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._data import input_affine
-from ..._optim import KIND_SGD
+from ..._optim import KIND_ADAMW, KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
 
@@ -149,24 +149,23 @@ def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, 
     )
 
 
-def fast_smem_bytes(features: int, hidden: int, n_state: int, momentum_in_l2: bool = False) -> int:
+def fast_smem_bytes(features: int, hidden: int, n_state: int, state_in_l2: bool = False) -> int:
     """Shared memory of one CTA of native/grid_fast.cu, as its make_smem(): the batch (two stages), the activation
     tile, the CTA's fp16 weight rows, the cross-warp sums, the own activation tiles, biases / W3 slice / logits /
-    dlogits / row sums (and their momentum), labels, profile, the W0 and W2 masters (and momentum, unless
-    `momentum_in_l2` puts it in the global scratch), the mbarriers."""
+    dlogits / row sums (and their optimizer state), labels, profile, the W0 and W2 masters (and their `n_state`
+    state arrays, unless `state_in_l2` puts them in the global scratch), the mbarriers."""
     rows, nb, nw = FAST_MAX_BATCH, UNITS_PER_CTA, THREADS // 32
-    mom = n_state >= 1
     o = 2 * rows * features + hidden * rows * 2 + nb * hidden * 2 + 8 * 16 * 40 * 4 + 4 * rows * nb * 2
-    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16 + 2 * nw * nb) * 4 + ((3 * nb + 16 + 16 * nb) * 4 if mom else 0)
+    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16 + 2 * nw * nb) * 4 + n_state * (3 * nb + 16 + 16 * nb) * 4
     o += 2 * rows * 4 + 16 * 8
-    o += (features // 16 + hidden // 16) * 512 * (2 if mom and not momentum_in_l2 else 1)
+    o += (features // 16 + hidden // 16) * 512 * (1 + (0 if state_in_l2 else n_state))
     return o + 3 * 8
 
 
-def fast_scratch_bytes(hidden: int, features: int = 0, momentum_in_l2: bool = False) -> int:
+def fast_scratch_bytes(hidden: int, features: int = 0, n_state: int = 0, state_in_l2: bool = False) -> int:
     """Global scratch of native/grid_fast.cu, as its make_scratch(): the fp16 rows of W1 and W2 in fragment order,
     W3's two fp16 operand copies by step parity, the four exchange buffers (H0, H1, H2, dZ1) and, with
-    `momentum_in_l2`, each CTA's momentum of its W0 rows and W1, W2 columns."""
+    `state_in_l2`, each CTA's `n_state` optimizer-state arrays of its W0 rows and W1, W2 columns."""
     up128 = lambda a: -(-a // 128) * 128  # noqa: E731
     rows = FAST_MAX_BATCH
     return (
@@ -174,7 +173,7 @@ def fast_scratch_bytes(hidden: int, features: int = 0, momentum_in_l2: bool = Fa
         + up128(2 * 2 * hidden // 16 * 256)
         + up128(2 * 2 * hidden // 8 * 128)
         + 4 * up128(2 * hidden * rows)
-        + (hidden // UNITS_PER_CTA * (features // 16 + 2 * hidden // 16) * 512 if momentum_in_l2 else 0)
+        + (hidden // UNITS_PER_CTA * n_state * (features // 16 + 2 * hidden // 16) * 512 if state_in_l2 else 0)
     )
 
 
@@ -212,23 +211,25 @@ def fast_plan(
         return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
     kernel = opt.kernel_params()
     n_state = len(opt.state_names)
-    if kernel.kind != KIND_SGD or n_state > 1:
-        return "optimizer AdamW (it takes SGD, with or without momentum)"
+    if kernel.kind not in (KIND_SGD, KIND_ADAMW):
+        return f"optimizer kind {kernel.kind} (it takes SGD and AdamW)"
     if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
         return "normalize is per-feature (it takes two numbers)"
     need = fast_smem_bytes(features, hidden, n_state)
-    momg = n_state >= 1 and need > smem_limit  # no room on chip for the momentum: the CTA's region of L2
+    # no room on chip for the optimizer state (shared memory for W0's and W2's, registers for W1's: at most 32 a
+    # lane): the CTA's private region of L2
+    momg = n_state >= 1 and (need > smem_limit or n_state * hidden // FAST_UNIT_STEP > 8)
     if momg:
         need = fast_smem_bytes(features, hidden, n_state, True)
     if need > smem_limit:
         return f"it needs {need:,} bytes of shared memory per CTA, over the GPU's {smem_limit:,}"
     _, shift = input_affine(np.uint8, config.normalize)
     ctas = hidden // UNITS_PER_CTA
-    scratch = fast_scratch_bytes(hidden, features, momg)
+    scratch = fast_scratch_bytes(hidden, features, n_state, momg)
     shifted = int(float(shift) != 0.0)
     options = _options(config, x_dtype, ctas, need, scratch, (f"-DGRID_SHIFT={shifted}", f"-DGRID_MOMG={int(momg)}"))
     why = (f"grid_fast.cu: {ctas} CTAs of {UNITS_PER_CTA} units, masters on chip ({need:,} bytes of shared memory a "
-           f"CTA), {FAST_MAX_BATCH} rows a step" + (", momentum in L2" if momg else ""))  # fmt: skip
+           f"CTA), {FAST_MAX_BATCH} rows a step" + (", optimizer state in L2" if momg else ""))  # fmt: skip
     return GridPlan(ctas=ctas, units=(UNITS_PER_CTA,) * 3, threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
                     rounds=rounds_per_step(3), options=options, source="grid_fast.cu", function="grid_fast_kernel",
                     why=why, phases=FAST_PHASES)  # fmt: skip
