@@ -276,30 +276,25 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     gpu.close()
 
 
-def _assert_deterministic_and_resumes(model: MLP, x, y, kw: dict, kernel_of, kernel: str, epochs: int) -> None:
-    """Two trainers of `kw` give the same bits, and one fit of `epochs` epochs equals fits of 1 and epochs - 1 (the
-    state goes back to the flat training state between launches exactly); `kernel_of` names the kernel that ran."""
+def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
+    step count go back to the flat training state between launches exactly)."""
+    model = MLP([784, 10])
+    x, y = _data(1000, 784, 10)
+    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
+              engine="fused")  # fmt: skip
     one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
-    one.fit(x, y, epochs=epochs)
-    two.fit(x, y, epochs=epochs)
+    one.fit(x, y, epochs=4)
+    two.fit(x, y, epochs=4)
     three.fit(x, y, epochs=1)
-    three.fit(x, y, epochs=epochs - 1)
-    assert kernel_of(one) == kernel
+    three.fit(x, y, epochs=3)
+    assert _logreg_kernel_of(one) == "fused_logreg.cu"
     a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
         np.testing.assert_array_equal(c[name], a[name], err_msg=name)
     for t in (one, two, three):
         t.close()
-
-
-def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
-    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
-    step count go back to the flat training state between launches exactly)."""
-    x, y = _data(1000, 784, 10)
-    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
-              engine="fused")  # fmt: skip
-    _assert_deterministic_and_resumes(MLP([784, 10]), x, y, kw, _logreg_kernel_of, "fused_logreg.cu", 4)
 
 
 def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
@@ -370,13 +365,31 @@ def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
     gpu.close()
 
 
-def test_grid_fast_kernel_is_deterministic_and_resumes_like_one_long_fit():
-    """Two trainers give the same bits; one fit of 3 epochs equals fits of 1 and 2 (the masters, the momentum and
-    the last step's deferred layer-0 update go back to the flat training state between launches exactly)."""
+def _assert_deterministic_and_resumes(model: MLP, x, y, kw: dict, kernel_of, kernel: str, epochs: int) -> None:
+    """Two trainers of `kw` give the same bits, and one fit of `epochs` epochs equals fits of 1 and epochs - 1 (the
+    state goes back to the flat training state between launches exactly); `kernel_of` names the kernel that ran."""
+    one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
+    one.fit(x, y, epochs=epochs)
+    two.fit(x, y, epochs=epochs)
+    three.fit(x, y, epochs=1)
+    three.fit(x, y, epochs=epochs - 1)
+    assert kernel_of(one) == kernel
+    a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+        np.testing.assert_array_equal(c[name], a[name], err_msg=name)
+    for t in (one, two, three):
+        t.close()
+
+
+@pytest.mark.parametrize("hidden,optimizer", [(128, SGD(lr=0.05, momentum=0.9)), (256, AdamW(lr=1e-3))])
+def test_grid_fast_kernel_is_deterministic_and_resumes_like_one_long_fit(hidden, optimizer):
+    """Two trainers give the same bits; one fit of 3 epochs equals fits of 1 and 2 (the masters, the optimizer state,
+    AdamW's step count and the last step's deferred layer-0 update go back to the flat training state exactly)."""
     x, y = _data(32 * 12 + 5, 784, 10)
-    kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), batch_size=32, precision="mixed", device="cuda", seed=1,
-              engine="grid")  # fmt: skip
-    _assert_deterministic_and_resumes(MLP([784, 128, 128, 128, 10]), x, y, kw, _grid_kernel_of, "grid_fast.cu", 3)
+    kw = dict(optimizer=optimizer, batch_size=32, precision="mixed", device="cuda", seed=1, engine="grid")
+    model = MLP([784, hidden, hidden, hidden, 10])
+    _assert_deterministic_and_resumes(model, x, y, kw, _grid_kernel_of, "grid_fast.cu", 3)
 
 
 def test_drop_last_and_schedule_match_numpy(engine):
