@@ -62,6 +62,7 @@
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
+#include "sm90.cuh"
 
 // ---- shape, precision and optimizer: compile-time (-D from grid/plan.py); defaults compile 784-256x3-10 mixed ----
 #ifndef GRID_NL
@@ -187,7 +188,6 @@ __device__ __forceinline__ void st_cg(half_t* p, float v) {
 // Thread 0's gpu-scope acq_rel fence makes the CTA's writes before __syncthreads visible before its arrival; its
 // acquire load, then __syncthreads, orders the CTA's later reads after every CTA's arrival. The watchdog turns a
 // hang (a CTA not resident, a round miscounted) into a trap within seconds instead of a stuck GPU.
-#define GRID_WATCHDOG (1u << 26)
 __device__ __noinline__ void grid_round(u32* counter, u32& rounds, int step) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -195,10 +195,11 @@ __device__ __noinline__ void grid_round(u32* counter, u32& rounds, int step) {
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
         asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
         u32 polls = 0, v;
+        u64 t0 = 0;
         while (true) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
             if ((int)(v - target) >= 0) break;
-            if (++polls == GRID_WATCHDOG) {
+            if (wait_expired(polls, t0)) {
                 printf("grid.cu watchdog: step %d block %d round %u: counter %u of %u after %u polls\n", step,
                        (int)blockIdx.x, rounds, v, target, polls);
                 __trap();

@@ -379,23 +379,32 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
 
 
 @pytest.mark.bindings
-def test_the_grid_rule_is_data_and_takes_no_range_until_measured() -> None:
-    """prefer_grid reads tuning.GRID_RULE: today's (version 1 measured 5-10x slower than the graph engine) takes no
-    model; a rule with a range takes the models inside it only."""
-    from fastnn import SGD
+def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> None:
+    """prefer_grid reads tuning.GRID_RULE and takes a model only where the fast kernel (grid_fast.cu) serves it:
+    the generic grid.cu (measured 5-10x slower than the graph engine) is never auto's choice."""
+    from fastnn import SGD, AdamW
     from fastnn.engine.base import EngineConfig
     from fastnn.engine.grid import prefer_grid
     from fastnn.engine.tuning import GridRule
 
-    def cfg(sizes, batch=32, precision="mixed"):
-        return EngineConfig(model=MLP(sizes), optimizer=SGD(lr=0.1), batch_size=batch, precision=precision)
+    def cfg(sizes, batch=32, precision="mixed", optimizer=None):
+        return EngineConfig(model=MLP(sizes), optimizer=optimizer or SGD(lr=0.1), batch_size=batch,
+                            precision=precision)  # fmt: skip
 
     bench = cfg([784, 256, 256, 256, 10])
-    assert not prefer_grid(bench, None)
+    assert prefer_grid(bench, None)
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10]), None)
+    assert prefer_grid(cfg([784, 512, 512, 512, 10], batch=8, optimizer=SGD(lr=0.1, momentum=0.9)), None)
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)  # L2 momentum
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], optimizer=AdamW(lr=1e-3)), None)
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], batch=64), None)
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], precision="fp32"), None)
+    assert not prefer_grid(cfg([784, 256, 256, 10]), None)  # two hidden layers: grid.cu
+    assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None)
+    assert not prefer_grid(bench, None, GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=()))
     rule = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed",))
     assert prefer_grid(bench, None, rule)
-    assert not prefer_grid(cfg([784, 128, 256, 10]), None, rule)  # a hidden layer below the range
+    assert not prefer_grid(cfg([784, 128, 128, 128, 10]), None, rule)  # below the range
+    assert not prefer_grid(cfg([784, 128, 256, 10]), None, rule)
     assert not prefer_grid(cfg([784, 4096, 10]), None, rule)
-    assert not prefer_grid(cfg([784, 256, 10], batch=128), None, rule)
-    assert not prefer_grid(cfg([784, 256, 10], precision="fp32"), None, rule)
     assert not prefer_grid(cfg([784, 10]), None, rule)  # no hidden layer

@@ -276,25 +276,30 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     gpu.close()
 
 
-def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
-    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
-    step count go back to the flat training state between launches exactly)."""
-    model = MLP([784, 10])
-    x, y = _data(1000, 784, 10)
-    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
-              engine="fused")  # fmt: skip
+def _assert_deterministic_and_resumes(model: MLP, x, y, kw: dict, kernel_of, kernel: str, epochs: int) -> None:
+    """Two trainers of `kw` give the same bits, and one fit of `epochs` epochs equals fits of 1 and epochs - 1 (the
+    state goes back to the flat training state between launches exactly); `kernel_of` names the kernel that ran."""
     one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
-    one.fit(x, y, epochs=4)
-    two.fit(x, y, epochs=4)
+    one.fit(x, y, epochs=epochs)
+    two.fit(x, y, epochs=epochs)
     three.fit(x, y, epochs=1)
-    three.fit(x, y, epochs=3)
-    assert _logreg_kernel_of(one) == "fused_logreg.cu"
+    three.fit(x, y, epochs=epochs - 1)
+    assert kernel_of(one) == kernel
     a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
         np.testing.assert_array_equal(c[name], a[name], err_msg=name)
     for t in (one, two, three):
         t.close()
+
+
+def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
+    step count go back to the flat training state between launches exactly)."""
+    x, y = _data(1000, 784, 10)
+    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
+              engine="fused")  # fmt: skip
+    _assert_deterministic_and_resumes(MLP([784, 10]), x, y, kw, _logreg_kernel_of, "fused_logreg.cu", 4)
 
 
 def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
@@ -315,6 +320,60 @@ def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
         with Trainer(model, batch_size=batch, precision=precision, device="cuda", engine="fused", **kw) as t:
             t.fit(x, y % model.sizes[-1], epochs=1)
             assert _logreg_kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
+
+
+# ---- native/grid_fast.cu: the models grid/plan.py's fast_plan sends to the grid engine's fast kernel ----------------
+# (sizes, optimizer, batch, n, extra Trainer kwargs): uint8 inputs, "mixed", three equal hidden layers; a short last
+# batch in every case (n not a multiple of the batch), batches under 32 rows (masked), plain SGD, momentum (on chip,
+# and in L2 at h = 768), Nesterov with weight decay, a nonzero normalize shift, 2 and 16 classes, 64 input features.
+# Momentum 0.9 trains at lr 0.01: at 0.05 fp16 rounding, amplified, moves the graph engine as far from the NumPy
+# engine (0.059-0.073 worst tensor, measured) as this kernel (0.053-0.065), past the "mixed" tolerance.
+GRID_FAST_CASES = [
+    ([784, 256, 256, 256, 10], SGD(lr=0.05), 32, 32 * 20 + 13, {}),
+    ([784, 256, 256, 256, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 20 + 13, {}),
+    ([784, 128, 128, 128, 10], SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-3), 32, 500, {}),
+    ([784, 128, 128, 128, 16], SGD(lr=0.05, momentum=0.5), 20, 301, {"normalize": (0.5, 0.25)}),
+    ([64, 128, 128, 128, 2], SGD(lr=0.05), 1, 45, {}),
+    ([784, 768, 768, 768, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),  # the momentum in L2 (GRID_MOMG)
+]  # fmt: skip
+
+
+def _grid_kernel_of(t: Trainer) -> str:
+    """The kernel file the grid trainer's epoch runs (after a fit)."""
+    return t._engine.train_context.plan.source
+
+
+@pytest.mark.parametrize("sizes,optimizer,batch,n,kw", GRID_FAST_CASES)
+def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
+    """engine="grid" on grid_fast.cu (asserted: the comparison cannot silently run grid.cu) against the NumPy engine
+    in fp32, with the matrix's "mixed" tolerances, over two epochs: parameters, history, evaluation."""
+    model = MLP(sizes)
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch)
+    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="mixed", device="cuda", seed=7,
+                  engine="grid", **kw)  # fmt: skip
+    hc = cpu.fit(x, y, epochs=2)
+    hg = gpu.fit(x, y, epochs=2)
+    assert _grid_kernel_of(gpu) == "grid_fast.cu", gpu._engine.train_context.plan.why
+    params, loss, flips, probs = TOLERANCES["mixed"]
+    _assert_close(cpu, gpu, params)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
+    np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=flips / 333 + 1 / len(x))
+    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
+    ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
+    assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
+    assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
+    np.testing.assert_allclose(gpu.predict_proba(xt), cpu.predict_proba(xt), atol=probs)
+    gpu.close()
+
+
+def test_grid_fast_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    """Two trainers give the same bits; one fit of 3 epochs equals fits of 1 and 2 (the masters, the momentum and
+    the last step's deferred layer-0 update go back to the flat training state between launches exactly)."""
+    x, y = _data(32 * 12 + 5, 784, 10)
+    kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), batch_size=32, precision="mixed", device="cuda", seed=1,
+              engine="grid")  # fmt: skip
+    _assert_deterministic_and_resumes(MLP([784, 128, 128, 128, 10]), x, y, kw, _grid_kernel_of, "grid_fast.cu", 3)
 
 
 def test_drop_last_and_schedule_match_numpy(engine):

@@ -150,7 +150,7 @@ def test_the_engine_names_what_the_plan_cannot_see(kw, cc, expect):
 # One kernel per precision, optimizer kind, loss, activation and input type: the static_asserts in grid.cu fail to
 # compile if its layouts need more than GRID_SMEM or GRID_SCRATCH, i.e. if the plan ever undercounts.
 KERNELS = [
-    ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.uint8, "cross_entropy", "relu", 32),
+    ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.float32, "cross_entropy", "relu", 32),
     ([20, 37, 2], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), "fp32", np.float32, "cross_entropy",
      "relu", 1),
     ([30, 37, 37, 37, 37, 10], AdamW(lr=1e-3), "fp16", np.float32, "mse", "gelu", 1000),
@@ -163,7 +163,7 @@ KERNELS = [
 def test_the_kernel_compiles(sizes, optimizer, precision, x_dtype, loss, activation, batch, monkeypatch, tmp_path):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     plan = _plan(sizes, optimizer, precision, batch, loss, activation, x_dtype=x_dtype)
-    assert isinstance(plan, gp.GridPlan), plan
+    assert isinstance(plan, gp.GridPlan) and plan.source == "grid.cu", plan
     assert nvrtc.compile_native("grid.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
 
 
@@ -185,3 +185,114 @@ def test_an_undercounted_plan_fails_to_compile(name, message, monkeypatch, tmp_p
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 4}" for o in plan.options]
     with pytest.raises(Exception, match=message):
         nvrtc.compile_native("grid.cu", "sm_90", options)
+
+
+# ---- the fast path (native/grid_fast.cu) -----------------------------------------------------------------------------
+# (sizes, optimizer, precision, x_dtype, batch, kwargs, the kernel the plan must pick)
+CHOICES = [
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
+    ([784, 128, 128, 128, 10], MOMENTUM, "mixed", np.uint8, 1, {}, "grid_fast.cu"),
+    ([784, 512, 512, 512, 16], MOMENTUM, "mixed", np.uint8, 20, {"normalize": (0.5, 0.25)}, "grid_fast.cu"),
+    ([784, 1024, 1024, 1024, 2], SGD(lr=0.1, weight_decay=1e-4), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
+    ([784, 640, 640, 640, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum on chip
+    ([64, 256, 256, 256, 10], SGD(lr=0.1, momentum=0.9, nesterov=True), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
+    ([784, 1024, 1024, 1024, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum in L2
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp32", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp16", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 33, {}, "grid.cu"),
+    ([784, 256, 256, 256, 17], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 512, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 192, 192, 192, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([785, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"activation": "gelu"}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"loss": "mse"}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"tuning": Tuning(grid_fast=False)}, "grid.cu"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sizes,optimizer,precision,x_dtype,batch,kw,source", CHOICES)
+def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer, precision, x_dtype, batch, kw,
+                                                                 source):  # fmt: skip
+    plan = _plan(sizes, optimizer, precision, batch, x_dtype=x_dtype, **kw)
+    assert isinstance(plan, gp.GridPlan), plan
+    assert plan.source == source, plan.why
+    if source == "grid_fast.cu":
+        h = sizes[1]
+        assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_fast_kernel", h // 8, (8, 8, 8), 4)
+        assert plan.phases == gp.FAST_PHASES and plan.why.startswith("grid_fast.cu: ")
+        n_state = len(optimizer.state_names)
+        assert plan.smem_bytes == int(_option(plan, "GRID_SMEM"))
+        assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH"))
+        assert _option(plan, "GRID_SHIFT") == ("1" if "normalize" in kw else "0")
+        momg = n_state == 1 and gp.fast_smem_bytes(sizes[0], h, n_state) > gp.HOPPER_SMEM
+        assert _option(plan, "GRID_MOMG") == str(int(momg)) and ("momentum in L2" in plan.why) == momg
+        assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg)
+        assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], momg)
+    else:
+        assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
+        assert plan.why.startswith("grid.cu (v1), not grid_fast.cu: ")
+
+
+def test_the_fast_path_stops_at_one_cta_per_sm():
+    assert _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1)).source == "grid_fast.cu"
+    plan = _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1), sms=120)  # 128 CTAs would not all be resident
+    assert plan.source == "grid.cu"
+    assert "a hidden width of 1024 (it takes multiples of 128 up to 896: 8 units a CTA)" in plan.why
+
+
+FAST_KERNELS = [
+    ([784, 128, 128, 128, 10], SGD(lr=0.1), 32, {}),
+    ([784, 256, 256, 256, 10], MOMENTUM, 32, {}),
+    ([784, 512, 512, 512, 16], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), 7, {}),
+    ([784, 1024, 1024, 1024, 10], SGD(lr=0.1), 32, {"tuning": Tuning(grid_profile=True)}),
+    ([784, 768, 768, 768, 10], MOMENTUM, 32, {}),  # momentum in L2
+    ([512, 256, 256, 256, 2], SGD(lr=0.1), 32, {"normalize": (0.5, 0.25)}),
+]  # fmt: skip
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("sizes,optimizer,batch,kw", FAST_KERNELS)
+def test_the_fast_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan(sizes, optimizer, "mixed", batch, **kw)
+    assert isinstance(plan, gp.GridPlan) and plan.source == "grid_fast.cu", plan
+    assert nvrtc.compile_native("grid_fast.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
+                                          ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
+def test_an_undercounted_fast_plan_fails_to_compile(name, message, monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan([784, 256, 256, 256, 10])
+    assert plan.source == "grid_fast.cu"
+    value = int(_option(plan, name))
+    options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
+    with pytest.raises(Exception, match=message):
+        nvrtc.compile_native("grid_fast.cu", "sm_90", options)
+
+
+@pytest.mark.bindings
+def test_a_scratch_that_does_not_fit_beside_the_training_set_is_a_data_error_naming_both():
+    from fastnn import DataError
+    from fastnn.engine.grid.engine import SYNC_BYTES, check_scratch_fits
+
+    check_scratch_fits(1000, 1000 + SYNC_BYTES, 5_000_000)
+    with pytest.raises(DataError, match=r"global scratch \(1,001 bytes\) does not fit in the GPU's free memory "
+                                        r"\(1,256 bytes\) beside the training set \(5,000,000 bytes\)"):  # fmt: skip
+        check_scratch_fits(1001, 1000 + SYNC_BYTES, 5_000_000)
+
+
+@pytest.mark.bindings
+def test_each_kernel_names_the_phases_its_profile_times():
+    from fastnn.engine.grid.engine import PHASES, GridTrainContext
+
+    for sizes, kernel in (([784, 256, 256, 256, 10], "grid_fast.cu"), ([784, 256, 10], "grid.cu")):
+        ctx = GridTrainContext.__new__(GridTrainContext)
+        ctx.plan = _plan(sizes, SGD(lr=0.1))
+        assert ctx.plan.source == kernel and ctx.phase_names() == PHASES[kernel] == ctx.plan.phases
+    assert len(PHASES["grid.cu"]) == 10 and len(PHASES["grid_fast.cu"]) == 12  # the kernels' NPHASE

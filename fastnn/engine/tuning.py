@@ -30,12 +30,17 @@ class GridRule:
     precisions: tuple[str, ...]
 
 
-#: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD): the
-#: grid kernel's generic version 1 (scalar products, masters streamed through L2) ran 237.7 us/step at h = 256 and
-#: 627.5 at 1024 against the graph engine's 49.7 and 63.5 (0.21x, 0.10x). No range is faster yet, so engine="auto"
-#: never takes it (an empty precision list) until the fast path ported from the probe (grid.md: 11.5-17 us/step at
-#: h = 256-1024) is measured; then this becomes that path's measured range.
-GRID_RULE = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=())
+#: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the
+#: graph engine in the same call): the grid engine's fast kernel (native/grid_fast.cu) ran 11.34 / 11.98 / 13.34 /
+#: 17.56 us/step at h = 128 / 256 / 512 / 1024 against the graph engine's 45.82 / 48.84 / 53.40 / 64.01 (3.6-4.1x),
+#: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu) ran 237.7 at 256 and 627.5 at 1024
+#: (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves the model: `prefer_grid`
+#: requires this range AND grid/plan.py's `fast_plan` (three equal hidden layers, a multiple of 128 wide, "mixed",
+#: batch <= 32, SGD with or without momentum; uint8 inputs assumed: the engine is chosen before the data is seen).
+#: At h = 128 the fused engine is faster still (8.7 us/step) and its rule is asked first, so the grid engine takes
+#: h = 128 only where the fused engine cannot; wider than 1024 the fast kernel does not serve (h/8 CTAs > the SMs)
+#: and version 1 is slower than the graph engine, so "auto" takes the graph engine.
+GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",))
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class Tuning:
     #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
     #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
     grid_profile: bool = False
+    #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
+    #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).
+    grid_fast: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
