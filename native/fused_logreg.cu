@@ -85,6 +85,9 @@
 #define LR_SHIFT 0
 #define LR_SMEM 232448
 #endif
+#ifndef LR_XF
+#define LR_XF 0
+#endif
 
 constexpr int D = LR_D;        // input features
 constexpr int C = LR_C;        // classes (2..16)
@@ -97,10 +100,15 @@ constexpr int PREC = LR_PREC;  // 1 mixed (fp32 masters, fp16 operands), 2 fp16 
 constexpr int OPT = LR_OPT;    // optim.cuh's OPTIM_*
 constexpr int NS = LR_NS;      // optimizer state arrays
 constexpr bool SHIFT = LR_SHIFT != 0;  // a nonzero normalize shift: shift * colsum(W16) joins the logits
+// Float32 inputs: the producers stage x * scale + shift rounded to fp16 (the operand fused.cu and the graph engine
+// multiply), 2 bytes a feature; uint8 inputs are staged as they are and fed to the tensor cores unconverted.
+constexpr bool XF = LR_XF != 0;
+constexpr bool ASYNC = !XF && G > 1;  // rows by cp.async (else plain loads and stores, then a plain arrive)
 constexpr int NCW = 8, NPW = 4, NT = (NCW + NPW) * 32;
 constexpr int NCHUNK = (D + 15) / 16;            // 16-feature chunks of a row
 constexpr int NCH = (NCHUNK + S - 1) / S;        // chunks of the widest CTA
-constexpr int ROWB = NCH * 16 + (NCH % 2 == 0 ? 16 : 0);  // staged row stride: an odd number of 16-byte chunks
+// staged row stride: uint8 an odd number of 16-byte chunks, fp16 4 words past a multiple of 8 (fewer conflicts)
+constexpr int ROWB = XF ? NCH * 32 + 16 : NCH * 16 + (NCH % 2 == 0 ? 16 : 0);
 constexpr int XST = BR * ROWB;                   // bytes of a stage's rows
 constexpr int WLD = NCH * 16;                    // W16 row stride (halfs)
 constexpr int ZLD = BR + 8;                      // dlogits^T row stride (halfs)
@@ -116,6 +124,7 @@ static_assert(BR % 16 == 0 && BR >= 16 && BR <= 128, "one producer thread a row,
 static_assert(NJ <= 2 && NCH <= 16, "masters of at most two chunks a lane");
 static_assert(S == 1 || S == 2 || S == 4 || S == 8, "a portable cluster");
 static_assert(G == 1 || (D % G == 0 && (G == 4 || G == 8 || G == 16)), "cp.async needs aligned rows");
+static_assert(!(XF && SHIFT), "float inputs take the shift in the producers' conversion");
 static_assert(PREC == 1 || PREC == 2, "fp16 operands: mixed or fp16");
 static_assert(ADAM ? NS == 2 : NS <= 1, "SGD keeps 0 or 1 state arrays, AdamW 2");
 
@@ -403,7 +412,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         }
         bar_consumers();
 
-        const float zs = scale * 16777216.f;  // 2^24 * scale: fp16-subnormal pixels back to x * scale
+        const float zs = XF ? 1.f : scale * 16777216.f;  // uint8: 2^24 * scale turns subnormal pixels into x * scale
         double loss_acc = 0.0;
         float ok_acc = 0.f;
 #ifdef FUSED_PROFILE
@@ -433,16 +442,23 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     for (int b = 0; b < 2; ++b)
 #pragma unroll
                         for (int i = 0; i < 4; ++i) acc[a][b][i] = 0.f;
-                const u8* xr0 = xs + (16 * warp + g) * ROWB + 4 * t;
+                const u8* xr0 = xs + (16 * warp + g) * ROWB + (XF ? 8 : 4) * t;
                 const half_t* wa = W16 + g * WLD + 4 * t;
                 const half_t* wb = W16 + (8 + g) * WLD + 4 * t;
 #pragma unroll
                 for (int kc = 0; kc < NCH; ++kc) {
-                    const u32 x0 = *reinterpret_cast<const u32*>(xr0 + kc * 16);
-                    const u32 x1 = *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16);
+                    u32 a0, a1, a2, a3;
+                    if constexpr (XF) {  // fp16 operands: features 4t..4t+3 in one 8-byte load
+                        const uint2 x0 = *reinterpret_cast<const uint2*>(xr0 + kc * 32);
+                        const uint2 x1 = *reinterpret_cast<const uint2*>(xr0 + 8 * ROWB + kc * 32);
+                        a0 = x0.x, a2 = x0.y, a1 = x1.x, a3 = x1.y;
+                    } else {  // uint8: one 4-byte load, a PRMT per two pixels into fp16 subnormals
+                        const u32 x0 = *reinterpret_cast<const u32*>(xr0 + kc * 16);
+                        const u32 x1 = *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16);
+                        a0 = __byte_perm(x0, 0u, 0x4140), a2 = __byte_perm(x0, 0u, 0x4342);
+                        a1 = __byte_perm(x1, 0u, 0x4140), a3 = __byte_perm(x1, 0u, 0x4342);
+                    }
                     const uint2 b0 = *reinterpret_cast<const uint2*>(wa + kc * 16);
-                    const u32 a0 = __byte_perm(x0, 0u, 0x4140), a2 = __byte_perm(x0, 0u, 0x4342);
-                    const u32 a1 = __byte_perm(x1, 0u, 0x4140), a3 = __byte_perm(x1, 0u, 0x4342);
                     mma16816(acc[kc & 1][0], a0, a1, a2, a3, b0.x, b0.y);
                     if constexpr (C > 8) {
                         const uint2 b1 = *reinterpret_cast<const uint2*>(wb + kc * 16);
@@ -597,15 +613,25 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         for (int ks = 0; ks < RW; ++ks) {
                             // B = pixels of rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1
                             // (n-tile 1) of the chunk: one 2-byte load a row, PRMT into fp16 subnormals
-                            const u8* xr = xs + cl * 16 + 2 * g + (ks * 16 + 2 * t) * ROWB;
-                            const u32 q0 = *reinterpret_cast<const unsigned short*>(xr);
-                            const u32 q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
-                            const u32 q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
-                            const u32 q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
-                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6420),
-                                     __byte_perm(q2, q3, 0x6420));
-                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6521),
-                                     __byte_perm(q2, q3, 0x6521));
+                            // (fp16 rows: one 4-byte load a row holds features 2g, 2g + 1; PRMT pairs the rows)
+                            const u8* xr = xs + (XF ? cl * 32 + 4 * g : cl * 16 + 2 * g) + (ks * 16 + 2 * t) * ROWB;
+                            u32 q0, q1, q2, q3;
+                            if constexpr (XF) {
+                                q0 = *reinterpret_cast<const u32*>(xr);
+                                q1 = *reinterpret_cast<const u32*>(xr + ROWB);
+                                q2 = *reinterpret_cast<const u32*>(xr + 8 * ROWB);
+                                q3 = *reinterpret_cast<const u32*>(xr + 9 * ROWB);
+                            } else {
+                                q0 = *reinterpret_cast<const unsigned short*>(xr);
+                                q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
+                                q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
+                                q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
+                            }
+                            constexpr u32 P0 = XF ? 0x5410 : 0x6420, P1 = XF ? 0x7632 : 0x6521;
+                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, P0),
+                                     __byte_perm(q2, q3, P0));
+                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, P1),
+                                     __byte_perm(q2, q3, P1));
                         }
                         // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
                         // and class g + 8: element e of the masters is accumulator ac[e]
@@ -720,7 +746,8 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         const int pt = tid - NCW * 32;  // batch row of the index and the label
         u32 keys[FEISTEL_ROUNDS];
         round_keys(seed_lo, seed_hi, epoch, keys);
-        constexpr int UPR = NCH * 16 / (G > 1 ? G : 1);  // copy units a staged row (pad chunks included)
+        constexpr int GF = XF ? 4 : (G > 1 ? G : 1);  // features a copy unit (float: 4, converted to 4 halfs)
+        constexpr int UPR = NCH * 16 / GF;             // copy units a staged row (pad chunks included)
         int stg = 0;
         u32 epar = 1u;  // a fresh barrier's previous phase counts as complete: the first ST waits pass
         for (int s = 0; s < steps; ++s) {
@@ -730,7 +757,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             if (pt < rows) {
                 const u32 id = permuted_index(keys, half_bits, n, (u32)(s * batch + pt));
                 ix[pt] = (int)id;
-                if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
+                if constexpr (ASYNC) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
                 else lab[stg * BR + pt] = y[id];
             }
             if (pt == 0) {
@@ -744,15 +771,35 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             const u8* xg = x + (u64)c0 * 16;
             for (int u = pt; u < rows * UPR; u += NPW * 32) {  // consecutive threads: consecutive bytes of a row
                 const int r = u / UPR, c = u - r * UPR;
-                const int f = c * (G > 1 ? G : 1);  // the unit's first feature within this CTA's slice
+                const int f = c * GF;  // the unit's first feature within this CTA's slice
                 if (f >= nch * 16 || c0 * 16 + f >= D) continue;  // pad chunks and pad features stay zero
+                if constexpr (XF) {
+                    const float* src = reinterpret_cast<const float*>(x) + (u64)ix[r] * D + c0 * 16 + f;
+                    float v[4];
+                    if constexpr (D % 4 == 0) {
+                        const float4 q = *reinterpret_cast<const float4*>(src);
+                        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) v[i] = c0 * 16 + f + i < D ? src[i] : 0.f;
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) v[i] = v[i] * scale + shift;  // as fused.cu's and the gather's
+                    if constexpr (D % 4 != 0) {  // features past d stay zero
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) v[i] = c0 * 16 + f + i < D ? v[i] : 0.f;
+                    }
+                    *reinterpret_cast<uint2*>(xd + r * ROWB + 2 * f) =
+                        make_uint2(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]));
+                    continue;
+                }
                 const u8* src = xg + (u64)ix[r] * D + f;
                 if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
                 else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
                 else if constexpr (G == 4) cp_async4(smem_u32(xd + r * ROWB + f), src);
                 else xd[r * ROWB + f] = *src;
             }
-            if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
+            if constexpr (ASYNC) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));  // release: this thread's plain stores
             if (pt == 0) mbar_arrive(full(stg));  // release: the step constants
             // (the stage's indices are rewritten ST steps later, after the next step's bar_producers)

@@ -153,7 +153,8 @@ def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("sizes", [[784, 10], [30, 37, 37, 1], [784, 256, 256, 256, 10]])
 def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
-    clf, reg = _plan(sizes), _plan(sizes, loss="mse")
+    fused_cu = Tuning(fused_logreg=False)  # a classifier [784, 10] would take fused_logreg.cu
+    clf, reg = _plan(sizes, tuning=fused_cu), _plan(sizes, loss="mse")
     assert isinstance(reg, fp.FusedPlan), reg
     assert (reg.rows, reg.smem_bytes) == (clf.rows, clf.smem_bytes)
     assert (_option(clf, "FUSED_LOSS"), _option(reg, "FUSED_LOSS")) == ("0", "1")
@@ -208,7 +209,7 @@ def test_uint8_logistic_regression_takes_the_logreg_kernel(classes, batch, optim
 @pytest.mark.parametrize(
     "sizes,precision,batch,x_dtype,kw,reason",
     [
-        ([784, 10], "mixed", 128, np.float32, {}, "float32 inputs"),
+        ([784, 10], "mixed", 128, np.float64, {}, "float64 inputs"),
         ([784, 10], "fp32", 128, np.uint8, {}, "precision 'fp32'"),
         ([784, 10], "mixed", 128, np.uint8, {"loss": "mse"}, "loss 'mse'"),
         ([784, 17], "mixed", 128, np.uint8, {}, "17 classes"),
@@ -239,15 +240,28 @@ def test_the_logreg_kernel_drops_gather_stages_then_declines_where_shared_memory
 
 
 def test_a_nonzero_shift_and_the_row_copy_width_are_compiled_in():
-    def opts(sizes, normalize=None):
+    def opts(sizes, normalize=None, x_dtype=np.uint8):
         cfg = EngineConfig(model=MLP(sizes), optimizer=MOMENTUM, batch_size=64, precision="mixed", normalize=normalize)
-        plan = fp.logreg_plan(cfg, np.uint8)
-        return _option(plan, "LR_SHIFT"), _option(plan, "LR_G")
+        plan = fp.logreg_plan(cfg, x_dtype)
+        return _option(plan, "LR_SHIFT"), _option(plan, "LR_G"), _option(plan, "LR_XF")
 
-    assert opts([784, 10]) == ("0", "16")
-    assert opts([784, 10], (0.0, 2.0)) == ("0", "16")  # x / 255 / 2: a scale only
-    assert opts([784, 10], (0.3, 0.5)) == ("1", "16")
-    assert opts([100, 10]) == ("0", "4") and opts([40, 10]) == ("0", "8") and opts([50, 10]) == ("0", "1")
+    assert opts([784, 10]) == ("0", "16", "0")
+    assert opts([784, 10], (0.0, 2.0)) == ("0", "16", "0")  # x / 255 / 2: a scale only
+    assert opts([784, 10], (0.3, 0.5)) == ("1", "16", "0")
+    assert opts([100, 10]) == ("0", "4", "0") and opts([40, 10]) == ("0", "8", "0")
+    assert opts([50, 10]) == ("0", "1", "0")
+    # float32 rows are converted by the producers, shift included: no column sums
+    assert opts([784, 10], (0.3, 0.5), np.float32) == ("0", "16", "1")
+
+
+def test_float32_rows_take_twice_the_stage_bytes_and_fewer_stages():
+    cfg = EngineConfig(model=MLP([784, 10]), optimizer=MOMENTUM, batch_size=128, precision="mixed")
+    u8, f32 = fp.logreg_plan(cfg, np.uint8), fp.logreg_plan(cfg, np.float32)
+    assert (u8.source, f32.source) == ("fused_logreg.cu", "fused_logreg.cu")
+    assert (_option(u8, "LR_ST"), _option(f32, "LR_ST")) == ("4", "3")
+    # 128 rows of 13 chunks: uint8 208 bytes a row, fp16 13 * 32 + 16 = 432; a stage fewer: its labels, indices
+    # (512 bytes each), step constants (16) and two mbarriers (16)
+    assert f32.smem_bytes - u8.smem_bytes == 3 * 128 * 432 - 4 * 128 * 208 - 512 - 512 - 16 - 16
 
 
 # One kernel per cluster size, copy width, precision, optimizer, shift and batch: the static_assert in
@@ -264,15 +278,23 @@ LOGREG_KERNELS = [
     ([300, 10], MOMENTUM, "mixed", 128, None),
     ([2048, 10], AdamW(lr=1e-3), "mixed", 128, None),  # 8 CTAs, 2 gather stages
 ]
+#: float32 rows (the producers convert them): aligned and unaligned widths, a shift
+LOGREG_FLOAT_KERNELS = [
+    ([784, 10], MOMENTUM, "mixed", 128, (0.3, 0.5)),
+    ([30, 5], AdamW(lr=1e-3), "fp16", 32, None),
+]
 
 
 @pytest.mark.bindings
-@pytest.mark.parametrize("sizes,optimizer,precision,batch,normalize", LOGREG_KERNELS)
-def test_the_logreg_kernel_compiles(sizes, optimizer, precision, batch, normalize, monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "sizes,optimizer,precision,batch,normalize,x_dtype",
+    [(*k, np.uint8) for k in LOGREG_KERNELS] + [(*k, np.float32) for k in LOGREG_FLOAT_KERNELS],
+)
+def test_the_logreg_kernel_compiles(sizes, optimizer, precision, batch, normalize, x_dtype, monkeypatch, tmp_path):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision,
                        normalize=normalize)  # fmt: skip
-    plan = fp.fused_plan(cfg, np.uint8)
+    plan = fp.fused_plan(cfg, x_dtype)
     assert plan.source == "fused_logreg.cu", plan.why
     assert nvrtc.compile_native(plan.source, "sm_90", plan.options)[:4] == b"\x7fELF"
 

@@ -203,7 +203,8 @@ def test_every_shape_matches_numpy(sizes, activation, optimizer, batch, n, preci
 # ---- native/fused_logreg.cu: the logistic regressions fused/plan.py's logreg_plan sends to it ----------------------
 # (sizes, optimizer, batch, n, precision, extra Trainer kwargs): uint8 inputs, 784-10 at batch 128 with every
 # optimizer, odd class counts, widths whose rows take 16-, 4- and 1-byte copies (784, 100, 50), clusters of 4, 1 and
-# 8 CTAs, a short last batch (n not a multiple of the batch), drop_last, and scalar normalize with and without a shift.
+# 8 CTAs, a short last batch (n not a multiple of the batch), drop_last, scalar normalize with and without a shift;
+# float32 rows (aligned and not).
 LOGREG_CASES = [
     ([784, 10], SGD(lr=0.1), 128, 1000, "mixed", {}),
     ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {}),
@@ -221,6 +222,10 @@ LOGREG_CASES = [
     ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"normalize": (0.3, 0.5)}),
     ([784, 11], AdamW(lr=1e-3), 96, 1000, "mixed", {"normalize": (0.0, 2.0)}),
     ([100, 5], SGD(lr=0.05), 32, 300, "fp16", {"normalize": (0.5, 0.25)}),
+    # float32 rows, converted to fp16 operands by the producers (x_dtype is the test's, not a Trainer argument)
+    ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"x_dtype": np.float32}),
+    ([784, 10], AdamW(lr=1e-3), 128, 1000, "fp16", {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
+    ([30, 5], SGD(lr=0.05, momentum=0.9, nesterov=True), 32, 301, "mixed", {"x_dtype": np.float32}),
 ]
 
 
@@ -234,7 +239,8 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     """engine="fused" on fused_logreg.cu (asserted: the comparison cannot silently run fused.cu) against the NumPy
     engine in fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
     model = MLP(sizes)
-    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1])
+    kw = dict(kw)
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1], dtype=kw.pop("x_dtype", np.uint8))
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
     gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
                   engine="fused", **kw)  # fmt: skip
@@ -246,7 +252,7 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
     samples = len(x) - len(x) % batch if kw.get("drop_last") else len(x)
     np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=flips / 333 + 1 / samples)
-    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
+    xt, yt = _data(333, sizes[0], sizes[-1], seed=99, dtype=x.dtype)
     ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
     assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
     assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
@@ -276,13 +282,13 @@ def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
 
 
 def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
-    """Which kernel engine="fused" runs: fused_logreg.cu for uint8 logistic regression in "mixed" and "fp16";
-    fused.cu for float inputs, "fp32", a hidden layer, 17 classes, batches over 128 and Tuning(fused_logreg=False)."""
+    """Which kernel engine="fused" runs: fused_logreg.cu for logistic regression in "mixed" and "fp16" (uint8 or
+    float32 rows); fused.cu for "fp32", a hidden layer, 17 classes, batches over 128 and Tuning(fused_logreg=False)."""
     x8, y = _data(300, 64, 10)
     cases = [
         (MLP([64, 10]), x8, "mixed", 32, {}, "fused_logreg.cu"),
         (MLP([64, 10]), x8, "fp16", 128, {}, "fused_logreg.cu"),
-        (MLP([64, 10]), x8.astype(np.float32), "mixed", 32, {}, "fused.cu"),
+        (MLP([64, 10]), x8.astype(np.float32), "mixed", 32, {}, "fused_logreg.cu"),
         (MLP([64, 10]), x8, "fp32", 32, {}, "fused.cu"),
         (MLP([64, 16, 10]), x8, "mixed", 32, {}, "fused.cu"),
         (MLP([64, 17]), x8, "mixed", 32, {}, "fused.cu"),

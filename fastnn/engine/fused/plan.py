@@ -2,7 +2,7 @@
 
 Two kernels. `native/fused_logreg.cu` trains logistic regression (sizes [d, C]) on a cluster of S CTAs with
 producer warps, register-resident master weights and mbarrier-completed exchanges (issue 25); `logreg_plan` says
-where it serves (uint8 inputs, "mixed" or "fp16", cross-entropy, 2..16 classes, batches up to 128, d up to
+where it serves (uint8 or float32 inputs, "mixed" or "fp16", cross-entropy, 2..16 classes, batches up to 128, d up to
 2,048) and mirrors its shared-memory layout. `native/fused.cu` trains everything else in one cluster of 16 CTAs
 with everything in shared memory: this module mirrors its layout too (each kernel checks at compile time that it
 needs no more than the bytes computed here), picks the layout (standard or lean), the rows per chunk and tensor
@@ -147,10 +147,12 @@ def _up16(a: int) -> int:
 
 
 def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, n_state: int,
-                      adamw: bool) -> int:  # fmt: skip
-    """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there)."""
+                      adamw: bool, float_inputs: bool = False) -> int:  # fmt: skip
+    """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there).
+    `float_inputs`: rows staged as fp16 operands (2 bytes a feature) instead of uint8."""
     nch = _cdiv(_cdiv(features, 16), cluster)
-    rowb = nch * 16 + (16 if nch % 2 == 0 else 0)  # an odd number of 16-byte chunks a row: conflict-free rows
+    # staged row: uint8 an odd number of 16-byte chunks (conflict-free fragment loads), fp16 16 bytes past 32 a chunk
+    rowb = nch * 32 + 16 if float_inputs else nch * 16 + (16 if nch % 2 == 0 else 0)
     nj = _cdiv(nch, LOGREG_CONSUMER_WARPS)
     ce = classes + (classes & 1)
     nw = LOGREG_CONSUMER_WARPS
@@ -186,8 +188,9 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
         return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
     if config.precision not in ("mixed", "fp16"):
         return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
-    if np.dtype(x_dtype) != np.uint8:
-        return f"{np.dtype(x_dtype).name} inputs (it feeds uint8 pixels to the tensor cores unconverted)"
+    float_inputs = np.dtype(x_dtype) != np.uint8
+    if float_inputs and np.dtype(x_dtype) != np.float32:
+        return f"{np.dtype(x_dtype).name} inputs (it takes uint8 and float32)"
     if not 2 <= classes <= LOGREG_MAX_CLASSES:
         return f"{classes} classes (it takes 2 to {LOGREG_MAX_CLASSES}: one pair of 8-wide MMA tiles)"
     if config.batch_size > LOGREG_MAX_BATCH:
@@ -203,13 +206,13 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
     rows = _cdiv(config.batch_size, 16) * 16
     need = stages = 0
     for stages in LOGREG_STAGES:
-        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw)
+        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw, float_inputs)
         if need <= smem_limit:
             break
     else:
         return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
                 f"{smem_limit:,}")  # fmt: skip
-    _, shift = input_affine(np.uint8, config.normalize)
+    _, shift = input_affine(np.dtype(x_dtype), config.normalize)
     layout = param_layout(model)
     options = (
         "-std=c++17",
@@ -223,12 +226,14 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
         f"-DLR_PREC={_PREC[config.precision]}",
         f"-DLR_OPT={kernel.kind}",
         f"-DLR_NS={n_state}",
-        f"-DLR_SHIFT={int(float(shift) != 0.0)}",
+        f"-DLR_XF={int(float_inputs)}",  # float32: the producers stage x * scale + shift as fp16
+        f"-DLR_SHIFT={int(float(shift) != 0.0 and not float_inputs)}",  # uint8: shift * colsum(W16) in the logits
         f"-DLR_SMEM={need}",
     ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
     why = (
         f"fused_logreg.cu: {features} features in {_cdiv(features, 16)} chunks of 16 over a cluster of {cluster} "
-        f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages"
+        f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages, "
+        f"{np.dtype(x_dtype).name} rows"
     )
     return FusedPlan(rows=rows, cluster=cluster, threads=LOGREG_THREADS, smem_bytes=need, options=options,
                      source="fused_logreg.cu", function="fused_logreg_kernel", why=why)  # fmt: skip
