@@ -116,6 +116,7 @@ constexpr int CE = C + (C & 1);                  // partial-logit row stride: ev
 constexpr int NJ = (NCH + NCW - 1) / NCW;        // chunks a consumer warp owns
 constexpr int RW = BR / 16;                      // consumer warps with forward/softmax rows
 constexpr int CH = (C + 1) / 2;                  // classes a softmax lane takes (two lanes a row)
+constexpr int DLD = BR + 16;                     // fp32 dlogits [class][row] stride (the bias gradient's columns)
 constexpr bool MOM_REG = OPT == OPTIM_SGD && NS == 1;  // SGD's momentum buffer in registers
 constexpr bool ADAM = OPT == OPTIM_ADAMW;              // AdamW's moments in shared memory
 constexpr u32 XBYTES = (u32)(S - 1) * BR * CE * 4;     // partial logits a CTA receives per step
@@ -131,7 +132,7 @@ static_assert(ADAM ? NS == 2 : NS <= 1, "SGD keeps 0 or 1 state arrays, AdamW 2"
 __host__ __device__ constexpr int up16(int a) { return (a + 15) / 16 * 16; }
 
 struct Lay {  // byte offsets into dynamic shared memory; fused/plan.py's logreg_smem_bytes adds the same parts
-    int x, w16, zt, recv, lab, idx, info, bias, gbp, wcs, hist, adam, bar, total;
+    int x, w16, zt, recv, lab, idx, info, bias, gbp, dz, wcs, hist, adam, bar, total;
 };
 __host__ __device__ constexpr Lay make_lay() {
     Lay y{};
@@ -144,7 +145,8 @@ __host__ __device__ constexpr Lay make_lay() {
     y.idx = o; o += up16(ST * BR * 4);
     y.info = o; o += up16(ST * 16);
     y.bias = o; o += up16(3 * 16 * 4);
-    y.gbp = o; o += up16(NCW * 16 * 4);
+    y.gbp = o; o += up16(SHIFT ? NCW * 16 * 4 : 0);  // SHIFT: every lane needs the bias gradient in its update
+    y.dz = o; o += up16(SHIFT ? 0 : 16 * DLD * 4);    // else warp 7 sums the fp32 dlogits off the critical path
     y.wcs = o; o += up16(NCW * 16 * 4);
     y.hist = o; o += up16(NCW * 2 * 8);
     y.adam = o; o += up16(ADAM ? 2 * NCW * NJ * 8 * 32 * 4 : 0);
@@ -308,7 +310,8 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
     int* idxs = reinterpret_cast<int*>(sm + LY.idx);
     StepInfo* info = reinterpret_cast<StepInfo*>(sm + LY.info);
     float* bias = reinterpret_cast<float*>(sm + LY.bias);  // [16] bias, [16] its s1, [16] its s2
-    float* gbp = reinterpret_cast<float*>(sm + LY.gbp);    // [warp][16] bias-gradient partials
+    float* gbp = reinterpret_cast<float*>(sm + LY.gbp);    // SHIFT: [warp][16] bias-gradient partials
+    float* dz32 = reinterpret_cast<float*>(sm + LY.dz);    // else: fp32 dlogits [class][DLD]
     float* wcs = reinterpret_cast<float*>(sm + LY.wcs);    // [warp][16] column sums of W16 (SHIFT)
     double* hsum = reinterpret_cast<double*>(sm + LY.hist);
     float* adam = reinterpret_cast<float*>(sm + LY.adam);
@@ -556,26 +559,31 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                 }
                 ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
                 zy += __shfl_xor_sync(0xffffffffu, zy, 1);
-                const float inv = 1.f / ssum;
+                const float inv = __fdividef(1.f, ssum);
                 float d[CH];
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
                     d[c] = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
-                    if (cb + c < C) dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
+                    if (cb + c < C) {
+                        dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
+                        if constexpr (!SHIFT) dz32[(cb + c) * DLD + r] = d[c];
+                    }
                 }
                 if (valid && hh == 0) {
-                    loss_acc += (double)(logf(ssum) - (zy - m));
+                    loss_acc += (double)(__logf(ssum) - (zy - m));
                     ok_acc += bi == yl ? 1.f : 0.f;
                 }
-                // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
+                if constexpr (SHIFT) {
+                    // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
 #pragma unroll
-                for (int o = 2; o <= 16; o <<= 1)
+                    for (int o = 2; o <= 16; o <<= 1)
 #pragma unroll
-                    for (int c = 0; c < CH; ++c) d[c] += __shfl_xor_sync(0xffffffffu, d[c], o);
-                if (lane < 2)
+                        for (int c = 0; c < CH; ++c) d[c] += __shfl_xor_sync(0xffffffffu, d[c], o);
+                    if (lane < 2)
 #pragma unroll
-                    for (int c = 0; c < CH; ++c)
-                        if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
+                        for (int c = 0; c < CH; ++c)
+                            if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
+                }
             }
             LR_PROF(3);  // softmax
             bar_consumers();  // B1: dlogits^T and the bias-gradient partials complete; the exchange slot read
@@ -636,12 +644,14 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
                         // and class g + 8: element e of the masters is accumulator ac[e]
                         const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
+                        // Branch-free (no divergence between the lanes holding classes g + 8 and the others): a pad
+                        // (features past d or this CTA's chunks: zero pixels; classes past C: zero dlogits) has a zero
+                        // gradient, zero weight and zero state, which every optimizer leaves zero.
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {
-                            // pads (features past d or this CTA's chunks, classes past C) stay exactly zero
-                            if (!(freal & (1u << (4 * j + (e & 3)))) || !(e < 4 ? cls_lo : cls_hi)) continue;
                             float gr = ac[e] * zs;
-                            if constexpr (SHIFT) gr += e < 4 ? gb_lo : gb_hi;  // shift * the bias gradient
+                            if constexpr (SHIFT)  // shift * the bias gradient, real features only
+                                gr += freal & (1u << (4 * j + (e & 3))) ? (e < 4 ? gb_lo : gb_hi) : 0.f;
                             float w = mw[j][e], m1 = 0.f, m2 = 0.f;
                             float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
                             constexpr int V = NCW * NJ * 8 * 32;
@@ -662,10 +672,24 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     }
                 }
                 write_w16();
-                if (warp == NCW - 1 && lane < C) {  // the bias: the same arithmetic on the same numbers everywhere
-                    float gsum = 0.f;
+                // the bias, by the warp with the fewest chunks: the same arithmetic on the same numbers everywhere
+                float gsum = 0.f;
+                if constexpr (SHIFT) {
+                    if (warp == NCW - 1 && lane < C)
 #pragma unroll
-                    for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
+                        for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
+                } else if (warp == NCW - 1) {
+#pragma unroll
+                    for (int c = 0; c < C; ++c) {  // column c of the fp32 dlogits: lane-strided, then a butterfly
+                        float v = 0.f;
+#pragma unroll
+                        for (int i = 0; i < BR; i += 32)
+                            if (i + lane < BR) v += dz32[c * DLD + i + lane];
+                        v = warp_sum(v);
+                        gsum = lane == c ? v : gsum;
+                    }
+                }
+                if (warp == NCW - 1 && lane < C) {
                     float b = bias[lane], m1 = NS >= 1 ? bias[16 + lane] : 0.f, m2 = NS >= 2 ? bias[32 + lane] : 0.f;
                     optim_update<OPT>(p, o, NS, gsum, b, m1, m2);
                     if constexpr (PREC == 2) b = rnd16(b);

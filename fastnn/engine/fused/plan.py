@@ -147,9 +147,10 @@ def _up16(a: int) -> int:
 
 
 def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, n_state: int,
-                      adamw: bool, float_inputs: bool = False) -> int:  # fmt: skip
+                      adamw: bool, float_inputs: bool = False, shift: bool = False) -> int:  # fmt: skip
     """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there).
-    `float_inputs`: rows staged as fp16 operands (2 bytes a feature) instead of uint8."""
+    `float_inputs`: rows staged as fp16 operands (2 bytes a feature) instead of uint8; `shift`: uint8 rows with a
+    nonzero normalize shift (per-warp bias-gradient partials instead of the fp32 dlogits)."""
     nch = _cdiv(_cdiv(features, 16), cluster)
     # staged row: uint8 an odd number of 16-byte chunks (conflict-free fragment loads), fp16 16 bytes past 32 a chunk
     rowb = nch * 32 + 16 if float_inputs else nch * 16 + (16 if nch % 2 == 0 else 0)
@@ -165,7 +166,8 @@ def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stag
         stages * rows * 4,  # sample indices
         stages * 16,  # step constants (lr, Adam's corrections, rows)
         3 * 16 * 4,  # bias and its optimizer state (replicated)
-        nw * 16 * 4,  # per-warp bias-gradient partials
+        nw * 16 * 4 if shift else 0,  # per-warp bias-gradient partials
+        0 if shift else 16 * (rows + 16) * 4,  # fp32 dlogits [class][rows + 16]: the bias gradient
         nw * 16 * 4,  # per-warp column sums of W16 (a nonzero normalize shift)
         nw * 2 * 8,  # per-warp loss sum and correct count (doubles)
         2 * nw * nj * 8 * 32 * 4 if adamw else 0,  # AdamW's moments, each lane's beside its masters
@@ -204,15 +206,16 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
     kernel = opt.kernel_params()
     adamw = kernel.kind != KIND_SGD
     rows = _cdiv(config.batch_size, 16) * 16
+    # uint8 with a nonzero shift: shift * colsum(W16) joins the logits (float32 rows take it in the conversion)
+    shift = float(input_affine(np.dtype(x_dtype), config.normalize)[1]) != 0.0 and not float_inputs
     need = stages = 0
     for stages in LOGREG_STAGES:
-        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw, float_inputs)
+        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw, float_inputs, shift)
         if need <= smem_limit:
             break
     else:
         return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
                 f"{smem_limit:,}")  # fmt: skip
-    _, shift = input_affine(np.dtype(x_dtype), config.normalize)
     layout = param_layout(model)
     options = (
         "-std=c++17",
@@ -227,7 +230,7 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
         f"-DLR_OPT={kernel.kind}",
         f"-DLR_NS={n_state}",
         f"-DLR_XF={int(float_inputs)}",  # float32: the producers stage x * scale + shift as fp16
-        f"-DLR_SHIFT={int(float(shift) != 0.0 and not float_inputs)}",  # uint8: shift * colsum(W16) in the logits
+        f"-DLR_SHIFT={int(shift)}",
         f"-DLR_SMEM={need}",
     ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
     why = (
