@@ -41,6 +41,7 @@
 // (reduce-scatter of dH): logistic regression 2, 784-h-h-h-10 6. Every buffer written remotely is read
 // before at least one further barrier separates it from its next write (checked in the comments below).
 // Rows of a step are processed in chunks of R with gradients accumulated, so any batch size works.
+#include "activation.cuh"
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
@@ -249,23 +250,8 @@ __device__ __forceinline__ float rnd(float x) {
     if (PREC == 0) return x;
     return to_f(from_f<half_t>(x));
 }
-#define GELU_C 0.7978845608028654f
-#define GELU_K 0.044715f
-__device__ __forceinline__ float act(float z) {
-#if FUSED_ACT == 0
-    return z > 0.f ? z : 0.f;
-#else
-    return 0.5f * z * (1.f + tanhf(GELU_C * (z + GELU_K * z * z * z)));
-#endif
-}
-__device__ __forceinline__ float act_grad(float z) {
-#if FUSED_ACT == 0
-    return z > 0.f ? 1.f : 0.f;
-#else
-    const float t = tanhf(GELU_C * (z + GELU_K * z * z * z));
-    return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * GELU_C * (1.f + 3.f * GELU_K * z * z);
-#endif
-}
+__device__ __forceinline__ float act(float z) { return activation<FUSED_ACT>(z); }
+__device__ __forceinline__ float act_grad(float z) { return activation_grad<FUSED_ACT>(z); }
 
 // The operand weight of layer l at flat index e: the fp16 copy, the master rounded on the fly ("mixed" without
 // the copy), or the master itself ("fp32", and "fp16" whose masters are fp16 values).

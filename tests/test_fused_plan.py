@@ -309,3 +309,68 @@ def test_an_undercounted_logreg_plan_fails_to_compile_and_the_profile_compiles(m
     profiled = _plan([784, 10], MOMENTUM, "mixed", 128, np.uint8, Tuning(fused_profile=True))
     assert profiled.source == "fused_logreg.cu" and profiled.options[-1] == "-DFUSED_PROFILE"
     assert nvrtc.compile_native("fused_logreg.cu", "sm_90", profiled.options)[:4] == b"\x7fELF"
+
+
+# ---- native/fused_mlp.cu: narrow MLPs at small batches ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden,cluster", [((16,), 1), ((37,), 4), ((17, 32), 2), ((64,), 4), ((128, 128, 128), 8),
+                                            ((129,), None)])  # fmt: skip
+def test_the_mlp_cluster_gives_every_cta_16_neurons_of_each_hidden_layer(hidden, cluster):
+    assert fp.mlp_cluster(hidden) == cluster
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp16"])
+@pytest.mark.parametrize("optimizer", [SGD(lr=0.1), MOMENTUM, SGD(lr=0.1, momentum=0.9, nesterov=True)])
+def test_narrow_mlps_at_small_batches_take_the_mlp_kernel(precision, optimizer):
+    for sizes, batch, cluster in (([784, 128, 128, 128, 10], 32, 8), ([784, 64, 10], 1, 4), ([20, 16, 2], 20, 1)):
+        plan = _plan(sizes, optimizer, precision, batch, np.uint8)
+        assert (plan.source, plan.function, plan.threads, plan.cluster) == ("fused_mlp.cu", "fused_mlp_kernel", 288,
+                                                                           cluster), plan.why  # fmt: skip
+        assert plan.smem_bytes <= fp.HOPPER_SMEM and plan.why.startswith("fused_mlp.cu: ")
+
+
+@pytest.mark.parametrize(
+    "sizes,optimizer,precision,batch,x_dtype,kw,reason",
+    [
+        ([784, 128, 10], AdamW(lr=1e-3), "mixed", 32, np.uint8, {}, "AdamW"),
+        ([784, 256, 10], MOMENTUM, "mixed", 32, np.uint8, {}, "a hidden layer of 256"),
+        ([784, 128, 10], MOMENTUM, "mixed", 64, np.uint8, {}, "batch size 64"),
+        ([784, 128, 10], MOMENTUM, "fp32", 32, np.uint8, {}, "precision 'fp32'"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.float32, {}, "float32 inputs"),
+        ([784, 128, 33], MOMENTUM, "mixed", 32, np.uint8, {}, "33 classes"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"normalize": (0.5, 0.25)}, "nonzero shift"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"loss": "mse"}, "loss 'mse'"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"tuning": Tuning(fused_mlp=False)}, "fused_mlp=False"),
+    ],
+)
+def test_the_other_mlps_go_to_fused_cu_saying_why(sizes, optimizer, precision, batch, x_dtype, kw, reason):
+    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision, **kw)
+    plan = fp.fused_plan(cfg, x_dtype)
+    assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
+    assert plan.why.startswith("fused.cu, not fused_mlp.cu: ") and reason in plan.why, plan.why
+
+
+MLP_KERNELS = [
+    ([784, 128, 128, 128, 10], MOMENTUM, "mixed", 32, "relu"),
+    ([784, 128, 128, 128, 10], SGD(lr=0.1), "fp16", 32, "gelu"),
+    ([20, 37, 2], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), "mixed", 32, "relu"),
+    ([30, 37, 37, 37, 37, 10], SGD(lr=0.05, momentum=0.5), "fp16", 32, "gelu"),
+    ([50, 16, 16, 3], MOMENTUM, "mixed", 20, "relu"),
+    ([784, 64, 16], SGD(lr=0.1), "mixed", 1, "relu"),
+]
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("sizes,optimizer,precision,batch,activation", MLP_KERNELS)
+def test_the_mlp_kernel_compiles_and_its_layout_is_counted_exactly(sizes, optimizer, precision, batch, activation,
+                                                                   monkeypatch, tmp_path):  # fmt: skip
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    cfg = EngineConfig(model=MLP(sizes, activation=activation), optimizer=optimizer, batch_size=batch,
+                       precision=precision)  # fmt: skip
+    plan = fp.fused_plan(cfg, np.uint8)
+    assert plan.source == "fused_mlp.cu", plan.why
+    assert nvrtc.compile_native(plan.source, "sm_90", plan.options)[:4] == b"\x7fELF"
+    options = [o if not o.startswith("-DMP_SMEM=") else f"-DMP_SMEM={plan.smem_bytes - 16}" for o in plan.options]
+    with pytest.raises(Exception, match="shared-memory size is smaller"):
+        nvrtc.compile_native(plan.source, "sm_90", options)

@@ -229,7 +229,7 @@ LOGREG_CASES = [
 ]
 
 
-def _logreg_kernel_of(t: Trainer) -> str:
+def _fused_kernel_of(t: Trainer) -> str:
     """The kernel file the fused trainer's epoch runs (after a fit)."""
     return t._engine.train_context.plan.source
 
@@ -246,7 +246,7 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
                   engine="fused", **kw)  # fmt: skip
     hc = cpu.fit(x, y, epochs=2)
     hg = gpu.fit(x, y, epochs=2)
-    assert _logreg_kernel_of(gpu) == "fused_logreg.cu", gpu._engine.train_context.plan.why
+    assert _fused_kernel_of(gpu) == "fused_logreg.cu", gpu._engine.train_context.plan.why
     params, loss, flips, probs = TOLERANCES[precision]
     _assert_close(cpu, gpu, params)
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
@@ -272,7 +272,67 @@ def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
     two.fit(x, y, epochs=4)
     three.fit(x, y, epochs=1)
     three.fit(x, y, epochs=3)
-    assert _logreg_kernel_of(one) == "fused_logreg.cu"
+    assert _fused_kernel_of(one) == "fused_logreg.cu"
+    a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+        np.testing.assert_array_equal(c[name], a[name], err_msg=name)
+    for t in (one, two, three):
+        t.close()
+
+
+# ---- native/fused_mlp.cu: the MLPs fused/plan.py's mlp_plan sends to it ------------------------------------------
+# (sizes, activation, optimizer, batch, n, precision, extra Trainer kwargs): 784-128x3-10 on 8 CTAs, one hidden layer
+# (no all-gather of hidden activations, no reduce-scatter), four GELU layers in fp16, a cluster of 1 (16-wide layers),
+# rows copied 16, 4 and 1 byte at a time (784, 20, 30 features), batches of 1 to 32, short last batches, drop_last,
+# normalize with a scale only.
+MLP_CASES = [
+    ([784, 128, 128, 128, 10], "relu", SGD(lr=0.01, momentum=0.9), 32, 1000, "mixed", {}),
+    ([784, 128, 128, 128, 10], "relu", SGD(lr=0.05), 32, 1000, "fp16", {}),
+    ([784, 64, 10], "relu", SGD(lr=0.05, momentum=0.9, weight_decay=1e-3), 32, 500, "mixed", {}),
+    ([20, 37, 2], "relu", SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), 32, 300, "mixed", {}),
+    ([30, 37, 37, 37, 37, 10], "gelu", SGD(lr=0.05, momentum=0.5), 32, 301, "fp16", {}),
+    ([50, 16, 16, 3], "relu", SGD(lr=0.05, momentum=0.9), 20, 205, "mixed", {}),
+    ([784, 128, 10], "gelu", SGD(lr=0.02), 1, 60, "mixed", {}),
+    ([784, 100, 100, 7], "relu", SGD(lr=0.02, momentum=0.9), 24, 500, "mixed", {"drop_last": True}),
+    ([784, 128, 128, 10], "relu", SGD(lr=0.02, momentum=0.9), 32, 500, "mixed", {"normalize": (0.0, 2.0)}),
+]
+
+
+@pytest.mark.parametrize("sizes,activation,optimizer,batch,n,precision,kw", MLP_CASES)
+def test_mlp_kernel_matches_numpy(sizes, activation, optimizer, batch, n, precision, kw):
+    """engine="fused" on fused_mlp.cu (asserted) against the NumPy engine in fp32 with the matrix's tolerances, over
+    two epochs: parameters, history, evaluation."""
+    model = MLP(sizes, activation=activation)
+    x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
+    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
+    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
+                  engine="fused", **kw)  # fmt: skip
+    hc = cpu.fit(x, y, epochs=2)
+    hg = gpu.fit(x, y, epochs=2)
+    assert _fused_kernel_of(gpu) == "fused_mlp.cu", gpu._engine.train_context.plan.why
+    params, loss, flips, probs = TOLERANCES[precision]
+    _assert_close(cpu, gpu, max(params, 1e-3) if activation == "gelu" else params)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
+    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
+    ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
+    assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
+    assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
+    np.testing.assert_allclose(gpu.predict_proba(xt), cpu.predict_proba(xt), atol=probs)
+    gpu.close()
+
+
+def test_mlp_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    model = MLP([784, 128, 128, 128, 10])
+    x, y = _data(700, 784, 10)
+    kw = dict(optimizer=SGD(lr=0.01, momentum=0.9, nesterov=True), batch_size=32, precision="mixed", device="cuda",
+              seed=1, engine="fused")  # fmt: skip
+    one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
+    one.fit(x, y, epochs=3)
+    two.fit(x, y, epochs=3)
+    three.fit(x, y, epochs=1)
+    three.fit(x, y, epochs=2)
+    assert _fused_kernel_of(one) == "fused_mlp.cu"
     a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
@@ -283,14 +343,18 @@ def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
 
 def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
     """Which kernel engine="fused" runs: fused_logreg.cu for logistic regression in "mixed" and "fp16" (uint8 or
-    float32 rows); fused.cu for "fp32", a hidden layer, 17 classes, batches over 128 and Tuning(fused_logreg=False)."""
+    float32 rows), fused_mlp.cu for a narrow MLP at batch <= 32 with SGD; fused.cu for "fp32", 17 classes, batches
+    over 128 (33 for an MLP), AdamW on an MLP, and either kernel switched off by its Tuning flag."""
     x8, y = _data(300, 64, 10)
     cases = [
         (MLP([64, 10]), x8, "mixed", 32, {}, "fused_logreg.cu"),
         (MLP([64, 10]), x8, "fp16", 128, {}, "fused_logreg.cu"),
         (MLP([64, 10]), x8.astype(np.float32), "mixed", 32, {}, "fused_logreg.cu"),
         (MLP([64, 10]), x8, "fp32", 32, {}, "fused.cu"),
-        (MLP([64, 16, 10]), x8, "mixed", 32, {}, "fused.cu"),
+        (MLP([64, 16, 10]), x8, "mixed", 32, {}, "fused_mlp.cu"),
+        (MLP([64, 16, 10]), x8, "mixed", 33, {}, "fused.cu"),
+        (MLP([64, 16, 10]), x8, "mixed", 32, {"optimizer": AdamW(lr=1e-3)}, "fused.cu"),
+        (MLP([64, 16, 10]), x8, "mixed", 32, {"tuning": Tuning(fused_mlp=False)}, "fused.cu"),
         (MLP([64, 17]), x8, "mixed", 32, {}, "fused.cu"),
         (MLP([64, 10]), x8, "mixed", 129, {}, "fused.cu"),
         (MLP([64, 10]), x8, "mixed", 32, {"tuning": Tuning(fused_logreg=False)}, "fused.cu"),
@@ -298,7 +362,7 @@ def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
     for model, x, precision, batch, kw, source in cases:
         with Trainer(model, batch_size=batch, precision=precision, device="cuda", engine="fused", **kw) as t:
             t.fit(x, y % model.sizes[-1], epochs=1)
-            assert _logreg_kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
+            assert _fused_kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
 
 
 def test_drop_last_and_schedule_match_numpy(engine):

@@ -58,6 +58,9 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
+    #: Fused engine: MLPs on native/fused_mlp.cu wherever fused/plan.py's `mlp_plan` serves them (hidden layers up to
+    #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25, not yet measured). False keeps fused.cu.
+    fused_mlp: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
