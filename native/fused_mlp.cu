@@ -204,6 +204,17 @@ __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 
     mma16816(d, a[0], a[1], a[2], a[3], b[0], b[1]);
 }
 __device__ __forceinline__ void zero4(float (&d)[4]) { d[0] = d[1] = d[2] = d[3] = 0.f; }
+// The sum of v(0..31) in a fixed order (two chains of 16, then their sum): a bias gradient's column, one lane each,
+// no shuffles (shuffles in warp-indexed branches make the compiler emit divergence-safe collective code).
+template <typename V> __device__ __forceinline__ float col_sum32(V v) {
+    float a = 0.f, b = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+        a += v(r);
+        b += v(r + 16);
+    }
+    return a + b;
+}
 
 // ---- the kernel ---------------------------------------------------------------------------------------------------
 __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __restrict__ x,
@@ -596,14 +607,8 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 const int m = nt * 8 + 2 * t;
                 *reinterpret_cast<float2*>(F(LY.wlg) + g * 16 + m) = make_float2(d[0], d[1]);
                 *reinterpret_cast<float2*>(F(LY.wlg) + (g + 8) * 16 + m) = make_float2(d[2], d[3]);
-            } else if (warp == 6) {
-                float gsum = 0.f;
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    const float v = warp_sum(F(LY.dz32)[c * DLD + lane]);
-                    gsum = lane == c ? v : gsum;
-                }
-                if (lane < C) F(LY.blg)[lane] = gsum;
+            } else if (warp == 6 && lane < C) {
+                F(LY.blg)[lane] = col_sum32([&](int r) { return F(LY.dz32)[lane * DLD + r]; });
             }
             bar_consumers();
             MP_PROF(5);
@@ -646,15 +651,8 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         }
                     }
                 }
-                if (warp == NCW - 1) {  // the bias gradient of the own neurons: column sums of dZ_l
-                    float gsum = 0.f;
-#pragma unroll
-                    for (int m = 0; m < 16; ++m) {
-                        const float v = warp_sum(to_f(Hh(LY.dzr[l])[lane * SLD + m]));
-                        gsum = lane == m ? v : gsum;
-                    }
-                    if (lane < 16) F(LY.bg[l])[lane] = gsum;
-                }
+                if (warp == NCW - 1 && lane < 16)  // the bias gradient of the own neurons: column sums of dZ_l
+                    F(LY.bg[l])[lane] = col_sum32([&](int r) { return to_f(Hh(LY.dzr[l])[r * SLD + lane]); });
                 bar_consumers();  // W_l's fp16 copy read by every dgrad above before the update below rewrites it
                 if (warp < S) {  // weight gradient of W_l, input columns of slot q = warp, and the SGD step at once
                     const int q = warp;
@@ -748,15 +746,8 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         }
                     }
                 }
-                if (warp == NCW - 1) {  // layer 0's bias gradient (its dZ_0 is complete since the last barrier)
-                    float gsum = 0.f;
-#pragma unroll
-                    for (int m = 0; m < 16; ++m) {
-                        const float v = warp_sum(to_f(Hh(LY.dzr[0])[lane * SLD + m]));
-                        gsum = lane == m ? v : gsum;
-                    }
-                    if (lane < 16) F(LY.bg[0])[lane] = gsum;
-                }
+                if (warp == NCW - 1 && lane < 16)  // layer 0's bias gradient (dZ_0 complete since the last barrier)
+                    F(LY.bg[0])[lane] = col_sum32([&](int r) { return to_f(Hh(LY.dzr[0])[r * SLD + lane]); });
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(stg));
