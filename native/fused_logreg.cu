@@ -117,6 +117,22 @@ constexpr int NJ = (NCH + NCW - 1) / NCW;        // chunks a consumer warp owns
 constexpr int RW = BR / 16;                      // consumer warps with forward/softmax rows
 constexpr int CH = (C + 1) / 2;                  // classes a softmax lane takes (two lanes a row)
 constexpr int DLD = BR + 16;                     // fp32 dlogits [class][row] stride (the bias gradient's columns)
+// The upper class tile (classes 8..15): CHI real classes. With 9..15 classes its real weights sit in few lanes (at 10
+// classes, 8 lanes of 32 hold them); they are spread over all lanes instead (REDIST), HS slots a lane a chunk, so the
+// optimizer step (AdamW's two divisions and a square root a weight) costs 4 + HS weights a lane, not 8.
+constexpr int CHI = C > 8 ? C - 8 : 0;
+constexpr bool REDIST = CHI > 0 && CHI < 8;
+constexpr int HS = REDIST ? (CHI + 1) / 2 : (CHI == 8 ? 4 : 0);
+struct HiSlot {
+    int g, t, i;  // class 8 + g, feature 4t + i of the chunk: the weight gradient's accumulator 4 + i of lane 4g + t
+    bool valid;
+};
+// Slot q of lane L: element k = 32q + L of the upper tile's CHI * 16 real weights (REDIST), else the lane's own.
+__device__ __forceinline__ HiSlot hi_of(int q, int lane) {
+    if (!REDIST) return HiSlot{lane >> 2, lane & 3, q, (lane >> 2) + 8 < C};
+    const int k = 32 * q + lane, src = k >> 2;
+    return HiSlot{src >> 2, src & 3, k & 3, k < CHI * 16};
+}
 constexpr bool MOM_REG = OPT == OPTIM_SGD && NS == 1;  // SGD's momentum buffer in registers
 constexpr bool ADAM = OPT == OPTIM_ADAMW;              // AdamW's moments in shared memory
 constexpr u32 XBYTES = (u32)(S - 1) * BR * CE * 4;     // partial logits a CTA receives per step
@@ -237,37 +253,41 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
     if (warp < NCW) {
         // =============================== consumers ===============================
         const int g = lane >> 2, t = lane & 3;
-        const bool cls_lo = g < C, cls_hi = g + 8 < C;  // are classes g and g + 8 real
-        // fp32 masters of the owned chunks: [0..3] class g, features 4t..4t+3 of the chunk; [4..7] class g + 8
+        const bool cls_lo = g < C;  // is class g real
+        // Masters of the owned chunks, element e of chunk j: e < 4 class g, feature 4t + e of the chunk (accumulator
+        // e of the weight gradient); e = 4 + q the lane's upper-tile slot q (hi_of: class 8 + hg, feature 4 ht + hi).
         float mw[NJ][8], mom[NJ][8];
-        u32 freal = 0;  // bit 4j + i: feature 4t + i of chunk j is a real feature (pads are never updated)
+        u32 ereal = 0;  // bit 8j + e: element e of chunk j is a real weight (pads are never written back)
+        constexpr int V = NCW * NJ * 8 * 32;  // AdamW: the second moment's offset
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const int cl = warp + NCW * j;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int f = (c0 + cl) * 16 + 4 * t + i;
-                const bool real = cl < nch && f < D;
-                freal |= real ? 1u << (4 * j + i) : 0u;
-                const int e0 = g * D + f, e1 = (g + 8) * D + f;
-                mw[j][i] = real && cls_lo ? to_f(params[e0]) : 0.f;
-                mw[j][4 + i] = real && cls_hi ? to_f(params[e1]) : 0.f;
-                mom[j][i] = MOM_REG && real && cls_lo ? s1g[e0] : 0.f;
-                mom[j][4 + i] = MOM_REG && real && cls_hi ? s1g[e1] : 0.f;
+            for (int e = 0; e < 4 + HS; ++e) {
+                int cls = g, ff = 4 * t + e;
+                bool ok = cls_lo;
+                if (e >= 4) {
+                    const HiSlot h = hi_of(e - 4, lane);
+                    cls = 8 + h.g, ff = 4 * h.t + h.i, ok = h.valid;
+                }
+                const int f = (c0 + cl) * 16 + ff;
+                const bool real = ok && cl < nch && f < D;
+                ereal |= real ? 1u << (8 * j + e) : 0u;
+                const int gi = cls * D + f;
+                mw[j][e] = real ? to_f(params[gi]) : 0.f;
+                mom[j][e] = MOM_REG && real ? s1g[gi] : 0.f;
                 if constexpr (ADAM) {
-                    float* a = adam + (((warp * NJ + j) * 8 + i) * 32 + lane);
-                    float* b = adam + (((warp * NJ + j) * 8 + 4 + i) * 32 + lane);
-                    constexpr int V = NCW * NJ * 8 * 32;  // the second moment's offset
-                    a[0] = real && cls_lo ? s1g[e0] : 0.f;
-                    a[V] = real && cls_lo ? s2g[e0] : 0.f;
-                    b[0] = real && cls_hi ? s1g[e1] : 0.f;
-                    b[V] = real && cls_hi ? s2g[e1] : 0.f;
+                    float* a = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
+                    a[0] = real ? s1g[gi] : 0.f;
+                    a[V] = real ? s2g[gi] : 0.f;
                 }
             }
+#pragma unroll
+            for (int e = 4 + HS; e < 8; ++e) mw[j][e] = mom[j][e] = 0.f;
         }
         // The fp16 operand copy (pads stay zero) and, for a nonzero shift, the warp's column sums of it.
         auto write_w16 = [&]() {
-            float cs_lo = 0.f, cs_hi = 0.f;
+            float cs_lo = 0.f, cs_hi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const int cl = warp + NCW * j;
@@ -275,26 +295,42 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     if (cls_lo)
                         *reinterpret_cast<uint2*>(W16 + g * WLD + cl * 16 + 4 * t) =
                             make_uint2(pack_h2(mw[j][0], mw[j][1]), pack_h2(mw[j][2], mw[j][3]));
-                    if (cls_hi)
+                    if constexpr (HS == 4 && !REDIST) {  // 16 classes: the upper tile as the lower one
                         *reinterpret_cast<uint2*>(W16 + (8 + g) * WLD + cl * 16 + 4 * t) =
                             make_uint2(pack_h2(mw[j][4], mw[j][5]), pack_h2(mw[j][6], mw[j][7]));
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) {
+                            const HiSlot h = hi_of(q, lane);
+                            if (h.valid) W16[(8 + h.g) * WLD + cl * 16 + 4 * h.t + h.i] = from_f<half_t>(mw[j][4 + q]);
+                        }
+                    }
                     if constexpr (SHIFT) {
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            cs_lo += rnd16(mw[j][i]);
-                            cs_hi += rnd16(mw[j][4 + i]);
-                        }
+                        for (int i = 0; i < 4; ++i) cs_lo += rnd16(mw[j][i]);
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) cs_hi[q] += rnd16(mw[j][4 + q]);
                     }
                 }
             }
             if constexpr (SHIFT) {
                 cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 1);
-                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 1);
                 cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 2);
-                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 2);
-                if (t == 0) {
-                    wcs[warp * 16 + g] = cs_lo;
-                    wcs[warp * 16 + 8 + g] = cs_hi;
+                if (t == 0) wcs[warp * 16 + g] = cs_lo;
+                if constexpr (HS == 4 && !REDIST) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {  // own elements: class 8 + g, features 4t + q
+                        cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], 1);
+                        cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], 2);
+                    }
+                    if (t == 0) wcs[warp * 16 + 8 + g] = (cs_hi[0] + cs_hi[1]) + (cs_hi[2] + cs_hi[3]);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < HS; ++q) {  // slot q: lanes 0..15 hold class 8 + 2q, lanes 16..31 class 9 + 2q
+#pragma unroll
+                        for (int o = 1; o < 16; o <<= 1) cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], o);
+                        if ((lane & 15) == 0) wcs[warp * 16 + 8 + 2 * q + (lane >> 4)] = cs_hi[q];
+                    }
                 }
             }
         };
@@ -493,15 +529,18 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     af[ks][1] = *reinterpret_cast<const u32*>(zr + 8 * ZLD);  // classes 8..15 (zero past C)
                     af[ks][3] = *reinterpret_cast<const u32*>(zr + 8 * ZLD + 8);
                 }
-                float gb_lo = 0.f, gb_hi = 0.f;  // SHIFT: the bias gradient of classes g, g + 8
+                float gb_lo = 0.f, gb_hi[4] = {0.f, 0.f, 0.f, 0.f};  // SHIFT: shift * the bias gradient of class g
+                // and of the upper-tile slots' classes
                 if constexpr (SHIFT) {
 #pragma unroll
                     for (int w = 0; w < RW; ++w) {
                         gb_lo += gbp[w * 16 + g];
-                        gb_hi += gbp[w * 16 + 8 + g];
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) gb_hi[q] += gbp[w * 16 + 8 + hi_of(q, lane).g];
                     }
                     gb_lo *= shift;
-                    gb_hi *= shift;
+#pragma unroll
+                    for (int q = 0; q < HS; ++q) gb_hi[q] *= shift;
                 }
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) {
@@ -535,17 +574,30 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
                         // and class g + 8: element e of the masters is accumulator ac[e]
                         const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
-                        // Branch-free (no divergence between the lanes holding classes g + 8 and the others): a pad
-                        // (features past d or this CTA's chunks: zero pixels; classes past C: zero dlogits) has a zero
-                        // gradient, zero weight and zero state, which every optimizer leaves zero.
+                        // Branch-free (no divergence between lanes): a pad (features past d or this CTA's chunks: zero
+                        // pixels; classes past C: zero dlogits) has a zero gradient, weight and state, which every
+                        // optimizer leaves zero. The upper tile's real elements are spread over all lanes (hi_of):
+                        // slot q of lane L takes the gradient from lane 8q + L / 4's accumulator 4 + L % 4.
+                        float gh[4] = {ac[4], ac[5], ac[6], ac[7]};
+                        if constexpr (REDIST) {
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            float gr = ac[e] * zs;
-                            if constexpr (SHIFT)  // shift * the bias gradient, real features only
-                                gr += freal & (1u << (4 * j + (e & 3))) ? (e < 4 ? gb_lo : gb_hi) : 0.f;
+                            for (int q = 0; q < HS; ++q) {
+                                const int src = 8 * q + (lane >> 2);
+                                const float v0 = __shfl_sync(0xffffffffu, ac[4], src);
+                                const float v1 = __shfl_sync(0xffffffffu, ac[5], src);
+                                const float v2 = __shfl_sync(0xffffffffu, ac[6], src);
+                                const float v3 = __shfl_sync(0xffffffffu, ac[7], src);
+                                const int i = lane & 3;
+                                gh[q] = i == 0 ? v0 : (i == 1 ? v1 : (i == 2 ? v2 : v3));
+                            }
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4 + HS; ++e) {
+                            float gr = (e < 4 ? ac[e] : gh[e - 4]) * zs;
+                            if constexpr (SHIFT)  // shift * the bias gradient, real weights only
+                                gr += ereal & (1u << (8 * j + e)) ? (e < 4 ? gb_lo : gb_hi[e - 4]) : 0.f;
                             float w = mw[j][e], m1 = 0.f, m2 = 0.f;
                             float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
-                            constexpr int V = NCW * NJ * 8 * 32;
                             if constexpr (MOM_REG) m1 = mom[j][e];
                             if constexpr (ADAM) {
                                 m1 = am[0];
@@ -612,22 +664,21 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         for (int j = 0; j < NJ; ++j) {
             const int cl = warp + NCW * j;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (!(freal & (1u << (4 * j + i)))) continue;
-                const int f = (c0 + cl) * 16 + 4 * t + i;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (!(h ? cls_hi : cls_lo)) continue;
-                    const int e = (g + 8 * h) * D + f, k = 4 * h + i;
-                    const float w = mw[j][k];
-                    params[e] = from_f<TParam>(w);
-                    if (w16g) w16g[e] = from_f<half_t>(w);
-                    if constexpr (MOM_REG) s1g[e] = mom[j][k];
-                    if constexpr (ADAM) {
-                        const float* am = adam + (((warp * NJ + j) * 8 + k) * 32 + lane);
-                        s1g[e] = am[0];
-                        s2g[e] = am[NCW * NJ * 8 * 32];
-                    }
+            for (int e = 0; e < 4 + HS; ++e) {
+                if (!(ereal & (1u << (8 * j + e)))) continue;
+                int cls = g, ff = 4 * t + e;
+                if (e >= 4) {
+                    const HiSlot h = hi_of(e - 4, lane);
+                    cls = 8 + h.g, ff = 4 * h.t + h.i;
+                }
+                const int gi = cls * D + (c0 + cl) * 16 + ff;
+                params[gi] = from_f<TParam>(mw[j][e]);
+                if (w16g) w16g[gi] = from_f<half_t>(mw[j][e]);
+                if constexpr (MOM_REG) s1g[gi] = mom[j][e];
+                if constexpr (ADAM) {
+                    const float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
+                    s1g[gi] = am[0];
+                    s2g[gi] = am[V];
                 }
             }
         }
