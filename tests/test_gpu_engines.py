@@ -222,6 +222,9 @@ LOGREG_CASES = [
     ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"normalize": (0.3, 0.5)}),
     ([784, 11], AdamW(lr=1e-3), 96, 1000, "mixed", {"normalize": (0.0, 2.0)}),
     ([100, 5], SGD(lr=0.05), 32, 300, "fp16", {"normalize": (0.5, 0.25)}),
+    # the upper class tile: 16 classes (each lane its own weights) and 13 (spread over the lanes), with a shift
+    ([784, 16], SGD(lr=0.05, momentum=0.9), 64, 500, "mixed", {"normalize": (0.2, 0.5)}),
+    ([784, 13], AdamW(lr=1e-3), 64, 500, "mixed", {"normalize": (0.2, 0.5)}),
     # float32 rows, converted to fp16 operands by the producers (x_dtype is the test's, not a Trainer argument)
     ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"x_dtype": np.float32}),
     ([784, 10], AdamW(lr=1e-3), 128, 1000, "fp16", {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
