@@ -66,7 +66,7 @@
 //   dlogits^T, bias-gradient partials: written in the softmax (B0..B1), read in the weight gradient (B1..B2).
 //   bias: read in the softmax (B0..B1), written by warp 7 in the update (B1..B2).
 //   W16 column sums (nonzero shift): written in the update (B1..B2), read in the next forward (before B0).
-#include "cluster.cuh"
+#include "fused_head.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
 
@@ -182,18 +182,6 @@ struct StepInfo {
 
 // The cluster, mbarrier, copy and tensor-core helpers, and the watchdog'd waits: cluster.cuh.
 
-#ifdef FUSED_PROFILE
-#define LR_PROF(i)                                        \
-    do {                                                  \
-        if (prof_on) {                                    \
-            const long long t_ = clock64();               \
-            prof[i] += t_ - prof_t;                       \
-            prof_t = t_;                                  \
-        }                                                 \
-    } while (0)
-#else
-#define LR_PROF(i) do {} while (0)
-#endif
 
 #if LR_PREC == 2
 typedef half_t TParam;
@@ -358,7 +346,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             const StepInfo si = info[stg];
             const int rows = si.rows;
             const float inv_rows = 1.f / (float)rows;
-            LR_PROF(0);  // rows wait (and the loop top)
+            FUSED_PROF(0);  // rows wait (and the loop top)
             const int xb = S > 1 ? (s & 1) : 0;
 
             // ---- forward: rows 16w..16w+15 x this CTA's chunks; K permuted inside each chunk: logical k (2t, 2t+1)
@@ -377,22 +365,20 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                 const half_t* wb = W16 + (8 + g) * WLD + 4 * t;
 #pragma unroll
                 for (int kc = 0; kc < NCH; ++kc) {
-                    u32 a0, a1, a2, a3;
+                    u32 a[4];
                     if constexpr (XF) {  // fp16 operands: features 4t..4t+3 in one 8-byte load
                         const uint2 x0 = *reinterpret_cast<const uint2*>(xr0 + kc * 32);
                         const uint2 x1 = *reinterpret_cast<const uint2*>(xr0 + 8 * ROWB + kc * 32);
-                        a0 = x0.x, a2 = x0.y, a1 = x1.x, a3 = x1.y;
+                        a[0] = x0.x, a[2] = x0.y, a[1] = x1.x, a[3] = x1.y;
                     } else {  // uint8: one 4-byte load, a PRMT per two pixels into fp16 subnormals
-                        const u32 x0 = *reinterpret_cast<const u32*>(xr0 + kc * 16);
-                        const u32 x1 = *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16);
-                        a0 = __byte_perm(x0, 0u, 0x4140), a2 = __byte_perm(x0, 0u, 0x4342);
-                        a1 = __byte_perm(x1, 0u, 0x4140), a3 = __byte_perm(x1, 0u, 0x4342);
+                        u8_a_frags(*reinterpret_cast<const u32*>(xr0 + kc * 16),
+                                   *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16), a);
                     }
                     const uint2 b0 = *reinterpret_cast<const uint2*>(wa + kc * 16);
-                    mma16816(acc[kc & 1][0], a0, a1, a2, a3, b0.x, b0.y);
+                    mma16816(acc[kc & 1][0], a[0], a[1], a[2], a[3], b0.x, b0.y);
                     if constexpr (C > 8) {
                         const uint2 b1 = *reinterpret_cast<const uint2*>(wb + kc * 16);
-                        mma16816(acc[kc & 1][1], a0, a1, a2, a3, b1.x, b1.y);
+                        mma16816(acc[kc & 1][1], a[0], a[1], a[2], a[3], b1.x, b1.y);
                     }
                 }
                 // partial logits x * scale (+ shift * colsum(W16) of this CTA's features): [row g: class 2t, 2t+1;
@@ -436,69 +422,24 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     }
                 }
             }
-            LR_PROF(1);  // forward
+            FUSED_PROF(1);  // forward
             bar_consumers();  // B0: the CTA's own partials are staged
             if (S > 1 && warp < RW) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
-            LR_PROF(2);  // exchange
+            FUSED_PROF(2);  // exchange
 
             // ---- softmax, loss, argmax, dlogits: two lanes a row (classes hh*CH .. hh*CH + CH - 1)
             if (warp < RW) {
                 const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
-                float z[CH];
-#pragma unroll
-                for (int c = 0; c < CH; ++c) z[c] = 0.f;
-#pragma unroll
-                for (int q = 0; q < S; ++q) {  // fixed order: the same sums in every CTA
-                    const float* src = recv + ((xb * S + q) * BR + r) * CE + cb;
-#pragma unroll
-                    for (int c = 0; c < CH; ++c)
-                        if (cb + c < C) z[c] += src[c];
-                }
-                float m = __int_as_float(0xff800000);  // -inf
-                int bi = 0x7fffffff;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    if (cb + c < C) {
-                        z[c] += bias[cb + c];
-                        if (argmax_takes(z[c], m)) {
-                            m = z[c];
-                            bi = cb + c;
-                        }
-                    }
-                }
-                {  // the pair's argmax, the lower classes (lane hh = 0) first: first maximum (and NaN) wins
-                    const float om = __shfl_xor_sync(0xffffffffu, m, 1);
-                    const int ob = __shfl_xor_sync(0xffffffffu, bi, 1);
-                    const float lm = hh ? om : m, um = hh ? m : om;
-                    const int lb = hh ? ob : bi, ub = hh ? bi : ob;
-                    const bool up = argmax_takes(um, lm);
-                    m = up ? um : lm;
-                    bi = up ? ub : lb;
-                }
                 const bool valid = r < rows;
-                const int yl = valid ? lab[stg * BR + r] : -1;
-                float ex[CH], ssum = 0.f, zy = 0.f;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    ex[c] = cb + c < C ? __expf(z[c] - m) : 0.f;
-                    ssum += ex[c];
-                    zy += yl == cb + c ? z[c] : 0.f;
-                }
-                ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
-                zy += __shfl_xor_sync(0xffffffffu, zy, 1);
-                const float inv = __fdividef(1.f, ssum);
                 float d[CH];
+                softmax_pair<C, S>(recv + (xb * S * BR + r) * CE, BR * CE, bias, valid,
+                                   valid ? lab[stg * BR + r] : -1, inv_rows, d, loss_acc, ok_acc);
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
-                    d[c] = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
                     if (cb + c < C) {
                         dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
                         if constexpr (!SHIFT) dz32[(cb + c) * DLD + r] = d[c];
                     }
-                }
-                if (valid && hh == 0) {
-                    loss_acc += (double)(__logf(ssum) - (zy - m));
-                    ok_acc += bi == yl ? 1.f : 0.f;
                 }
                 if constexpr (SHIFT) {
                     // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
@@ -512,10 +453,10 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                             if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
                 }
             }
-            LR_PROF(3);  // softmax
+            FUSED_PROF(3);  // softmax
             bar_consumers();  // B1: dlogits^T and the bias-gradient partials complete; the exchange slot read
             if (S > 1 && tid == 0 && s + 2 < steps) mbar_arm_tx(xbar(s & 1), XBYTES);
-            LR_PROF(4);  // B1
+            FUSED_PROF(4);  // B1
 
             // ---- weight gradient (m = class, n = feature, k = row) and the optimizer step on the register masters
             {
@@ -549,31 +490,12 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < RW; ++ks) {
-                            // B = pixels of rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1
-                            // (n-tile 1) of the chunk: one 2-byte load a row, PRMT into fp16 subnormals
-                            // (fp16 rows: one 4-byte load a row holds features 2g, 2g + 1; PRMT pairs the rows)
-                            const u8* xr = xs + (XF ? cl * 32 + 4 * g : cl * 16 + 2 * g) + (ks * 16 + 2 * t) * ROWB;
-                            u32 q0, q1, q2, q3;
-                            if constexpr (XF) {
-                                q0 = *reinterpret_cast<const u32*>(xr);
-                                q1 = *reinterpret_cast<const u32*>(xr + ROWB);
-                                q2 = *reinterpret_cast<const u32*>(xr + 8 * ROWB);
-                                q3 = *reinterpret_cast<const u32*>(xr + 9 * ROWB);
-                            } else {
-                                q0 = *reinterpret_cast<const unsigned short*>(xr);
-                                q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
-                                q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
-                                q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
-                            }
-                            constexpr u32 P0 = XF ? 0x5410 : 0x6420, P1 = XF ? 0x7632 : 0x6521;
-                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, P0),
-                                     __byte_perm(q2, q3, P0));
-                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, P1),
-                                     __byte_perm(q2, q3, P1));
+                            // B = rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1 (n-tile 1)
+                            wgrad_kstep<XF>(xs + (XF ? cl * 32 + 4 * g : cl * 16 + 2 * g) + (ks * 16 + 2 * t) * ROWB,
+                                            ROWB, af[ks], a0, a1);
                         }
-                        // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
-                        // and class g + 8: element e of the masters is accumulator ac[e]
-                        const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
+                        float ac[8];
+                        chunk_grads(a0, a1, ac);
                         // Branch-free (no divergence between lanes): a pad (features past d or this CTA's chunks: zero
                         // pixels; classes past C: zero dlogits) has a zero gradient, weight and state, which every
                         // optimizer leaves zero. The upper tile's real elements are spread over all lanes (hi_of):
@@ -643,9 +565,9 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(stg));  // this warp is done with the stage
-            LR_PROF(5);  // weight gradient and update
+            FUSED_PROF(5);  // weight gradient and update
             bar_consumers();  // B2: W16 (and its column sums) complete for the next forward; the bias updated
-            LR_PROF(6);  // B2
+            FUSED_PROF(6);  // B2
             if (++stg == ST) {
                 stg = 0;
                 fpar ^= 1u;
@@ -688,25 +610,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             if (NS >= 1) s1g[BOFF + lane] = bias[16 + lane];
             if (NS >= 2) s2g[BOFF + lane] = bias[32 + lane];
         }
-        double l = loss_acc, c = (double)ok_acc;
-        for (int o = 16; o > 0; o >>= 1) {
-            l += __shfl_xor_sync(0xffffffffu, l, o);
-            c += __shfl_xor_sync(0xffffffffu, c, o);
-        }
-        if (lane == 0) {
-            hsum[2 * warp] = l;
-            hsum[2 * warp + 1] = c;
-        }
-        bar_consumers();
-        if (rank == 0 && tid == 0) {  // every CTA computed every row's loss: CTA 0's are the epoch's
-            double ls = 0.0, cs = 0.0;
-            for (int w = 0; w < NCW; ++w) {
-                ls += hsum[2 * w];
-                cs += hsum[2 * w + 1];
-            }
-            est->hist[2 * epoch_in_fit] += ls;
-            est->hist[2 * epoch_in_fit + 1] += cs;
-        }
+        epoch_history<NCW>(loss_acc, ok_acc, hsum, est, epoch_in_fit, rank);
     } else {
         // =============================== producers ===============================
         const int pt = tid - NCW * 32;  // batch row of the index and the label
@@ -759,11 +663,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                         make_uint2(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]));
                     continue;
                 }
-                const u8* src = xg + (u64)ix[r] * D + f;
-                if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 4) cp_async4(smem_u32(xd + r * ROWB + f), src);
-                else xd[r * ROWB + f] = *src;
+                copy_unit<G>(xd + r * ROWB + f, xg + (u64)ix[r] * D + f);
             }
             if constexpr (ASYNC) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));  // release: this thread's plain stores

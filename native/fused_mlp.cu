@@ -55,7 +55,7 @@
 // gradient and fp16 copy, biases and their state, the partial logits [S][32][C], fp32 dlogits, reduce-scatter receive
 // and send buffers ([S][32][16] fp32 each). Registers: W_0's masters and momentum (8 a lane a chunk, up to 8 chunks).
 #include "activation.cuh"
-#include "cluster.cuh"
+#include "fused_head.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
 
@@ -338,16 +338,6 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
         long long prof[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         const bool prof_on = rank == 0 && warp == 0;
         long long prof_t = clock64();
-#define MP_PROF(i)                                  \
-    do {                                            \
-        if (prof_on) {                              \
-            const long long t_ = clock64();         \
-            prof[i] += t_ - prof_t;                 \
-            prof_t = t_;                            \
-        }                                           \
-    } while (0)
-#else
-#define MP_PROF(i) do {} while (0)
 #endif
         // Stage the own slot of a round (written by the threads that call this before the barrier) and send it: one
         // bulk copy to each peer by lanes of warp 0, after every writer's proxy fence and the barrier.
@@ -371,7 +361,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             const float inv_rows = 1.f / (float)rows;
             const OptimStep o = optim_step<OPTIM_SGD>(p, si.lr, 1);
             const u8* xs = X + stg * XST;
-            MP_PROF(0);
+            FUSED_PROF(0);
 
             // ---- layer 0: partials over this warp's chunks, 32 rows x 16 neurons, B fragments from the masters
             {
@@ -389,11 +379,9 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         const u32 x1 = *reinterpret_cast<const u32*>(xr + 8 * ROWB + c * 16);
                         const u32 x2 = *reinterpret_cast<const u32*>(xr + 16 * ROWB + c * 16);
                         const u32 x3 = *reinterpret_cast<const u32*>(xr + 24 * ROWB + c * 16);
-                        // k permuted inside the chunk: logical (2t, 2t+1) = features (4t, 4t+1), (2t+8, 2t+9) = (4t+2, 4t+3)
-                        const u32 a0[4] = {__byte_perm(x0, 0u, 0x4140), __byte_perm(x1, 0u, 0x4140),
-                                           __byte_perm(x0, 0u, 0x4342), __byte_perm(x1, 0u, 0x4342)};
-                        const u32 a1[4] = {__byte_perm(x2, 0u, 0x4140), __byte_perm(x3, 0u, 0x4140),
-                                           __byte_perm(x2, 0u, 0x4342), __byte_perm(x3, 0u, 0x4342)};
+                        u32 a0[4], a1[4];  // rows g, g + 8 and 16 + g, 24 + g (K permuted inside the chunk)
+                        u8_a_frags(x0, x1, a0);
+                        u8_a_frags(x2, x3, a1);
                         const u32 b0[2] = {pack_h2(mw[j][0], mw[j][1]), pack_h2(mw[j][2], mw[j][3])};
                         const u32 b1[2] = {pack_h2(mw[j][4], mw[j][5]), pack_h2(mw[j][6], mw[j][7])};
                         mma(acc[0][0], a0, b0);
@@ -439,7 +427,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             }
             if constexpr (NH >= 2) send_slot(smem_u32(Hh(LY.hb[0]) + (int)rank * BR * SLD), BR * SLD * 2, 0);
             else bar_consumers();
-            MP_PROF(1);
+            FUSED_PROF(1);
 
             // ---- hidden layers 1 .. NH-1: Z_l = H_{l-1} W_l^T from the gathered H_{l-1} (4 warps, a 16 x 8 tile each)
 #pragma unroll
@@ -480,7 +468,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 else bar_consumers();
                 if (S > 1 && tid == 0) mbar_arm_tx(xbar(l - 1), xbytes(l - 1));  // every warp passed its wait
             }
-            MP_PROF(2);
+            FUSED_PROF(2);
 
             // ---- last layer: partial logits of the own 16 columns (4 tiles), all-gathered
             float* lown = F(LY.lbuf) + (int)rank * BR * CE;
@@ -502,73 +490,29 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             }
             send_slot(smem_u32(lown), BR * CE * 4, XL);
             if constexpr (S > 1) wait_warp<true>(xbar(XL), xpar, s, W_XCHG + XL);
-            MP_PROF(3);
+            FUSED_PROF(3);
 
             // ---- softmax, loss, argmax, dlogits of all 32 rows (warps 0 and 1, two lanes a row), as fused_logreg.cu
             if (warp < 2) {
                 constexpr int CH = (C + 1) / 2;
                 const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
-                float z[CH];
-#pragma unroll
-                for (int c = 0; c < CH; ++c) z[c] = 0.f;
-#pragma unroll
-                for (int q = 0; q < S; ++q) {  // fixed order: the same sums in every CTA
-                    const float* src = F(LY.lbuf) + (q * BR + r) * CE + cb;
-#pragma unroll
-                    for (int c = 0; c < CH; ++c)
-                        if (cb + c < C) z[c] += src[c];
-                }
-                float m = __int_as_float(0xff800000);
-                int bi = 0x7fffffff;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    if (cb + c < C) {
-                        z[c] += F(LY.bl)[cb + c];
-                        if (argmax_takes(z[c], m)) {
-                            m = z[c];
-                            bi = cb + c;
-                        }
-                    }
-                }
-                {
-                    const float om = __shfl_xor_sync(0xffffffffu, m, 1);
-                    const int ob = __shfl_xor_sync(0xffffffffu, bi, 1);
-                    const float lm = hh ? om : m, um = hh ? m : om;
-                    const int lb = hh ? ob : bi, ub = hh ? bi : ob;
-                    const bool up = argmax_takes(um, lm);
-                    m = up ? um : lm;
-                    bi = up ? ub : lb;
-                }
                 const bool valid = r < rows;
-                const int yl = valid ? lab[stg * BR + r] : -1;
-                float ex[CH], ssum = 0.f, zy = 0.f;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    ex[c] = cb + c < C ? __expf(z[c] - m) : 0.f;
-                    ssum += ex[c];
-                    zy += yl == cb + c ? z[c] : 0.f;
-                }
-                ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
-                zy += __shfl_xor_sync(0xffffffffu, zy, 1);
-                const float inv = __fdividef(1.f, ssum);
+                float d[CH];
+                softmax_pair<C, S>(F(LY.lbuf) + r * CE, BR * CE, F(LY.bl), valid, valid ? lab[stg * BR + r] : -1,
+                                   inv_rows, d, loss_acc, ok_acc);
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
                     if (cb + c < C) {
-                        const float d = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
-                        const half_t dh = from_f<half_t>(d);
-                        F(LY.dz32)[(cb + c) * DLD + r] = d;
+                        const half_t dh = from_f<half_t>(d[c]);
+                        F(LY.dz32)[(cb + c) * DLD + r] = d[c];
                         Hh(LY.dzlt)[(cb + c) * TLD + r] = dh;
                         Hh(LY.dzlr)[r * SLD + cb + c] = dh;
                     }
                 }
-                if (valid && hh == 0) {
-                    loss_acc += (double)(__logf(ssum) - (zy - m));
-                    ok_acc += bi == yl ? 1.f : 0.f;
-                }
             }
             bar_consumers();
             if (S > 1 && tid == 0) mbar_arm_tx(xbar(XL), xbytes(XL));
-            MP_PROF(4);
+            FUSED_PROF(4);
 
             // ---- last layer backward: dH of the own slice (warps 0-3), its weight gradient (warps 4-5), the
             // replicated bias gradient (warp 6)
@@ -611,7 +555,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 F(LY.blg)[lane] = col_sum32([&](int r) { return F(LY.dz32)[lane * DLD + r]; });
             }
             bar_consumers();
-            MP_PROF(5);
+            FUSED_PROF(5);
 
             // ---- hidden layers NH-1 .. 1: RS of dH_{l-1}, bias and weight gradients (W_l updated at once)
 #pragma unroll
@@ -710,7 +654,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 bar_consumers();
                 if (S > 1 && tid == 0) mbar_arm_tx(xbar(rr), xbytes(rr));
             }
-            MP_PROF(6);
+            FUSED_PROF(6);
 
             // ---- layer 0: weight gradient (m = neuron, n = feature, k = row) into the register masters; bias
             {
@@ -724,18 +668,10 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < 2; ++ks) {
-                            const u8* xr = xs + c * 16 + 2 * g + (ks * 16 + 2 * t) * ROWB;
-                            const u32 q0 = *reinterpret_cast<const unsigned short*>(xr);
-                            const u32 q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
-                            const u32 q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
-                            const u32 q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
-                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6420),
-                                     __byte_perm(q2, q3, 0x6420));
-                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6521),
-                                     __byte_perm(q2, q3, 0x6521));
+                            wgrad_kstep<false>(xs + c * 16 + 2 * g + (ks * 16 + 2 * t) * ROWB, ROWB, af[ks], a0, a1);
                         }
-                        // n-tile 0: features 4t, 4t+2; n-tile 1: 4t+1, 4t+3; rows neuron g, g + 8
-                        const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
+                        float ac[8];  // neurons g, g + 8 (n-tile 0: features 4t, 4t+2; n-tile 1: 4t+1, 4t+3)
+                        chunk_grads(a0, a1, ac);
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {  // pads: zero gradient, weight and state stay zero
                             float w = mw[j][e], v = mom[j][e], u = 0.f;
@@ -752,7 +688,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(stg));
             bar_consumers();
-            MP_PROF(7);
+            FUSED_PROF(7);
 
             // ---- the last layer's slice and every bias: element-wise
             {
@@ -851,26 +787,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             if (w16g) w16g[gi] = from_f<half_t>(F(LY.bl)[tid - 128]);
             if (MOM) s1g[gi] = F(LY.bls)[tid - 128];
         }
-        double ls = loss_acc, cs = (double)ok_acc;
-        for (int o2 = 16; o2 > 0; o2 >>= 1) {
-            ls += __shfl_xor_sync(0xffffffffu, ls, o2);
-            cs += __shfl_xor_sync(0xffffffffu, cs, o2);
-        }
-        double* hsum = reinterpret_cast<double*>(sm + LY.hist);
-        if (lane == 0) {
-            hsum[2 * warp] = ls;
-            hsum[2 * warp + 1] = cs;
-        }
-        bar_consumers();
-        if (rank == 0 && tid == 0) {  // every CTA computed every row's loss: CTA 0's are the epoch's
-            double a = 0.0, b = 0.0;
-            for (int w = 0; w < NCW; ++w) {
-                a += hsum[2 * w];
-                b += hsum[2 * w + 1];
-            }
-            est->hist[2 * epoch_in_fit] += a;
-            est->hist[2 * epoch_in_fit + 1] += b;
-        }
+        epoch_history<NCW>(loss_acc, ok_acc, reinterpret_cast<double*>(sm + LY.hist), est, epoch_in_fit, rank);
     } else {
         // =============================== the producer warp ===============================
         u32 keys[FEISTEL_ROUNDS];
@@ -895,11 +812,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             for (int u = lane; u < rows * UPR; u += 32) {
                 const int r = u / UPR, c = u - r * UPR, f = c * GF;
                 if (f >= D) continue;  // pad features stay zero
-                const u8* src = x + (u64)ix[r] * D + f;
-                if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 4) cp_async4(smem_u32(xd + r * ROWB + f), src);
-                else xd[r * ROWB + f] = *src;
+                copy_unit<G>(xd + r * ROWB + f, x + (u64)ix[r] * D + f);
             }
             if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));

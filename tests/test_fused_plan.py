@@ -131,7 +131,8 @@ def test_the_kernel_compiles_for_each_layout(
     sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False,
+                    fused_mlp=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
     assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
@@ -175,7 +176,8 @@ def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
 def test_the_regression_kernel_compiles(sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch,
                                         tmp_path):  # fmt: skip
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False,
+                    fused_mlp=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning, loss="mse")
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
@@ -214,7 +216,6 @@ def test_uint8_logistic_regression_takes_the_logreg_kernel(classes, batch, optim
         ([784, 10], "mixed", 128, np.uint8, {"loss": "mse"}, "loss 'mse'"),
         ([784, 17], "mixed", 128, np.uint8, {}, "17 classes"),
         ([784, 10], "mixed", 129, np.uint8, {}, "batch size 129"),
-        ([784, 64, 10], "mixed", 32, np.uint8, {}, "the model has a hidden layer"),
         ([2049, 10], "mixed", 32, np.uint8, {}, "2049 features"),
         ([784, 10], "mixed", 32, np.uint8, {"tuning": Tuning(fused_logreg=False)}, "Tuning(fused_logreg=False)"),
     ],
@@ -225,6 +226,15 @@ def test_the_rest_goes_to_fused_cu_saying_why(sizes, precision, batch, x_dtype, 
     assert plan.why.startswith("fused.cu, not fused_logreg.cu: ") and reason in plan.why, plan.why
     assert isinstance(fp.logreg_plan(EngineConfig(model=MLP(sizes), optimizer=MOMENTUM, batch_size=batch,
                                                   precision=precision, **kw), x_dtype), str)  # fmt: skip
+
+
+def test_each_cluster_kernel_declines_the_others_models():
+    mlp = EngineConfig(model=MLP([784, 64, 10]), optimizer=MOMENTUM, batch_size=32, precision="mixed")
+    logreg = EngineConfig(model=MLP([784, 10]), optimizer=MOMENTUM, batch_size=32, precision="mixed")
+    assert "the model has a hidden layer" in fp.logreg_plan(mlp, np.uint8)
+    assert "0 hidden layers" in fp.mlp_plan(logreg, np.uint8)
+    assert fp.fused_plan(mlp, np.uint8).source == "fused_mlp.cu"
+    assert fp.fused_plan(logreg, np.uint8).source == "fused_logreg.cu"
 
 
 def test_the_logreg_kernel_drops_gather_stages_then_declines_where_shared_memory_is_short():

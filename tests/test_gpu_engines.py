@@ -237,25 +237,21 @@ def _fused_kernel_of(t: Trainer) -> str:
     return t._engine.train_context.plan.source
 
 
-@pytest.mark.parametrize("sizes,optimizer,batch,n,precision,kw", LOGREG_CASES)
-def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
-    """engine="fused" on fused_logreg.cu (asserted: the comparison cannot silently run fused.cu) against the NumPy
-    engine in fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
-    model = MLP(sizes)
-    kw = dict(kw)
-    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1], dtype=kw.pop("x_dtype", np.uint8))
+def _fused_kernel_matches_numpy(kernel: str, model: MLP, optimizer, batch: int, x, y, precision: str, **kw) -> None:
+    """engine="fused" on `kernel` (asserted: the comparison cannot silently run another) against the NumPy engine in
+    fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
     gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
                   engine="fused", **kw)  # fmt: skip
     hc = cpu.fit(x, y, epochs=2)
     hg = gpu.fit(x, y, epochs=2)
-    assert _fused_kernel_of(gpu) == "fused_logreg.cu", gpu._engine.train_context.plan.why
+    assert _fused_kernel_of(gpu) == kernel, gpu._engine.train_context.plan.why
     params, loss, flips, probs = TOLERANCES[precision]
-    _assert_close(cpu, gpu, params)
+    _assert_close(cpu, gpu, max(params, 1e-3) if model.activation == "gelu" else params)
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
     samples = len(x) - len(x) % batch if kw.get("drop_last") else len(x)
     np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=flips / 333 + 1 / samples)
-    xt, yt = _data(333, sizes[0], sizes[-1], seed=99, dtype=x.dtype)
+    xt, yt = _data(333, model.sizes[0], model.sizes[-1], seed=99, dtype=x.dtype)
     ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
     assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
     assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
@@ -263,25 +259,36 @@ def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     gpu.close()
 
 
-def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
-    """Two trainers give the same bits; one fit of 4 epochs equals fits of 1 and 3 (the state, AdamW's moments and
-    step count go back to the flat training state between launches exactly)."""
-    model = MLP([784, 10])
-    x, y = _data(1000, 784, 10)
-    kw = dict(optimizer=AdamW(lr=1e-3, weight_decay=0.01), batch_size=128, precision="mixed", device="cuda", seed=1,
-              engine="fused")  # fmt: skip
+def _fused_kernel_is_deterministic_and_resumes(kernel: str, model: MLP, optimizer, batch: int, x, y,
+                                               epochs: int) -> None:  # fmt: skip
+    """Two trainers give the same bits; one fit of `epochs` equals fits of 1 and epochs - 1 (the state and the
+    optimizer's go back to the flat training state between launches exactly)."""
+    kw = dict(optimizer=optimizer, batch_size=batch, precision="mixed", device="cuda", seed=1, engine="fused")
     one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
-    one.fit(x, y, epochs=4)
-    two.fit(x, y, epochs=4)
+    one.fit(x, y, epochs=epochs)
+    two.fit(x, y, epochs=epochs)
     three.fit(x, y, epochs=1)
-    three.fit(x, y, epochs=3)
-    assert _fused_kernel_of(one) == "fused_logreg.cu"
+    three.fit(x, y, epochs=epochs - 1)
+    assert _fused_kernel_of(one) == kernel
     a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
         np.testing.assert_array_equal(c[name], a[name], err_msg=name)
     for t in (one, two, three):
         t.close()
+
+
+@pytest.mark.parametrize("sizes,optimizer,batch,n,precision,kw", LOGREG_CASES)
+def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
+    kw = dict(kw)
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1], dtype=kw.pop("x_dtype", np.uint8))
+    _fused_kernel_matches_numpy("fused_logreg.cu", MLP(sizes), optimizer, batch, x, y, precision, **kw)
+
+
+def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    x, y = _data(1000, 784, 10)
+    _fused_kernel_is_deterministic_and_resumes("fused_logreg.cu", MLP([784, 10]), AdamW(lr=1e-3, weight_decay=0.01),
+                                               128, x, y, 4)  # fmt: skip
 
 
 # ---- native/fused_mlp.cu: the MLPs fused/plan.py's mlp_plan sends to it ------------------------------------------
@@ -304,44 +311,15 @@ MLP_CASES = [
 
 @pytest.mark.parametrize("sizes,activation,optimizer,batch,n,precision,kw", MLP_CASES)
 def test_mlp_kernel_matches_numpy(sizes, activation, optimizer, batch, n, precision, kw):
-    """engine="fused" on fused_mlp.cu (asserted) against the NumPy engine in fp32 with the matrix's tolerances, over
-    two epochs: parameters, history, evaluation."""
-    model = MLP(sizes, activation=activation)
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
-    cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
-    gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
-                  engine="fused", **kw)  # fmt: skip
-    hc = cpu.fit(x, y, epochs=2)
-    hg = gpu.fit(x, y, epochs=2)
-    assert _fused_kernel_of(gpu) == "fused_mlp.cu", gpu._engine.train_context.plan.why
-    params, loss, flips, probs = TOLERANCES[precision]
-    _assert_close(cpu, gpu, max(params, 1e-3) if activation == "gelu" else params)
-    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss)
-    xt, yt = _data(333, sizes[0], sizes[-1], seed=99)
-    ec, eg = cpu.evaluate(xt, yt), gpu.evaluate(xt, yt)
-    assert abs(ec["loss"] - eg["loss"]) < loss * max(1.0, abs(ec["loss"]))
-    assert abs(ec["accuracy"] - eg["accuracy"]) <= flips / 333 + 1e-12
-    np.testing.assert_allclose(gpu.predict_proba(xt), cpu.predict_proba(xt), atol=probs)
-    gpu.close()
+    _fused_kernel_matches_numpy("fused_mlp.cu", MLP(sizes, activation=activation), optimizer, batch, x, y, precision,
+                                **kw)  # fmt: skip
 
 
 def test_mlp_kernel_is_deterministic_and_resumes_like_one_long_fit():
-    model = MLP([784, 128, 128, 128, 10])
     x, y = _data(700, 784, 10)
-    kw = dict(optimizer=SGD(lr=0.01, momentum=0.9, nesterov=True), batch_size=32, precision="mixed", device="cuda",
-              seed=1, engine="fused")  # fmt: skip
-    one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
-    one.fit(x, y, epochs=3)
-    two.fit(x, y, epochs=3)
-    three.fit(x, y, epochs=1)
-    three.fit(x, y, epochs=2)
-    assert _fused_kernel_of(one) == "fused_mlp.cu"
-    a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
-    for name in a:
-        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
-        np.testing.assert_array_equal(c[name], a[name], err_msg=name)
-    for t in (one, two, three):
-        t.close()
+    _fused_kernel_is_deterministic_and_resumes("fused_mlp.cu", MLP([784, 128, 128, 128, 10]),
+                                               SGD(lr=0.01, momentum=0.9, nesterov=True), 32, x, y, 3)  # fmt: skip
 
 
 def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():

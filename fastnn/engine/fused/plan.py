@@ -13,6 +13,7 @@ allows), and says why a model cannot be held, naming the limit. `FusedPlan.why` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -177,29 +178,47 @@ def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stag
     return sum(_up16(b) for b in parts)
 
 
-def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
-    """The plan of native/fused_logreg.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
-    model, opt = config.model, config.optimizer
-    sizes = tuple(model.sizes)
-    tuning = config.tuning
-    if not tuning.fused_logreg:
-        return "it is switched off (Tuning(fused_logreg=False))"
-    if len(sizes) != 2:
-        return "the model has a hidden layer (it trains logistic regression, sizes [d, C])"
-    features, classes = sizes
+def _cluster_kernel_reason(config: EngineConfig, switch: str, max_classes: int, max_batch: int) -> str | None:
+    """Why a cluster kernel (fused_logreg.cu, fused_mlp.cu; `switch` its Tuning flag) does not serve `config` for
+    reasons they share, or None."""
+    classes = config.model.sizes[-1]
+    if not getattr(config.tuning, switch):
+        return f"it is switched off (Tuning({switch}=False))"
     if config.loss != "cross_entropy":
         return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
     if config.precision not in ("mixed", "fp16"):
         return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
+    if not 2 <= classes <= max_classes:
+        return f"{classes} classes (it takes 2 to {max_classes}: one pair of 8-wide MMA tiles)"
+    if config.batch_size > max_batch:
+        return f"batch size {config.batch_size} (it takes up to {max_batch}: one producer thread a row)"
+    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+        return "normalize is per-feature (it takes two numbers)"
+    return None
+
+
+def _most_stages(choices: tuple[int, ...], smem_limit: int, need: Callable[[int], int]) -> tuple[int, int] | str:
+    """(stages, bytes): the most gather stages of `choices` whose layout fits `smem_limit`, or why none does."""
+    for stages in choices:
+        if need(stages) <= smem_limit:
+            return stages, need(stages)
+    return (f"it needs {need(choices[-1]):,} bytes of shared memory per CTA even with {choices[-1]} stages, over the "
+            f"GPU's {smem_limit:,}")  # fmt: skip
+
+
+def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
+    """The plan of native/fused_logreg.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    reason = _cluster_kernel_reason(config, "fused_logreg", LOGREG_MAX_CLASSES, LOGREG_MAX_BATCH)
+    if reason:
+        return reason
+    if len(sizes) != 2:
+        return "the model has a hidden layer (it trains logistic regression, sizes [d, C])"
+    features, classes = sizes
     float_inputs = np.dtype(x_dtype) != np.uint8
     if float_inputs and np.dtype(x_dtype) != np.float32:
         return f"{np.dtype(x_dtype).name} inputs (it takes uint8 and float32)"
-    if not 2 <= classes <= LOGREG_MAX_CLASSES:
-        return f"{classes} classes (it takes 2 to {LOGREG_MAX_CLASSES}: one pair of 8-wide MMA tiles)"
-    if config.batch_size > LOGREG_MAX_BATCH:
-        return f"batch size {config.batch_size} (it takes up to {LOGREG_MAX_BATCH}: one producer thread a row)"
-    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
-        return "normalize is per-feature (it takes two numbers)"
     cluster = logreg_cluster(features)
     if cluster is None:
         return f"{features} features (it takes up to {LOGREG_MAX_FEATURES}: 16 chunks of 16 on each of 8 CTAs)"
@@ -209,14 +228,11 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
     rows = _cdiv(config.batch_size, 16) * 16
     # uint8 with a nonzero shift: shift * colsum(W16) joins the logits (float32 rows take it in the conversion)
     shift = float(input_affine(np.dtype(x_dtype), config.normalize)[1]) != 0.0 and not float_inputs
-    need = stages = 0
-    for stages in LOGREG_STAGES:
-        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw, float_inputs, shift)
-        if need <= smem_limit:
-            break
-    else:
-        return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
-                f"{smem_limit:,}")  # fmt: skip
+    fit = _most_stages(LOGREG_STAGES, smem_limit, lambda stages: logreg_smem_bytes(
+        features, classes, cluster, rows, stages, n_state, adamw, float_inputs, shift))  # fmt: skip
+    if isinstance(fit, str):
+        return fit
+    stages, need = fit
     layout = param_layout(model)
     options = (
         "-std=c++17",
@@ -233,7 +249,7 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
         f"-DLR_XF={int(float_inputs)}",  # float32: the producers stage x * scale + shift as fp16
         f"-DLR_SHIFT={int(shift)}",
         f"-DLR_SMEM={need}",
-    ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
+    ) + (("-DFUSED_PROFILE",) if config.tuning.fused_profile else ())
     why = (
         f"fused_logreg.cu: {features} features in {_cdiv(features, 16)} chunks of 16 over a cluster of {cluster} "
         f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages, "
@@ -290,43 +306,28 @@ def mlp_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = H
     """The plan of native/fused_mlp.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
-    tuning = config.tuning
-    if not tuning.fused_mlp:
-        return "it is switched off (Tuning(fused_mlp=False))"
+    reason = _cluster_kernel_reason(config, "fused_mlp", MLP_MAX_CLASSES, MLP_MAX_BATCH)
+    if reason:
+        return reason
     hidden = sizes[1:-1]
     if not 1 <= len(hidden) <= MLP_MAX_HIDDEN_LAYERS:
         return f"{len(hidden)} hidden layers (it takes 1 to {MLP_MAX_HIDDEN_LAYERS})"
     if max(hidden) > MLP_MAX_HIDDEN:
         return f"a hidden layer of {max(hidden)} (it takes up to {MLP_MAX_HIDDEN}: 16 neurons on each of 8 CTAs)"
-    if not 2 <= sizes[-1] <= MLP_MAX_CLASSES:
-        return f"{sizes[-1]} classes (it takes 2 to {MLP_MAX_CLASSES})"
     if sizes[0] > MLP_MAX_FEATURES:
         return f"{sizes[0]} inputs (it takes up to {MLP_MAX_FEATURES}: layer 0's masters in registers)"
-    if config.loss != "cross_entropy":
-        return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
-    if config.precision not in ("mixed", "fp16"):
-        return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
     if np.dtype(x_dtype) != np.uint8:
         return f"{np.dtype(x_dtype).name} inputs (it takes uint8)"
-    if config.batch_size > MLP_MAX_BATCH:
-        return f"batch size {config.batch_size} (it takes up to {MLP_MAX_BATCH})"
-    kernel = opt.kernel_params()
-    if kernel.kind != KIND_SGD:
+    if opt.kernel_params().kind != KIND_SGD:
         return f"{type(opt).__name__} (it takes SGD: AdamW's moments of layer 0 do not fit beside its rows)"
-    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
-        return "normalize is per-feature (it takes two numbers)"
     if float(input_affine(np.uint8, config.normalize)[1]) != 0.0:
         return "normalize has a nonzero shift (it applies a scale only)"
     cluster = mlp_cluster(hidden)
     momentum = len(opt.state_names) == 1
-    need = stages = 0
-    for stages in MLP_STAGES:
-        need = mlp_smem_bytes(sizes, cluster, stages, momentum)
-        if need <= smem_limit:
-            break
-    else:
-        return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
-                f"{smem_limit:,}")  # fmt: skip
+    fit = _most_stages(MLP_STAGES, smem_limit, lambda stages: mlp_smem_bytes(sizes, cluster, stages, momentum))
+    if isinstance(fit, str):
+        return fit
+    stages, need = fit
     layout = param_layout(model)
     options = (
         "-std=c++17",
@@ -340,7 +341,7 @@ def mlp_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = H
         f"-DMP_NS={int(momentum)}",
         f"-DMP_ACT={0 if model.activation == 'relu' else 1}",
         f"-DMP_SMEM={need}",
-    ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
+    ) + (("-DFUSED_PROFILE",) if config.tuning.fused_profile else ())
     why = (f"fused_mlp.cu: {len(hidden)} hidden layers of at most {max(hidden)} on a cluster of {cluster} (16 neurons "
            f"a CTA), {stages} gather stages")  # fmt: skip
     return FusedPlan(rows=MLP_MAX_BATCH, cluster=cluster, threads=MLP_THREADS, smem_bytes=need, options=options,
