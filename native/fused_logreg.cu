@@ -180,7 +180,7 @@ struct StepInfo {
     int rows;
 };
 
-// The cluster, mbarrier, copy and tensor-core helpers, and the watchdog'd waits: cluster.cuh.
+// The cluster, mbarrier, copy and tensor-core helpers, and the watchdog'd waits: ptx.cuh.
 
 
 #if LR_PREC == 2

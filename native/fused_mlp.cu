@@ -200,9 +200,6 @@ __device__ __forceinline__ void frag_b_kn(const half_t* Bk, int ldb, int k0, int
     b[0] = __byte_perm(q0, q1, 0x5410);
     b[1] = __byte_perm(q2, q3, 0x5410);
 }
-__device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    mma16816(d, a[0], a[1], a[2], a[3], b[0], b[1]);
-}
 __device__ __forceinline__ void zero4(float (&d)[4]) { d[0] = d[1] = d[2] = d[3] = 0.f; }
 // The sum of v(0..31) in a fixed order (two chains of 16, then their sum): a bias gradient's column, one lane each,
 // no shuffles (shuffles in warp-indexed branches make the compiler emit divergence-safe collective code).
@@ -384,10 +381,10 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         u8_a_frags(x2, x3, a1);
                         const u32 b0[2] = {pack_h2(mw[j][0], mw[j][1]), pack_h2(mw[j][2], mw[j][3])};
                         const u32 b1[2] = {pack_h2(mw[j][4], mw[j][5]), pack_h2(mw[j][6], mw[j][7])};
-                        mma(acc[0][0], a0, b0);
-                        mma(acc[0][1], a0, b1);
-                        mma(acc[1][0], a1, b0);
-                        mma(acc[1][1], a1, b1);
+                        mma16816(acc[0][0], a0, b0);
+                        mma16816(acc[0][1], a0, b1);
+                        mma16816(acc[1][0], a1, b0);
+                        mma16816(acc[1][1], a1, b1);
                     }
                 }
                 float* red = F(LY.red) + warp * BR * 16;
@@ -443,7 +440,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         u32 a[4], b[2];
                         frag_a(hb + q * BR * SLD, SLD, mt * 16, 0, a);
                         frag_b_nk(Hh(LY.w16[l]), WLD, q * 16, nt * 8, b);
-                        mma(d, a, b);
+                        mma16816(d, a, b);
                     }
                     half_t* hd = l == NH - 1 ? Hh(LY.hlast) : Hh(LY.hb[l]) + (int)rank * BR * SLD;
 #pragma unroll
@@ -480,7 +477,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     zero4(d);
                     frag_a(Hh(LY.hlast), SLD, mt * 16, 0, a);
                     frag_b_nk(Hh(LY.wl16), SLD, 0, nt * 8, b);
-                    mma(d, a, b);
+                    mma16816(d, a, b);
                     const int c = nt * 8 + 2 * t, r = mt * 16 + g;
                     if (c < C) {
                         *reinterpret_cast<float2*>(lown + r * CE + c) = make_float2(d[0], d[1]);
@@ -523,7 +520,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 zero4(d);
                 frag_a(Hh(LY.dzlr), SLD, mt * 16, 0, a);     // dlogits [row][class]
                 frag_b_kn(Hh(LY.wl16), SLD, 0, nt * 8, b);   // W_L [class][neuron]: k = class, n = neuron
-                mma(d, a, b);
+                mma16816(d, a, b);
                 const int l = NH - 1;
 #pragma unroll
                 for (int hr = 0; hr < 2; ++hr) {
@@ -546,7 +543,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     u32 a[4], b[2];
                     frag_a(Hh(LY.dzlt), TLD, 0, ks * 16, a);          // dlogits^T [class][row]
                     frag_b_kn(Hh(LY.hlast), SLD, ks * 16, nt * 8, b);  // H [row][neuron]: k = row, n = neuron
-                    mma(d, a, b);
+                    mma16816(d, a, b);
                 }
                 const int m = nt * 8 + 2 * t;
                 *reinterpret_cast<float2*>(F(LY.wlg) + g * 16 + m) = make_float2(d[0], d[1]);
@@ -573,7 +570,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                             u32 b[2];
                             frag_b_kn(Hh(LY.w16[l]), WLD, 0, q * 16 + nt * 8, b);  // W_l [neuron][input]
                             zero4(d[mt][nt]);
-                            mma(d[mt][nt], a, b);
+                            mma16816(d[mt][nt], a, b);
                         }
                     }
                     float* dst = q == (int)rank ? F(LY.rs[l]) + q * BR * 16 : F(LY.rsend[l]) + q * BR * 16;
@@ -612,7 +609,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         for (int nt = 0; nt < 2; ++nt) {
                             u32 b[2];
                             frag_b_kn(hprev, SLD, ks * 16, nt * 8, b);  // H_{l-1} [row][input]
-                            mma(d[nt], a, b);
+                            mma16816(d[nt], a, b);
                         }
                     }
 #pragma unroll

@@ -148,8 +148,8 @@ def _up16(a: int) -> int:
     return _cdiv(a, 16) * 16
 
 
-def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, n_state: int,
-                      adamw: bool, float_inputs: bool = False, shift: bool = False) -> int:  # fmt: skip
+def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, adamw: bool,
+                      float_inputs: bool = False, shift: bool = False) -> int:  # fmt: skip
     """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there).
     `float_inputs`: rows staged as fp16 operands (2 bytes a feature) instead of uint8; `shift`: uint8 rows with a
     nonzero normalize shift (per-warp bias-gradient partials instead of the fp32 dlogits)."""
@@ -229,7 +229,7 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
     # uint8 with a nonzero shift: shift * colsum(W16) joins the logits (float32 rows take it in the conversion)
     shift = float(input_affine(np.dtype(x_dtype), config.normalize)[1]) != 0.0 and not float_inputs
     fit = _most_stages(LOGREG_STAGES, smem_limit, lambda stages: logreg_smem_bytes(
-        features, classes, cluster, rows, stages, n_state, adamw, float_inputs, shift))  # fmt: skip
+        features, classes, cluster, rows, stages, adamw, float_inputs, shift))  # fmt: skip
     if isinstance(fit, str):
         return fit
     stages, need = fit

@@ -1,8 +1,8 @@
-// cluster.cuh: what the fused engine's cluster kernels (fused_logreg.cu, fused_mlp.cu) share: inline PTX for the
-// cluster (rank, peer addresses, the start/end barrier), mbarriers (init, arrive, transaction counts), the copies
-// that complete on them (cp.async with a noinc arrival, bulk copies into a peer CTA), mma.sync m16n8k16, and the
-// waits every kernel uses: warp-uniform, with a watchdog that prints where it is stuck and traps (a lost arrival
-// costs seconds, not the device). Inline PTX: NVRTC needs no toolkit headers. sm_90.
+// ptx.cuh: the fused kernels' inline PTX (fused.cu, fused_logreg.cu, fused_mlp.cu; NVRTC needs no toolkit headers):
+// the cluster (rank, peer addresses, the release/acquire barrier, remote loads and stores), mbarriers (init, arrive,
+// transaction counts), the copies that complete on them (cp.async, with a noinc arrival; bulk copies into a peer CTA),
+// named barriers, mma.sync m16n8k16 and fp16 packing, and the waits the cluster kernels use: warp-uniform, with a
+// watchdog that prints where it is stuck and traps (a lost arrival costs seconds, not the device). sm_90.
 #pragma once
 #include "common.cuh"
 
@@ -12,14 +12,33 @@ __device__ __forceinline__ u32 cluster_rank() {
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
+// The address of the same shared-memory location in CTA `rank` of the cluster.
 __device__ __forceinline__ u32 mapa(u32 a, u32 rank) {
     u32 r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     return r;
 }
-// Start and end only: a release/acquire cluster barrier is a GPU-scope MEMBAR (850 cycles on an H100).
+// All threads of every CTA of the cluster; orders shared and distributed-shared memory (release/acquire). A GPU-scope
+// MEMBAR in SASS (850 cycles on an H100): the cluster kernels use it at the start and the end only.
 __device__ __forceinline__ void cluster_sync_full() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Stores and loads of a peer CTA's shared memory, one lane at a time (~1 a cycle through the SM-to-SM network).
+__device__ __forceinline__ void st_remote(u32 addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_remote4(u32 addr, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ void st_remote2(u32 addr, float v0, float v1) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+}
+__device__ __forceinline__ double ld_remote_d(u32 addr) {
+    double v;
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory");
+    return v;
 }
 __device__ __forceinline__ void mbar_init(u32 a, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
@@ -91,6 +110,8 @@ __device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // This thread's arrival on `bar`, triggered when all its earlier cp.async have landed (counted in the init count).
 __device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
@@ -113,6 +134,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
         "{%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The same with the fragments as arrays (fused.cu, fused_mlp.cu).
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     u32 v;
