@@ -203,12 +203,8 @@ static_assert(NT % 32 == 0 && NT <= 1024, "block must be whole warps");
 #define PROF_MARK(ph) do {} while (0)
 #endif
 
-// ---- numerics shared with the other engines ------------------------------------------------------------------
-// Operand rounding: "mixed" and "fp16" multiply fp16 values (with fp32 accumulation here).
-__device__ __forceinline__ float rnd(float x) {
-    if (PREC == 0) return x;
-    return to_f(from_f<half_t>(x));
-}
+// ---- numerics shared with the other engines (activation.cuh) -------------------------------------------------
+__device__ __forceinline__ float rnd(float x) { return round_operand<PREC>(x); }
 __device__ __forceinline__ float act(float z) { return activation<FUSED_ACT>(z); }
 __device__ __forceinline__ float act_grad(float z) { return activation_grad<FUSED_ACT>(z); }
 

@@ -2,7 +2,11 @@
 // operands (the fp16-subnormal trick), the weight gradient's k-step over staged rows, the softmax head of a row on two
 // lanes, the producers' row copies, and the epoch's history. Each kernel's shapes come in as template arguments.
 #pragma once
+#include "activation.cuh"
 #include "ptx.cuh"
+
+// Rounding to fp16, the operands' precision ("mixed" and "fp16").
+__device__ __forceinline__ float rnd16(float x) { return round_operand<1>(x); }
 
 // A fragments of a row pair's 16-feature chunk from two 4-byte loads of uint8 pixels (rows g, g + 8; features 4t..
 // 4t+3), each pixel x the exact fp16 subnormal x * 2^-24 (its byte in the low half, zero above). K is permuted inside

@@ -116,7 +116,7 @@ constexpr int CE = C + (C & 1);                  // partial-logit row stride: ev
 constexpr int NJ = (NCH + NCW - 1) / NCW;        // chunks a consumer warp owns
 constexpr int RW = BR / 16;                      // consumer warps with forward/softmax rows
 constexpr int CH = (C + 1) / 2;                  // classes a softmax lane takes (two lanes a row)
-constexpr int DLD = BR + 16;                     // fp32 dlogits [class][row] stride (the bias gradient's columns)
+constexpr int DLD = BR + 20;  // fp32 dlogits [class][row] stride (the bias gradient's columns: 16-byte row loads)
 // The upper class tile (classes 8..15): CHI real classes. With 9..15 classes its real weights sit in few lanes (at 10
 // classes, 8 lanes of 32 hold them); they are spread over all lanes instead (REDIST), HS slots a lane a chunk, so the
 // optimizer step (AdamW's two divisions and a square root a weight) costs 4 + HS weights a lane, not 8.
@@ -352,7 +352,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             // ---- forward: rows 16w..16w+15 x this CTA's chunks; K permuted inside each chunk: logical k (2t, 2t+1)
             // = features (4t, 4t+1), (2t+8, 2t+9) = (4t+2, 4t+3), so one 4-byte load gives a0/a2 and one 8-byte
             // load of W16 gives b0/b1. Two accumulator sets per n-tile (independent chains).
-            if (warp < RW) {
+            if (RW == NCW || warp < RW) {  // (at 128 rows every warp: no branch)
                 float acc[2][2][4];
 #pragma unroll
                 for (int a = 0; a < 2; ++a)
@@ -424,11 +424,11 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             }
             FUSED_PROF(1);  // forward
             bar_consumers();  // B0: the CTA's own partials are staged
-            if (S > 1 && warp < RW) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
+            if (S > 1 && (RW == NCW || warp < RW)) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
             FUSED_PROF(2);  // exchange
 
             // ---- softmax, loss, argmax, dlogits: two lanes a row (classes hh*CH .. hh*CH + CH - 1)
-            if (warp < RW) {
+            if (RW == NCW || warp < RW) {  // (at 128 rows every warp: no branch)
                 const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
                 const bool valid = r < rows;
                 float d[CH];
@@ -486,7 +486,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) {
                     const int cl = warp + NCW * j;
-                    if (cl < NCH) {
+                    if (__all_sync(0xffffffffu, cl < NCH)) {  // a vote: warp-uniform to the compiler (no collective code)
                         float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < RW; ++ks) {
@@ -543,16 +543,15 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     if (warp == NCW - 1 && lane < C)
 #pragma unroll
                         for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
-                } else if (warp == NCW - 1) {
+                } else if (warp == NCW - 1 && lane < C) {  // class `lane`'s column of the fp32 dlogits, 4 rows a
+                    // load in 4 fixed-order chains: no shuffles (in a warp-indexed branch they compile to collective code)
+                    float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-                    for (int c = 0; c < C; ++c) {  // column c of the fp32 dlogits: lane-strided, then a butterfly
-                        float v = 0.f;
-#pragma unroll
-                        for (int i = 0; i < BR; i += 32)
-                            if (i + lane < BR) v += dz32[c * DLD + i + lane];
-                        v = warp_sum(v);
-                        gsum = lane == c ? v : gsum;
+                    for (int r = 0; r < BR; r += 4) {
+                        const float4 q = *reinterpret_cast<const float4*>(dz32 + lane * DLD + r);
+                        v[0] += q.x, v[1] += q.y, v[2] += q.z, v[3] += q.w;
                     }
+                    gsum = (v[0] + v[1]) + (v[2] + v[3]);
                 }
                 if (warp == NCW - 1 && lane < C) {
                     float b = bias[lane], m1 = NS >= 1 ? bias[16 + lane] : 0.f, m2 = NS >= 2 ? bias[32 + lane] : 0.f;
@@ -630,12 +629,6 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                 if constexpr (ASYNC) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
                 else lab[stg * BR + pt] = y[id];
             }
-            if (pt == 0) {
-                const u64 k = (u64)epoch_in_fit * steps + s;
-                const float lr = lr_table[k];
-                const OptimStep o = optim_step<OPT>(p, lr, step0 + k + 1);  // Adam counts steps from 1
-                info[stg] = StepInfo{lr, o.c1, o.c2, rows};
-            }
             bar_producers();
             u8* xd = X + stg * XST;
             const u8* xg = x + (u64)c0 * 16;
@@ -667,7 +660,13 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             }
             if constexpr (ASYNC) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));  // release: this thread's plain stores
-            if (pt == 0) mbar_arrive(full(stg));  // release: the step constants
+            if (pt == 0) {  // the step constants, after the copies are on their way (a global load), released
+                const u64 k = (u64)epoch_in_fit * steps + s;
+                const float lr = lr_table[k];
+                const OptimStep o = optim_step<OPT>(p, lr, step0 + k + 1);  // Adam counts steps from 1
+                info[stg] = StepInfo{lr, o.c1, o.c2, rows};
+                mbar_arrive(full(stg));
+            }
             // (the stage's indices are rewritten ST steps later, after the next step's bar_producers)
             if (++stg == ST) {
                 stg = 0;

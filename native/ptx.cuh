@@ -147,4 +147,3 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
     return v;
 }
-__device__ __forceinline__ float rnd16(float x) { return to_f(from_f<half_t>(x)); }

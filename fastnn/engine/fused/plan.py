@@ -169,7 +169,7 @@ def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stag
         stages * 16,  # step constants (lr, Adam's corrections, rows)
         3 * 16 * 4,  # bias and its optimizer state (replicated)
         nw * 16 * 4 if shift else 0,  # per-warp bias-gradient partials
-        0 if shift else 16 * (rows + 16) * 4,  # fp32 dlogits [class][rows + 16]: the bias gradient
+        0 if shift else 16 * (rows + 20) * 4,  # fp32 dlogits [class][rows + 20]: the bias gradient
         nw * 16 * 4,  # per-warp column sums of W16 (a nonzero normalize shift)
         nw * 2 * 8,  # per-warp loss sum and correct count (doubles)
         2 * nw * nj * 8 * 32 * 4 if adamw else 0,  # AdamW's moments, each lane's beside its masters
