@@ -803,7 +803,6 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + lane), y + id);
                 else lab[stg * BR + lane] = y[id];
             }
-            if (lane == 0) info[stg] = StepInfo{lr_table[(u64)epoch_in_fit * steps + s], rows};
             __syncwarp();
             u8* xd = X + stg * XST;
             for (int u = lane; u < rows * UPR; u += 32) {
@@ -813,7 +812,10 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             }
             if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));
-            if (lane == 0) mbar_arrive(full(stg));  // release: the step constants
+            if (lane == 0) {  // the step constants, after the copies are on their way (a global load), released
+                info[stg] = StepInfo{lr_table[(u64)epoch_in_fit * steps + s], rows};
+                mbar_arrive(full(stg));
+            }
             __syncwarp();  // the stage's indices are read by every lane before the next step rewrites another stage
             if (++stg == ST) {
                 stg = 0;
