@@ -490,7 +490,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             FUSED_PROF(3);
 
             // ---- softmax, loss, argmax, dlogits of all 32 rows (warps 0 and 1, two lanes a row), as fused_logreg.cu
-            if (warp < 2) {
+            if (__all_sync(0xffffffffu, warp < 2)) {  // a vote: warp-uniform to the compiler (no collective code)
                 constexpr int CH = (C + 1) / 2;
                 const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
                 const bool valid = r < rows;
