@@ -37,12 +37,28 @@ SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 def tuning_of(engine: str, phases: bool = False) -> Tuning:
     """The Tuning an --engines entry names: "-lean" holds the fused engine to its lean layout, "-fma" computes the
-    products with scalar FMA; phases: the fused kernel prints its phase timing (-DFUSED_PROFILE)."""
+    products with scalar FMA; phases: the fused kernel prints its phase timing (-DFUSED_PROFILE), the grid kernel
+    keeps its own (-DGRID_PROFILE), which `grid_phases` reads back."""
     return Tuning(
         fused_layouts=("lean",) if "-lean" in engine else Tuning().fused_layouts,
         tensor_cores="-fma" not in engine,
         fused_profile=phases,
+        grid_profile=phases,
     )
+
+
+def grid_phases(t: fastnn.Trainer) -> dict[str, float] | None:
+    """The grid kernel's phase profile of the last epoch (Tuning(grid_profile=True)): CTA 0's cycles per step of
+    each phase, or None for another engine."""
+    ctx = getattr(getattr(t, "_engine", None), "_train", None)
+    if t.engine != "grid" or ctx is None or not hasattr(ctx, "phase_cycles"):
+        return None
+    from fastnn.engine.grid import engine as grid_engine
+
+    cycles = ctx.phase_cycles()
+    names = getattr(grid_engine, "PHASES", None) or [f"phase {i}" for i in range(len(cycles) - 2)]
+    steps = max(int(cycles[len(names)]), 1)
+    return {name: float(cycles[i]) / steps for i, name in enumerate(names)}
 
 
 def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, momentum: float = 0.0,
@@ -57,12 +73,18 @@ def run(sizes, lr, batch, epochs, samples, data, precision: str, engine: str, mo
     except fastnn.ConfigError as exc:
         return {"sizes": sizes, "engine": engine, "refused": str(exc)}
     try:
-        return _timed(t, x, y, xt, yt, epochs, batch) | {
+        row = _timed(t, x, y, xt, yt, epochs, batch) | {
             "sizes": sizes,
             "engine": engine,
             "precision": precision,
             "momentum": momentum,
+            "optimizer": optimizer,
         }
+        if phases and (profile := grid_phases(t)) is not None:
+            row["phases_cycles_per_step"] = profile
+            print("  grid phases (cycles a step, CTA 0): "
+                  + ", ".join(f"{k} {v:,.0f}" for k, v in profile.items()), flush=True)  # fmt: skip
+        return row
     finally:
         t.close()
 
@@ -95,8 +117,8 @@ def main() -> None:
     ap.add_argument(
         "--phases",
         action="store_true",
-        help="compile the fused kernel with -DFUSED_PROFILE: "
-        "it prints the cycles per step of each phase (CTA 0), so the next limit is visible",
+        help="compile the fused and grid kernels with their phase profile (-DFUSED_PROFILE, -DGRID_PROFILE): "
+        "the cycles per step of each phase (CTA 0), so the next limit is visible",
     )
     args = ap.parse_args()
     data = fastnn.datasets.load("fashion-mnist", root=args.data, download=False)

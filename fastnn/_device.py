@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 from ._errors import DeviceUnavailable
@@ -14,6 +15,16 @@ _LIBRARIES = ("cublasLt", "cudnn", "nvrtc")
 
 
 _status_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A child forked while a warm-up thread probed must not inherit the lock held: the probe does not continue
+    there (threads do not survive a fork)."""
+    global _status_lock
+    _status_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def cuda_status() -> tuple[bool, str]:

@@ -145,7 +145,7 @@ def _draw(seed: int, spans: list[tuple[np.ndarray, float]], workers: int) -> Non
     step = -(-total // workers)
     errors: list[BaseException] = []
 
-    def part(start: int) -> None:
+    def part(start: int) -> None:  # a worker's share
         try:
             _draw_part(seed, spans, start, min(start + step, total))
         except BaseException as exc:  # MemoryError, or a NumPy change: raised below, on the caller's thread
@@ -155,7 +155,7 @@ def _draw(seed: int, spans: list[tuple[np.ndarray, float]], workers: int) -> Non
     for t in threads:
         t.start()
     try:
-        part(0)
+        _draw_part(seed, spans, 0, min(step, total))  # the caller's own share: an interrupt here propagates as is
     finally:
         for t in threads:
             t.join()

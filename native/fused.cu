@@ -44,6 +44,7 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "optim.cuh"
+#include "ptx.cuh"
 #include "shuffle.cuh"
 
 // ---- shape, precision and optimizer: compile-time (-D from fused/plan.py); defaults compile a logreg ----
@@ -185,49 +186,7 @@ __host__ __device__ constexpr int gacc_b(int l) { return FOLD ? LY.s1b[l] : LY.g
 static_assert(LY.total * 4 <= FUSED_SMEM, "fused/plan.py's shared-memory size is smaller than the kernel's layout");
 static_assert(NT % 32 == 0 && NT <= 1024, "block must be whole warps");
 
-// ---- cluster primitives (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-// All threads of every CTA of the cluster; orders shared and distributed-shared memory (release/acquire).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-// The address of the same shared-memory location in CTA `rank` of the cluster.
-__device__ __forceinline__ u32 remote(u32 local, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(local), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void st_remote(u32 addr, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ void st_remote4(u32 addr, float4 v) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
-                 "f"(v.w)
-                 : "memory");
-}
-__device__ __forceinline__ void st_remote2(u32 addr, float v0, float v1) {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
-}
-__device__ __forceinline__ double ld_remote_d(u32 addr) {
-    double v;
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory");
-    return v;
-}
-
-// cp.async: global -> shared without passing through registers, so the next chunk's rows arrive while the
-// current chunk computes.
-__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Inline PTX (cluster rank and barrier, peer addresses, remote stores, cp.async, mma.sync): ptx.cuh.
 
 // Benchmark-only phase timing, compiled in with -DFUSED_PROFILE (the host plan adds it for
 // Tuning(fused_profile=True), as benchmarks/bench_fused.py --phases asks): CTA 0's thread 0 sums
@@ -280,17 +239,6 @@ __device__ __forceinline__ void butterfly(float (&v)[32], int lane) {
 // d(16x8) += a(16x16, row-major) * b(16x8, column-major), fp16 operands, fp32 accumulation. Fragments (g = lane / 4,
 // t = lane % 4): a = {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b = {(2t..2t+1, g), (2t+8.., g)},
 // d = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}; the lower half of each 32-bit register holds the lower index.
-__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
-    u32 v;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
-    return v;
-}
 // out(i, j) = sum_k fa(i, k) * fb(k, j) for i < mo (<= MO), j < NN, k < kl (<= KK), on tensor cores: a warp per
 // 16x8 output tile; where there are fewer tiles than warps, the K steps are split across warps and the partial
 // tiles summed in a fixed order through LY.mscr. emit(i, j, v0, v1) receives outputs (i, j) and (i, j + 1), j
@@ -310,12 +258,12 @@ __device__ __forceinline__ void mma_gemm(float* sm, int mo, int kl, FA fa, FB fb
         const int kend = min(KS, (kc + 1) * KPER);
         for (int ks = kc * KPER; ks < kend; ++ks) {
             const int k0 = ks * 16 + t2;
-            const u32 a[4] = {pack_half2(A(i0 + g, k0), A(i0 + g, k0 + 1)),
-                              pack_half2(A(i0 + g + 8, k0), A(i0 + g + 8, k0 + 1)),
-                              pack_half2(A(i0 + g, k0 + 8), A(i0 + g, k0 + 9)),
-                              pack_half2(A(i0 + g + 8, k0 + 8), A(i0 + g + 8, k0 + 9))};
-            const u32 b[2] = {pack_half2(B(k0, j0 + g), B(k0 + 1, j0 + g)),
-                              pack_half2(B(k0 + 8, j0 + g), B(k0 + 9, j0 + g))};
+            const u32 a[4] = {pack_h2(A(i0 + g, k0), A(i0 + g, k0 + 1)),
+                              pack_h2(A(i0 + g + 8, k0), A(i0 + g + 8, k0 + 1)),
+                              pack_h2(A(i0 + g, k0 + 8), A(i0 + g, k0 + 9)),
+                              pack_h2(A(i0 + g + 8, k0 + 8), A(i0 + g + 8, k0 + 9))};
+            const u32 b[2] = {pack_h2(B(k0, j0 + g), B(k0 + 1, j0 + g)),
+                              pack_h2(B(k0 + 8, j0 + g), B(k0 + 9, j0 + g))};
             mma16816(d, a, b);
         }
         if constexpr (KC == 1) {
@@ -411,7 +359,7 @@ __device__ __forceinline__ void logits_push_rows(const float* sm, const float* A
         for (int c = 0; c < NP; ++c) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], 1);
         if (valid) {
             const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
-            const u32 a = remote(smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * NP), q);
+            const u32 a = mapa(smem_u32(sm + LY.lrecv + ((int)r * RR + (int)ii) * NP), q);
 #pragma unroll
             for (int c = 0; c < NP; c += 4)
                 if ((c / 4) % 2 == half) st_remote4(a + 4 * c, make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]));
@@ -704,10 +652,10 @@ __device__ __forceinline__ void fwd_hidden(float* sm, int m, u32 r) {
                 const int q = e % CL, g = (e / CL) % P4, i = e / (CL * P4);
                 if (q == (int)r || row0 + 4 * g >= HLD) continue;  // a slice may end past the layer's width
                 float* src = sm + LY.hf[l] + i * HLD + row0 + 4 * g;
-                st_remote4(remote(smem_addr(src), (u32)q), *reinterpret_cast<const float4*>(src));
+                st_remote4(mapa(smem_u32(src), (u32)q), *reinterpret_cast<const float4*>(src));
             }
         }
-        cluster_sync();  // H_l gathered everywhere (read below and in its wgrad)
+        cluster_sync_full();  // H_l gathered everywhere (read below and in its wgrad)
     }
 }
 template <int l>
@@ -734,8 +682,8 @@ __device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur)
         gemm_dgrad<l, P, up4(Kin), P>(sm, dZ, m, [&](int i, int k, float v0, float v1) {
             const u32 q = (u32)(k / PP), kk = (u32)(k % PP);  // k even, PP a multiple of 4: one owner per pair
             if (q < CL) {
-                const u32 a = smem_addr(rsb + (int)r * LY.rs_slot + i * PP + kk);
-                st_remote2(remote(a, q), v0, v1);
+                const u32 a = smem_u32(rsb + (int)r * LY.rs_slot + i * PP + kk);
+                st_remote2(mapa(a, q), v0, v1);
             }
         });
     }
@@ -744,7 +692,7 @@ __device__ __forceinline__ void bwd_hidden(float* sm, int m, u32 r, int& rs_cur)
     const float* A = l == 0 ? sm + LY.xs : sm + LY.hf[l > 0 ? l - 1 : 0];
     gemm_wgrad<l, P, up4(Kin), P, lda>(sm, dZ, A, m);
     if constexpr (l >= 1) {
-        cluster_sync();
+        cluster_sync_full();
         constexpr int PP = per_of(l - 1);
         const float* rsb = sm + LY.rs[rs_cur];
         float* zp = sm + LY.z[l - 1];
@@ -796,7 +744,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
         const int col0 = L == 1 ? (int)r * KP : 0;
         for (int i = tid; i < m; i += NT) {
             if constexpr (FUSED_LOSS == 1) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
-            else cp_async4(smem_addr(lab_n + i), y + idx_n[i]);
+            else cp_async4(smem_u32(lab_n + i), y + idx_n[i]);
         }
         if constexpr (XASYNC) {
             constexpr int WORDS = XW * (int)sizeof(TX) / 4;  // 4-byte words per row
@@ -805,7 +753,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             for (int e = tid; e < m * WORDS; e += NT) {
                 const int i = e / WORDS, w = e % WORDS;
                 if (w < valid)
-                    cp_async4(smem_addr(raw + (i * WORDS + w) * 4),
+                    cp_async4(smem_u32(raw + (i * WORDS + w) * 4),
                               reinterpret_cast<const u8*>(x + (u64)idx_n[i] * SZ[0] + col0) + 4 * w);
             }
         } else {
@@ -891,20 +839,20 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                     __syncthreads();
                     for (int e = tid; e < m * V; e += NT) {
                         const int i = e / V, v = e % V;
-                        const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + i / CL) * up4(C) + 4 * v);
+                        const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + i / CL) * up4(C) + 4 * v);
                         const float4 val = *reinterpret_cast<const float4*>(stage + i * up4(C) + 4 * v);
-                        st_remote4(remote(a, (u32)(i % CL)), val);
+                        st_remote4(mapa(a, (u32)(i % CL)), val);
                     }
                 } else {
                     gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
                         const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
-                        const u32 a = smem_addr(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
-                        st_remote(remote(a, q), v);
+                        const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
+                        st_remote(mapa(a, q), v);
                     });
                 }
             }
             PROF_MARK(2);  // forward
-            cluster_sync();
+            cluster_sync_full();
             PROF_MARK(3);  // barrier after the partial logits
 
             // -- head: each warp reduces one of this CTA's rows (i = r + CL*ii): logits, loss, dlogits to all
@@ -931,8 +879,8 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                     __syncwarp();
                     for (int c = lane; c < C; c += 32) {
                         const float d = (sm[LY.dzl + i * up4(C) + c] - t[c]) * mse_scale;
-                        const u32 a = smem_addr(sm + LY.dzl + i * up4(C) + c);
-                        for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), d);
+                        const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
+                        for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
                     }
                     continue;
                 }
@@ -955,11 +903,11 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                     const float z = sm[LY.dzl + i * up4(C) + c];
                     const float p = expf(z - zmax) / sum;
                     const float d = (p - (c == label ? 1.f : 0.f)) * inv_rows;
-                    const u32 a = smem_addr(sm + LY.dzl + i * up4(C) + c);
-                    for (u32 q = 0; q < CL; ++q) st_remote(remote(a, q), d);
+                    const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
+                    for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
                 }
             }
-            cluster_sync();  // dlogits of every row everywhere
+            cluster_sync_full();  // dlogits of every row everywhere
             PROF_MARK(4);  // head + barrier
 
             // -- backward. Last layer: bias gradient (replicated, same order everywhere) and weight gradient.
@@ -1009,19 +957,19 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     move_state<TP>(sm, params, s1g, s2g, w16, r, 1);
     double* acc = reinterpret_cast<double*>(sm + LY.acc);
     if (lane == 0) { acc[2 * warp] = loss_acc; acc[2 * warp + 1] = ok_acc; }
-    cluster_sync();
+    cluster_sync_full();
     if (r == 0 && tid == 0) {
         double l = 0.0, c = 0.0;
-        const u32 base = smem_addr(acc);
+        const u32 base = smem_u32(acc);
         for (u32 q = 0; q < CL; ++q)
             for (int w = 0; w < NW; ++w) {
-                l += ld_remote_d(remote(base + 16 * w, q));
-                c += ld_remote_d(remote(base + 16 * w + 8, q));
+                l += ld_remote_d(mapa(base + 16 * w, q));
+                c += ld_remote_d(mapa(base + 16 * w + 8, q));
             }
         st->hist[2 * st->epoch_in_fit] += l;
         st->hist[2 * st->epoch_in_fit + 1] += c;
     }
-    cluster_sync();  // CTA 0 reads the others' shared memory: they stay until it is done
+    cluster_sync_full();  // CTA 0 reads the others' shared memory: they stay until it is done
 }
 
 #if FUSED_PREC == 2

@@ -66,7 +66,7 @@
 //   dlogits^T, bias-gradient partials: written in the softmax (B0..B1), read in the weight gradient (B1..B2).
 //   bias: read in the softmax (B0..B1), written by warp 7 in the update (B1..B2).
 //   W16 column sums (nonzero shift): written in the update (B1..B2), read in the next forward (before B0).
-#include "common.cuh"
+#include "fused_head.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
 
@@ -85,6 +85,9 @@
 #define LR_SHIFT 0
 #define LR_SMEM 232448
 #endif
+#ifndef LR_XF
+#define LR_XF 0
+#endif
 
 constexpr int D = LR_D;        // input features
 constexpr int C = LR_C;        // classes (2..16)
@@ -97,10 +100,15 @@ constexpr int PREC = LR_PREC;  // 1 mixed (fp32 masters, fp16 operands), 2 fp16 
 constexpr int OPT = LR_OPT;    // optim.cuh's OPTIM_*
 constexpr int NS = LR_NS;      // optimizer state arrays
 constexpr bool SHIFT = LR_SHIFT != 0;  // a nonzero normalize shift: shift * colsum(W16) joins the logits
+// Float32 inputs: the producers stage x * scale + shift rounded to fp16 (the operand fused.cu and the graph engine
+// multiply), 2 bytes a feature; uint8 inputs are staged as they are and fed to the tensor cores unconverted.
+constexpr bool XF = LR_XF != 0;
+constexpr bool ASYNC = !XF && G > 1;  // rows by cp.async (else plain loads and stores, then a plain arrive)
 constexpr int NCW = 8, NPW = 4, NT = (NCW + NPW) * 32;
 constexpr int NCHUNK = (D + 15) / 16;            // 16-feature chunks of a row
 constexpr int NCH = (NCHUNK + S - 1) / S;        // chunks of the widest CTA
-constexpr int ROWB = NCH * 16 + (NCH % 2 == 0 ? 16 : 0);  // staged row stride: an odd number of 16-byte chunks
+// staged row stride: uint8 an odd number of 16-byte chunks, fp16 4 words past a multiple of 8 (fewer conflicts)
+constexpr int ROWB = XF ? NCH * 32 + 16 : NCH * 16 + (NCH % 2 == 0 ? 16 : 0);
 constexpr int XST = BR * ROWB;                   // bytes of a stage's rows
 constexpr int WLD = NCH * 16;                    // W16 row stride (halfs)
 constexpr int ZLD = BR + 8;                      // dlogits^T row stride (halfs)
@@ -108,6 +116,23 @@ constexpr int CE = C + (C & 1);                  // partial-logit row stride: ev
 constexpr int NJ = (NCH + NCW - 1) / NCW;        // chunks a consumer warp owns
 constexpr int RW = BR / 16;                      // consumer warps with forward/softmax rows
 constexpr int CH = (C + 1) / 2;                  // classes a softmax lane takes (two lanes a row)
+constexpr int DLD = BR + 20;  // fp32 dlogits [class][row] stride (the bias gradient's columns: 16-byte row loads)
+// The upper class tile (classes 8..15): CHI real classes. With 9..15 classes its real weights sit in few lanes (at 10
+// classes, 8 lanes of 32 hold them); they are spread over all lanes instead (REDIST), HS slots a lane a chunk, so the
+// optimizer step (AdamW's two divisions and a square root a weight) costs 4 + HS weights a lane, not 8.
+constexpr int CHI = C > 8 ? C - 8 : 0;
+constexpr bool REDIST = CHI > 0 && CHI < 8;
+constexpr int HS = REDIST ? (CHI + 1) / 2 : (CHI == 8 ? 4 : 0);
+struct HiSlot {
+    int g, t, i;  // class 8 + g, feature 4t + i of the chunk: the weight gradient's accumulator 4 + i of lane 4g + t
+    bool valid;
+};
+// Slot q of lane L: element k = 32q + L of the upper tile's CHI * 16 real weights (REDIST), else the lane's own.
+__device__ __forceinline__ HiSlot hi_of(int q, int lane) {
+    if (!REDIST) return HiSlot{lane >> 2, lane & 3, q, (lane >> 2) + 8 < C};
+    const int k = 32 * q + lane, src = k >> 2;
+    return HiSlot{src >> 2, src & 3, k & 3, k < CHI * 16};
+}
 constexpr bool MOM_REG = OPT == OPTIM_SGD && NS == 1;  // SGD's momentum buffer in registers
 constexpr bool ADAM = OPT == OPTIM_ADAMW;              // AdamW's moments in shared memory
 constexpr u32 XBYTES = (u32)(S - 1) * BR * CE * 4;     // partial logits a CTA receives per step
@@ -116,13 +141,14 @@ static_assert(BR % 16 == 0 && BR >= 16 && BR <= 128, "one producer thread a row,
 static_assert(NJ <= 2 && NCH <= 16, "masters of at most two chunks a lane");
 static_assert(S == 1 || S == 2 || S == 4 || S == 8, "a portable cluster");
 static_assert(G == 1 || (D % G == 0 && (G == 4 || G == 8 || G == 16)), "cp.async needs aligned rows");
+static_assert(!(XF && SHIFT), "float inputs take the shift in the producers' conversion");
 static_assert(PREC == 1 || PREC == 2, "fp16 operands: mixed or fp16");
 static_assert(ADAM ? NS == 2 : NS <= 1, "SGD keeps 0 or 1 state arrays, AdamW 2");
 
 __host__ __device__ constexpr int up16(int a) { return (a + 15) / 16 * 16; }
 
 struct Lay {  // byte offsets into dynamic shared memory; fused/plan.py's logreg_smem_bytes adds the same parts
-    int x, w16, zt, recv, lab, idx, info, bias, gbp, wcs, hist, adam, bar, total;
+    int x, w16, zt, recv, lab, idx, info, bias, gbp, dz, wcs, hist, adam, bar, total;
 };
 __host__ __device__ constexpr Lay make_lay() {
     Lay y{};
@@ -135,7 +161,8 @@ __host__ __device__ constexpr Lay make_lay() {
     y.idx = o; o += up16(ST * BR * 4);
     y.info = o; o += up16(ST * 16);
     y.bias = o; o += up16(3 * 16 * 4);
-    y.gbp = o; o += up16(NCW * 16 * 4);
+    y.gbp = o; o += up16(SHIFT ? NCW * 16 * 4 : 0);  // SHIFT: every lane needs the bias gradient in its update
+    y.dz = o; o += up16(SHIFT ? 0 : 16 * DLD * 4);    // else warp 7 sums the fp32 dlogits off the critical path
     y.wcs = o; o += up16(NCW * 16 * 4);
     y.hist = o; o += up16(NCW * 2 * 8);
     y.adam = o; o += up16(ADAM ? 2 * NCW * NJ * 8 * 32 * 4 : 0);
@@ -153,129 +180,8 @@ struct StepInfo {
     int rows;
 };
 
-// ---- PTX helpers (inline PTX: NVRTC needs no toolkit headers) -----------------------------------------------------
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ u32 mapa(u32 a, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-// Start and end only: a release/acquire cluster barrier is a GPU-scope MEMBAR (850 cycles on an H100).
-__device__ __forceinline__ void cluster_sync_full() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(u32 a, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ bool mbar_try(u32 a, u32 parity) {
-    u32 ok;
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok)
-                 : "r"(a), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
-__device__ __forceinline__ bool mbar_try_cluster(u32 a, u32 parity) {
-    u32 ok;
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(ok)
-        : "r"(a), "r"(parity)
-        : "memory");
-    return ok != 0;
-}
-__device__ __forceinline__ void mbar_arrive(u32 a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_arm_tx(u32 a, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ u64 global_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+// The cluster, mbarrier, copy and tensor-core helpers, and the watchdog'd waits: ptx.cuh.
 
-// The watchdog: a wait that has not completed after 2^26 polls or ~4 seconds prints where it is and traps, so a lost
-// arrival costs seconds, not the device.
-__device__ __noinline__ void lr_stuck(int what, u32 bar, u32 parity, int s) {
-    const char* names[4] = {"full (rows of a stage)", "empty (stage released)", "exchange (peers' partial logits)",
-                            "?"};
-    printf("fused_logreg: stuck on the %s mbarrier 0x%x parity %u at step %d, block %d, warp %d\n",
-           names[what < 3 ? what : 3], bar, parity, s, (int)blockIdx.x, (int)(threadIdx.x >> 5));
-    __trap();
-}
-enum { W_FULL = 0, W_EMPTY = 1, W_XCHG = 2 };
-// Warp-uniform: every lane tests (each with the barrier's acquire), the loop condition is a vote, so the code after
-// it stays on the converged path (per-lane loops made the compiler emit divergence-safe shuffles in the probe).
-template <bool CLUSTER_SCOPE>
-__device__ __forceinline__ void wait_warp(u32 bar, u32 parity, int s, int what) {
-    u32 polls = 0;
-    u64 t0 = 0;
-    while (!__all_sync(0xffffffffu, CLUSTER_SCOPE ? mbar_try_cluster(bar, parity) : mbar_try(bar, parity))) {
-        if ((++polls & 0xfffu) == 0u) {
-            const u64 now = global_ns();
-            if (polls == 0x1000u) t0 = now;
-            else if (now - t0 > 4000000000ull || polls >= (1u << 26)) lr_stuck(what, bar, parity, s);
-        }
-    }
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-// This thread's arrival on `bar`, triggered when all its earlier cp.async have landed (counted in the init count).
-__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void bulk_s2cluster(u32 rdst, u32 lsrc, u32 bytes, u32 rbar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     rdst),
-                 "r"(lsrc), "r"(bytes), "r"(rbar)
-                 : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void bar_consumers() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-__device__ __forceinline__ void bar_producers() { asm volatile("bar.sync 2, 128;" ::: "memory"); }
-// d(16x8) += a(16x16) b(16x8), fp16 operands, fp32 accumulation. Fragments (g = lane / 4, t = lane % 4): a = {(g,
-// 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b = {(2t..2t+1, g), (2t+8.., g)}, d = {(g, 2t), (g, 2t+1),
-// (g+8, 2t), (g+8, 2t+1)}; the lower half of each 32-bit register holds the lower index.
-__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
-    u32 v;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
-    return v;
-}
-__device__ __forceinline__ float rnd16(float x) { return to_f(from_f<half_t>(x)); }
-
-#ifdef FUSED_PROFILE
-#define LR_PROF(i)                                        \
-    do {                                                  \
-        if (prof_on) {                                    \
-            const long long t_ = clock64();               \
-            prof[i] += t_ - prof_t;                       \
-            prof_t = t_;                                  \
-        }                                                 \
-    } while (0)
-#else
-#define LR_PROF(i) do {} while (0)
-#endif
 
 #if LR_PREC == 2
 typedef half_t TParam;
@@ -299,7 +205,8 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
     int* idxs = reinterpret_cast<int*>(sm + LY.idx);
     StepInfo* info = reinterpret_cast<StepInfo*>(sm + LY.info);
     float* bias = reinterpret_cast<float*>(sm + LY.bias);  // [16] bias, [16] its s1, [16] its s2
-    float* gbp = reinterpret_cast<float*>(sm + LY.gbp);    // [warp][16] bias-gradient partials
+    float* gbp = reinterpret_cast<float*>(sm + LY.gbp);    // SHIFT: [warp][16] bias-gradient partials
+    float* dz32 = reinterpret_cast<float*>(sm + LY.dz);    // else: fp32 dlogits [class][DLD]
     float* wcs = reinterpret_cast<float*>(sm + LY.wcs);    // [warp][16] column sums of W16 (SHIFT)
     double* hsum = reinterpret_cast<double*>(sm + LY.hist);
     float* adam = reinterpret_cast<float*>(sm + LY.adam);
@@ -334,37 +241,41 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
     if (warp < NCW) {
         // =============================== consumers ===============================
         const int g = lane >> 2, t = lane & 3;
-        const bool cls_lo = g < C, cls_hi = g + 8 < C;  // are classes g and g + 8 real
-        // fp32 masters of the owned chunks: [0..3] class g, features 4t..4t+3 of the chunk; [4..7] class g + 8
+        const bool cls_lo = g < C;  // is class g real
+        // Masters of the owned chunks, element e of chunk j: e < 4 class g, feature 4t + e of the chunk (accumulator
+        // e of the weight gradient); e = 4 + q the lane's upper-tile slot q (hi_of: class 8 + hg, feature 4 ht + hi).
         float mw[NJ][8], mom[NJ][8];
-        u32 freal = 0;  // bit 4j + i: feature 4t + i of chunk j is a real feature (pads are never updated)
+        u32 ereal = 0;  // bit 8j + e: element e of chunk j is a real weight (pads are never written back)
+        constexpr int V = NCW * NJ * 8 * 32;  // AdamW: the second moment's offset
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const int cl = warp + NCW * j;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int f = (c0 + cl) * 16 + 4 * t + i;
-                const bool real = cl < nch && f < D;
-                freal |= real ? 1u << (4 * j + i) : 0u;
-                const int e0 = g * D + f, e1 = (g + 8) * D + f;
-                mw[j][i] = real && cls_lo ? to_f(params[e0]) : 0.f;
-                mw[j][4 + i] = real && cls_hi ? to_f(params[e1]) : 0.f;
-                mom[j][i] = MOM_REG && real && cls_lo ? s1g[e0] : 0.f;
-                mom[j][4 + i] = MOM_REG && real && cls_hi ? s1g[e1] : 0.f;
+            for (int e = 0; e < 4 + HS; ++e) {
+                int cls = g, ff = 4 * t + e;
+                bool ok = cls_lo;
+                if (e >= 4) {
+                    const HiSlot h = hi_of(e - 4, lane);
+                    cls = 8 + h.g, ff = 4 * h.t + h.i, ok = h.valid;
+                }
+                const int f = (c0 + cl) * 16 + ff;
+                const bool real = ok && cl < nch && f < D;
+                ereal |= real ? 1u << (8 * j + e) : 0u;
+                const int gi = cls * D + f;
+                mw[j][e] = real ? to_f(params[gi]) : 0.f;
+                mom[j][e] = MOM_REG && real ? s1g[gi] : 0.f;
                 if constexpr (ADAM) {
-                    float* a = adam + (((warp * NJ + j) * 8 + i) * 32 + lane);
-                    float* b = adam + (((warp * NJ + j) * 8 + 4 + i) * 32 + lane);
-                    constexpr int V = NCW * NJ * 8 * 32;  // the second moment's offset
-                    a[0] = real && cls_lo ? s1g[e0] : 0.f;
-                    a[V] = real && cls_lo ? s2g[e0] : 0.f;
-                    b[0] = real && cls_hi ? s1g[e1] : 0.f;
-                    b[V] = real && cls_hi ? s2g[e1] : 0.f;
+                    float* a = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
+                    a[0] = real ? s1g[gi] : 0.f;
+                    a[V] = real ? s2g[gi] : 0.f;
                 }
             }
+#pragma unroll
+            for (int e = 4 + HS; e < 8; ++e) mw[j][e] = mom[j][e] = 0.f;
         }
         // The fp16 operand copy (pads stay zero) and, for a nonzero shift, the warp's column sums of it.
         auto write_w16 = [&]() {
-            float cs_lo = 0.f, cs_hi = 0.f;
+            float cs_lo = 0.f, cs_hi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const int cl = warp + NCW * j;
@@ -372,26 +283,42 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     if (cls_lo)
                         *reinterpret_cast<uint2*>(W16 + g * WLD + cl * 16 + 4 * t) =
                             make_uint2(pack_h2(mw[j][0], mw[j][1]), pack_h2(mw[j][2], mw[j][3]));
-                    if (cls_hi)
+                    if constexpr (HS == 4 && !REDIST) {  // 16 classes: the upper tile as the lower one
                         *reinterpret_cast<uint2*>(W16 + (8 + g) * WLD + cl * 16 + 4 * t) =
                             make_uint2(pack_h2(mw[j][4], mw[j][5]), pack_h2(mw[j][6], mw[j][7]));
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) {
+                            const HiSlot h = hi_of(q, lane);
+                            if (h.valid) W16[(8 + h.g) * WLD + cl * 16 + 4 * h.t + h.i] = from_f<half_t>(mw[j][4 + q]);
+                        }
+                    }
                     if constexpr (SHIFT) {
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            cs_lo += rnd16(mw[j][i]);
-                            cs_hi += rnd16(mw[j][4 + i]);
-                        }
+                        for (int i = 0; i < 4; ++i) cs_lo += rnd16(mw[j][i]);
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) cs_hi[q] += rnd16(mw[j][4 + q]);
                     }
                 }
             }
             if constexpr (SHIFT) {
                 cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 1);
-                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 1);
                 cs_lo += __shfl_xor_sync(0xffffffffu, cs_lo, 2);
-                cs_hi += __shfl_xor_sync(0xffffffffu, cs_hi, 2);
-                if (t == 0) {
-                    wcs[warp * 16 + g] = cs_lo;
-                    wcs[warp * 16 + 8 + g] = cs_hi;
+                if (t == 0) wcs[warp * 16 + g] = cs_lo;
+                if constexpr (HS == 4 && !REDIST) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {  // own elements: class 8 + g, features 4t + q
+                        cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], 1);
+                        cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], 2);
+                    }
+                    if (t == 0) wcs[warp * 16 + 8 + g] = (cs_hi[0] + cs_hi[1]) + (cs_hi[2] + cs_hi[3]);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < HS; ++q) {  // slot q: lanes 0..15 hold class 8 + 2q, lanes 16..31 class 9 + 2q
+#pragma unroll
+                        for (int o = 1; o < 16; o <<= 1) cs_hi[q] += __shfl_xor_sync(0xffffffffu, cs_hi[q], o);
+                        if ((lane & 15) == 0) wcs[warp * 16 + 8 + 2 * q + (lane >> 4)] = cs_hi[q];
+                    }
                 }
             }
         };
@@ -403,7 +330,7 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         }
         bar_consumers();
 
-        const float zs = scale * 16777216.f;  // 2^24 * scale: fp16-subnormal pixels back to x * scale
+        const float zs = XF ? 1.f : scale * 16777216.f;  // uint8: 2^24 * scale turns subnormal pixels into x * scale
         double loss_acc = 0.0;
         float ok_acc = 0.f;
 #ifdef FUSED_PROFILE
@@ -419,13 +346,13 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             const StepInfo si = info[stg];
             const int rows = si.rows;
             const float inv_rows = 1.f / (float)rows;
-            LR_PROF(0);  // rows wait (and the loop top)
+            FUSED_PROF(0);  // rows wait (and the loop top)
             const int xb = S > 1 ? (s & 1) : 0;
 
             // ---- forward: rows 16w..16w+15 x this CTA's chunks; K permuted inside each chunk: logical k (2t, 2t+1)
             // = features (4t, 4t+1), (2t+8, 2t+9) = (4t+2, 4t+3), so one 4-byte load gives a0/a2 and one 8-byte
             // load of W16 gives b0/b1. Two accumulator sets per n-tile (independent chains).
-            if (warp < RW) {
+            if (RW == NCW || warp < RW) {  // (at 128 rows every warp: no branch)
                 float acc[2][2][4];
 #pragma unroll
                 for (int a = 0; a < 2; ++a)
@@ -433,20 +360,25 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     for (int b = 0; b < 2; ++b)
 #pragma unroll
                         for (int i = 0; i < 4; ++i) acc[a][b][i] = 0.f;
-                const u8* xr0 = xs + (16 * warp + g) * ROWB + 4 * t;
+                const u8* xr0 = xs + (16 * warp + g) * ROWB + (XF ? 8 : 4) * t;
                 const half_t* wa = W16 + g * WLD + 4 * t;
                 const half_t* wb = W16 + (8 + g) * WLD + 4 * t;
 #pragma unroll
                 for (int kc = 0; kc < NCH; ++kc) {
-                    const u32 x0 = *reinterpret_cast<const u32*>(xr0 + kc * 16);
-                    const u32 x1 = *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16);
+                    u32 a[4];
+                    if constexpr (XF) {  // fp16 operands: features 4t..4t+3 in one 8-byte load
+                        const uint2 x0 = *reinterpret_cast<const uint2*>(xr0 + kc * 32);
+                        const uint2 x1 = *reinterpret_cast<const uint2*>(xr0 + 8 * ROWB + kc * 32);
+                        a[0] = x0.x, a[2] = x0.y, a[1] = x1.x, a[3] = x1.y;
+                    } else {  // uint8: one 4-byte load, a PRMT per two pixels into fp16 subnormals
+                        u8_a_frags(*reinterpret_cast<const u32*>(xr0 + kc * 16),
+                                   *reinterpret_cast<const u32*>(xr0 + 8 * ROWB + kc * 16), a);
+                    }
                     const uint2 b0 = *reinterpret_cast<const uint2*>(wa + kc * 16);
-                    const u32 a0 = __byte_perm(x0, 0u, 0x4140), a2 = __byte_perm(x0, 0u, 0x4342);
-                    const u32 a1 = __byte_perm(x1, 0u, 0x4140), a3 = __byte_perm(x1, 0u, 0x4342);
-                    mma16816(acc[kc & 1][0], a0, a1, a2, a3, b0.x, b0.y);
+                    mma16816(acc[kc & 1][0], a[0], a[1], a[2], a[3], b0.x, b0.y);
                     if constexpr (C > 8) {
                         const uint2 b1 = *reinterpret_cast<const uint2*>(wb + kc * 16);
-                        mma16816(acc[kc & 1][1], a0, a1, a2, a3, b1.x, b1.y);
+                        mma16816(acc[kc & 1][1], a[0], a[1], a[2], a[3], b1.x, b1.y);
                     }
                 }
                 // partial logits x * scale (+ shift * colsum(W16) of this CTA's features): [row g: class 2t, 2t+1;
@@ -490,81 +422,41 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     }
                 }
             }
-            LR_PROF(1);  // forward
+            FUSED_PROF(1);  // forward
             bar_consumers();  // B0: the CTA's own partials are staged
-            if (S > 1 && warp < RW) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
-            LR_PROF(2);  // exchange
+            if (S > 1 && (RW == NCW || warp < RW)) wait_warp<true>(xbar(xb), (u32)((s >> 1) & 1), s, W_XCHG);
+            FUSED_PROF(2);  // exchange
 
             // ---- softmax, loss, argmax, dlogits: two lanes a row (classes hh*CH .. hh*CH + CH - 1)
-            if (warp < RW) {
+            if (RW == NCW || warp < RW) {  // (at 128 rows every warp: no branch)
                 const int rl = lane >> 1, hh = lane & 1, r = 16 * warp + rl, cb = hh * CH;
-                float z[CH];
-#pragma unroll
-                for (int c = 0; c < CH; ++c) z[c] = 0.f;
-#pragma unroll
-                for (int q = 0; q < S; ++q) {  // fixed order: the same sums in every CTA
-                    const float* src = recv + ((xb * S + q) * BR + r) * CE + cb;
-#pragma unroll
-                    for (int c = 0; c < CH; ++c)
-                        if (cb + c < C) z[c] += src[c];
-                }
-                float m = __int_as_float(0xff800000);  // -inf
-                int bi = 0x7fffffff;
+                const bool valid = r < rows;
+                float d[CH];
+                softmax_pair<C, S>(recv + (xb * S * BR + r) * CE, BR * CE, bias, valid,
+                                   valid ? lab[stg * BR + r] : -1, inv_rows, d, loss_acc, ok_acc);
 #pragma unroll
                 for (int c = 0; c < CH; ++c) {
                     if (cb + c < C) {
-                        z[c] += bias[cb + c];
-                        if (argmax_takes(z[c], m)) {
-                            m = z[c];
-                            bi = cb + c;
-                        }
+                        dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
+                        if constexpr (!SHIFT) dz32[(cb + c) * DLD + r] = d[c];
                     }
                 }
-                {  // the pair's argmax, the lower classes (lane hh = 0) first: first maximum (and NaN) wins
-                    const float om = __shfl_xor_sync(0xffffffffu, m, 1);
-                    const int ob = __shfl_xor_sync(0xffffffffu, bi, 1);
-                    const float lm = hh ? om : m, um = hh ? m : om;
-                    const int lb = hh ? ob : bi, ub = hh ? bi : ob;
-                    const bool up = argmax_takes(um, lm);
-                    m = up ? um : lm;
-                    bi = up ? ub : lb;
+                if constexpr (SHIFT) {
+                    // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
+#pragma unroll
+                    for (int o = 2; o <= 16; o <<= 1)
+#pragma unroll
+                        for (int c = 0; c < CH; ++c) d[c] += __shfl_xor_sync(0xffffffffu, d[c], o);
+                    if (lane < 2)
+#pragma unroll
+                        for (int c = 0; c < CH; ++c)
+                            if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
                 }
-                const bool valid = r < rows;
-                const int yl = valid ? lab[stg * BR + r] : -1;
-                float ex[CH], ssum = 0.f, zy = 0.f;
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    ex[c] = cb + c < C ? __expf(z[c] - m) : 0.f;
-                    ssum += ex[c];
-                    zy += yl == cb + c ? z[c] : 0.f;
-                }
-                ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
-                zy += __shfl_xor_sync(0xffffffffu, zy, 1);
-                const float inv = 1.f / ssum;
-                float d[CH];
-#pragma unroll
-                for (int c = 0; c < CH; ++c) {
-                    d[c] = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
-                    if (cb + c < C) dZT[(cb + c) * ZLD + r] = from_f<half_t>(d[c]);
-                }
-                if (valid && hh == 0) {
-                    loss_acc += (double)(logf(ssum) - (zy - m));
-                    ok_acc += bi == yl ? 1.f : 0.f;
-                }
-                // bias-gradient partial of the warp's 16 rows (fixed order: a butterfly over the lanes of one hh)
-#pragma unroll
-                for (int o = 2; o <= 16; o <<= 1)
-#pragma unroll
-                    for (int c = 0; c < CH; ++c) d[c] += __shfl_xor_sync(0xffffffffu, d[c], o);
-                if (lane < 2)
-#pragma unroll
-                    for (int c = 0; c < CH; ++c)
-                        if (cb + c < C) gbp[warp * 16 + cb + c] = d[c];
             }
-            LR_PROF(3);  // softmax
+            FUSED_PROF(3);  // softmax
             bar_consumers();  // B1: dlogits^T and the bias-gradient partials complete; the exchange slot read
             if (S > 1 && tid == 0 && s + 2 < steps) mbar_arm_tx(xbar(s & 1), XBYTES);
-            LR_PROF(4);  // B1
+            FUSED_PROF(4);  // B1
 
             // ---- weight gradient (m = class, n = feature, k = row) and the optimizer step on the register masters
             {
@@ -578,47 +470,56 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     af[ks][1] = *reinterpret_cast<const u32*>(zr + 8 * ZLD);  // classes 8..15 (zero past C)
                     af[ks][3] = *reinterpret_cast<const u32*>(zr + 8 * ZLD + 8);
                 }
-                float gb_lo = 0.f, gb_hi = 0.f;  // SHIFT: the bias gradient of classes g, g + 8
+                float gb_lo = 0.f, gb_hi[4] = {0.f, 0.f, 0.f, 0.f};  // SHIFT: shift * the bias gradient of class g
+                // and of the upper-tile slots' classes
                 if constexpr (SHIFT) {
 #pragma unroll
                     for (int w = 0; w < RW; ++w) {
                         gb_lo += gbp[w * 16 + g];
-                        gb_hi += gbp[w * 16 + 8 + g];
+#pragma unroll
+                        for (int q = 0; q < HS; ++q) gb_hi[q] += gbp[w * 16 + 8 + hi_of(q, lane).g];
                     }
                     gb_lo *= shift;
-                    gb_hi *= shift;
+#pragma unroll
+                    for (int q = 0; q < HS; ++q) gb_hi[q] *= shift;
                 }
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) {
                     const int cl = warp + NCW * j;
-                    if (cl < NCH) {
+                    if (__all_sync(0xffffffffu, cl < NCH)) {  // a vote: warp-uniform to the compiler (no collective code)
                         float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < RW; ++ks) {
-                            // B = pixels of rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1
-                            // (n-tile 1) of the chunk: one 2-byte load a row, PRMT into fp16 subnormals
-                            const u8* xr = xs + cl * 16 + 2 * g + (ks * 16 + 2 * t) * ROWB;
-                            const u32 q0 = *reinterpret_cast<const unsigned short*>(xr);
-                            const u32 q1 = *reinterpret_cast<const unsigned short*>(xr + ROWB);
-                            const u32 q2 = *reinterpret_cast<const unsigned short*>(xr + 8 * ROWB);
-                            const u32 q3 = *reinterpret_cast<const unsigned short*>(xr + 9 * ROWB);
-                            mma16816(a0, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6420),
-                                     __byte_perm(q2, q3, 0x6420));
-                            mma16816(a1, af[ks][0], af[ks][1], af[ks][2], af[ks][3], __byte_perm(q0, q1, 0x6521),
-                                     __byte_perm(q2, q3, 0x6521));
+                            // B = rows ks*16 + {2t, 2t+1, 2t+8, 2t+9}, features 2g (n-tile 0) and 2g + 1 (n-tile 1)
+                            wgrad_kstep<XF>(xs + (XF ? cl * 32 + 4 * g : cl * 16 + 2 * g) + (ks * 16 + 2 * t) * ROWB,
+                                            ROWB, af[ks], a0, a1);
                         }
-                        // n-tile 0 holds features 4t, 4t+2 of the chunk, n-tile 1 features 4t+1, 4t+3; rows class g
-                        // and class g + 8: element e of the masters is accumulator ac[e]
-                        const float ac[8] = {a0[0], a1[0], a0[1], a1[1], a0[2], a1[2], a0[3], a1[3]};
+                        float ac[8];
+                        chunk_grads(a0, a1, ac);
+                        // Branch-free (no divergence between lanes): a pad (features past d or this CTA's chunks: zero
+                        // pixels; classes past C: zero dlogits) has a zero gradient, weight and state, which every
+                        // optimizer leaves zero. The upper tile's real elements are spread over all lanes (hi_of):
+                        // slot q of lane L takes the gradient from lane 8q + L / 4's accumulator 4 + L % 4.
+                        float gh[4] = {ac[4], ac[5], ac[6], ac[7]};
+                        if constexpr (REDIST) {
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            // pads (features past d or this CTA's chunks, classes past C) stay exactly zero
-                            if (!(freal & (1u << (4 * j + (e & 3)))) || !(e < 4 ? cls_lo : cls_hi)) continue;
-                            float gr = ac[e] * zs;
-                            if constexpr (SHIFT) gr += e < 4 ? gb_lo : gb_hi;  // shift * the bias gradient
+                            for (int q = 0; q < HS; ++q) {
+                                const int src = 8 * q + (lane >> 2);
+                                const float v0 = __shfl_sync(0xffffffffu, ac[4], src);
+                                const float v1 = __shfl_sync(0xffffffffu, ac[5], src);
+                                const float v2 = __shfl_sync(0xffffffffu, ac[6], src);
+                                const float v3 = __shfl_sync(0xffffffffu, ac[7], src);
+                                const int i = lane & 3;
+                                gh[q] = i == 0 ? v0 : (i == 1 ? v1 : (i == 2 ? v2 : v3));
+                            }
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4 + HS; ++e) {
+                            float gr = (e < 4 ? ac[e] : gh[e - 4]) * zs;
+                            if constexpr (SHIFT)  // shift * the bias gradient, real weights only
+                                gr += ereal & (1u << (8 * j + e)) ? (e < 4 ? gb_lo : gb_hi[e - 4]) : 0.f;
                             float w = mw[j][e], m1 = 0.f, m2 = 0.f;
                             float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
-                            constexpr int V = NCW * NJ * 8 * 32;
                             if constexpr (MOM_REG) m1 = mom[j][e];
                             if constexpr (ADAM) {
                                 m1 = am[0];
@@ -636,10 +537,23 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                     }
                 }
                 write_w16();
-                if (warp == NCW - 1 && lane < C) {  // the bias: the same arithmetic on the same numbers everywhere
-                    float gsum = 0.f;
+                // the bias, by the warp with the fewest chunks: the same arithmetic on the same numbers everywhere
+                float gsum = 0.f;
+                if constexpr (SHIFT) {
+                    if (warp == NCW - 1 && lane < C)
 #pragma unroll
-                    for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
+                        for (int w = 0; w < RW; ++w) gsum += gbp[w * 16 + lane];
+                } else if (warp == NCW - 1 && lane < C) {  // class `lane`'s column of the fp32 dlogits, 4 rows a
+                    // load in 4 fixed-order chains: no shuffles (in a warp-indexed branch they compile to collective code)
+                    float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int r = 0; r < BR; r += 4) {
+                        const float4 q = *reinterpret_cast<const float4*>(dz32 + lane * DLD + r);
+                        v[0] += q.x, v[1] += q.y, v[2] += q.z, v[3] += q.w;
+                    }
+                    gsum = (v[0] + v[1]) + (v[2] + v[3]);
+                }
+                if (warp == NCW - 1 && lane < C) {
                     float b = bias[lane], m1 = NS >= 1 ? bias[16 + lane] : 0.f, m2 = NS >= 2 ? bias[32 + lane] : 0.f;
                     optim_update<OPT>(p, o, NS, gsum, b, m1, m2);
                     if constexpr (PREC == 2) b = rnd16(b);
@@ -650,9 +564,9 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(stg));  // this warp is done with the stage
-            LR_PROF(5);  // weight gradient and update
+            FUSED_PROF(5);  // weight gradient and update
             bar_consumers();  // B2: W16 (and its column sums) complete for the next forward; the bias updated
-            LR_PROF(6);  // B2
+            FUSED_PROF(6);  // B2
             if (++stg == ST) {
                 stg = 0;
                 fpar ^= 1u;
@@ -671,22 +585,21 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
         for (int j = 0; j < NJ; ++j) {
             const int cl = warp + NCW * j;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (!(freal & (1u << (4 * j + i)))) continue;
-                const int f = (c0 + cl) * 16 + 4 * t + i;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if (!(h ? cls_hi : cls_lo)) continue;
-                    const int e = (g + 8 * h) * D + f, k = 4 * h + i;
-                    const float w = mw[j][k];
-                    params[e] = from_f<TParam>(w);
-                    if (w16g) w16g[e] = from_f<half_t>(w);
-                    if constexpr (MOM_REG) s1g[e] = mom[j][k];
-                    if constexpr (ADAM) {
-                        const float* am = adam + (((warp * NJ + j) * 8 + k) * 32 + lane);
-                        s1g[e] = am[0];
-                        s2g[e] = am[NCW * NJ * 8 * 32];
-                    }
+            for (int e = 0; e < 4 + HS; ++e) {
+                if (!(ereal & (1u << (8 * j + e)))) continue;
+                int cls = g, ff = 4 * t + e;
+                if (e >= 4) {
+                    const HiSlot h = hi_of(e - 4, lane);
+                    cls = 8 + h.g, ff = 4 * h.t + h.i;
+                }
+                const int gi = cls * D + (c0 + cl) * 16 + ff;
+                params[gi] = from_f<TParam>(mw[j][e]);
+                if (w16g) w16g[gi] = from_f<half_t>(mw[j][e]);
+                if constexpr (MOM_REG) s1g[gi] = mom[j][e];
+                if constexpr (ADAM) {
+                    const float* am = adam + (((warp * NJ + j) * 8 + e) * 32 + lane);
+                    s1g[gi] = am[0];
+                    s2g[gi] = am[V];
                 }
             }
         }
@@ -696,31 +609,14 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             if (NS >= 1) s1g[BOFF + lane] = bias[16 + lane];
             if (NS >= 2) s2g[BOFF + lane] = bias[32 + lane];
         }
-        double l = loss_acc, c = (double)ok_acc;
-        for (int o = 16; o > 0; o >>= 1) {
-            l += __shfl_xor_sync(0xffffffffu, l, o);
-            c += __shfl_xor_sync(0xffffffffu, c, o);
-        }
-        if (lane == 0) {
-            hsum[2 * warp] = l;
-            hsum[2 * warp + 1] = c;
-        }
-        bar_consumers();
-        if (rank == 0 && tid == 0) {  // every CTA computed every row's loss: CTA 0's are the epoch's
-            double ls = 0.0, cs = 0.0;
-            for (int w = 0; w < NCW; ++w) {
-                ls += hsum[2 * w];
-                cs += hsum[2 * w + 1];
-            }
-            est->hist[2 * epoch_in_fit] += ls;
-            est->hist[2 * epoch_in_fit + 1] += cs;
-        }
+        epoch_history<NCW>(loss_acc, ok_acc, hsum, est, epoch_in_fit, rank);
     } else {
         // =============================== producers ===============================
         const int pt = tid - NCW * 32;  // batch row of the index and the label
         u32 keys[FEISTEL_ROUNDS];
         round_keys(seed_lo, seed_hi, epoch, keys);
-        constexpr int UPR = NCH * 16 / (G > 1 ? G : 1);  // copy units a staged row (pad chunks included)
+        constexpr int GF = XF ? 4 : (G > 1 ? G : 1);  // features a copy unit (float: 4, converted to 4 halfs)
+        constexpr int UPR = NCH * 16 / GF;             // copy units a staged row (pad chunks included)
         int stg = 0;
         u32 epar = 1u;  // a fresh barrier's previous phase counts as complete: the first ST waits pass
         for (int s = 0; s < steps; ++s) {
@@ -730,31 +626,47 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
             if (pt < rows) {
                 const u32 id = permuted_index(keys, half_bits, n, (u32)(s * batch + pt));
                 ix[pt] = (int)id;
-                if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
+                if constexpr (ASYNC) cp_async4(smem_u32(lab + stg * BR + pt), y + id);
                 else lab[stg * BR + pt] = y[id];
-            }
-            if (pt == 0) {
-                const u64 k = (u64)epoch_in_fit * steps + s;
-                const float lr = lr_table[k];
-                const OptimStep o = optim_step<OPT>(p, lr, step0 + k + 1);  // Adam counts steps from 1
-                info[stg] = StepInfo{lr, o.c1, o.c2, rows};
             }
             bar_producers();
             u8* xd = X + stg * XST;
             const u8* xg = x + (u64)c0 * 16;
             for (int u = pt; u < rows * UPR; u += NPW * 32) {  // consecutive threads: consecutive bytes of a row
                 const int r = u / UPR, c = u - r * UPR;
-                const int f = c * (G > 1 ? G : 1);  // the unit's first feature within this CTA's slice
+                const int f = c * GF;  // the unit's first feature within this CTA's slice
                 if (f >= nch * 16 || c0 * 16 + f >= D) continue;  // pad chunks and pad features stay zero
-                const u8* src = xg + (u64)ix[r] * D + f;
-                if constexpr (G == 16) cp_async16(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 8) cp_async8(smem_u32(xd + r * ROWB + f), src);
-                else if constexpr (G == 4) cp_async4(smem_u32(xd + r * ROWB + f), src);
-                else xd[r * ROWB + f] = *src;
+                if constexpr (XF) {
+                    const float* src = reinterpret_cast<const float*>(x) + (u64)ix[r] * D + c0 * 16 + f;
+                    float v[4];
+                    if constexpr (D % 4 == 0) {
+                        const float4 q = *reinterpret_cast<const float4*>(src);
+                        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) v[i] = c0 * 16 + f + i < D ? src[i] : 0.f;
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) v[i] = v[i] * scale + shift;  // as fused.cu's and the gather's
+                    if constexpr (D % 4 != 0) {  // features past d stay zero
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) v[i] = c0 * 16 + f + i < D ? v[i] : 0.f;
+                    }
+                    *reinterpret_cast<uint2*>(xd + r * ROWB + 2 * f) =
+                        make_uint2(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]));
+                    continue;
+                }
+                copy_unit<G>(xd + r * ROWB + f, xg + (u64)ix[r] * D + f);
             }
-            if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
+            if constexpr (ASYNC) cp_async_arrive_noinc(full(stg));
             else mbar_arrive(full(stg));  // release: this thread's plain stores
-            if (pt == 0) mbar_arrive(full(stg));  // release: the step constants
+            if (pt == 0) {  // the step constants, after the copies are on their way (a global load), released
+                const u64 k = (u64)epoch_in_fit * steps + s;
+                const float lr = lr_table[k];
+                const OptimStep o = optim_step<OPT>(p, lr, step0 + k + 1);  // Adam counts steps from 1
+                info[stg] = StepInfo{lr, o.c1, o.c2, rows};
+                mbar_arrive(full(stg));
+            }
             // (the stage's indices are rewritten ST steps later, after the next step's bar_producers)
             if (++stg == ST) {
                 stg = 0;

@@ -42,7 +42,7 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     res = run_bench("--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    # 10 workloads x 15 GPU contenders (fastnn x5, torch x7, jax x3) + numpy-cpu on logreg
+    # 10 workloads x 16 GPU contenders (fastnn x6, torch x7, jax x3) + numpy-cpu on logreg
     assert "pairs: 169" in out  # + the two XLA flag variants on 4 of the 10 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:

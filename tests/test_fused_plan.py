@@ -131,7 +131,8 @@ def test_the_kernel_compiles_for_each_layout(
     sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False,
+                    fused_mlp=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning)
     assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
@@ -153,7 +154,8 @@ def test_an_undercounted_plan_fails_to_compile(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("sizes", [[784, 10], [30, 37, 37, 1], [784, 256, 256, 256, 10]])
 def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
-    clf, reg = _plan(sizes), _plan(sizes, loss="mse")
+    fused_cu = Tuning(fused_logreg=False)  # a classifier [784, 10] would take fused_logreg.cu
+    clf, reg = _plan(sizes, tuning=fused_cu), _plan(sizes, loss="mse")
     assert isinstance(reg, fp.FusedPlan), reg
     assert (reg.rows, reg.smem_bytes) == (clf.rows, clf.smem_bytes)
     assert (_option(clf, "FUSED_LOSS"), _option(reg, "FUSED_LOSS")) == ("0", "1")
@@ -174,7 +176,8 @@ def test_a_regression_is_held_with_the_classifiers_shared_memory(sizes):
 def test_the_regression_kernel_compiles(sizes, optimizer, precision, x_dtype, layout, tensor_cores, monkeypatch,
                                         tmp_path):  # fmt: skip
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False)
+    tuning = Tuning(fused_layouts=(layout,), tensor_cores=tensor_cores, fused_logreg=False,
+                    fused_mlp=False)
     plan = _plan(sizes, optimizer, precision, 32, x_dtype, tuning, loss="mse")
     assert isinstance(plan, fp.FusedPlan), plan
     cubin = nvrtc.compile_native("fused.cu", "sm_90", plan.options)
@@ -208,12 +211,11 @@ def test_uint8_logistic_regression_takes_the_logreg_kernel(classes, batch, optim
 @pytest.mark.parametrize(
     "sizes,precision,batch,x_dtype,kw,reason",
     [
-        ([784, 10], "mixed", 128, np.float32, {}, "float32 inputs"),
+        ([784, 10], "mixed", 128, np.float64, {}, "float64 inputs"),
         ([784, 10], "fp32", 128, np.uint8, {}, "precision 'fp32'"),
         ([784, 10], "mixed", 128, np.uint8, {"loss": "mse"}, "loss 'mse'"),
         ([784, 17], "mixed", 128, np.uint8, {}, "17 classes"),
         ([784, 10], "mixed", 129, np.uint8, {}, "batch size 129"),
-        ([784, 64, 10], "mixed", 32, np.uint8, {}, "the model has a hidden layer"),
         ([2049, 10], "mixed", 32, np.uint8, {}, "2049 features"),
         ([784, 10], "mixed", 32, np.uint8, {"tuning": Tuning(fused_logreg=False)}, "Tuning(fused_logreg=False)"),
     ],
@@ -226,28 +228,50 @@ def test_the_rest_goes_to_fused_cu_saying_why(sizes, precision, batch, x_dtype, 
                                                   precision=precision, **kw), x_dtype), str)  # fmt: skip
 
 
+def test_each_cluster_kernel_declines_the_others_models():
+    mlp = EngineConfig(model=MLP([784, 64, 10]), optimizer=MOMENTUM, batch_size=32, precision="mixed")
+    logreg = EngineConfig(model=MLP([784, 10]), optimizer=MOMENTUM, batch_size=32, precision="mixed")
+    assert "the model has a hidden layer" in fp.logreg_plan(mlp, np.uint8)
+    assert "0 hidden layers" in fp.mlp_plan(logreg, np.uint8)
+    assert fp.fused_plan(mlp, np.uint8).source == "fused_mlp.cu"
+    assert fp.fused_plan(logreg, np.uint8).source == "fused_logreg.cu"
+
+
 def test_the_logreg_kernel_drops_gather_stages_then_declines_where_shared_memory_is_short():
-    # 1024 features on 4 CTAs, 16 classes, AdamW: 255,696 bytes with 4 stages, 219,824 with 3, 183,952 with 2
+    # 1024 features on 4 CTAs, 16 classes, AdamW: 264,656 bytes with 4 stages, 228,784 with 3, 192,912 with 2
     cfg = EngineConfig(model=MLP([1024, 16]), optimizer=AdamW(lr=1e-3), batch_size=128, precision="mixed")
-    plans = [fp.logreg_plan(cfg, np.uint8, limit) for limit in (232448, 219824, 219823, 183952)]
+    plans = [fp.logreg_plan(cfg, np.uint8, limit) for limit in (232448, 228784, 228783, 192912)]
     assert [_option(p, "LR_ST") for p in plans] == ["3", "3", "2", "2"]
-    assert [p.smem_bytes for p in plans] == [219824, 219824, 183952, 183952]
-    reason = fp.logreg_plan(cfg, np.uint8, 183951)
+    assert [p.smem_bytes for p in plans] == [228784, 228784, 192912, 192912]
+    reason = fp.logreg_plan(cfg, np.uint8, 192911)
     assert isinstance(reason, str) and "bytes of shared memory per CTA even with 2 stages" in reason
-    fallback = fp.fused_plan(cfg, np.uint8, 183951)  # fused.cu then, or its own refusal naming the bytes
+    fallback = fp.fused_plan(cfg, np.uint8, 192911)  # fused.cu then, or its own refusal naming the bytes
     assert isinstance(fallback, str) or fallback.source == "fused.cu"
 
 
 def test_a_nonzero_shift_and_the_row_copy_width_are_compiled_in():
-    def opts(sizes, normalize=None):
+    def opts(sizes, normalize=None, x_dtype=np.uint8):
         cfg = EngineConfig(model=MLP(sizes), optimizer=MOMENTUM, batch_size=64, precision="mixed", normalize=normalize)
-        plan = fp.logreg_plan(cfg, np.uint8)
-        return _option(plan, "LR_SHIFT"), _option(plan, "LR_G")
+        plan = fp.logreg_plan(cfg, x_dtype)
+        return _option(plan, "LR_SHIFT"), _option(plan, "LR_G"), _option(plan, "LR_XF")
 
-    assert opts([784, 10]) == ("0", "16")
-    assert opts([784, 10], (0.0, 2.0)) == ("0", "16")  # x / 255 / 2: a scale only
-    assert opts([784, 10], (0.3, 0.5)) == ("1", "16")
-    assert opts([100, 10]) == ("0", "4") and opts([40, 10]) == ("0", "8") and opts([50, 10]) == ("0", "1")
+    assert opts([784, 10]) == ("0", "16", "0")
+    assert opts([784, 10], (0.0, 2.0)) == ("0", "16", "0")  # x / 255 / 2: a scale only
+    assert opts([784, 10], (0.3, 0.5)) == ("1", "16", "0")
+    assert opts([100, 10]) == ("0", "4", "0") and opts([40, 10]) == ("0", "8", "0")
+    assert opts([50, 10]) == ("0", "1", "0")
+    # float32 rows are converted by the producers, shift included: no column sums
+    assert opts([784, 10], (0.3, 0.5), np.float32) == ("0", "16", "1")
+
+
+def test_float32_rows_take_twice_the_stage_bytes_and_fewer_stages():
+    cfg = EngineConfig(model=MLP([784, 10]), optimizer=MOMENTUM, batch_size=128, precision="mixed")
+    u8, f32 = fp.logreg_plan(cfg, np.uint8), fp.logreg_plan(cfg, np.float32)
+    assert (u8.source, f32.source) == ("fused_logreg.cu", "fused_logreg.cu")
+    assert (_option(u8, "LR_ST"), _option(f32, "LR_ST")) == ("4", "3")
+    # 128 rows of 13 chunks: uint8 208 bytes a row, fp16 13 * 32 + 16 = 432; a stage fewer: its labels, indices
+    # (512 bytes each), step constants (16) and two mbarriers (16)
+    assert f32.smem_bytes - u8.smem_bytes == 3 * 128 * 432 - 4 * 128 * 208 - 512 - 512 - 16 - 16
 
 
 # One kernel per cluster size, copy width, precision, optimizer, shift and batch: the static_assert in
@@ -264,15 +288,23 @@ LOGREG_KERNELS = [
     ([300, 10], MOMENTUM, "mixed", 128, None),
     ([2048, 10], AdamW(lr=1e-3), "mixed", 128, None),  # 8 CTAs, 2 gather stages
 ]
+#: float32 rows (the producers convert them): aligned and unaligned widths, a shift
+LOGREG_FLOAT_KERNELS = [
+    ([784, 10], MOMENTUM, "mixed", 128, (0.3, 0.5)),
+    ([30, 5], AdamW(lr=1e-3), "fp16", 32, None),
+]
 
 
 @pytest.mark.bindings
-@pytest.mark.parametrize("sizes,optimizer,precision,batch,normalize", LOGREG_KERNELS)
-def test_the_logreg_kernel_compiles(sizes, optimizer, precision, batch, normalize, monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "sizes,optimizer,precision,batch,normalize,x_dtype",
+    [(*k, np.uint8) for k in LOGREG_KERNELS] + [(*k, np.float32) for k in LOGREG_FLOAT_KERNELS],
+)
+def test_the_logreg_kernel_compiles(sizes, optimizer, precision, batch, normalize, x_dtype, monkeypatch, tmp_path):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision,
                        normalize=normalize)  # fmt: skip
-    plan = fp.fused_plan(cfg, np.uint8)
+    plan = fp.fused_plan(cfg, x_dtype)
     assert plan.source == "fused_logreg.cu", plan.why
     assert nvrtc.compile_native(plan.source, "sm_90", plan.options)[:4] == b"\x7fELF"
 
@@ -287,3 +319,68 @@ def test_an_undercounted_logreg_plan_fails_to_compile_and_the_profile_compiles(m
     profiled = _plan([784, 10], MOMENTUM, "mixed", 128, np.uint8, Tuning(fused_profile=True))
     assert profiled.source == "fused_logreg.cu" and profiled.options[-1] == "-DFUSED_PROFILE"
     assert nvrtc.compile_native("fused_logreg.cu", "sm_90", profiled.options)[:4] == b"\x7fELF"
+
+
+# ---- native/fused_mlp.cu: narrow MLPs at small batches ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden,cluster", [((16,), 1), ((37,), 4), ((17, 32), 2), ((64,), 4), ((128, 128, 128), 8),
+                                            ((129,), None)])  # fmt: skip
+def test_the_mlp_cluster_gives_every_cta_16_neurons_of_each_hidden_layer(hidden, cluster):
+    assert fp.mlp_cluster(hidden) == cluster
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp16"])
+@pytest.mark.parametrize("optimizer", [SGD(lr=0.1), MOMENTUM, SGD(lr=0.1, momentum=0.9, nesterov=True)])
+def test_narrow_mlps_at_small_batches_take_the_mlp_kernel(precision, optimizer):
+    for sizes, batch, cluster in (([784, 128, 128, 128, 10], 32, 8), ([784, 64, 10], 1, 4), ([20, 16, 2], 20, 1)):
+        plan = _plan(sizes, optimizer, precision, batch, np.uint8)
+        assert (plan.source, plan.function, plan.threads, plan.cluster) == ("fused_mlp.cu", "fused_mlp_kernel", 288,
+                                                                           cluster), plan.why  # fmt: skip
+        assert plan.smem_bytes <= fp.HOPPER_SMEM and plan.why.startswith("fused_mlp.cu: ")
+
+
+@pytest.mark.parametrize(
+    "sizes,optimizer,precision,batch,x_dtype,kw,reason",
+    [
+        ([784, 128, 10], AdamW(lr=1e-3), "mixed", 32, np.uint8, {}, "AdamW"),
+        ([784, 256, 10], MOMENTUM, "mixed", 32, np.uint8, {}, "a hidden layer of 256"),
+        ([784, 128, 10], MOMENTUM, "mixed", 64, np.uint8, {}, "batch size 64"),
+        ([784, 128, 10], MOMENTUM, "fp32", 32, np.uint8, {}, "precision 'fp32'"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.float32, {}, "float32 inputs"),
+        ([784, 128, 33], MOMENTUM, "mixed", 32, np.uint8, {}, "33 classes"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"normalize": (0.5, 0.25)}, "nonzero shift"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"loss": "mse"}, "loss 'mse'"),
+        ([784, 128, 10], MOMENTUM, "mixed", 32, np.uint8, {"tuning": Tuning(fused_mlp=False)}, "fused_mlp=False"),
+    ],
+)
+def test_the_other_mlps_go_to_fused_cu_saying_why(sizes, optimizer, precision, batch, x_dtype, kw, reason):
+    cfg = EngineConfig(model=MLP(sizes), optimizer=optimizer, batch_size=batch, precision=precision, **kw)
+    plan = fp.fused_plan(cfg, x_dtype)
+    assert isinstance(plan, fp.FusedPlan) and plan.source == "fused.cu", plan
+    assert plan.why.startswith("fused.cu, not fused_mlp.cu: ") and reason in plan.why, plan.why
+
+
+MLP_KERNELS = [
+    ([784, 128, 128, 128, 10], MOMENTUM, "mixed", 32, "relu"),
+    ([784, 128, 128, 128, 10], SGD(lr=0.1), "fp16", 32, "gelu"),
+    ([20, 37, 2], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), "mixed", 32, "relu"),
+    ([30, 37, 37, 37, 37, 10], SGD(lr=0.05, momentum=0.5), "fp16", 32, "gelu"),
+    ([50, 16, 16, 3], MOMENTUM, "mixed", 20, "relu"),
+    ([784, 64, 16], SGD(lr=0.1), "mixed", 1, "relu"),
+]
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("sizes,optimizer,precision,batch,activation", MLP_KERNELS)
+def test_the_mlp_kernel_compiles_and_its_layout_is_counted_exactly(sizes, optimizer, precision, batch, activation,
+                                                                   monkeypatch, tmp_path):  # fmt: skip
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    cfg = EngineConfig(model=MLP(sizes, activation=activation), optimizer=optimizer, batch_size=batch,
+                       precision=precision)  # fmt: skip
+    plan = fp.fused_plan(cfg, np.uint8)
+    assert plan.source == "fused_mlp.cu", plan.why
+    assert nvrtc.compile_native(plan.source, "sm_90", plan.options)[:4] == b"\x7fELF"
+    options = [o if not o.startswith("-DMP_SMEM=") else f"-DMP_SMEM={plan.smem_bytes - 16}" for o in plan.options]
+    with pytest.raises(Exception, match="shared-memory size is smaller"):
+        nvrtc.compile_native(plan.source, "sm_90", options)

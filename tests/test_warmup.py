@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -42,6 +43,8 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
         calls.threads.append(threading.current_thread().name)
         calls.ordinals.append(ordinal)
         calls.started.set()
+        if threading.current_thread().name == warmup.THREAD_NAME:
+            time.sleep(0.3)  # a context takes time: a constructor that did not join would leave the thread alive
         if isinstance(calls.result, BaseException):
             raise calls.result
         return calls.result
@@ -184,9 +187,10 @@ def test_on_a_gpu_the_thread_makes_the_device_the_engine_trains_on(monkeypatch, 
     seen = []
 
     def spy(ordinal: int = 0):
-        device = real(ordinal)
-        seen.append((threading.current_thread().name, device))
-        return device
+        entry = [threading.current_thread().name, None]
+        seen.append(entry)  # in call order, before the driver's lock decides who makes the device
+        entry[1] = real(ordinal)
+        return entry[1]
 
     monkeypatch.setattr(driver, "get_device", spy)
     rng = np.random.default_rng(0)

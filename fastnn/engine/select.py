@@ -3,13 +3,14 @@
 
 The NumPy engine trains on the CPU. On a GPU, the graph engine (`graph/`, one CUDA graph of library calls per
 epoch) trains any model; the fused engine (`fused/`, one persistent kernel per epoch with the weights on chip)
-trains the small models it can hold, faster; the grid engine (`grid/`, one cooperative persistent kernel over up to
-every SM) trains MLPs with hidden layers, mid and wide ones faster at small batches. "auto" takes the fused engine
-where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster, else the grid engine where
-it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else the graph engine.
-Several GPUs of one process get the replica engine (`replicas.py`). The GPU modules are imported only when a GPU is
-asked for, so CPU training never needs them. A new engine joins as a package beside these, with its name in ENGINES
-(and KERNEL_ENGINES, with a branch in `_kernel_engine`, if it has an `unsupported_reason` and a rule).
+trains the small models it can hold, faster; the grid engine (`grid/`, one cooperative persistent kernel over up
+to every SM) trains MLPs with hidden layers and is meant for mid and wide ones at small batches. "auto" takes the
+fused engine where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster, else the
+grid engine where it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else
+the graph engine. Several GPUs of one process get the replica engine (`replicas.py`). The GPU modules are
+imported only when a GPU is asked for, so CPU training never needs them. A new engine joins as a package beside
+these, with its name in ENGINES (and KERNEL_ENGINES, with a branch in `_kernel_engine`, if it has an
+`unsupported_reason` and a rule).
 """
 
 from __future__ import annotations

@@ -88,6 +88,10 @@ class Tuning:
     #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
     #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).
     grid_fast: bool = True
+    #: Fused engine: MLPs on native/fused_mlp.cu wherever fused/plan.py's `mlp_plan` serves them (hidden layers up to
+    #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25: 8.7-8.9 us a step at 784-128x3-10 on an H100).
+    #: False keeps fused.cu.
+    fused_mlp: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):

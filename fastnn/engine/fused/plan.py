@@ -1,17 +1,19 @@
 """The fused engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
 
-Two kernels. `native/fused_logreg.cu` trains logistic regression (sizes [d, C]) on a cluster of S CTAs with
+Three kernels. `native/fused_logreg.cu` trains logistic regression (sizes [d, C]) on a cluster of S CTAs with
 producer warps, register-resident master weights and mbarrier-completed exchanges (issue 25); `logreg_plan` says
-where it serves (uint8 inputs, "mixed" or "fp16", cross-entropy, 2..16 classes, batches up to 128, d up to
-2,048) and mirrors its shared-memory layout. `native/fused.cu` trains everything else in one cluster of 16 CTAs
-with everything in shared memory: this module mirrors its layout too (each kernel checks at compile time that it
-needs no more than the bytes computed here), picks the layout (standard or lean), the rows per chunk and tensor
-cores or FMA (within what the config's `Tuning` allows), and says why a model cannot be held, naming the limit.
-`FusedPlan.why` says which kernel was chosen and why.
+where it serves (uint8 or float32 inputs, "mixed" or "fp16", cross-entropy, 2..16 classes, batches up to 128, d up
+to 2,048) and mirrors its shared-memory layout. `native/fused_mlp.cu` trains MLPs of hidden layers up to 128 wide
+at batches up to 32 (uint8, "mixed"/"fp16", SGD) on a cluster of S CTAs of 16 neurons each (`mlp_plan`).
+`native/fused.cu` trains everything else in one cluster of 16 CTAs with everything in shared memory: this module
+mirrors its layout too (each kernel checks at compile time that it needs no more than the bytes computed here),
+picks the layout (standard or lean), the rows per chunk and tensor cores or FMA (within what the config's `Tuning`
+allows), and says why a model cannot be held, naming the limit. `FusedPlan.why` says which kernel was chosen and why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,8 +25,8 @@ from ..plan import param_layout
 
 __all__ = [
     "CLUSTER", "LOGREG_MAX_BATCH", "LOGREG_MAX_CLASSES", "LOGREG_MAX_FEATURES", "LOGREG_THREADS", "MIN_CC",
-    "MMA_MIN_ROWS", "THREADS", "FusedPlan", "fused_plan", "logreg_cluster", "logreg_plan", "logreg_smem_bytes",
-    "smem_floats",
+    "MLP_MAX_BATCH", "MLP_MAX_HIDDEN", "MLP_THREADS", "MMA_MIN_ROWS", "THREADS", "FusedPlan", "fused_plan",
+    "logreg_cluster", "logreg_plan", "logreg_smem_bytes", "mlp_cluster", "mlp_plan", "mlp_smem_bytes", "smem_floats",
 ]  # fmt: skip
 
 #: CTAs in the cluster: 16 (non-portable, allowed on H100/H200), the most Hopper runs as one cluster.
@@ -146,11 +148,14 @@ def _up16(a: int) -> int:
     return _cdiv(a, 16) * 16
 
 
-def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, n_state: int,
-                      adamw: bool) -> int:  # fmt: skip
-    """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there)."""
+def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stages: int, adamw: bool,
+                      float_inputs: bool = False, shift: bool = False) -> int:  # fmt: skip
+    """Shared memory of one CTA of fused_logreg.cu in bytes: the same layout as its `Lay` (static_assert there).
+    `float_inputs`: rows staged as fp16 operands (2 bytes a feature) instead of uint8; `shift`: uint8 rows with a
+    nonzero normalize shift (per-warp bias-gradient partials instead of the fp32 dlogits)."""
     nch = _cdiv(_cdiv(features, 16), cluster)
-    rowb = nch * 16 + (16 if nch % 2 == 0 else 0)  # an odd number of 16-byte chunks a row: conflict-free rows
+    # staged row: uint8 an odd number of 16-byte chunks (conflict-free fragment loads), fp16 16 bytes past 32 a chunk
+    rowb = nch * 32 + 16 if float_inputs else nch * 16 + (16 if nch % 2 == 0 else 0)
     nj = _cdiv(nch, LOGREG_CONSUMER_WARPS)
     ce = classes + (classes & 1)
     nw = LOGREG_CONSUMER_WARPS
@@ -163,7 +168,8 @@ def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stag
         stages * rows * 4,  # sample indices
         stages * 16,  # step constants (lr, Adam's corrections, rows)
         3 * 16 * 4,  # bias and its optimizer state (replicated)
-        nw * 16 * 4,  # per-warp bias-gradient partials
+        nw * 16 * 4 if shift else 0,  # per-warp bias-gradient partials
+        0 if shift else 16 * (rows + 20) * 4,  # fp32 dlogits [class][rows + 20]: the bias gradient
         nw * 16 * 4,  # per-warp column sums of W16 (a nonzero normalize shift)
         nw * 2 * 8,  # per-warp loss sum and correct count (doubles)
         2 * nw * nj * 8 * 32 * 4 if adamw else 0,  # AdamW's moments, each lane's beside its masters
@@ -172,28 +178,47 @@ def logreg_smem_bytes(features: int, classes: int, cluster: int, rows: int, stag
     return sum(_up16(b) for b in parts)
 
 
-def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
-    """The plan of native/fused_logreg.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
-    model, opt = config.model, config.optimizer
-    sizes = tuple(model.sizes)
-    tuning = config.tuning
-    if not tuning.fused_logreg:
-        return "it is switched off (Tuning(fused_logreg=False))"
-    if len(sizes) != 2:
-        return "the model has a hidden layer (it trains logistic regression, sizes [d, C])"
-    features, classes = sizes
+def _cluster_kernel_reason(config: EngineConfig, switch: str, max_classes: int, max_batch: int) -> str | None:
+    """Why a cluster kernel (fused_logreg.cu, fused_mlp.cu; `switch` its Tuning flag) does not serve `config` for
+    reasons they share, or None."""
+    classes = config.model.sizes[-1]
+    if not getattr(config.tuning, switch):
+        return f"it is switched off (Tuning({switch}=False))"
     if config.loss != "cross_entropy":
         return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
     if config.precision not in ("mixed", "fp16"):
         return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
-    if np.dtype(x_dtype) != np.uint8:
-        return f"{np.dtype(x_dtype).name} inputs (it feeds uint8 pixels to the tensor cores unconverted)"
-    if not 2 <= classes <= LOGREG_MAX_CLASSES:
-        return f"{classes} classes (it takes 2 to {LOGREG_MAX_CLASSES}: one pair of 8-wide MMA tiles)"
-    if config.batch_size > LOGREG_MAX_BATCH:
-        return f"batch size {config.batch_size} (it takes up to {LOGREG_MAX_BATCH}: one producer thread a row)"
+    if not 2 <= classes <= max_classes:
+        return f"{classes} classes (it takes 2 to {max_classes}: one pair of 8-wide MMA tiles)"
+    if config.batch_size > max_batch:
+        return f"batch size {config.batch_size} (it takes up to {max_batch}: one producer thread a row)"
     if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
         return "normalize is per-feature (it takes two numbers)"
+    return None
+
+
+def _most_stages(choices: tuple[int, ...], smem_limit: int, need: Callable[[int], int]) -> tuple[int, int] | str:
+    """(stages, bytes): the most gather stages of `choices` whose layout fits `smem_limit`, or why none does."""
+    for stages in choices:
+        if need(stages) <= smem_limit:
+            return stages, need(stages)
+    return (f"it needs {need(choices[-1]):,} bytes of shared memory per CTA even with {choices[-1]} stages, over the "
+            f"GPU's {smem_limit:,}")  # fmt: skip
+
+
+def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
+    """The plan of native/fused_logreg.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    reason = _cluster_kernel_reason(config, "fused_logreg", LOGREG_MAX_CLASSES, LOGREG_MAX_BATCH)
+    if reason:
+        return reason
+    if len(sizes) != 2:
+        return "the model has a hidden layer (it trains logistic regression, sizes [d, C])"
+    features, classes = sizes
+    float_inputs = np.dtype(x_dtype) != np.uint8
+    if float_inputs and np.dtype(x_dtype) != np.float32:
+        return f"{np.dtype(x_dtype).name} inputs (it takes uint8 and float32)"
     cluster = logreg_cluster(features)
     if cluster is None:
         return f"{features} features (it takes up to {LOGREG_MAX_FEATURES}: 16 chunks of 16 on each of 8 CTAs)"
@@ -201,15 +226,13 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
     kernel = opt.kernel_params()
     adamw = kernel.kind != KIND_SGD
     rows = _cdiv(config.batch_size, 16) * 16
-    need = stages = 0
-    for stages in LOGREG_STAGES:
-        need = logreg_smem_bytes(features, classes, cluster, rows, stages, n_state, adamw)
-        if need <= smem_limit:
-            break
-    else:
-        return (f"it needs {need:,} bytes of shared memory per CTA even with {stages} stages, over the GPU's "
-                f"{smem_limit:,}")  # fmt: skip
-    _, shift = input_affine(np.uint8, config.normalize)
+    # uint8 with a nonzero shift: shift * colsum(W16) joins the logits (float32 rows take it in the conversion)
+    shift = float(input_affine(np.dtype(x_dtype), config.normalize)[1]) != 0.0 and not float_inputs
+    fit = _most_stages(LOGREG_STAGES, smem_limit, lambda stages: logreg_smem_bytes(
+        features, classes, cluster, rows, stages, adamw, float_inputs, shift))  # fmt: skip
+    if isinstance(fit, str):
+        return fit
+    stages, need = fit
     layout = param_layout(model)
     options = (
         "-std=c++17",
@@ -223,27 +246,119 @@ def logreg_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int 
         f"-DLR_PREC={_PREC[config.precision]}",
         f"-DLR_OPT={kernel.kind}",
         f"-DLR_NS={n_state}",
-        f"-DLR_SHIFT={int(float(shift) != 0.0)}",
+        f"-DLR_XF={int(float_inputs)}",  # float32: the producers stage x * scale + shift as fp16
+        f"-DLR_SHIFT={int(shift)}",
         f"-DLR_SMEM={need}",
-    ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
+    ) + (("-DFUSED_PROFILE",) if config.tuning.fused_profile else ())
     why = (
         f"fused_logreg.cu: {features} features in {_cdiv(features, 16)} chunks of 16 over a cluster of {cluster} "
-        f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages"
+        f"(at most {LOGREG_MAX_CHUNKS} a CTA), {rows} rows a step, {stages} gather stages, "
+        f"{np.dtype(x_dtype).name} rows"
     )
     return FusedPlan(rows=rows, cluster=cluster, threads=LOGREG_THREADS, smem_bytes=need, options=options,
                      source="fused_logreg.cu", function="fused_logreg_kernel", why=why)  # fmt: skip
 
 
+# ---- native/fused_mlp.cu: MLPs of narrow hidden layers at small batches (issue 25, fused-v2.md section 3) ----------
+#: Threads per CTA: 8 consumer warps and 1 producer warp (a batch row a lane).
+MLP_THREADS = 288
+#: Rows a step (one producer lane a row; the MMA tiles hold 32 rows).
+MLP_MAX_BATCH = 32
+#: Each CTA owns 16 neurons of every hidden layer: hidden layers up to 16 * 8 wide on a portable cluster.
+MLP_MAX_HIDDEN = 128
+MLP_MAX_CLASSES = 16
+#: Layer 0's masters live in the registers of the warp that owns their 16-feature chunk: at most 8 chunks a warp.
+MLP_MAX_FEATURES = 16 * 8 * 8
+MLP_MAX_HIDDEN_LAYERS = 6
+MLP_STAGES = (3, 2)
+
+
+def mlp_cluster(hidden: tuple[int, ...]) -> int | None:
+    """The cluster size for hidden layers `hidden`: the smallest S whose 16 neurons a CTA cover the widest."""
+    return next((s for s in LOGREG_CLUSTERS if 16 * s >= max(hidden)), None)
+
+
+def mlp_smem_bytes(sizes: tuple[int, ...], cluster: int, stages: int, momentum: bool) -> int:
+    """Shared memory of one CTA of fused_mlp.cu in bytes: the same layout as its `Lay` (static_assert there)."""
+    nh, d, classes, s = len(sizes) - 2, sizes[0], sizes[-1], cluster
+    rows, k1, sld, tld = MLP_MAX_BATCH, 16 * cluster, 24, MLP_MAX_BATCH + 8
+    nchunk = _cdiv(d, 16)
+    rowb = nchunk * 16 + (16 if nchunk % 2 == 0 else 0)
+    ce = classes + (classes & 1)
+    slot = rows * 16 * 4  # a 32 x 16 fp32 tile
+    parts = [stages * rows * rowb, stages * rows * 4, stages * rows * 4, stages * 16]  # rows, labels, indices, steps
+    for layer in range(nh):  # Z (fp32), dZ^T and dZ (fp16), the gathered H (fp16 [S][32][24])
+        parts += [slot, 16 * tld * 2, rows * sld * 2, s * rows * sld * 2 if layer < nh - 1 else 0]
+    parts.append(rows * sld * 2)  # the last hidden layer's own slice
+    for _ in range(1, nh):  # W_l (l >= 1): masters, momentum, fp16 copy
+        parts += [16 * k1 * 4, 16 * k1 * 4 if momentum else 0, 16 * (k1 + 8) * 2]
+    parts += [1024, 1024 if momentum else 0, 1024, 16 * sld * 2]  # the last layer's slice, momentum, gradient, fp16
+    parts += [64, 64, 64] * (nh + 1)  # biases, their momentum and gradients
+    parts += [s * rows * ce * 4, 16 * (rows + 16) * 4, 16 * tld * 2, rows * sld * 2]  # logits, dlogits x 3
+    for layer in range(1, nh):  # reduce-scatter receive (the first holds layer 0's partials too) and send
+        parts += [max(s, 8) * slot if layer == nh - 1 else s * slot, s * slot]
+    parts.append(0 if nh >= 2 else 8 * slot)  # layer 0's partials of the 8 warps
+    parts += [8 * 2 * 8, (2 * stages + 2 * nh - 1) * 8]  # loss sums, mbarriers
+    return sum(_up16(b) for b in parts)
+
+
+def mlp_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
+    """The plan of native/fused_mlp.cu for `config`, or why that kernel does not serve it (fused.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    reason = _cluster_kernel_reason(config, "fused_mlp", MLP_MAX_CLASSES, MLP_MAX_BATCH)
+    if reason:
+        return reason
+    hidden = sizes[1:-1]
+    if not 1 <= len(hidden) <= MLP_MAX_HIDDEN_LAYERS:
+        return f"{len(hidden)} hidden layers (it takes 1 to {MLP_MAX_HIDDEN_LAYERS})"
+    if max(hidden) > MLP_MAX_HIDDEN:
+        return f"a hidden layer of {max(hidden)} (it takes up to {MLP_MAX_HIDDEN}: 16 neurons on each of 8 CTAs)"
+    if sizes[0] > MLP_MAX_FEATURES:
+        return f"{sizes[0]} inputs (it takes up to {MLP_MAX_FEATURES}: layer 0's masters in registers)"
+    if np.dtype(x_dtype) != np.uint8:
+        return f"{np.dtype(x_dtype).name} inputs (it takes uint8)"
+    if opt.kernel_params().kind != KIND_SGD:
+        return f"{type(opt).__name__} (it takes SGD: AdamW's moments of layer 0 do not fit beside its rows)"
+    if float(input_affine(np.uint8, config.normalize)[1]) != 0.0:
+        return "normalize has a nonzero shift (it applies a scale only)"
+    cluster = mlp_cluster(hidden)
+    momentum = len(opt.state_names) == 1
+    fit = _most_stages(MLP_STAGES, smem_limit, lambda stages: mlp_smem_bytes(sizes, cluster, stages, momentum))
+    if isinstance(fit, str):
+        return fit
+    stages, need = fit
+    layout = param_layout(model)
+    options = (
+        "-std=c++17",
+        f"-DMP_NH={len(hidden)}",
+        f"-DMP_SIZES={{{','.join(str(v) for v in sizes)}}}",
+        f"-DMP_OFFS={{{','.join(str(o) for o in layout.offsets)}}}",
+        f"-DMP_S={cluster}",
+        f"-DMP_ST={stages}",
+        f"-DMP_G={next(g for g in (16, 8, 4, 1) if sizes[0] % g == 0)}",
+        f"-DMP_PREC={_PREC[config.precision]}",
+        f"-DMP_NS={int(momentum)}",
+        f"-DMP_ACT={0 if model.activation == 'relu' else 1}",
+        f"-DMP_SMEM={need}",
+    ) + (("-DFUSED_PROFILE",) if config.tuning.fused_profile else ())
+    why = (f"fused_mlp.cu: {len(hidden)} hidden layers of at most {max(hidden)} on a cluster of {cluster} (16 neurons "
+           f"a CTA), {stages} gather stages")  # fmt: skip
+    return FusedPlan(rows=MLP_MAX_BATCH, cluster=cluster, threads=MLP_THREADS, smem_bytes=need, options=options,
+                     source="fused_mlp.cu", function="fused_mlp_kernel", why=why)  # fmt: skip
+
+
 def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
     """The plan for `config` with inputs of `x_dtype`, or a reason (naming the limit) it cannot be held: the
     logistic-regression kernel where `logreg_plan` serves the model, else native/fused.cu."""
-    logreg = logreg_plan(config, x_dtype, smem_limit)
-    if isinstance(logreg, FusedPlan):
-        return logreg
+    logreg = len(config.model.sizes) == 2
+    special = (logreg_plan if logreg else mlp_plan)(config, x_dtype, smem_limit)
+    if isinstance(special, FusedPlan):
+        return special
     plan = _fused_cu_plan(config, x_dtype, smem_limit)
     if isinstance(plan, str):
         return plan
-    return replace(plan, why=f"fused.cu, not fused_logreg.cu: {logreg}")
+    return replace(plan, why=f"fused.cu, not {'fused_logreg.cu' if logreg else 'fused_mlp.cu'}: {special}")
 
 
 def _fused_cu_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int) -> FusedPlan | str:
