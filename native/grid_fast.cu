@@ -1,5 +1,5 @@
 // grid_fast.cu: the grid engine's fast path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three hidden
-// layers of equal width h, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision, in ONE cooperative
+// layers of equal width h, ReLU, softmax cross-entropy) on uint8 or float32 inputs in "mixed" precision, in ONE cooperative
 // persistent kernel of P = h/8 CTAs, one per SM. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe_v1.cu (the design and its numbers: ../shared/design/grid.md); grid/plan.py sends here exactly the
 // models it serves and everything else to grid.cu (v1), which has the same kernel signature.
@@ -13,8 +13,10 @@
 // (mma.sync m16n8k16, fp32 accumulation), fp32 masters; activations H and the gradients dZ stored as fp16; dlogits
 // fp32 (fp16 as an operand); uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and
 // scale * 2^24 multiplies the fp32 accumulators (so x*scale is not rounded to fp16 first, unlike fused.cu: a
-// difference of one fp16 rounding, inside the mixed tolerances); a nonzero shift adds shift * (row sum of the fp16
-// W0 row) to Z0 and shift * (the bias gradient) to W0's gradient.
+// difference of one fp16 rounding, inside the mixed tolerances); float32 rows are staged by every thread as
+// x * scale + shift rounded to fp16 (the graph engine's operand; GRID_XIN=1, the conversion in the R1 round's
+// shadow); for uint8 a nonzero shift adds shift * (row sum of the fp16 W0 row) to Z0 and shift * (the bias gradient)
+// to W0's gradient.
 // A short batch (m < 32 rows, the last one or batch < 32) is masked: rows m..31 are gathered as copies of row m-1
 // (finite values) and their dlogits are zero, so they contribute nothing to any gradient; the mean divides by m.
 //
@@ -111,13 +113,18 @@ static_assert(MOM || !MOMG, "optimizer state in global memory needs optimizer st
 constexpr int MSF = 3 * 8 + 16 + 16 * 8;  // one state array of the biases and the W3 slice (floats)
 constexpr int GST = (NKS0 + 2 * KS) * 32;  // MOMG: one state array of a CTA's W0, W2, W1 fragments (float4)
 constexpr bool SHIFT = GRID_SHIFT != 0;
+// float32 inputs: every thread stages x * scale + shift rounded to fp16 (the operand the graph engine multiplies),
+// 2 bytes a feature; uint8 inputs are staged as they are (one bulk copy a row) and fed to the tensor cores unconverted
+constexpr bool XF = GRID_XIN != 0;
+static_assert(!(XF && SHIFT), "float inputs take the shift in the staging's conversion");
+constexpr int XE = XF ? 2 : 1;  // staged bytes a feature
 static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && KS % 8 == 0 && KPW >= 1, "h/8 CTAs, h a multiple of 128");
 static_assert(D % 16 == 0 && D >= 16, "inputs in k-steps of 16 (16-byte row copies)");
 static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
 static_assert(BR * NB == NT, "the epilogues give each thread one (row, unit)");
-static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_XIN == 0 && GRID_ACT == 0 && GRID_LOSS == 0,
-              "the fast path: mixed precision, uint8 inputs, ReLU, cross-entropy");
+static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0,
+              "the fast path: mixed precision, ReLU, cross-entropy");
 static_assert((OPT == OPTIM_SGD && NS <= 1) || (OPT == OPTIM_ADAMW && NS == 2),
               "the fast path's optimizers: SGD with or without momentum, AdamW");
 
@@ -144,7 +151,7 @@ constexpr Scratch SC = make_scratch();
 static_assert(SC.total <= (long long)GRID_SCRATCH, "grid/plan.py's global scratch is smaller than the kernel's");
 
 // ---- shared memory (bytes) -----------------------------------------------------------------------------------------
-constexpr int XB = BR * D;          // a staged batch
+constexpr int XB = BR * D * XE;     // a staged batch
 constexpr int ACTB = H * BR * 2;    // the activation tile
 constexpr int WB = NB * H * 2;      // the CTA's fp16 rows of W1 or W2
 constexpr int REDF = 8 * 16 * 40;   // cross-warp sums (floats): the head's [warp][16][40]; the others' [warp][32][8]
@@ -160,7 +167,7 @@ __host__ __device__ constexpr Smem make_smem() {
     y.hp = o; o += 4 * BR * NB * 2;
     y.sf = o; o += NSF * 4;
     y.msf = o; o += NS * MSF * 4;
-    y.lab = o; o += 2 * BR * 4;
+    y.lab = o; o += 3 * BR * 4;  // labels [2 stages][32], then (XF) the next batch's sample indices [32]
     y.prof = o; o += 16 * 8;
     y.w0 = o; o += NKS0 * 512;
     y.w2 = o; o += KS * 512;
@@ -385,7 +392,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
 #endif
 
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
-__device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w16, const u8* __restrict__ x,
+__device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w16, const void* __restrict__ x,
                                 const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
                                 EpochState* st, int steps, int batch, float scale, float shift, OptimParams prm,
                                 u8* scr, u32* sync) {
@@ -418,6 +425,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
     float* mb3 = mb2 + NB;
     float* mw3 = mb3 + 16;
     int* lab = reinterpret_cast<int*>(sm + SL.lab);
+    int* sidx = lab + 2 * BR;
 #ifdef GRID_PROFILE
     long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
 #endif
@@ -442,7 +450,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
     half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
     u32* counter = sync;
     const int u0 = cta * NB;  // this CTA's first unit
-    const float zs = scale * 16777216.f;  // 2^24 * scale: fp16-subnormal pixels back to x * scale
+    // uint8: 2^24 * scale turns the fp16-subnormal pixels back into x * scale; float32: staged as x * scale + shift
+    const float zs = XF ? 1.f : scale * 16777216.f;
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
     for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
@@ -522,14 +531,41 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
         const int sg = s & 1;
         lab[sg * BR + lane] = lane < m ? y[idx] : -1;
-        __syncwarp();
-        if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
-        __syncwarp();
-        fence_proxy_async();
-        bulk_g2s(smem_u32(Xs + sg * XB + lane * D), x + (u64)idx * D, (u32)D, sg ? xfull1 : xfull0);
+        if constexpr (XF) {
+            sidx[lane] = (int)idx;  // stage_xf converts the rows
+        } else {
+            __syncwarp();
+            if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
+            __syncwarp();
+            fence_proxy_async();
+            bulk_g2s(smem_u32(Xs + sg * XB + lane * D), reinterpret_cast<const u8*>(x) + (u64)idx * D, (u32)D,
+                     sg ? xfull1 : xfull0);
+        }
+    };
+    // float32: every thread converts 4 features at a time of the 32 rows issue_x indexed (sidx, after a barrier) into
+    // stage sg, x * scale + shift rounded to fp16 (8 float4 loads in flight a thread)
+    auto stage_xf = [&](int sg) {
+        if constexpr (XF) {
+            constexpr int UPR = D / 4, UNITS = BR * UPR;
+            half_t* dst = reinterpret_cast<half_t*>(Xs + sg * XB);
+            const float* xf = reinterpret_cast<const float*>(x);
+#pragma unroll 8
+            for (int u = tid; u < UNITS; u += NT) {
+                const int r = u / UPR, c = u - r * UPR;
+                const float4 q = *reinterpret_cast<const float4*>(xf + (u64)sidx[r] * D + 4 * c);
+                *reinterpret_cast<uint2*>(dst + r * D + 4 * c) =
+                    make_uint2(pack_h2(__fmaf_rn(q.x, scale, shift), __fmaf_rn(q.y, scale, shift)),
+                               pack_h2(__fmaf_rn(q.z, scale, shift), __fmaf_rn(q.w, scale, shift)));
+            }
+        }
     };
     __syncthreads();
     if (warp == 1 && steps > 0) issue_x(0);
+    if constexpr (XF) {
+        __syncthreads();  // sidx
+        stage_xf(0);
+        __syncthreads();
+    }
 
     // the activation tile (+ the CTA's forward weight rows): every thread counts its uses; thread 0 issues
     u32 r_use = 0;
@@ -570,6 +606,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
     auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][4], const OptimStep& ob) {
         const u8* xc = Xs + (s & 1) * XB;        // X(s)
         const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
+        const unsigned short* hc = reinterpret_cast<const unsigned short*>(xc);  // XF: fp16 rows
+        const unsigned short* hp = reinterpret_cast<const unsigned short*>(xp);
         u32 ahz[2][4];
         if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
         const float gsh = SHIFT ? shift * gb0[g] : 0.f;  // shift * the bias gradient of unit g
@@ -601,8 +639,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #pragma unroll
                         for (int kb = 0; kb < 2; ++kb) {
                             const int r = 16 * kb + 2 * t;
-                            bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
-                            bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
+                            if constexpr (XF) {
+                                bx[kb][0] = prmt(hp[r * D + pix], hp[(r + 1) * D + pix], 0x5410u);
+                                bx[kb][1] = prmt(hp[(r + 8) * D + pix], hp[(r + 9) * D + pix], 0x5410u);
+                            } else {
+                                bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
+                                bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
+                            }
                         }
                         float cc[4] = {0.f, 0.f, 0.f, 0.f};
                         mma16816(cc, ahz[0][0], ahz[0][1], ahz[0][2], ahz[0][3], bx[0][0], bx[0][1]);
@@ -621,12 +664,19 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         const int r0 = 16 * mt + g, c0 = 16 * kk + 2 * t;
-                        const u32 a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
-                        const u32 a1 =
-                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
-                        const u32 a2 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
-                        const u32 a3 =
-                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u, 0x4140u);
+                        u32 a0, a1, a2, a3;
+                        if constexpr (XF) {  // fp16 pairs (features c0, c0 + 1) as they are
+                            a0 = *reinterpret_cast<const u32*>(hc + r0 * D + c0);
+                            a1 = *reinterpret_cast<const u32*>(hc + (r0 + 8) * D + c0);
+                            a2 = *reinterpret_cast<const u32*>(hc + r0 * D + c0 + 8);
+                            a3 = *reinterpret_cast<const u32*>(hc + (r0 + 8) * D + c0 + 8);
+                        } else {  // two uint8 pixels into two fp16 subnormals
+                            a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
+                            a1 = prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
+                            a2 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
+                            a3 = prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u,
+                                      0x4140u);
+                        }
                         mma16816(acc[mt], a0, a1, a2, a3, bw0, bw1);
                     }
                 }
@@ -714,7 +764,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         const int m = min(batch, (int)n - s * batch);
         const u64 k = (u64)epoch_in_fit * steps + s;
         const OptimStep oc = optim_step<OPT>(prm, lr_table[k], step0 + k + 1);
-        mbar_wait(xs ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);
+        if constexpr (!XF) mbar_wait(xs ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);  // XF: barriers since stage_xf
         MARK(0);
         // ================= B0(s-1) + F0(s)
         {
@@ -728,6 +778,10 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         MARK(1);
         arrive();  // R1
         if (warp == 1 && s + 1 < steps) issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
+        if constexpr (XF) {  // while the other CTAs arrive at R1
+            __syncthreads();  // sidx
+            if (s + 1 < steps) stage_xf((s + 1) & 1);
+        }
         // ================= F1
         {
             float acc[2][4];

@@ -387,12 +387,16 @@ GRID_FAST_CASES = [
     ([784, 768, 768, 768, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),  # the momentum in L2 (GRID_MOMG)
     ([784, 256, 256, 256, 10], AdamW(lr=1e-3, weight_decay=0.01), 32, 32 * 20 + 13, {}),  # moments on chip
     ([784, 512, 512, 512, 10], AdamW(lr=1e-3), 16, 16 * 12 + 5, {}),  # AdamW's moments in L2 (GRID_MOMG)
+    # float32 rows, staged as fp16 operands (x_dtype is the test's, not a Trainer argument)
+    ([784, 256, 256, 256, 10], SGD(lr=0.05), 32, 32 * 20 + 13, {"x_dtype": np.float32}),
+    ([64, 128, 128, 128, 7], SGD(lr=0.01, momentum=0.9), 20, 301, {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("sizes,optimizer,batch,n,kw", GRID_FAST_CASES)
 def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
-    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch)
+    kw = dict(kw)
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch, dtype=kw.pop("x_dtype", np.uint8))
     _kernel_matches_numpy("grid_fast.cu", MLP(sizes), optimizer, batch, x, y, "mixed", engine="grid", **kw)
 
 

@@ -150,7 +150,7 @@ def test_the_engine_names_what_the_plan_cannot_see(kw, cc, expect):
 # One kernel per precision, optimizer kind, loss, activation and input type: the static_asserts in grid.cu fail to
 # compile if its layouts need more than GRID_SMEM or GRID_SCRATCH, i.e. if the plan ever undercounts.
 KERNELS = [
-    ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.float32, "cross_entropy", "relu", 32),
+    ([784, 256, 256, 256, 10], MOMENTUM, "mixed", np.float32, "cross_entropy", "relu", 64),  # grid_fast.cu's at 32
     ([20, 37, 2], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), "fp32", np.float32, "cross_entropy",
      "relu", 1),
     ([30, 37, 37, 37, 37, 10], AdamW(lr=1e-3), "fp16", np.float32, "mse", "gelu", 1000),
@@ -197,7 +197,9 @@ CHOICES = [
     ([784, 640, 640, 640, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum on chip
     ([64, 256, 256, 256, 10], SGD(lr=0.1, momentum=0.9, nesterov=True), "mixed", np.uint8, 32, {}, "grid_fast.cu"),
     ([784, 1024, 1024, 1024, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # momentum in L2
-    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid.cu"),
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid_fast.cu"),  # rows staged as fp16
+    ([784, 640, 640, 640, 10], MOMENTUM, "mixed", np.float32, 32, {"normalize": (0.5, 0.25)}, "grid_fast.cu"),
+    ([784, 768, 768, 768, 10], SGD(lr=0.1), "mixed", np.float32, 32, {}, "grid.cu"),  # fp16 rows: > 227 KB
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp32", np.uint8, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "fp16", np.uint8, 32, {}, "grid.cu"),
     ([784, 256, 256, 256, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid_fast.cu"),  # state on chip
@@ -228,11 +230,13 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         n_state = len(optimizer.state_names)
         assert plan.smem_bytes == int(_option(plan, "GRID_SMEM"))
         assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH"))
-        assert _option(plan, "GRID_SHIFT") == ("1" if "normalize" in kw else "0")
-        on_chip = gp.fast_smem_bytes(sizes[0], h, n_state) <= gp.HOPPER_SMEM and n_state * h // 128 <= 8
+        assert _option(plan, "GRID_SHIFT") == ("1" if "normalize" in kw and x_dtype == np.uint8 else "0")
+        xb = 2 if x_dtype == np.float32 else 1
+        on_chip = gp.fast_smem_bytes(sizes[0], h, n_state, False, xb) <= gp.HOPPER_SMEM and n_state * h // 128 <= 8
         momg = n_state >= 1 and not on_chip
         assert _option(plan, "GRID_MOMG") == str(int(momg)) and ("optimizer state in L2" in plan.why) == momg
-        assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg)
+        assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg, xb)
+        assert _option(plan, "GRID_XIN") == str(xb - 1)
         assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
     else:
         assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
@@ -254,6 +258,8 @@ FAST_KERNELS = [
     ([784, 768, 768, 768, 10], MOMENTUM, 32, {}),  # momentum in L2
     ([784, 256, 256, 256, 10], AdamW(lr=1e-3), 32, {}),  # AdamW's moments on chip
     ([784, 1024, 1024, 1024, 10], AdamW(lr=1e-3, weight_decay=0.01), 16, {}),  # in L2
+    ([784, 256, 256, 256, 10], SGD(lr=0.1), 32, {"x_dtype": np.float32}),  # float32 rows staged as fp16
+    ([784, 640, 640, 640, 10], AdamW(lr=1e-3), 32, {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
     ([512, 256, 256, 256, 2], SGD(lr=0.1), 32, {"normalize": (0.5, 0.25)}),
 ]  # fmt: skip
 

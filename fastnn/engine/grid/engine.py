@@ -53,7 +53,8 @@ def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
     precision fall in the measured range and the fast kernel (plan.fast_plan) serves the model on `device` (None: an
-    H100). The engine is chosen before the data is seen, so uint8 inputs are assumed (float inputs run grid.cu)."""
+    H100) for uint8 AND float32 inputs: the engine is chosen before the data is seen, and grid.cu (version 1), which
+    the other input type would run, is slower than the graph engine."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
     in_range = (
@@ -67,7 +68,7 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
         return False
     sms = device.sm_count if device is not None else HOPPER_SMS
     smem = device.max_shared_memory_optin if device is not None else HOPPER_SMEM
-    return isinstance(fast_plan(config, np.uint8, sms, smem), GridPlan)
+    return all(isinstance(fast_plan(config, dt, sms, smem), GridPlan) for dt in (np.uint8, np.float32))
 
 
 class GridEngine(GraphEngine):

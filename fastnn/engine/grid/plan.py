@@ -2,8 +2,8 @@
 
 Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
 the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models
-`fast_plan` accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 inputs, "mixed", ReLU,
-cross-entropy with 2..16 classes, batch <= 32, any optimizer: SGD, momentum, AdamW), and the generic `native/grid.cu`
+`fast_plan` accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs,
+"mixed", ReLU, cross-entropy with 2..16 classes, batch <= 32, SGD, momentum, AdamW), and the generic `native/grid.cu`
 (version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each
 kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than
 the bytes computed here), and says why a model cannot be served, naming the limit.
@@ -149,15 +149,16 @@ def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, 
     )
 
 
-def fast_smem_bytes(features: int, hidden: int, n_state: int, state_in_l2: bool = False) -> int:
+def fast_smem_bytes(features: int, hidden: int, n_state: int, state_in_l2: bool = False, x_bytes: int = 1) -> int:
     """Shared memory of one CTA of native/grid_fast.cu, as its make_smem(): the batch (two stages), the activation
     tile, the CTA's fp16 weight rows, the cross-warp sums, the own activation tiles, biases / W3 slice / logits /
-    dlogits / row sums (and their optimizer state), labels, profile, the W0 and W2 masters (and their `n_state`
-    state arrays, unless `state_in_l2` puts them in the global scratch), the mbarriers."""
+    dlogits / row sums (and their optimizer state), labels and indices, profile, the W0 and W2 masters (and their
+    `n_state` state arrays, unless `state_in_l2` puts them in the global scratch), the mbarriers. `x_bytes`: staged
+    bytes a feature (1 for uint8 rows, 2 for float32 rows converted to fp16)."""
     rows, nb, nw = FAST_MAX_BATCH, UNITS_PER_CTA, THREADS // 32
-    o = 2 * rows * features + hidden * rows * 2 + nb * hidden * 2 + 8 * 16 * 40 * 4 + 4 * rows * nb * 2
+    o = 2 * rows * features * x_bytes + hidden * rows * 2 + nb * hidden * 2 + 8 * 16 * 40 * 4 + 4 * rows * nb * 2
     o += (3 * nb + 16 + 16 * nb + 2 * rows * 16 + 2 * nw * nb) * 4 + n_state * (3 * nb + 16 + 16 * nb) * 4
-    o += 2 * rows * 4 + 16 * 8
+    o += 3 * rows * 4 + 16 * 8
     o += (features // 16 + hidden // 16) * 512 * (1 + (0 if state_in_l2 else n_state))
     return o + 3 * 8
 
@@ -195,8 +196,7 @@ def fast_plan(
         return f"a hidden width of {hidden} (it takes multiples of {FAST_UNIT_STEP} up to {most}: 8 units a CTA)"
     if config.precision != "mixed":
         return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
-    if np.dtype(x_dtype) != np.uint8:
-        return f"{np.dtype(x_dtype).name} inputs (it feeds uint8 pixels to the tensor cores unconverted)"
+    xf = np.dtype(x_dtype) != np.uint8  # float32 rows: staged as fp16 operands, 2 bytes a feature
     if model.activation != "relu":
         return f"activation {model.activation!r} (it takes relu)"
     if config.loss != "cross_entropy":
@@ -215,18 +215,19 @@ def fast_plan(
         return f"optimizer kind {kernel.kind} (it takes SGD and AdamW)"
     if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
         return "normalize is per-feature (it takes two numbers)"
-    need = fast_smem_bytes(features, hidden, n_state)
+    xb = 2 if xf else 1
+    need = fast_smem_bytes(features, hidden, n_state, False, xb)
     # no room on chip for the optimizer state (shared memory for W0's and W2's, registers for W1's: at most 32 a
     # lane): the CTA's private region of L2
     momg = n_state >= 1 and (need > smem_limit or n_state * hidden // FAST_UNIT_STEP > 8)
     if momg:
-        need = fast_smem_bytes(features, hidden, n_state, True)
+        need = fast_smem_bytes(features, hidden, n_state, True, xb)
     if need > smem_limit:
         return f"it needs {need:,} bytes of shared memory per CTA, over the GPU's {smem_limit:,}"
-    _, shift = input_affine(np.uint8, config.normalize)
+    _, shift = input_affine(x_dtype, config.normalize)
     ctas = hidden // UNITS_PER_CTA
     scratch = fast_scratch_bytes(hidden, features, n_state, momg)
-    shifted = int(float(shift) != 0.0)
+    shifted = int(float(shift) != 0.0 and not xf)  # float rows take the shift in their conversion
     options = _options(config, x_dtype, ctas, need, scratch, (f"-DGRID_SHIFT={shifted}", f"-DGRID_MOMG={int(momg)}"))
     why = (f"grid_fast.cu: {ctas} CTAs of {UNITS_PER_CTA} units, masters on chip ({need:,} bytes of shared memory a "
            f"CTA), {FAST_MAX_BATCH} rows a step" + (", optimizer state in L2" if momg else ""))  # fmt: skip
