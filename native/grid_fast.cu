@@ -67,7 +67,7 @@
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
-#include "sm90.cuh"
+#include "grid.cuh"
 
 // ---- shape, optimizer: compile-time (-D from grid/plan.py); defaults compile 784-256x3-10, SGD --------------------
 #ifndef GRID_NL
