@@ -5,6 +5,7 @@ small epoch.cu."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fastnn import MLP, SGD
@@ -103,3 +104,16 @@ def test_the_graph_engine_compiles_update_cu_at_build(loads):
     kernels.record_epoch_end(eng)
     assert launched == [("epoch.cu", "cast_f32_f16"), ("update.cu", eng.spec.update_kernel),
                         ("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]  # fmt: skip
+
+
+def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_the_rows(loads):
+    """engine="auto" chooses the grid engine before it sees the data (prefer_grid); float32 rows at h = 1024 do not fit
+    grid_fast.cu, and grid.cu is slower than the graph engine, so that engine trains them with the graph step. A
+    forced engine="grid" runs grid.cu, and uint8 rows grid_fast.cu, either way."""
+    model = MLP([784, 1024, 1024, 1024, 10])
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
+    forced = GridEngine(cfg, init_parameters(model, 0))
+    auto = GridEngine(cfg, init_parameters(model, 0), graph_fallback=True)
+    f32, u8 = np.dtype(np.float32), np.dtype(np.uint8)
+    assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
+    assert not forced.runs_graph_step(f32) and not forced.runs_graph_step(u8)

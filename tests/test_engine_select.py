@@ -105,6 +105,10 @@ class _FakeGrid(_FakeFused):
             return "no hidden layer to spread; use engine='fused' or 'graph'"
         return super().unsupported_reason(config, device)
 
+    def __init__(self, config, state, ordinal: int = 0, graph_fallback: bool = False) -> None:
+        super().__init__(config, state, ordinal)
+        self.graph_fallback = graph_fallback  # what select passed: True only when engine="auto" chose grid
+
 
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
@@ -153,10 +157,12 @@ def test_a_regression_takes_the_gpu_engines_as_a_classifier_does(fake_gpu, devic
 @pytest.mark.bindings
 @pytest.mark.parametrize("device", ["cuda", "auto"])
 def test_auto_takes_grid_where_fused_does_not_and_its_rule_says_so(fake_gpu, device: str) -> None:
-    assert Trainer(MLP([20, 300, 10]), device=device).engine == "grid"  # too wide for fused; grid's rule
+    auto = Trainer(MLP([20, 300, 10]), device=device)
+    assert auto.engine == "grid" and auto._engine.graph_fallback  # too wide for fused; grid's rule
     assert Trainer(MLP([20, 300, 100, 10]), device=device).engine == "graph"  # served, but grid's rule says graph
     assert Trainer(MLP([20, 2000, 10]), device=device).engine == "graph"  # served by neither
-    assert Trainer(MLP([20, 50, 10]), device=device, engine="grid").engine == "grid"
+    forced = Trainer(MLP([20, 50, 10]), device=device, engine="grid")
+    assert forced.engine == "grid" and not forced._engine.graph_fallback  # forced: never the graph step
 
 
 @pytest.mark.bindings
@@ -380,8 +386,9 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
 
 @pytest.mark.bindings
 def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> None:
-    """prefer_grid reads tuning.GRID_RULE and takes a model only where the fast kernel (grid_fast.cu) serves it:
-    the generic grid.cu (measured 5-10x slower than the graph engine) is never auto's choice."""
+    """prefer_grid reads tuning.GRID_RULE and takes a model only where the fast kernel (grid_fast.cu) serves it
+    (for uint8 or float32 rows): the generic grid.cu (measured 5-10x slower than the graph engine) is never auto's
+    choice."""
     from fastnn import SGD, AdamW
     from fastnn.engine.base import EngineConfig
     from fastnn.engine.grid import prefer_grid
@@ -395,10 +402,10 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
     assert prefer_grid(bench, None)
     assert prefer_grid(cfg([784, 640, 640, 640, 10]), None)
     assert prefer_grid(cfg([784, 512, 512, 512, 10], batch=8, optimizer=SGD(lr=0.1, momentum=0.9)), None)
-    # the fast kernel serves 768 and 1024 for uint8 rows but not for float32 ones (fp16 rows: > 227 KB), which would
-    # run grid.cu, slower than the graph engine: the engine is chosen before the data is seen
-    assert not prefer_grid(cfg([784, 1024, 1024, 1024, 10]), None)
-    assert not prefer_grid(cfg([784, 768, 768, 768, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)
+    # the fast kernel serves 768 and 1024 for uint8 rows but not for float32 ones (fp16 rows: > 227 KB): auto takes
+    # grid, and float32 rows then train with the graph step (GridEngine.graph_fallback, tests/test_engine_modules.py)
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10]), None)
+    assert prefer_grid(cfg([784, 768, 768, 768, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)
     assert prefer_grid(cfg([784, 256, 256, 256, 10], optimizer=AdamW(lr=1e-3)), None)
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], optimizer=AdamW(lr=1e-3)), None,
                            GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("fp16",)))  # fmt: skip

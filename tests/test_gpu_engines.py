@@ -837,3 +837,26 @@ def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path, engine)
         gpu.fit(x, y, epochs=1)  # a 2**32nd epoch would wrap the u32
     assert gpu.epoch == 2**32
     gpu.close()
+
+
+def test_auto_grid_trains_rows_its_fast_kernel_cannot_serve_with_the_graph_step():
+    """engine="auto" takes the grid engine for 784-1024x3-10 at batch 32 before it sees the data; float32 rows do not
+    fit grid_fast.cu there, so that trainer runs the graph engine's step (not grid.cu) and matches NumPy as it does,
+    while uint8 rows run grid_fast.cu."""
+    from fastnn.engine.grid.engine import GridTrainContext
+
+    model = MLP([784, 1024, 1024, 1024, 10])
+    x8, y = _data(32 * 6 + 5, 784, 10)
+    kw = dict(optimizer=SGD(lr=0.01, momentum=0.9), batch_size=32, seed=7)
+    with Trainer(model, precision="mixed", device="cuda", **kw) as auto:
+        assert auto.engine == "grid"
+        auto.fit(x8, y, epochs=1)
+        assert _kernel_of(auto) == "grid_fast.cu"
+    x = x8.astype(np.float32) / 255
+    cpu = Trainer(model, precision="fp32", device="cpu", **kw)
+    gpu = Trainer(model, precision="mixed", device="cuda", **kw)
+    cpu.fit(x, y, epochs=2)
+    gpu.fit(x, y, epochs=2)
+    assert gpu.engine == "grid" and not isinstance(gpu._engine.train_context, GridTrainContext)
+    _assert_close(cpu, gpu, TOLERANCES["mixed"][0])
+    gpu.close()

@@ -137,6 +137,8 @@ def _gpu_engine(
         verdicts[name] = (reason, reason is None and faster)
     choice = choose_gpu_engine(engine, *verdicts["fused"], *verdicts["grid"])
     if choice in engines:
+        if choice == "grid" and engine == "auto":  # chosen for the fast kernel: never grid.cu (GridEngine)
+            return engines[choice][0](config, state, ordinal, graph_fallback=True)
         return engines[choice][0](config, state, ordinal)
     return graph_class(config, state, ordinal)
 

@@ -53,8 +53,9 @@ def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
     precision fall in the measured range and the fast kernel (plan.fast_plan) serves the model on `device` (None: an
-    H100) for uint8 AND float32 inputs: the engine is chosen before the data is seen, and grid.cu (version 1), which
-    the other input type would run, is slower than the graph engine."""
+    H100) for uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a type the fast kernel
+    cannot serve then train with the graph engine's step (GridEngine.graph_fallback), never with grid.cu (version 1),
+    which is slower than the graph engine."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
     in_range = (
@@ -68,7 +69,7 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
         return False
     sms = device.sm_count if device is not None else HOPPER_SMS
     smem = device.max_shared_memory_optin if device is not None else HOPPER_SMEM
-    return all(isinstance(fast_plan(config, dt, sms, smem), GridPlan) for dt in (np.uint8, np.float32))
+    return any(isinstance(fast_plan(config, dt, sms, smem), GridPlan) for dt in (np.uint8, np.float32))
 
 
 class GridEngine(GraphEngine):
@@ -91,11 +92,24 @@ class GridEngine(GraphEngine):
         plan = grid_plan(config, np.float32, device.sm_count, device.max_shared_memory_optin)
         return plan if isinstance(plan, str) else None
 
-    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0, graph_fallback: bool = False
+    ) -> None:
         reason = self.unsupported_reason(config, driver.get_device(ordinal))
         if reason is not None:
             raise ConfigError(f"engine='grid' cannot train this model: {reason}")
         super().__init__(config, state, ordinal)
+        #: engine="auto" chose this engine for its fast kernel before it saw the data (prefer_grid). Where the data's
+        #: type still keeps grid_fast.cu from serving the model, an epoch is then the graph engine's step, not grid.cu's
+        #: (measured 4-10x slower than the graph engine: tuning.GRID_RULE). engine="grid" itself never falls back.
+        self.graph_fallback = graph_fallback
+
+    def runs_graph_step(self, x_dtype: np.dtype) -> bool:
+        """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, no fast kernel)."""
+        if not self.graph_fallback:
+            return False
+        plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
+        return not (isinstance(plan, GridPlan) and plan.source == "grid_fast.cu")
 
     def grid_kernel(self, x_dtype: np.dtype) -> tuple[object, GridPlan]:
         """The compiled kernel and its plan for training data of `x_dtype`."""
@@ -110,7 +124,12 @@ class GridEngine(GraphEngine):
             )
         return kernel, plan
 
-    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> GridTrainContext:
+    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
+        if self.runs_graph_step(x.dtype):  # the graph step's libraries and update.cu, made once, before any capture
+            self.load_step_libraries()
+            if self.update_mod is None:
+                self.update_mod = module(self.dev, "update.cu")
+            return super().make_train_context(x, y, key)
         return GridTrainContext(self, x, y, key)
 
 
