@@ -15,6 +15,7 @@ import pytest
 import fastnn._optim as optim
 from fastnn import MLP
 from fastnn._errors import ConfigError
+from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.fused.plan import fused_plan
 
@@ -58,7 +59,8 @@ def test_kernel_params_carry_each_optimizers_fields():
 
 def test_fused_plan_compiles_for_the_optimizers_kind_and_state():
     for opt in EXAMPLES.values():
-        cfg = EngineConfig(model=MLP([784, 32, 10]), optimizer=opt, batch_size=32, precision="mixed")
+        cfg = EngineConfig(model=MLP([784, 32, 10]), optimizer=opt, batch_size=32, precision="mixed",
+                           tuning=Tuning(fused_mlp=False))  # fused.cu's options (fused_mlp.cu takes SGD only)
         plan = fused_plan(cfg, np.uint8)
         assert not isinstance(plan, str), plan
         assert f"-DFUSED_OPT={opt.kernel_params().kind}" in plan.options
