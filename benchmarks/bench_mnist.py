@@ -51,8 +51,8 @@ PEERS = ("jax-default", "jax-amp", "jax-fp32", "torch-graph-amp", "torch-graph-t
 #: time-to-accuracy call picks jax-best from the JAX rows already in the output folder (call 1's).
 FINAL: dict[str, tuple[list[str], str]] = {
     "1": (
-        ["--only", ",".join(("fastnn-mixed", "fastnn-graph", "fastnn-fused", *PEERS))],
-        "fastnn (auto, graph, fused) and the peers that can be fastest, every workload: the headline (~6 min)",
+        ["--only", ",".join(("fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid", *PEERS))],
+        "fastnn (auto, graph, fused, grid) and the peers that can be fastest, every workload: the headline (~6 min)",
     ),
     "2": (
         [

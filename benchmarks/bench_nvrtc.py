@@ -26,8 +26,11 @@ if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `p
 
 __all__ = ["VARIANTS", "WORKLOADS", "text_digest"]
 
-#: Option sets tried on top of the fused plan's: none of the first six changes what is computed; the last two
-#: lower the optimisation effort (other SASS: they would need the GPU suite and a timing before use).
+#: Option sets tried on top of the fused plan's: none of the first six changes what is computed; the last three
+#: lower the optimisation effort or reorder it (other SASS: they would need the GPU suite and a timing before use).
+#: --split-compile=0 (all cores) cannot split a file of one kernel: no faster, the same CUBIN size (measured: the
+#: same SASS for logreg, other SASS for MLP 784-128x3-10).
+#: Two compiles on two threads of one process take as long as one after the other: NVRTC 12.9 serialises them.
 VARIANTS = {
     "current": (),
     "--minimal": ("--minimal",),
@@ -37,6 +40,7 @@ VARIANTS = {
     "-lineinfo (for scale)": ("-lineinfo",),
     "--Ofast-compile=min": ("--Ofast-compile=min",),
     "--Ofast-compile=max": ("--Ofast-compile=max",),
+    "--split-compile=0": ("--split-compile=0",),
 }
 #: (sizes, batch) of the fused engine's seed workloads, in "mixed".
 WORKLOADS = {"logreg": ((784, 10), 128), "mlp-128": ((784, 128, 128, 128, 10), 32)}

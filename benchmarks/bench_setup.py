@@ -13,9 +13,12 @@ persistent compilation cache), warm (filled by the cold run), warm again. Per ru
                          ahead-of-time compile + the epoch
     of which training    the epoch's device time (fastnn's History, CUDA events / block_until_ready elsewhere)
 
-and writes the tables as markdown to --out (and the rows as JSON beside it). The CPU engine runs the workloads
-of CPU_WORKLOADS only (an epoch of the wider MLPs takes minutes on a CPU). `--dry-run` runs the harness on the CPU
-with tiny fake data: the NumPy engine only, the GPU contenders listed as not run.
+and writes the tables as markdown to --out (and the rows as JSON beside it). The CPU engine runs the workloads of
+CPU_WORKLOADS only (an epoch of the wider MLPs takes minutes on a CPU). fastnn's modules are byte-compiled first
+(`compileall`), as `pip install` does: a checkout run under PYTHONDONTWRITEBYTECODE=1 would otherwise compile every
+module from source in every process (~20 ms of `import fastnn` on the CPU machine, more with the GPU engines).
+`--dry-run` runs the harness on the CPU with tiny fake data: the NumPy engine only, the GPU contenders listed as
+not run.
 
     python benchmarks/bench_setup.py --data /path/to/fashion-mnist --out setup.md
 """
@@ -23,6 +26,7 @@ with tiny fake data: the NumPy engine only, the GPU contenders listed as not run
 from __future__ import annotations
 
 import argparse
+import compileall
 import importlib.util
 import json
 import os
@@ -73,9 +77,19 @@ def _installed(family: str) -> str | None:
     return None
 
 
+def byte_compile() -> Path:
+    """fastnn's package byte-compiled into its __pycache__ (what an installed copy has); its folder."""
+    spec = importlib.util.find_spec("fastnn")
+    folder = Path(spec.origin).parent  # type: ignore[union-attr, arg-type]
+    compileall.compile_dir(str(folder), quiet=1)
+    return folder
+
+
 def run(args: argparse.Namespace, log: Any = print) -> list[dict[str, Any]]:
     """Every (contender, workload) cold, warm and warm again; one row per run (or one 'skipped' row per pair)."""
     import end_to_end
+
+    byte_compile()
     from workloads import CONTENDERS as KNOWN
 
     by_name = {c.name: c for c in KNOWN}
@@ -130,7 +144,7 @@ def markdown(rows: list[dict[str, Any]], device: str, note: str = "") -> str:
     if note:
         out += [note, ""]
     out += ["Fresh processes, one epoch; cold: empty kernel, autotuning, decoded-dataset and JAX caches; warm: "
-            "filled by the run before. Seconds.", "",
+            "filled by the run before; fastnn byte-compiled as pip installs it. Seconds.", "",
             "| workload | contender | " + " | ".join(MODES) + " | training (warm) |",
             "|---|---|" + "---:|" * (len(MODES) + 1)]  # fmt: skip
     for (w, c), by_mode in pairs.items():

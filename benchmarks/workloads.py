@@ -212,6 +212,10 @@ CONTENDERS = (
         "fastnn-fused", "fastnn", "mixed", "trainer", 'fastnn engine="fused" (persistent kernel), mixed', engine="fused"
     ),
     Contender(
+        "fastnn-grid", "fastnn", "mixed", "trainer", 'fastnn engine="grid" (one kernel over every SM), mixed',
+        engine="grid",
+    ),
+    Contender(
         "jax-default",
         "jax",
         "fp32",

@@ -1,11 +1,11 @@
 """fastnn: train small and mid-size neural networks on an NVIDIA GPU, one CUDA graph per epoch.
 
-Importing fastnn needs only NumPy: the CUDA libraries are loaded when a GPU engine is built. The public API is
-`__all__` and the modules `fastnn.datasets`, `fastnn.schedules`, `fastnn.sklearn`, `fastnn.distributed` (and,
-advanced, `fastnn.engine.Tuning`); modules with underscore names are fastnn's own.
+Importing fastnn needs only NumPy: the CUDA libraries are loaded when a GPU engine is built, `fastnn.datasets` on
+its first use. The public API is `__all__` and the modules `fastnn.datasets`, `fastnn.schedules`, `fastnn.sklearn`,
+`fastnn.distributed` (and, advanced, `fastnn.engine.Tuning`); modules with underscore names are fastnn's own.
 """
 
-from . import datasets, schedules
+from . import schedules
 from ._control import EarlyStopping, StopTraining
 from ._errors import ConfigError, DataError, DeviceUnavailable, FastnnError, TrainingDiverged
 from ._history import History
@@ -39,3 +39,19 @@ __all__ = [
 for _error in (ConfigError, DataError, DeviceUnavailable, FastnnError, StopTraining, TrainingDiverged):
     _error.__module__ = __name__
 del _error
+
+#: Public submodules imported on first use (PEP 562): `fastnn.datasets` brings hashing, JSON, gzip and the decoded
+#: cache's file handling, a third of `import fastnn` that a user with arrays of their own never needs.
+_LAZY_MODULES = ("datasets",)
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)  # the import also sets it as this module's attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_MODULES})

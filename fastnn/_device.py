@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import threading
 
 from ._errors import DeviceUnavailable
 
@@ -12,13 +14,32 @@ __all__ = ["cuda_status", "require_cuda"]
 _LIBRARIES = ("cublasLt", "cudnn", "nvrtc")
 
 
-@functools.cache
+_status_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A child forked while a warm-up thread probed must not inherit the lock held: the probe does not continue
+    there (threads do not survive a fork)."""
+    global _status_lock
+    _status_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def cuda_status() -> tuple[bool, str]:
     """(True, device 0's name) if a GPU is usable, else (False, the reason and the fix). Cached; never raises.
 
     Usable means: cuda-bindings imports, the driver initializes, at least one device is visible, and the
-    cuBLASLt, cuDNN and NVRTC libraries load. No CUDA context is created.
+    cuBLASLt, cuDNN and NVRTC libraries load. No CUDA context is created. A call made while another thread probes
+    (a GPU trainer's warm-up, engine/warmup.py) waits for that probe's answer instead of probing again.
     """
+    with _status_lock:
+        return _cuda_status()
+
+
+@functools.cache
+def _cuda_status() -> tuple[bool, str]:
     try:
         usable, reason = _probe()
     except Exception as exc:  # anything unforeseen still means "not usable", never a crash
@@ -33,6 +54,9 @@ def cuda_status() -> tuple[bool, str]:
         if mixed:
             reason = f"{reason} ({mixed})"
     return usable, reason
+
+
+cuda_status.cache_clear = _cuda_status.cache_clear  # type: ignore[attr-defined]  (tests probe again)
 
 
 def _probe() -> tuple[bool, str]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _checkpoint
 from ._checks import integer
 from ._control import (
     Callback,
@@ -41,6 +40,7 @@ from .engine.placement import check_placement
 from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
+from .engine.warmup import overlapped
 from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["Trainer"]
@@ -79,13 +79,15 @@ class Trainer:
             With "mixed" and "fp16", inputs must stay within float16's range (|x| <= 65504 after `normalize`) on
             every device, the CPU included: a DataError names the first one that does not.
         device: "cpu", "cuda", or "auto" (the GPU when usable, else the CPU with a warning).
-        engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "graph"
-            (one CUDA graph of library calls per epoch: any model), or "auto" (fused where it holds the model
-            and is faster, else graph). Ignored on the CPU, where only "auto" is accepted.
+        engine: on a GPU, "fused" (one persistent kernel per epoch, weights on chip: small models), "grid" (one
+            cooperative persistent kernel per epoch over up to every SM: MLPs with hidden layers, mid and wide ones
+            at small batches), "graph" (one CUDA graph of library calls per epoch: any model), or "auto" (fused
+            where it holds the model and is faster, else grid likewise, else graph). Ignored on the CPU, where only
+            "auto" is accepted.
         seed: keys the initial weights and every epoch's sample order; an integer in [0, 2**64).
         schedule: a callable global step -> lr (see `fastnn.schedules`); None keeps the optimizer's lr.
         normalize: None or (mean, std) applied after uint8 inputs are scaled to [0, 1]; each a number or a
-            vector with one entry per input feature (the fused engine takes numbers only).
+            vector with one entry per input feature (the fused and grid engines take numbers only).
         drop_last: drop each epoch's last batch when it is short.
         data_placement: on a GPU, where the training set lives: "device" (GPU memory), "host" (mapped host memory,
             read over the bus by the gather: for sets larger than GPU memory; the graph engine only) or "auto"
@@ -101,7 +103,8 @@ class Trainer:
             targets (N,) or (N, k) for a model of k outputs, the last layer linear); every engine trains both.
 
     Raises:
-        ConfigError: an argument is invalid (the message names it), or engine="fused" cannot hold the model.
+        ConfigError: an argument is invalid (the message names it), or engine="fused" or "grid" cannot serve the
+            model.
         DeviceUnavailable: device="cuda" (or `devices` naming GPUs) and no usable GPU; a GPU in `devices` that the
             machine does not have; several `devices` and no NCCL (the message names the extra).
     """
@@ -154,10 +157,12 @@ class Trainer:
             loss=loss,
         )
         self._schedule = bind(schedule, optimizer.lr)
-        self._engine = create_engine(
-            device, self._config, init_parameters(model, self._config.seed), engine=engine, stacklevel=2,
-            group=distributed, devices=devices,
-        )
+        # On a GPU, CUDA's start (probe, context) runs on a thread meanwhile: the engine's first calls find it done.
+        with overlapped(device, devices, distributed):
+            state = init_parameters(model, self._config.seed)
+            self._engine = create_engine(
+                device, self._config, state, engine=engine, stacklevel=2, group=distributed, devices=devices
+            )
         self._distributed = distributed
         self._closed = False
         self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
@@ -174,7 +179,7 @@ class Trainer:
 
     @property
     def engine(self) -> str:
-        """ "numpy", "graph" or "fused": the engine that trains (what device and engine "auto" resolved to)."""
+        """ "numpy", "graph", "fused" or "grid": the engine that trains (what device and engine "auto" resolved to)."""
         return self._engine.name
 
     @property
@@ -560,6 +565,8 @@ class Trainer:
             raise DataError(
                 f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
             ) from exc
+        from . import _checkpoint  # zipfile and the file helpers: imported by the first save or load
+
         _checkpoint.save(path, config, state)
 
     @classmethod
@@ -584,6 +591,8 @@ class Trainer:
         Raises:
             DataError: the file is missing, not a fastnn checkpoint, from a newer format, or inconsistent.
         """
+        from . import _checkpoint
+
         # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
         config, arrays = _checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"

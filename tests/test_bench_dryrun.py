@@ -42,8 +42,8 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     res = run_bench("--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    # 10 workloads x 15 GPU contenders (fastnn x5, torch x7, jax x3) + numpy-cpu on logreg
-    assert "pairs: 159" in out  # + the two XLA flag variants on 4 of the 10 workloads
+    # 10 workloads x 16 GPU contenders (fastnn x6, torch x7, jax x3) + numpy-cpu on logreg
+    assert "pairs: 169" in out  # + the two XLA flag variants on 4 of the 10 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:
         assert f"mlp-{h} " in out
@@ -500,7 +500,8 @@ def test_final_preset_covers_every_published_contender():
     # call 1 alone is the headline: fastnn auto, its engines and every peer that can be fastest, every workload
     ns = bench_mnist.parse_args(["--final", "1", "--out", "x"])
     contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
-    assert {c.name for c in contenders} == {"fastnn-mixed", "fastnn-graph", "fastnn-fused", *bench_mnist.PEERS}
+    fastnn_rows = {"fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid"}
+    assert {c.name for c in contenders} == fastnn_rows | set(bench_mnist.PEERS)
     assert {"jax-default", "torch-graph-tf32"} <= set(bench_mnist.PEERS) and ns.drift == "" and ns.out == "x"
     assert [w.name for w in workloads] == [w.name for w in wl.build_workloads(quick=False)]
     ns = bench_mnist.parse_args(["--final", "5"])
@@ -776,6 +777,42 @@ def test_setup_benchmark_table_of_failed_and_partial_runs():
     assert "| import | 0.18 | - | 0.18 |" in md and "warm: boom" in md
     with pytest.raises(SystemExit, match="nope"):
         bench_setup.run(bench_setup.parse_args(["--out", "x.md", "--only", "nope"]))
+
+
+def test_end_to_end_times_the_users_set_up_not_the_harness_check(monkeypatch):
+    """The end-to-end worker's trainer is built as a user builds it: the harness's check of the initial weights
+    (a second draw of every value, the whole state read back) is left to the speed benchmark."""
+    import end_to_end
+    import fastnn_contenders
+
+    def second_draw(*args):
+        raise AssertionError("the end-to-end clock drew the initial weights a second time")
+
+    monkeypatch.setattr(fastnn_contenders, "init_parameters", second_draw)
+    w = wl.Workload("t", (784, 16, 10), lr=0.05, batch_size=32, samples=100, epochs=1)
+    contender = {c.name: c for c in wl.CONTENDERS}["numpy-cpu"]
+    adapter = end_to_end._Fastnn(contender, w, _tiny_data())
+    assert adapter.trainer.engine == "numpy"
+    adapter.close()
+    with pytest.raises(AssertionError, match="second time"):  # the speed benchmark's trainer is still checked
+        fastnn_contenders.make_trainer(contender, w)
+
+
+def test_setup_benchmark_byte_compiles_fastnn_as_an_install_does(tmp_path, monkeypatch):
+    """Every process of the set-up table imports fastnn from .pyc files, as from a pip install (which compiles them),
+    even where PYTHONDONTWRITEBYTECODE keeps the interpreter from writing them."""
+    import importlib.util
+
+    import bench_setup
+
+    package = tmp_path / "fastnn"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "_part.py").write_text("Y = 2\n")
+    spec = importlib.util.spec_from_file_location("fastnn", package / "__init__.py")
+    monkeypatch.setattr(bench_setup.importlib.util, "find_spec", lambda name: spec)
+    assert bench_setup.byte_compile() == package
+    assert {p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc")} == {"__init__", "_part"}
 
 
 def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):

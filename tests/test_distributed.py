@@ -196,8 +196,9 @@ def test_trainer_refuses_distributed_where_it_cannot_run():
     group = distributed.Group(rank=0, world=1, device=0, comm=None)  # never used: refused before any work
     with pytest.raises(ConfigError, match="device='cpu' cannot take distributed="):
         fastnn.Trainer(model, device="cpu", distributed=group)
-    with pytest.raises(ConfigError, match="engine='fused' trains on one GPU"):
-        fastnn.Trainer(model, device="cuda", engine="fused", distributed=group)
+    for name in ("fused", "grid"):
+        with pytest.raises(ConfigError, match=f"engine='{name}' trains on one GPU"):
+            fastnn.Trainer(model, device="cuda", engine=name, distributed=group)
     for devices in (2, [0], [1]):
         with pytest.raises(ConfigError, match=re.escape(f"devices={devices} with distributed=: a distributed run")):
             fastnn.Trainer(model, device="cuda", distributed=group, devices=devices)

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _fake_engines import FakeGraph
 
 from fastnn import MLP, Trainer
 from fastnn._errors import ConfigError, DeviceUnavailable
@@ -22,7 +23,7 @@ def test_unknown_engine_is_refused_naming_it(engine) -> None:
         Trainer(MLP([4, 2]), device="cpu", engine=engine)
 
 
-@pytest.mark.parametrize("engine", ["fused", "graph"])
+@pytest.mark.parametrize("engine", ["fused", "grid", "graph"])
 def test_gpu_engine_with_cpu_device_is_refused(engine: str) -> None:
     with pytest.raises(ConfigError, match=f"engine='{engine}' is a GPU engine but device='cpu'"):
         Trainer(MLP([4, 2]), device="cpu", engine=engine)
@@ -53,16 +54,28 @@ def test_forced_fused_on_a_model_it_cannot_hold_names_the_limit() -> None:
         select.choose_gpu_engine("fused", "needs 300000 bytes of shared memory per CTA", True)
 
 
+@pytest.mark.parametrize(
+    "engine,fused,grid,expect",
+    [
+        ("auto", (None, True), (None, True), "fused"),  # fused's rule first
+        ("auto", (None, False), (None, True), "grid"),
+        ("auto", ("too wide", True), (None, True), "grid"),
+        ("auto", ("too wide", False), (None, False), "graph"),  # served, but its rule says graph
+        ("auto", (None, False), ("no hidden layer", True), "graph"),
+        ("grid", (None, True), (None, False), "grid"),  # forced: kept even where the rule says graph
+        ("fused", (None, False), (None, True), "fused"),
+    ],
+)
+def test_choose_gpu_engine_among_three(engine: str, fused: tuple, grid: tuple, expect: str) -> None:
+    assert select.choose_gpu_engine(engine, *fused, *grid) == expect
+
+
+def test_forced_grid_on_a_model_it_cannot_serve_names_the_limit() -> None:
+    with pytest.raises(select.EngineRefused, match="engine='grid' cannot train this model: no hidden layer"):
+        select.choose_gpu_engine("grid", None, True, "no hidden layer to spread; use engine='fused' or 'graph'")
+
+
 # ---- the whole path with the GPU modules faked ------------------------------------------------------------
-
-
-class _FakeGraph(NumpyEngine):
-    device = "cuda"
-    name = "graph"
-
-    def __init__(self, config, state, ordinal: int = 0) -> None:
-        self.ordinal = ordinal
-        super().__init__(config, state)
 
 
 class _FakeFused(NumpyEngine):
@@ -82,16 +95,33 @@ class _FakeFused(NumpyEngine):
         super().__init__(config, state)
 
 
+class _FakeGrid(_FakeFused):
+    name = "grid"
+    limit = 1000  # widest layer the fake serves, with at least one hidden layer
+
+    @classmethod
+    def unsupported_reason(cls, config, device) -> str | None:
+        if len(config.model.sizes) < 3:
+            return "no hidden layer to spread; use engine='fused' or 'graph'"
+        return super().unsupported_reason(config, device)
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
-    """A 'GPU' whose graph and fused engines are NumPy engines; the fused one holds layers up to 100 wide
-    and its rule prefers it below 64."""
+    """A 'GPU' whose graph, fused and grid engines are NumPy engines; the fused one holds layers up to 100 wide
+    and its rule prefers it below 64; the grid one serves models with a hidden layer up to 1000 wide and its rule
+    prefers hidden layers of 200 and more."""
     _FakeFused.built = 0
-    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+    _FakeGrid.built = 0
+    monkeypatch.setattr(select, "graph_engine_class", lambda: FakeGraph)
     fused = types.ModuleType("fastnn.engine.fused")
     fused.FusedEngine = _FakeFused
     fused.prefer_fused = lambda config, device: max(config.model.sizes[1:]) < 64
     monkeypatch.setitem(sys.modules, "fastnn.engine.fused", fused)
+    grid = types.ModuleType("fastnn.engine.grid")
+    grid.GridEngine = _FakeGrid
+    grid.prefer_grid = lambda config, device: min(config.model.sizes[1:-1], default=0) >= 200
+    monkeypatch.setitem(sys.modules, "fastnn.engine.grid", grid)
     from fastnn.cuda import driver
 
     monkeypatch.setattr(driver, "get_device", lambda ordinal=0: object())
@@ -121,6 +151,22 @@ def test_a_regression_takes_the_gpu_engines_as_a_classifier_does(fake_gpu, devic
 
 
 @pytest.mark.bindings
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_auto_takes_grid_where_fused_does_not_and_its_rule_says_so(fake_gpu, device: str) -> None:
+    assert Trainer(MLP([20, 300, 10]), device=device).engine == "grid"  # too wide for fused; grid's rule
+    assert Trainer(MLP([20, 300, 100, 10]), device=device).engine == "graph"  # served, but grid's rule says graph
+    assert Trainer(MLP([20, 2000, 10]), device=device).engine == "graph"  # served by neither
+    assert Trainer(MLP([20, 50, 10]), device=device, engine="grid").engine == "grid"
+
+
+@pytest.mark.bindings
+def test_forced_grid_refusal_names_why_before_any_work(fake_gpu) -> None:
+    with pytest.raises(ConfigError, match="engine='grid' cannot train this model: no hidden layer to spread"):
+        Trainer(MLP([784, 10]), device="cuda", engine="grid")
+    assert _FakeGrid.built == 0
+
+
+@pytest.mark.bindings
 def test_forced_engines(fake_gpu) -> None:
     assert Trainer(MLP([20, 80, 10]), device="cuda", engine="fused").engine == "fused"
     assert Trainer(MLP([20, 10]), device="cuda", engine="graph").engine == "graph"
@@ -145,12 +191,14 @@ def test_load_with_a_refused_engine_blames_the_engine_not_the_file(fake_gpu, tmp
         Trainer.load(path, device="cpu", engine="graph")
 
 
-def test_fused_module_that_fails_to_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(select, "graph_engine_class", lambda: _FakeGraph)
+@pytest.mark.parametrize("name", ["fused", "grid"])
+def test_kernel_engine_modules_that_fail_to_import(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setattr(select, "graph_engine_class", lambda: FakeGraph)
     monkeypatch.setitem(sys.modules, "fastnn.engine.fused", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "fastnn.engine.grid", None)
     assert Trainer(MLP([20, 10]), device="cuda").engine == "graph"  # auto: the graph engine
-    with pytest.raises(select.EngineRefused, match="engine='fused' is unavailable"):
-        Trainer(MLP([20, 10]), device="cuda", engine="fused")
+    with pytest.raises(select.EngineRefused, match=f"engine='{name}' is unavailable"):
+        Trainer(MLP([20, 30, 10]), device="cuda", engine=name)
 
 
 def test_auto_device_without_gpu_ignores_the_engine_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,8 +260,10 @@ def test_bad_devices_are_refused_by_name_before_any_work(fake_gpu, devices, mess
 def test_several_devices_refused_where_they_cannot_run(fake_gpu) -> None:
     with pytest.raises(ConfigError, match=re.escape("devices=2 names GPUs but device='cpu'")):
         Trainer(MLP([20, 10]), device="cpu", devices=2)
-    with pytest.raises(ConfigError, match=re.escape("on-chip memory: devices=[0, 1] needs engine='graph' or 'auto'")):
-        Trainer(MLP([20, 10]), device="cuda", engine="fused", devices=[0, 1])
+    for name in ("fused", "grid"):
+        with pytest.raises(ConfigError, match=re.escape(f"engine='{name}' trains on one GPU (one persistent kernel): "
+                                                        "devices=[0, 1] needs engine='graph' or 'auto'")):  # fmt: skip
+            Trainer(MLP([20, 30, 10]), device="cuda", engine=name, devices=[0, 1])
     assert Trainer(MLP([20, 10]), device="cpu", devices=1).engine == "numpy"  # the default: nothing asked of a GPU
 
 
@@ -250,7 +300,7 @@ def fake_replicas(monkeypatch: pytest.MonkeyPatch) -> list:
     """The replica engine faked (a NumPy engine); the list records the devices of each one made."""
     made: list = []
 
-    class FakeReplicas(_FakeGraph):
+    class FakeReplicas(FakeGraph):
         name = "replicas (fake)"
 
         def __init__(self, config, state, devices) -> None:
@@ -326,3 +376,35 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
         Trainer.load(path, device="cuda", devices=0)
     with pytest.raises(DeviceUnavailable, match="there is no GPU 5"):
         Trainer.load(path, device="cuda", devices=[5])
+
+
+@pytest.mark.bindings
+def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> None:
+    """prefer_grid reads tuning.GRID_RULE and takes a model only where the fast kernel (grid_fast.cu) serves it:
+    the generic grid.cu (measured 5-10x slower than the graph engine) is never auto's choice."""
+    from fastnn import SGD, AdamW
+    from fastnn.engine.base import EngineConfig
+    from fastnn.engine.grid import prefer_grid
+    from fastnn.engine.tuning import GridRule
+
+    def cfg(sizes, batch=32, precision="mixed", optimizer=None):
+        return EngineConfig(model=MLP(sizes), optimizer=optimizer or SGD(lr=0.1), batch_size=batch,
+                            precision=precision)  # fmt: skip
+
+    bench = cfg([784, 256, 256, 256, 10])
+    assert prefer_grid(bench, None)
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10]), None)
+    assert prefer_grid(cfg([784, 512, 512, 512, 10], batch=8, optimizer=SGD(lr=0.1, momentum=0.9)), None)
+    assert prefer_grid(cfg([784, 1024, 1024, 1024, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)  # L2 momentum
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], optimizer=AdamW(lr=1e-3)), None)
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], batch=64), None)
+    assert not prefer_grid(cfg([784, 256, 256, 256, 10], precision="fp32"), None)
+    assert not prefer_grid(cfg([784, 256, 256, 10]), None)  # two hidden layers: grid.cu
+    assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None)
+    assert not prefer_grid(bench, None, GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=()))
+    rule = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed",))
+    assert prefer_grid(bench, None, rule)
+    assert not prefer_grid(cfg([784, 128, 128, 128, 10]), None, rule)  # below the range
+    assert not prefer_grid(cfg([784, 128, 256, 10]), None, rule)
+    assert not prefer_grid(cfg([784, 4096, 10]), None, rule)
+    assert not prefer_grid(cfg([784, 10]), None, rule)  # no hidden layer

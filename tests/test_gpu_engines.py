@@ -4,9 +4,10 @@
 Every comparison runs on each entry of the engine matrix (the `engine` fixture, tests/conftest.py's
 GPU_ENGINES): the graph engine; the fused engine twice, with the shared-memory layouts it picks and forced into its
 lean layout (no fp16 weight copy, momentum holding the gradient), which it otherwise takes only for models too big
-for the standard one; and the graph engine as one rank of a data-parallel group, as a replica, and sharded; all
-with the same tolerances. A case the fused engine cannot hold is checked to be refused with a ConfigError
-naming the limit, and only where the fused engine's requirements allow a refusal (`_fused_must_hold`)."""
+for the standard one; the grid engine; and the graph engine as one rank of a data-parallel group, as a replica, and
+sharded; all with the same tolerances. A case a persistent-kernel engine (fused, grid) cannot serve is checked to be
+refused with a ConfigError naming the limit, and only where that engine's requirements allow a refusal
+(`_fused_must_hold`, `_grid_must_hold`)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,16 @@ def _engine_class(engine: dict):
         from fastnn.engine.fused import FusedEngine
 
         return FusedEngine
+    if engine["engine"] == "grid":
+        from fastnn.engine.grid import GridEngine
+
+        return GridEngine
     from fastnn.engine.graph import GraphEngine
 
     return GraphEngine
 
 
-def _fused_must_hold(model: MLP, optimizer) -> bool:
+def _fused_must_hold(model: MLP, optimizer, batch: int) -> bool:
     """The models the fused engine is required to hold: logistic regression on up to 784 inputs with up to
     100 classes, and MLPs of up to 784 inputs, three hidden layers and 10 classes: up to 128 wide with any
     optimizer, up to 256 with SGD (plain momentum or none; issue 9 asks for "mixed" with momentum)."""
@@ -49,24 +54,41 @@ def _fused_must_hold(model: MLP, optimizer) -> bool:
     return max(sizes[1:-1]) <= (256 if plain_sgd else 128)
 
 
+def _grid_must_hold(model: MLP, optimizer, batch: int) -> bool:
+    """The models the grid engine is required to serve (issue 29): every MLP with at least one hidden layer, any
+    optimizer, up to the widths and batches its plan promises (grid/plan.py: MAX_WIDTH, MAX_BATCH, and a batch
+    times the widest layer of at most 2**22, which bounds its global scratch). Logistic regression is refused by
+    name (no hidden layer to spread)."""
+    from fastnn.engine.grid import plan as grid_plan
+
+    sizes = model.sizes
+    widest = max(sizes)
+    fits = widest <= grid_plan.MAX_WIDTH and batch <= grid_plan.MAX_BATCH and batch * widest <= 2**22
+    return len(sizes) >= 3 and fits
+
+
+_MUST_HOLD = {"fused": _fused_must_hold, "grid": _grid_must_hold}
+
+
 def _refused(engine: dict, model: MLP, optimizer, batch: int, precision: str, **kw) -> bool:
-    """True (after checking the refusal) when the `engine` fixture's entry is engine="fused" and cannot hold this
-    case; False when it can."""
-    if engine["engine"] != "fused":
+    """True (after checking the refusal) when the `engine` fixture's entry is an engine with `unsupported_reason`
+    (fused, grid) that cannot serve this case; False when it can (or is the graph engine, which serves all)."""
+    cls = _engine_class(engine)
+    if not hasattr(cls, "unsupported_reason"):
         return False
     from fastnn.cuda import driver
-    from fastnn.engine.fused import FusedEngine
 
+    name = engine["engine"]
     cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision, seed=7,
                        tuning=engine.get("tuning", Tuning()), **kw)  # fmt: skip
-    reason = FusedEngine.unsupported_reason(cfg, driver.get_device(0))
+    reason = cls.unsupported_reason(cfg, driver.get_device(0))
     if reason is None:
         return False
-    assert not _fused_must_hold(model, optimizer), f"the fused engine must hold {model}: {reason}"
-    with pytest.raises(fastnn.ConfigError, match="engine='fused'") as info:
+    assert not _MUST_HOLD[name](model, optimizer, batch), f"the {name} engine must hold {model}: {reason}"
+    with pytest.raises(fastnn.ConfigError, match=f"engine='{name}'") as info:
         Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
                 **engine, **kw)  # fmt: skip
-    assert reason in str(info.value) and any(ch.isdigit() for ch in reason), reason  # names the limit
+    assert reason in str(info.value) and (any(ch.isdigit() for ch in reason) or "no hidden layer" in reason), reason
     return True
 
 
@@ -232,20 +254,22 @@ LOGREG_CASES = [
 ]
 
 
-def _fused_kernel_of(t: Trainer) -> str:
-    """The kernel file the fused trainer's epoch runs (after a fit)."""
+def _kernel_of(t: Trainer) -> str:
+    """The kernel file a persistent-kernel trainer's epoch runs (after a fit): fused.cu, fused_logreg.cu,
+    fused_mlp.cu, grid.cu or grid_fast.cu."""
     return t._engine.train_context.plan.source
 
 
-def _fused_kernel_matches_numpy(kernel: str, model: MLP, optimizer, batch: int, x, y, precision: str, **kw) -> None:
-    """engine="fused" on `kernel` (asserted: the comparison cannot silently run another) against the NumPy engine in
-    fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
+def _kernel_matches_numpy(kernel: str, model: MLP, optimizer, batch: int, x, y, precision: str, engine: str = "fused",
+                          **kw) -> None:  # fmt: skip
+    """engine=`engine` on `kernel` (asserted: the comparison cannot silently run another) against the NumPy engine
+    in fp32, with the matrix's tolerances, over two epochs: parameters, history, evaluation."""
     cpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision="fp32", device="cpu", seed=7, **kw)
     gpu = Trainer(model, optimizer=optimizer, batch_size=batch, precision=precision, device="cuda", seed=7,
-                  engine="fused", **kw)  # fmt: skip
+                  engine=engine, **kw)  # fmt: skip
     hc = cpu.fit(x, y, epochs=2)
     hg = gpu.fit(x, y, epochs=2)
-    assert _fused_kernel_of(gpu) == kernel, gpu._engine.train_context.plan.why
+    assert _kernel_of(gpu) == kernel, gpu._engine.train_context.plan.why
     params, loss, flips, probs = TOLERANCES[precision]
     _assert_close(cpu, gpu, max(params, 1e-3) if model.activation == "gelu" else params)
     np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=loss, atol=1e-6)  # a loss may reach ~1e-9
@@ -259,17 +283,17 @@ def _fused_kernel_matches_numpy(kernel: str, model: MLP, optimizer, batch: int, 
     gpu.close()
 
 
-def _fused_kernel_is_deterministic_and_resumes(kernel: str, model: MLP, optimizer, batch: int, x, y,
-                                               epochs: int) -> None:  # fmt: skip
+def _kernel_is_deterministic_and_resumes(kernel: str, model: MLP, optimizer, batch: int, x, y, epochs: int,
+                                         engine: str = "fused") -> None:  # fmt: skip
     """Two trainers give the same bits; one fit of `epochs` equals fits of 1 and epochs - 1 (the state and the
     optimizer's go back to the flat training state between launches exactly)."""
-    kw = dict(optimizer=optimizer, batch_size=batch, precision="mixed", device="cuda", seed=1, engine="fused")
+    kw = dict(optimizer=optimizer, batch_size=batch, precision="mixed", device="cuda", seed=1, engine=engine)
     one, two, three = Trainer(model, **kw), Trainer(model, **kw), Trainer(model, **kw)
     one.fit(x, y, epochs=epochs)
     two.fit(x, y, epochs=epochs)
     three.fit(x, y, epochs=1)
     three.fit(x, y, epochs=epochs - 1)
-    assert _fused_kernel_of(one) == kernel
+    assert _kernel_of(one) == kernel
     a, b, c = one._engine.get_state(), two._engine.get_state(), three._engine.get_state()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
@@ -282,12 +306,12 @@ def _fused_kernel_is_deterministic_and_resumes(kernel: str, model: MLP, optimize
 def test_logreg_kernel_matches_numpy(sizes, optimizer, batch, n, precision, kw):
     kw = dict(kw)
     x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1], dtype=kw.pop("x_dtype", np.uint8))
-    _fused_kernel_matches_numpy("fused_logreg.cu", MLP(sizes), optimizer, batch, x, y, precision, **kw)
+    _kernel_matches_numpy("fused_logreg.cu", MLP(sizes), optimizer, batch, x, y, precision, **kw)
 
 
 def test_logreg_kernel_is_deterministic_and_resumes_like_one_long_fit():
     x, y = _data(1000, 784, 10)
-    _fused_kernel_is_deterministic_and_resumes("fused_logreg.cu", MLP([784, 10]), AdamW(lr=1e-3, weight_decay=0.01),
+    _kernel_is_deterministic_and_resumes("fused_logreg.cu", MLP([784, 10]), AdamW(lr=1e-3, weight_decay=0.01),
                                                128, x, y, 4)  # fmt: skip
 
 
@@ -313,13 +337,13 @@ MLP_CASES = [
 @pytest.mark.parametrize("sizes,activation,optimizer,batch,n,precision,kw", MLP_CASES)
 def test_mlp_kernel_matches_numpy(sizes, activation, optimizer, batch, n, precision, kw):
     x, y = _data(n, sizes[0], sizes[-1], seed=len(sizes))
-    _fused_kernel_matches_numpy("fused_mlp.cu", MLP(sizes, activation=activation), optimizer, batch, x, y, precision,
+    _kernel_matches_numpy("fused_mlp.cu", MLP(sizes, activation=activation), optimizer, batch, x, y, precision,
                                 **kw)  # fmt: skip
 
 
 def test_mlp_kernel_is_deterministic_and_resumes_like_one_long_fit():
     x, y = _data(700, 784, 10)
-    _fused_kernel_is_deterministic_and_resumes("fused_mlp.cu", MLP([784, 128, 128, 128, 10]),
+    _kernel_is_deterministic_and_resumes("fused_mlp.cu", MLP([784, 128, 128, 128, 10]),
                                                SGD(lr=0.01, momentum=0.9, nesterov=True), 32, x, y, 3)  # fmt: skip
 
 
@@ -344,7 +368,37 @@ def test_the_fused_plan_picks_the_logreg_kernel_only_where_it_serves():
     for model, x, precision, batch, kw, source in cases:
         with Trainer(model, batch_size=batch, precision=precision, device="cuda", engine="fused", **kw) as t:
             t.fit(x, y % model.sizes[-1], epochs=1)
-            assert _fused_kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
+            assert _kernel_of(t) == source, (model, x.dtype, precision, batch, kw)
+
+
+# ---- native/grid_fast.cu: the models grid/plan.py's fast_plan sends to the grid engine's fast kernel ----------------
+# (sizes, optimizer, batch, n, extra Trainer kwargs): uint8 inputs, "mixed", three equal hidden layers; a short last
+# batch in every case (n not a multiple of the batch), batches under 32 rows (masked), plain SGD, momentum (on chip,
+# and in L2 at h = 768), Nesterov with weight decay, a nonzero normalize shift, 2 and 16 classes, 64 input features.
+# Momentum 0.9 trains at lr 0.01: at 0.05 fp16 rounding, amplified, moves the graph engine as far from the NumPy
+# engine (0.059-0.073 worst tensor, measured) as this kernel (0.053-0.065), past the "mixed" tolerance.
+GRID_FAST_CASES = [
+    ([784, 256, 256, 256, 10], SGD(lr=0.05), 32, 32 * 20 + 13, {}),
+    ([784, 256, 256, 256, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 20 + 13, {}),
+    ([784, 128, 128, 128, 10], SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-3), 32, 500, {}),
+    ([784, 128, 128, 128, 16], SGD(lr=0.05, momentum=0.5), 20, 301, {"normalize": (0.5, 0.25)}),
+    ([64, 128, 128, 128, 2], SGD(lr=0.05), 1, 45, {}),
+    ([784, 768, 768, 768, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),  # the momentum in L2 (GRID_MOMG)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sizes,optimizer,batch,n,kw", GRID_FAST_CASES)
+def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch)
+    _kernel_matches_numpy("grid_fast.cu", MLP(sizes), optimizer, batch, x, y, "mixed", engine="grid", **kw)
+
+
+def test_grid_fast_kernel_is_deterministic_and_resumes_like_one_long_fit():
+    """Two trainers give the same bits; one fit of 3 epochs equals fits of 1 and 2 (the masters, the momentum and
+    the last step's deferred layer-0 update go back to the flat training state between launches exactly)."""
+    x, y = _data(32 * 12 + 5, 784, 10)
+    _kernel_is_deterministic_and_resumes("grid_fast.cu", MLP([784, 128, 128, 128, 10]), SGD(lr=0.05, momentum=0.9),
+                                         32, x, y, 3, engine="grid")  # fmt: skip
 
 
 def test_drop_last_and_schedule_match_numpy(engine):
@@ -365,7 +419,7 @@ def test_per_feature_normalize_matches_numpy(engine, dtype):
     x, y = _data(200, 12, 3, dtype=dtype)
     rng = np.random.default_rng(1)
     norm = (rng.uniform(0.2, 0.6, 12), rng.uniform(0.1, 0.5, 12))
-    if engine["engine"] == "fused":  # the fused kernel takes two numbers: refused by name; "auto" takes the graph one
+    if engine["engine"] in ("fused", "grid"):  # their kernels take two numbers: refused by name; "auto": graph
         with pytest.raises(fastnn.ConfigError, match="not per-feature vectors"):
             Trainer(model, device="cuda", normalize=norm, **engine)
         with Trainer(model, device="cuda", normalize=norm) as auto:
@@ -407,6 +461,8 @@ def _fashion():
 def test_mixed_matches_numpy_on_fashion_mnist(engine):
     x, y, xt, yt = _fashion()
     model = MLP([784, 10])
+    if _refused(engine, model, SGD(lr=0.1), 128, "mixed"):  # the grid engine: no hidden layer; one of 128 units
+        model = MLP([784, 128, 10])
     cpu, gpu = _pair(model, SGD(lr=0.1), 128, precision="mixed", engine=engine)
     cpu.fit(x[:25600], y[:25600], epochs=1)  # 200 steps
     gpu.fit(x[:25600], y[:25600], epochs=1)
@@ -518,16 +574,22 @@ def test_interrupted_fit_reports_every_epoch_that_ran(engine):
         eng.close()
 
 
-def test_auto_engine_and_the_engine_matrix_agree():
-    """engine="auto" picks one of the two GPU engines by the fused engine's rule; both train the same model."""
+@pytest.mark.parametrize("sizes,batch", [([784, 10], 128), ([784, 512, 512, 10], 32), ([784, 512, 10], 256)])
+def test_auto_engine_and_the_engine_matrix_agree(sizes, batch):
+    """engine="auto" picks one of the three GPU engines by the fused and grid engines' rules, in that order."""
     from fastnn.cuda import driver
     from fastnn.engine.fused import FusedEngine, prefer_fused
+    from fastnn.engine.grid import GridEngine, prefer_grid
 
-    model = MLP([784, 10])
-    t = Trainer(model, batch_size=128, device="cuda")
+    t = Trainer(MLP(sizes), batch_size=batch, device="cuda")
     cfg = t.config
     dev = driver.get_device(0)
-    expect = "fused" if FusedEngine.unsupported_reason(cfg, dev) is None and prefer_fused(cfg, dev) else "graph"
+    if FusedEngine.unsupported_reason(cfg, dev) is None and prefer_fused(cfg, dev):
+        expect = "fused"
+    elif GridEngine.unsupported_reason(cfg, dev) is None and prefer_grid(cfg, dev):
+        expect = "grid"
+    else:
+        expect = "graph"
     assert t.engine == expect
     t.close()
 
@@ -553,13 +615,37 @@ def test_fused_holds_the_models_it_must(sizes):
         assert t.engine == "fused"
 
 
-def test_fused_makes_the_graph_steps_libraries_only_when_it_evaluates():
+@pytest.mark.parametrize(
+    "sizes,batch,optimizer",
+    [
+        ([784, 256, 256, 256, 10], 32, SGD(lr=0.01, momentum=0.9)),
+        ([784, 1024, 1024, 1024, 10], 32, AdamW(lr=1e-3)),
+        ([784, 4096, 4096, 10], 64, SGD(lr=0.01)),
+        ([20, 37, 2], 1024, SGD(lr=0.01, momentum=0.9, nesterov=True)),
+    ],
+)
+def test_grid_serves_the_models_it_must(sizes, batch, optimizer):
+    from fastnn.cuda import driver
+    from fastnn.engine.grid import GridEngine
+
+    model = MLP(sizes)
+    for precision in ("fp32", "mixed", "fp16"):
+        cfg = EngineConfig(model=model, optimizer=optimizer, batch_size=batch, precision=precision)
+        assert GridEngine.unsupported_reason(cfg, driver.get_device(0)) is None, (sizes, batch, precision)
+    with Trainer(model, optimizer=optimizer, batch_size=batch, device="cuda", engine="grid") as t:
+        assert t.engine == "grid"
+    with pytest.raises(fastnn.ConfigError, match="engine='grid' cannot train this model: no hidden layer"):
+        Trainer(MLP([784, 10]), device="cuda", engine="grid")
+
+
+@pytest.mark.parametrize("engine_name", ["fused", "grid"])
+def test_fused_makes_the_graph_steps_libraries_only_when_it_evaluates(engine_name):
     """engine="fused" trains without cuBLASLt's and cuDNN's handles, the cuBLASLt workspace and the gather and loss
     kernels (issue 26: set-up time); its first evaluation makes them, and evaluates as the CPU does."""
     model = MLP([24, 16, 4])
     x, y = _data(400, 24, 4)
     kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), batch_size=40, precision="fp32", seed=7)
-    cpu, fused = Trainer(model, device="cpu", **kw), Trainer(model, device="cuda", engine="fused", **kw)
+    cpu, fused = Trainer(model, device="cpu", **kw), Trainer(model, device="cuda", engine=engine_name, **kw)
     eng = fused._engine
     made = lambda: [getattr(eng, n) is not None for n in ("lt", "workspace", "dnn", "gather_mod", "loss_mod")]  # noqa: E731
     assert made() == [False] * 5

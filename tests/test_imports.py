@@ -47,8 +47,37 @@ def _offenders(modules: list[str], maps: str) -> list[str]:
 
 def test_import_fastnn_loads_no_network_stack_and_no_cuda():
     modules, maps = _loaded("import fastnn")
-    assert "fastnn._trainer" in modules and "fastnn.datasets" in modules  # the probe did import fastnn
+    assert "fastnn._trainer" in modules  # the probe did import fastnn
     assert _offenders(modules, maps) == []
+
+
+#: What `import fastnn` leaves to first use: the datasets module (hashing, JSON, gzip, the decoded cache) and the
+#: checkpoint files (zipfile), with the standard modules only they need.
+DEFERRED = ("fastnn.datasets", "fastnn._decoded", "fastnn._idx", "fastnn._checkpoint", "zipfile", "gzip", "hashlib")
+
+
+def test_import_fastnn_defers_datasets_and_checkpoints_to_first_use():
+    modules, _ = _loaded("import fastnn")
+    assert [m for m in DEFERRED if m in modules] == []
+
+
+def test_the_deferred_modules_load_on_first_use_through_every_public_spelling():
+    body = """
+import fastnn
+assert "datasets" in dir(fastnn)
+loaded = fastnn.datasets.load  # attribute access imports it
+from fastnn import datasets
+import fastnn.datasets as again
+assert datasets is again is fastnn.datasets and datasets.load is loaded
+try:
+    fastnn.no_such_name
+except AttributeError as exc:
+    assert "no_such_name" in str(exc)
+else:
+    raise AssertionError("fastnn.no_such_name did not raise")
+"""
+    modules, _ = _loaded(body)
+    assert "fastnn.datasets" in modules
 
 
 def test_a_cpu_trainer_and_a_local_dataset_load_no_network_stack_and_no_cuda(tmp_path):

@@ -239,7 +239,7 @@ def test_native_dir_holds_the_kernels():
     assert (directory / "common.cuh").is_file()
     names = {p.name for p in nvrtc.native_sources()}
     assert names, f"no *.cu kernel files in {directory}"
-    assert {"gather.cu", "loss.cu", "update.cu"} <= names
+    assert {"gather.cu", "loss.cu", "update.cu", "epoch.cu"} <= names
 
 
 @pytest.mark.bindings
@@ -255,19 +255,19 @@ def _launched_kernels() -> dict[str, set[str]]:
     squared error), gather and update variants, and the epoch-end kernels."""
     from fastnn.engine.plan import precision_spec
 
-    names: dict[str, set[str]] = {"loss.cu": set(), "gather.cu": set(), "update.cu": set()}
+    names: dict[str, set[str]] = {"loss.cu": set(), "gather.cu": set(), "update.cu": set(), "epoch.cu": set()}
     for precision in ("mixed", "fp16", "fp32"):
         spec = precision_spec(precision)
         names["loss.cu"] |= {spec.loss_kernel, spec.mse_kernel}
         names["update.cu"] |= {spec.update_kernel} | {spec.update_gather_kernel(src) for src in ("u8", "f32")}
         names["gather.cu"] |= {f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32")}
-    names["update.cu"] |= {"cast_f32_f16", "check_state", "snapshot", "history_stage", "advance"}
+    names["epoch.cu"] |= {"cast_f32_f16", "check_state", "snapshot", "history_stage", "advance"}
     return names
 
 
 @pytest.mark.bindings
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("filename", ["gather.cu", "loss.cu", "update.cu"])
+@pytest.mark.parametrize("filename", ["gather.cu", "loss.cu", "update.cu", "epoch.cu"])
 def test_every_kernel_the_graph_engine_launches_is_in_its_compiled_file(filename, arch, cache):
     """Each name is an extern "C" symbol of the cubin (the ELF string table holds it NUL-terminated)."""
     cubin = nvrtc.compile_native(filename, arch)

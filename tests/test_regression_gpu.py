@@ -136,9 +136,9 @@ def test_the_checkpoint_round_trip(engine: dict, tmp_path: Path) -> None:
             _assert_close(on_cpu, back, 2e-4)
 
 
-@pytest.mark.parametrize("name", ["graph", "fused"])
+@pytest.mark.parametrize("name", ["graph", "fused", "grid"])
 def test_the_engine_itself_trains_evaluates_and_predicts_a_regression(name: str) -> None:
-    """The graph and fused engines built directly (what the user layer builds on): evaluate's (MSE, R^2) and
+    """The graph, fused and grid engines built directly (what the user layer builds on): evaluate's (MSE, R^2) and
     predict_outputs against the NumPy engine's from the same state; the history's accuracies None; predict_proba
     is a classifier's."""
     model = MLP([7, 16, 3])

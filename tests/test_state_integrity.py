@@ -477,10 +477,10 @@ def test_epoch_state_struct_and_its_numpy_dtype_agree() -> None:
 
 @pytest.mark.bindings
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_update_cu_compiles_with_the_epoch_end_kernels(arch: str, tmp_path: Path, monkeypatch) -> None:
+def test_epoch_cu_compiles_with_the_epoch_end_kernels(arch: str, tmp_path: Path, monkeypatch) -> None:
     from fastnn.cuda import nvrtc
 
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    cubin = nvrtc.compile_native("update.cu", arch)
+    cubin = nvrtc.compile_native("epoch.cu", arch)
     for kernel in (b"check_state", b"snapshot", b"advance"):
         assert kernel + b"\0" in cubin, kernel

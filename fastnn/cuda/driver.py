@@ -853,6 +853,7 @@ class Kernel:
         stream: Stream,
         shared_mem: int = 0,
         cluster: int | None = None,
+        cooperative: bool = False,
     ) -> None:
         """Queue the kernel on `stream` (also inside stream capture).
 
@@ -862,6 +863,9 @@ class Kernel:
             shared_mem: dynamic shared memory bytes; above 48 KiB the kernel is opted in once (up to
                 Device.max_shared_memory_optin).
             cluster: launch in thread-block clusters of this many CTAs along x (sm_90+; grid a multiple).
+            cooperative: a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE): every CTA of the grid is resident
+                at once, or the launch fails (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) instead of deadlocking a
+                kernel whose CTAs wait for each other.
         """
         self.module._alive()
         grid_dims = _dims(grid, "grid")
@@ -880,11 +884,11 @@ class Kernel:
         # An array.array of pointer-sized integers: built in C, twice as fast as a ctypes array of c_void_p.
         params = array.array(_POINTER_CODE, map(ctypes.addressof, args)) if args else array.array(_POINTER_CODE, [0])
         params_ptr = params.buffer_info()[0]
-        if cluster is not None:
-            config = self._cluster_config(grid_dims, block_dims, int(shared_mem), stream, cluster)
+        if cluster is not None or cooperative:
+            config = self._launch_config(grid_dims, block_dims, int(shared_mem), stream, cluster, cooperative)
             _check(
                 cu.cuLaunchKernelEx(config, self.handle, params_ptr, 0),
-                f"cuLaunchKernelEx({self.name!r}, cluster={cluster})",
+                f"cuLaunchKernelEx({self.name!r}, cluster={cluster}, cooperative={cooperative})",
             )
             return
         _check(
@@ -892,17 +896,18 @@ class Kernel:
             self._launch_what,
         )
 
-    def _cluster_config(
+    def _launch_config(
         self,
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         shared_mem: int,
         stream: Stream | None,
-        cluster: int,
+        cluster: int | None,
+        cooperative: bool = False,
     ) -> Any:
         """A CUlaunchConfig for a launch in thread-block clusters of `cluster` CTAs along x (more than 8 CTAs
-        needs the kernel's non-portable cluster size attribute, set here once)."""
-        if cluster > 8 and not self._non_portable:
+        needs the kernel's non-portable cluster size attribute, set here once) and/or a cooperative one."""
+        if cluster is not None and cluster > 8 and not self._non_portable:
             attrib = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             _check(cu.cuFuncSetAttribute(self.handle, attrib, 1), f"cuFuncSetAttribute({self.name!r}, non-portable)")
             self._non_portable = True
@@ -911,11 +916,19 @@ class Kernel:
         config.blockDimX, config.blockDimY, config.blockDimZ = block
         config.sharedMemBytes = shared_mem
         config.hStream = stream.handle if stream is not None else 0
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
-        config.attrs = [attr]
-        config.numAttrs = 1
+        attrs = []
+        if cluster is not None:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            attrs.append(attr)
+        if cooperative:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+            attrs.append(attr)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
         return config
 
     def max_active_clusters(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
@@ -923,5 +936,12 @@ class Kernel:
         """How many clusters of `cluster` CTAs with this block and shared memory fit on the device at once
         (0: such a cluster cannot be launched at all)."""
         self._opt_in_shared(shared_mem)
-        config = self._cluster_config(_dims(grid, "grid"), _dims(block, "block"), int(shared_mem), None, cluster)
+        config = self._launch_config(_dims(grid, "grid"), _dims(block, "block"), int(shared_mem), None, cluster)
         return int(_check(cu.cuOccupancyMaxActiveClusters(self.handle, config), "cuOccupancyMaxActiveClusters"))
+
+    def max_active_blocks(self, threads: int, shared_mem: int) -> int:
+        """How many CTAs of `threads` threads and `shared_mem` bytes of dynamic shared memory one SM holds at once
+        (a cooperative launch of one CTA per SM needs at least 1)."""
+        self._opt_in_shared(shared_mem)
+        return int(_check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.handle, int(threads), int(shared_mem)),
+                          "cuOccupancyMaxActiveBlocksPerMultiprocessor"))  # fmt: skip

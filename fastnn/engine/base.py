@@ -81,7 +81,7 @@ class Engine(ABC):
 
     #: "cpu" or "cuda"
     device: str
-    #: which engine this is, as `Trainer.engine` reports it: "numpy", "graph" or "fused"
+    #: which engine this is, as `Trainer.engine` reports it: "numpy", "graph", "fused" or "grid"
     name: str
     #: The stats of the last epoch reported by the running or last `fit_epochs` (None before its first).
     last_reported: EpochStats | None = None

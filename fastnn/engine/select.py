@@ -1,17 +1,23 @@
-"""Which engine trains: `device` ("cpu", "cuda" or "auto") and, on a GPU, `engine` ("fused", "graph" or "auto").
+"""Which engine trains: `device` ("cpu", "cuda" or "auto") and, on a GPU, `engine` ("fused", "grid", "graph" or
+"auto").
 
 The NumPy engine trains on the CPU. On a GPU, the graph engine (`graph/`, one CUDA graph of library calls per
 epoch) trains any model; the fused engine (`fused/`, one persistent kernel per epoch with the weights on chip)
-trains the small models it can hold, faster. "auto" takes the fused engine where it holds the model and its
-measured rule (`fused.prefer_fused`) says it is faster, else the graph engine. Several GPUs of one process get the
-replica engine (`replicas.py`). The GPU modules are imported only when a GPU is asked for, so CPU training never
-needs them. A new engine joins as a package beside these, with its name in ENGINES and a branch in `_gpu_engine`.
+trains the small models it can hold, faster; the grid engine (`grid/`, one cooperative persistent kernel over up
+to every SM) trains MLPs with hidden layers and is meant for mid and wide ones at small batches. "auto" takes the
+fused engine where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster, else the
+grid engine where it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else
+the graph engine. Several GPUs of one process get the replica engine (`replicas.py`). The GPU modules are
+imported only when a GPU is asked for, so CPU training never needs them. A new engine joins as a package beside
+these, with its name in ENGINES (and KERNEL_ENGINES, with a branch in `_kernel_engine`, if it has an
+`unsupported_reason` and a rule).
 """
 
 from __future__ import annotations
 
 import reprlib
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,7 +31,9 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_GPUS = 1024  # a bound on devices= well above any machine's GPU count, checked before a list is built
-ENGINES = ("auto", "fused", "graph")
+ENGINES = ("auto", "fused", "grid", "graph")
+#: The persistent-kernel engines, in the order engine="auto" considers them (each with its package's rule).
+KERNEL_ENGINES = ("fused", "grid")
 
 _warned: set[str] = set()  # the fallback warnings this process has shown
 
@@ -40,7 +48,7 @@ def _warn_once(message: str, stacklevel: int) -> None:
 
 
 class EngineRefused(ConfigError):
-    """engine="fused" was asked for a model it cannot hold; the message names the limit. A ConfigError, so
+    """engine="fused" or "grid" was asked for a model it cannot serve; the message names the limit. A ConfigError, so
     `Trainer.load` can tell the caller's engine choice apart from a bad value in the file."""
 
 
@@ -57,22 +65,28 @@ def check_engine(device: str, engine: object) -> str:
     return engine
 
 
-def choose_gpu_engine(engine: str, unsupported: str | None, fused_faster: bool) -> str:
-    """"fused" or "graph" for a GPU run.
+def choose_gpu_engine(engine: str, unsupported: str | None, fused_faster: bool,
+                      grid_unsupported: str | None = "not considered", grid_faster: bool = False) -> str:  # fmt: skip
+    """"fused", "grid" or "graph" for a GPU run.
 
-    `unsupported` is why the fused engine cannot hold the model (None when it can); `fused_faster` is the
-    measured rule's verdict. A forced choice is kept; a forced "fused" that cannot hold the model raises.
+    `unsupported` / `grid_unsupported` say why the fused / grid engine cannot serve the model (None when it can);
+    `fused_faster` / `grid_faster` are their measured rules' verdicts. A forced choice is kept; a forced engine
+    that cannot serve the model raises. "auto": fused where it serves and its rule says so, else grid likewise,
+    else graph.
 
     Raises:
-        EngineRefused: engine="fused" and the fused engine cannot hold the model (the message names the limit).
+        EngineRefused: engine="fused" or "grid" cannot serve the model (the message names the limit).
     """
     if engine == "graph":
         return "graph"
-    if engine == "fused":
-        if unsupported is not None:
-            raise EngineRefused(f"engine='fused' cannot train this model: {unsupported}")
+    for name, reason in (("fused", unsupported), ("grid", grid_unsupported)):
+        if engine == name:
+            if reason is not None:
+                raise EngineRefused(f"engine='{name}' cannot train this model: {reason}")
+            return name
+    if unsupported is None and fused_faster:
         return "fused"
-    return "fused" if unsupported is None and fused_faster else "graph"
+    return "grid" if grid_unsupported is None and grid_faster else "graph"
 
 
 def graph_engine_class() -> type[Engine]:
@@ -101,19 +115,41 @@ def _gpu_engine(
     """The GPU engine `engine` resolves to (see `choose_gpu_engine`) on GPU `ordinal`, from `config` and `state`."""
     if engine == "graph":
         return graph_class(config, state, ordinal)
-    try:
-        from ..cuda import driver
-        from .fused import FusedEngine, prefer_fused
-    except ImportError as exc:
-        if engine == "fused":
-            raise EngineRefused(f"engine='fused' is unavailable: {exc}") from exc
+    engines: dict[str, tuple[type[Engine], Callable]] = {}
+    for name in KERNEL_ENGINES:
+        if engine in ("auto", name):
+            try:
+                engines[name] = _kernel_engine(name)
+            except ImportError as exc:
+                if engine == name:
+                    raise EngineRefused(f"engine={name!r} is unavailable: {exc}") from exc
+    if not engines:
         return graph_class(config, state, ordinal)
+    from ..cuda import driver
+
     dev = driver.get_device(ordinal)
-    unsupported = FusedEngine.unsupported_reason(config, dev)
-    fused_faster = unsupported is None and prefer_fused(config, dev)
-    if choose_gpu_engine(engine, unsupported, fused_faster) == "fused":
-        return FusedEngine(config, state, ordinal)
+    verdicts = {"fused": ("not considered", False), "grid": ("not considered", False)}
+    for name, (cls, rule) in engines.items():
+        faster = bool(rule(config, dev))
+        if engine == "auto" and not faster:  # its measured rule says no: whether it could serve does not matter
+            continue
+        reason = cls.unsupported_reason(config, dev)
+        verdicts[name] = (reason, reason is None and faster)
+    choice = choose_gpu_engine(engine, *verdicts["fused"], *verdicts["grid"])
+    if choice in engines:
+        return engines[choice][0](config, state, ordinal)
     return graph_class(config, state, ordinal)
+
+
+def _kernel_engine(name: str) -> tuple[type[Engine], Callable]:
+    """The engine class of a persistent-kernel engine and its rule for engine="auto" (imported on first use)."""
+    if name == "fused":
+        from .fused import FusedEngine, prefer_fused
+
+        return FusedEngine, prefer_fused
+    from .grid import GridEngine, prefer_grid
+
+    return GridEngine, prefer_grid
 
 
 def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinals: list[int]) -> Engine:
@@ -134,7 +170,7 @@ def _on_gpus(config: EngineConfig, state: dict[str, np.ndarray], engine: str, or
     if missing:
         raise DeviceUnavailable(f"devices={ordinals!r}: this machine has {count} GPU(s), numbered from 0; there is "
                                 f"no GPU {', '.join(map(str, missing))}")  # fmt: skip
-    if len(ordinals) == 1 and not (config.tuning.one_gpu_replica and engine != "fused"):
+    if len(ordinals) == 1 and not (config.tuning.one_gpu_replica and engine not in KERNEL_ENGINES):
         return _gpu_engine(engine_class, config, state, engine, ordinals[0])
     from .replicas import ReplicaEngine
 
@@ -145,7 +181,7 @@ def check_distributed(device: str, engine: str, group: object) -> None:
     """A data-parallel `group` (fastnn.distributed.Group, defined in engine/group.py) is for the graph engine on a GPU.
 
     Raises:
-        ConfigError: `group` is not a Group, or device="cpu", or engine="fused" (one GPU's on-chip state).
+        ConfigError: `group` is not a Group, or device="cpu", or engine="fused" or "grid" (one GPU's kernel).
     """
     if group is None:
         return
@@ -156,9 +192,9 @@ def check_distributed(device: str, engine: str, group: object) -> None:
                           f"{type(group).__name__}")  # fmt: skip
     if device == "cpu":
         raise ConfigError("distributed training runs on GPUs: device='cpu' cannot take distributed=")
-    if engine == "fused":
-        raise ConfigError("engine='fused' trains on one GPU's on-chip memory: distributed= needs engine='graph' "
-                          "or 'auto'")  # fmt: skip
+    if engine in KERNEL_ENGINES:
+        raise ConfigError(f"engine={engine!r} trains on one GPU (one persistent kernel): distributed= needs "
+                          "engine='graph' or 'auto'")  # fmt: skip
 
 
 def check_devices(device: str, engine: str, devices: object, group: object = None) -> list[int]:
@@ -166,7 +202,7 @@ def check_devices(device: str, engine: str, devices: object, group: object = Non
 
     Raises:
         ConfigError: not a positive integer nor a non-empty list of distinct non-negative integers; or several
-            GPUs with device="cpu", engine="fused" (one GPU's on-chip state) or a `distributed=` group (a process
+            GPUs with device="cpu", engine="fused" or "grid" (one GPU's kernel) or a `distributed=` group (a process
             per GPU already).
     """
 
@@ -191,8 +227,8 @@ def check_devices(device: str, engine: str, devices: object, group: object = Non
         return ordinals
     if device == "cpu":
         raise ConfigError(f"devices={devices!r} names GPUs but device='cpu': use device='cuda' (or 'auto')")
-    if engine == "fused" and len(ordinals) > 1:
-        raise ConfigError(f"engine='fused' trains on one GPU's on-chip memory: devices={devices!r} needs "
+    if engine in KERNEL_ENGINES and len(ordinals) > 1:
+        raise ConfigError(f"engine={engine!r} trains on one GPU (one persistent kernel): devices={devices!r} needs "
                           "engine='graph' or 'auto'")  # fmt: skip
     return ordinals
 
@@ -209,7 +245,7 @@ def create_engine(
     engine there, or a replica on each (on one GPU too with config.tuning.one_gpu_replica).
 
     Raises:
-        ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused" cannot hold the model.
+        ConfigError: `device`, `engine` or `devices` is invalid, or engine="fused"/"grid" cannot serve the model.
         DeviceUnavailable: device="cuda" (or devices naming GPUs) and no usable GPU; several GPUs and no NCCL.
     """
     if device not in DEVICES:

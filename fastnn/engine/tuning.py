@@ -12,11 +12,35 @@ from dataclasses import dataclass, fields
 
 from .._errors import ConfigError
 
-__all__ = ["FUSED_LAYOUTS", "Tuning", "check_tuning"]
+__all__ = ["FUSED_LAYOUTS", "GRID_RULE", "GridRule", "Tuning", "check_tuning"]
 
 #: The fused engine's shared-memory layouts (fused/plan.py): "standard" keeps a gradient array per weight array
 #: and, in "mixed", an fp16 operand copy; "lean" keeps neither (see `Tuning.fused_layouts`).
 FUSED_LAYOUTS = ("standard", "lean")
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """Where engine="auto" takes the grid engine (after the fused engine's rule, before the graph engine): every
+    hidden layer between min_hidden and max_hidden wide, a batch of at most max_batch, one of `precisions`."""
+
+    min_hidden: int
+    max_hidden: int
+    max_batch: int
+    precisions: tuple[str, ...]
+
+
+#: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the
+#: graph engine in the same call): the grid engine's fast kernel (native/grid_fast.cu) ran 11.34 / 11.98 / 13.34 /
+#: 17.56 us/step at h = 128 / 256 / 512 / 1024 against the graph engine's 45.82 / 48.84 / 53.40 / 64.01 (3.6-4.1x),
+#: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu) ran 237.7 at 256 and 627.5 at 1024
+#: (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves the model: `prefer_grid`
+#: requires this range AND grid/plan.py's `fast_plan` (three equal hidden layers, a multiple of 128 wide, "mixed",
+#: batch <= 32, SGD with or without momentum; uint8 inputs assumed: the engine is chosen before the data is seen).
+#: At h = 128 the fused engine is faster still (8.7 us/step) and its rule is asked first, so the grid engine takes
+#: h = 128 only where the fused engine cannot; wider than 1024 the fast kernel does not serve (h/8 CTAs > the SMs)
+#: and version 1 is slower than the graph engine, so "auto" takes the graph engine.
+GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",))
 
 
 @dataclass(frozen=True)
@@ -58,8 +82,15 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
+    #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
+    #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
+    grid_profile: bool = False
+    #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
+    #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).
+    grid_fast: bool = True
     #: Fused engine: MLPs on native/fused_mlp.cu wherever fused/plan.py's `mlp_plan` serves them (hidden layers up to
-    #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25, not yet measured). False keeps fused.cu.
+    #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25: 8.7-8.9 us a step at 784-128x3-10 on an H100).
+    #: False keeps fused.cu.
     fused_mlp: bool = True
 
     def __post_init__(self) -> None:

@@ -144,7 +144,7 @@ class MLPClassifier(FastnnClassifier):
         max_fun: accepted for scikit-learn's parameter set; it bounds "lbfgs" only, which fastnn refuses.
         device: as `fastnn.Trainer`: "auto", "cpu" or "cuda".
         precision: as `fastnn.Trainer`: "mixed", "fp16" or "fp32".
-        engine: as `fastnn.Trainer`: "auto", "fused" or "graph".
+        engine: as `fastnn.Trainer`: "auto", "fused", "grid" or "graph".
     """
 
     def __init__(

@@ -16,15 +16,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..._data import input_affine
-from ..._errors import ConfigError, DataError
-from ..._shuffle import feistel_bits, split_u64
+from ..._errors import ConfigError
 from ...cuda import driver
-from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32
 from ..base import EngineConfig
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext
-from ..graph.kernels import module, record_epoch_end
+from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from .plan import MIN_CC, FusedPlan, fused_plan
 
@@ -98,11 +95,7 @@ class FusedTrainContext(TrainContext):
     eng: FusedEngine
 
     def build(self, buf: Callable) -> None:
-        if self.placement == "host":  # data_placement="auto" found the set too large for GPU memory
-            raise DataError(
-                f"the training set ({self.x.nbytes:,} bytes) does not fit in GPU memory, and the fused engine reads "
-                f"it from there: pass engine='graph', which reads it from host memory (data_placement='host')"
-            )
+        self.require_resident("fused")
         self.kernel, self.plan = self.eng.fused_kernel(self.dtype)
 
     def capture_epoch(self):
@@ -110,19 +103,7 @@ class FusedTrainContext(TrainContext):
 
     def record_epoch(self) -> None:
         eng = self.eng
-        cfg = eng.config
-        n_state = len(eng.opt_names)
-        s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
-        s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
-        scale, shift = input_affine(self.dtype, cfg.normalize)
-        seed_lo, seed_hi = split_u64(cfg.seed)
-        args = [
-            arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
-            arg_ptr(self.x.ptr), arg_ptr(self.y.ptr), arg_u32(self.n),
-            arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(self.n) // 2),
-            arg_ptr(eng.epoch_state.ptr), arg_i32(self.steps), arg_i32(cfg.batch_size), arg_f32(scale),
-            arg_f32(shift), arg_struct(cfg.optimizer.kernel_params().c_fields()),
-        ]  # fmt: skip
+        args = persistent_epoch_args(self)
         p = self.plan
         self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cluster=p.cluster)
         record_epoch_end(eng)

@@ -4,7 +4,7 @@ Modules, in the order a newcomer reads them:
 - `engine`: `GraphEngine`, the device, the flat training state and the Engine API;
 - `step`: one training step top to bottom (gather, forward, softmax, loss, backward, update) and the epoch; a
   regression (loss "mse") has no softmax and its own loss kernel;
-- `kernels`: fastnn's own kernels (native/gather.cu, loss.cu, update.cu) with their arguments packed;
+- `kernels`: fastnn's own kernels (native/gather.cu, loss.cu, update.cu, epoch.cu) with their arguments packed;
 - `plans`: the cuBLASLt GEMM plans (epilogues fused) and cuDNN's softmax;
 - `contexts`: a resident training set with its captured epoch, an evaluation set with its forward graph;
 - `parallel`: one rank of a data-parallel group: gradient sums, the sharded update, agreement checks, stop vote;

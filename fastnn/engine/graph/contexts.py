@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..._errors import DataError
 from ...cuda import deferring, driver
 from ..base import steps_per_epoch
 from ..epochs import INFLIGHT_EPOCHS
@@ -87,6 +88,18 @@ class TrainContext(Owner):
             plans.backward_plans(eng, self.layers, rows, own=self.own)
             if not eng.regression:
                 self.softmax[rows] = self.own(plans.softmax(eng, rows))
+
+    def require_resident(self, engine: str) -> None:
+        """For an engine whose kernel reads the training set from GPU memory: refuse a set placed in host memory.
+
+        Raises:
+            DataError: data_placement="auto" found the set too large for GPU memory.
+        """
+        if self.placement == "host":
+            raise DataError(
+                f"the training set ({self.x.nbytes:,} bytes) does not fit in GPU memory, and the {engine} engine reads "
+                f"it from there: pass engine='graph', which reads it from host memory (data_placement='host')"
+            )
 
     def load(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
         self.eng.upload(self.x, x)

@@ -38,8 +38,10 @@ class GraphEngine(Engine):
 
     device = "cuda"
     name = "graph"
-    #: Whether the engine's constructor makes what the step's plans and kernels need (load_step_libraries), so that
-    #: a failure is reported before any work; the fused engine's epoch needs none of it (only its evaluation does).
+    #: Whether the engine trains with the graph step: its constructor then makes what the step's plans and kernels
+    #: need (load_step_libraries, and native/update.cu's optimizer step), so that a failure is reported before any
+    #: work. The fused and grid engines' epoch needs none of it: their evaluation makes the plans, gather and loss
+    #: kernels when first asked, and update.cu (about a second of NVRTC on a cold cache) is never compiled.
     step_libraries_at_build = True
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
@@ -71,9 +73,11 @@ class GraphEngine(Engine):
             self.workspace: cublaslt.Workspace | None = None
             self.dnn: cudnn.Handle | None = None
             self.gather_mod = self.loss_mod = None
+            self.update_mod: driver.Module | None = None  # the graph step's optimizer update (update.cu)
             if self.step_libraries_at_build:
                 self.load_step_libraries()
-            self.update_mod = kernels.module(self.dev, "update.cu")
+                self.update_mod = kernels.module(self.dev, "update.cu")
+            self.epoch_mod = kernels.module(self.dev, "epoch.cu")  # every engine's epoch-end kernels
             self.opt_names = config.optimizer.state_names
             total = self.layout.total
             # Training state: [params | optimizer state 1 | state 2]; one copy of it is the snapshot.

@@ -1,7 +1,8 @@
 """fastnn's own kernels in the graph engine's step, queued on its stream with their arguments packed: the gather
-(native/gather.cu), the loss (loss.cu), the update fused with the next batch's gather and the epoch-end check,
-snapshot and advance (update.cu). Each file is compiled (NVRTC, disk-cached) and loaded once per process and GPU,
-when an engine is built, never during capture."""
+(native/gather.cu), the loss (loss.cu), the update fused with the next batch's gather (update.cu), and the
+epoch-end check, snapshot and advance every GPU engine records (epoch.cu). Each file is compiled (NVRTC,
+disk-cached) and loaded once per process and GPU, when an engine is built (the gather and loss of the fused and
+grid engines at their first evaluation), never during capture."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u
 from .buffers import itemsize
 
 if TYPE_CHECKING:
+    from .contexts import TrainContext
     from .engine import GraphEngine
 
 __all__ = [
     "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "launch_elementwise", "module",
-    "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update", "record_zero_grads",
-    "refresh_half_copy",
+    "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update",
+    "record_zero_grads", "refresh_half_copy",
 ]  # fmt: skip
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
-UPDATE_THREADS = 256
+UPDATE_THREADS = 256  # the block of update.cu's and epoch.cu's grid-stride kernels
 
 _modules_lock = threading.Lock()
 _modules: dict[tuple[int, str, tuple[str, ...]], driver.Module] = {}  # (device, file, options) -> loaded module
@@ -45,10 +47,11 @@ def elementwise_blocks(eng: GraphEngine, n: int) -> int:
     return max(1, min(-(-n // UPDATE_THREADS), eng.dev.sm_count * 8))
 
 
-def launch_elementwise(eng: GraphEngine, kernel: str, n: int, args: list, stream=None) -> None:
+def launch_elementwise(eng: GraphEngine, mod: driver.Module, kernel: str, n: int, args: list, stream=None) -> None:
+    """Queue `mod`'s grid-stride `kernel` over n elements on `stream` (default the engine's)."""
     blocks = elementwise_blocks(eng, n)
-    eng.update_mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args,
-                                           stream if stream is not None else eng.stream)  # fmt: skip
+    mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args,
+                                stream if stream is not None else eng.stream)  # fmt: skip
 
 
 def refresh_half_copy(eng: GraphEngine) -> None:
@@ -56,7 +59,7 @@ def refresh_half_copy(eng: GraphEngine) -> None:
     if eng.w16 is not None:
         n = eng.layout.total
         args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.w16.ptr), arg_u64(n)]
-        launch_elementwise(eng, "cast_f32_f16", n, args)
+        launch_elementwise(eng, eng.epoch_mod, "cast_f32_f16", n, args)
 
 
 def record_gather(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
@@ -142,7 +145,7 @@ def record_update(eng: GraphEngine, step: int, steps: int, gather: tuple | None 
         arg_struct(eng.config.optimizer.kernel_params().c_fields()),
     ]  # fmt: skip
     if gather is None:
-        launch_elementwise(eng, eng.spec.update_kernel, n, args, stream)
+        launch_elementwise(eng, eng.update_mod, eng.spec.update_kernel, n, args, stream)
         return
     x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
     src, data, affine, dest = gather_args(eng, x_dev, y_dev, n_data, x_dtype, out, out_y)
@@ -159,7 +162,7 @@ def record_zero_grads(eng: GraphEngine) -> None:
 
 
 def record_epoch_end(eng: GraphEngine) -> None:
-    """Queue the epoch-end nodes: check the state the epoch left (native/update.cu's check_state, whose
+    """Queue the epoch-end nodes: check the state the epoch left (native/epoch.cu's check_state, whose
     verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
     if eng.parallel is not None:
         eng.parallel.record_history_all_reduce()
@@ -174,7 +177,28 @@ def record_epoch_end(eng: GraphEngine) -> None:
         f32, n32 = eng.train_state.ptr, words
         f16, n16 = (eng.w16.ptr, eng.layout.total // 2) if eng.w16 is not None else (0, 0)
     check = [arg_ptr(f32), arg_u64(n32), arg_ptr(f16), arg_u64(n16), state]
-    launch_elementwise(eng, "check_state", max(n32, n16), check)
+    launch_elementwise(eng, eng.epoch_mod, "check_state", max(n32, n16), check)
     args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.snapshot.ptr), arg_u64(words), state]
-    launch_elementwise(eng, "snapshot", words, args)
-    eng.update_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(eng.epoch_state.ptr)], eng.stream)
+    launch_elementwise(eng, eng.epoch_mod, "snapshot", words, args)
+    eng.epoch_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(eng.epoch_state.ptr)], eng.stream)
+
+
+def persistent_epoch_args(ctx: TrainContext) -> list:
+    """The arguments the persistent-kernel engines' epoch kernels (native/fused.cu, fused_logreg.cu, grid.cu) take
+    first, in order: the training state (parameters, optimizer states 1 and 2 or null, the fp16 copy or null), the
+    resident training set, the shuffle's key, the epoch state, the steps and batch, the input's affine map and the
+    optimizer."""
+    eng = ctx.eng
+    cfg = eng.config
+    n_state = len(eng.opt_names)
+    s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
+    s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
+    scale, shift = input_affine(ctx.dtype, cfg.normalize)
+    seed_lo, seed_hi = split_u64(cfg.seed)
+    return [
+        arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
+        arg_ptr(ctx.x.ptr), arg_ptr(ctx.y.ptr), arg_u32(ctx.n),
+        arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(ctx.n) // 2),
+        arg_ptr(eng.epoch_state.ptr), arg_i32(ctx.steps), arg_i32(cfg.batch_size), arg_f32(scale),
+        arg_f32(shift), arg_struct(cfg.optimizer.kernel_params().c_fields()),
+    ]  # fmt: skip

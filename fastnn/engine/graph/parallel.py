@@ -107,10 +107,10 @@ class DataParallel:
         history, and takes the same divergence and snapshot decisions from it."""
         eng = self.eng
         state, scratch = arg_ptr(eng.epoch_state.ptr), arg_ptr(self.hist_scratch.ptr)
-        eng.update_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
+        eng.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
                                                         eng.stream)  # fmt: skip
         nccl.all_reduce(self.group.comm, self.hist_scratch.ptr, self.hist_scratch.ptr, 2, np.float64, eng.stream)
-        eng.update_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(0)],
+        eng.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(0)],
                                                         eng.stream)  # fmt: skip
 
     # ------------------------------------------------------------------ waiting

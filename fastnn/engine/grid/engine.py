@@ -1,0 +1,147 @@
+"""The grid engine: an MLP's whole epoch in one cooperative persistent kernel over up to one CTA per SM.
+
+It is the graph engine (`graph/`) with another training context (`make_train_context`), as the fused engine is:
+parameters and optimizer state stay in the graph engine's flat training state (the kernel reads and writes them in
+place, in L2), so evaluation, prediction, snapshots, divergence handling, interruption and checkpoints are inherited
+unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of `native/grid.cu` and the
+graph engine's epoch-end nodes. The kernel (`native/grid_fast.cu`, the fast path, where `plan.fast_plan` serves the
+model, else the generic `native/grid.cu`; both take the same arguments) is compiled per model shape, batch,
+precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..._errors import ConfigError, DataError
+from ...cuda import driver
+from ...cuda.driver import arg_ptr
+from ..base import EngineConfig
+from ..graph import GraphEngine
+from ..graph.contexts import TrainContext
+from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
+from ..graph.upload import DataKey
+from ..tuning import GRID_RULE, GridRule
+from .plan import FAST_PHASES, HOPPER_SMEM, HOPPER_SMS, MIN_CC, V1_PHASES, GridPlan, fast_plan, grid_plan
+
+__all__ = ["PHASES", "GridEngine", "GridTrainContext", "check_scratch_fits", "prefer_grid"]
+
+#: Bytes of the sync buffer: the round counter (word 0, zeroed before every launch) and, from byte 128, the phase
+#: profile of -DGRID_PROFILE (the kernel's cycle sums of GridPlan.phases, then the step and round counts).
+SYNC_BYTES = 256
+#: The phases each kernel's -DGRID_PROFILE times, in the order of GridTrainContext.phase_cycles() (GridPlan.phases).
+PHASES = {"grid.cu": V1_PHASES, "grid_fast.cu": FAST_PHASES}
+
+
+def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> None:
+    """The grid kernel's global scratch must fit in the GPU memory left after the training set (which the placement
+    choice sized without it).
+
+    Raises:
+        DataError: it does not; the message names both sizes and the way out.
+    """
+    if scratch_bytes + SYNC_BYTES > free_bytes:
+        raise DataError(
+            f"the grid kernel's global scratch ({scratch_bytes:,} bytes) does not fit in the GPU's free memory "
+            f"({free_bytes:,} bytes) beside the training set ({data_bytes:,} bytes): use a smaller batch, or "
+            f"engine='graph'"
+        )
+
+
+def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
+    """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
+    precision fall in the measured range and the fast kernel (plan.fast_plan) serves the model on `device` (None: an
+    H100). The engine is chosen before the data is seen, so uint8 inputs are assumed (float inputs run grid.cu)."""
+    hidden = config.model.sizes[1:-1]
+    rule = rule_override if rule_override is not None else GRID_RULE
+    in_range = (
+        bool(hidden)
+        and rule.min_hidden <= min(hidden)
+        and max(hidden) <= rule.max_hidden
+        and config.batch_size <= rule.max_batch
+        and config.precision in rule.precisions
+    )
+    if not in_range:
+        return False
+    sms = device.sm_count if device is not None else HOPPER_SMS
+    smem = device.max_shared_memory_optin if device is not None else HOPPER_SMEM
+    return isinstance(fast_plan(config, np.uint8, sms, smem), GridPlan)
+
+
+class GridEngine(GraphEngine):
+    """engine="grid": one cooperative persistent kernel per epoch over up to every SM; the graph engine's math."""
+
+    name = "grid"
+    #: The epoch is one kernel of its own: the graph step's libraries are made at the first evaluation or prediction.
+    step_libraries_at_build = False
+
+    @staticmethod
+    def unsupported_reason(config: EngineConfig, device) -> str | None:
+        """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
+        if config.data_placement == "host":
+            return "it reads the training set from GPU memory (data_placement='host' needs engine='graph')"
+        if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+            return "it takes normalize=(mean, std) as two numbers, not per-feature vectors"
+        cc = device.compute_capability[0] * 10 + device.compute_capability[1]
+        if cc < MIN_CC:
+            return f"it needs compute capability 9.0 or newer (sm_90); {device.name} is {device.arch}"
+        plan = grid_plan(config, np.float32, device.sm_count, device.max_shared_memory_optin)
+        return plan if isinstance(plan, str) else None
+
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+        reason = self.unsupported_reason(config, driver.get_device(ordinal))
+        if reason is not None:
+            raise ConfigError(f"engine='grid' cannot train this model: {reason}")
+        super().__init__(config, state, ordinal)
+
+    def grid_kernel(self, x_dtype: np.dtype) -> tuple[object, GridPlan]:
+        """The compiled kernel and its plan for training data of `x_dtype`."""
+        plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
+        if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
+            raise ConfigError(f"engine='grid' cannot train this model: {plan}")
+        kernel = module(self.dev, plan.source, plan.options).function(plan.function)
+        if kernel.max_active_blocks(plan.threads, plan.smem_bytes) < 1:
+            raise ConfigError(
+                f"engine='grid' cannot train this model: a CTA of {plan.threads} threads with {plan.smem_bytes:,} "
+                f"bytes of shared memory cannot be resident on {self.dev.name}"
+            )
+        return kernel, plan
+
+    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> GridTrainContext:
+        return GridTrainContext(self, x, y, key)
+
+
+class GridTrainContext(TrainContext):
+    """The resident training set and its epoch graph: the counter's memset, one grid launch, the epoch-end nodes."""
+
+    eng: GridEngine
+
+    def build(self, buf: Callable) -> None:
+        self.require_resident("grid")
+        self.kernel, self.plan = self.eng.grid_kernel(self.dtype)
+        check_scratch_fits(self.plan.scratch_bytes, self.eng.dev.mem_info()[0], self.x.nbytes)
+        self.scratch = buf(self.plan.scratch_bytes)
+        self.sync = buf(SYNC_BYTES)
+
+    def capture_epoch(self):
+        return self.eng.capture(self.record_epoch)
+
+    def record_epoch(self) -> None:
+        eng = self.eng
+        args = persistent_epoch_args(self) + [arg_ptr(self.scratch.ptr), arg_ptr(self.sync.ptr)]
+        p = self.plan
+        self.sync.memset(0, eng.stream)  # the round counter starts at 0 in every launch
+        self.kernel.launch((p.ctas, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cooperative=True)
+        record_epoch_end(eng)
+
+    def phase_names(self) -> tuple[str, ...]:
+        """The names of phase_cycles()'s phase words: those of the kernel this context runs (PHASES)."""
+        return PHASES[self.plan.source]
+
+    def phase_cycles(self) -> np.ndarray:
+        """The last epoch's phase profile (Tuning.grid_profile): CTA 0's clock64 cycle sums per phase (the names in
+        plan.phases), then the step and round counts (zeros when the kernel was compiled without it)."""
+        out = np.zeros(len(self.phase_names()) + 2, dtype=np.int64)
+        return self.sync.download(out, offset=128)

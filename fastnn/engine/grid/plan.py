@@ -1,0 +1,274 @@
+"""The grid engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
+
+Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
+the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models
+`fast_plan` accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 inputs, "mixed", ReLU,
+cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum), and the generic `native/grid.cu`
+(version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each
+kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than
+the bytes computed here), and says why a model cannot be served, naming the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..._data import input_affine
+from ..._optim import KIND_SGD
+from ..base import EngineConfig
+from ..plan import param_layout
+
+__all__ = [
+    "FAST_MAX_BATCH", "FAST_MAX_CLASSES", "FAST_PHASES", "FAST_UNIT_STEP", "HOPPER_SMS", "HOPPER_SMEM", "MAX_BATCH",
+    "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan",
+    "fast_scratch_bytes", "fast_smem_bytes", "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats",
+]  # fmt: skip
+
+#: Threads per CTA (8 warps).
+THREADS = 256
+#: Hidden units of the widest layer a CTA owns, as the probe measured best (grid.md: h/8 CTAs up to h = 1024).
+UNITS_PER_CTA = 8
+#: Rows of a step the kernel's scratch and index tables are compiled for at most: larger batches run near the
+#: GEMM libraries' peak and stay with the graph engine.
+MAX_BATCH = 1024
+#: Widest layer (inputs and classes included) the kernel is written for.
+MAX_WIDTH = 8192
+#: Global scratch (exchange buffers, head copies, per-CTA regions) the engine allocates at most.
+MAX_SCRATCH = 8 << 30
+#: Products' K chunk (grid.cu's KC) and the widest tile pair of a chunk (TM + 4 + TN + 4 floats a k).
+KC = 64
+TILE_WIDTH = 144
+#: Shared memory a CTA may use on sm_90 (227 KiB) and the H100's SM count, when no device is given.
+HOPPER_SMEM = 232448
+HOPPER_SMS = 132
+MIN_CC = 90  # cooperative launch of one CTA per SM with > 114 KB of shared memory, fence/acquire PTX of sm_90
+
+_PREC = {"fp32": 0, "mixed": 1, "fp16": 2}
+
+#: The fast kernel (native/grid_fast.cu): rows a step (a shorter batch is masked), the hidden width's step (16-unit
+#: k-steps, 8 per warp), the most classes (one m16 tile of logits^T).
+FAST_MAX_BATCH = 32
+FAST_UNIT_STEP = 128
+FAST_MAX_CLASSES = 16
+#: Names of the phases -DGRID_PROFILE times (native/grid.cu's NPHASE, native/grid_fast.cu's).
+V1_PHASES = ("gather", "F0", "forward rounds", "forward l >= 1", "head + loss", "head backward", "backward l >= 1",
+             "backward rounds", "layer 0 update", "epilogue")  # fmt: skip
+FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2 dgrad", "R5 window", "R5 wait",
+               "B1")  # fmt: skip
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _up4(a: int) -> int:
+    return _cdiv(a, 4) * 4
+
+
+def _up32(a: int) -> int:
+    return _cdiv(a, 32) * 32
+
+
+def rounds_per_step(hidden_layers: int) -> int:
+    """Grid-wide rounds a step: one after each hidden layer's forward, one per backward boundary (dZ of layers
+    NH-2 .. 1) that cannot be computed redundantly."""
+    return hidden_layers + max(0, hidden_layers - 2)
+
+
+def units(sizes: tuple[int, ...], ctas: int) -> tuple[int, ...]:
+    """Units of each hidden layer a CTA owns (the last CTAs may own fewer, or none, of a narrower layer)."""
+    return tuple(_cdiv(w, ctas) for w in sizes[1:-1])
+
+
+def smem_floats(batch: int, classes: int, n_state: int) -> int:
+    """Shared memory of one CTA in 4-byte words, as grid.cu's make_smem(): the product tiles, the step's sample
+    indices and labels, the replicated head bias with its optimizer state and gradient, per-warp loss sums."""
+    return KC * TILE_WIDTH + 2 * _up4(batch) + _up4(classes) * (2 + n_state) + 4 * (THREADS // 32)
+
+
+def scratch_floats(sizes: tuple[int, ...], batch: int, ctas: int) -> int:
+    """Global scratch in 4-byte words, as grid.cu's make_scratch(): H and Z of every hidden layer by step parity,
+    the exchanged dZ of layers 1 .. NH-2, the head's two operand copies, and per CTA its logits, the last hidden
+    layer's whole dZ, its own slice of dZ_0 and the step's inputs as operands."""
+    nh = len(sizes) - 2
+    o = 0
+    for _ in range(2):
+        for layer in range(nh):
+            o += 2 * _up32(batch * sizes[layer + 1])
+    for layer in range(nh):
+        o += _up32(batch * sizes[layer + 1]) if 1 <= layer <= nh - 2 else 0
+    o += 2 * _up32(sizes[-1] * sizes[-2])
+    nb0 = units(sizes, ctas)[0]
+    o += ctas * (_up32(batch * sizes[-1]) + _up32(batch * sizes[-2]) + _up32(batch * nb0) + _up32(batch * sizes[0]))
+    return o
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """What the grid kernel is compiled and launched with for one model, batch, precision and GPU."""
+
+    ctas: int  #: P, one per SM at most, all resident (cooperative launch)
+    units: tuple[int, ...]  #: hidden units of each layer a CTA owns
+    threads: int
+    smem_bytes: int
+    scratch_bytes: int
+    rounds: int  #: grid-wide rounds a step
+    options: tuple[str, ...]  #: NVRTC -D options of the kernel
+    source: str = "grid.cu"  #: the kernel's file in native/: "grid_fast.cu" (the fast path) or "grid.cu" (v1)
+    function: str = "grid_epoch_kernel"
+    why: str = ""  #: which kernel and why, for the curious (and the tests)
+    phases: tuple[str, ...] = V1_PHASES  #: the -DGRID_PROFILE phases, in the order the kernel sums them
+
+
+def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, extra: tuple[str, ...] = ()):
+    """The NVRTC -D options both grid kernels take (their layouts check GRID_SMEM and GRID_SCRATCH), then `extra`,
+    then -DGRID_PROFILE where Tuning.grid_profile asks for it."""
+    model, sizes = config.model, tuple(config.model.sizes)
+    return (
+        (
+            "-std=c++17",
+            f"-DGRID_NL={len(sizes) - 1}",
+            f"-DGRID_SIZES={{{','.join(str(s) for s in sizes)}}}",
+            f"-DGRID_OFFS={{{','.join(str(o) for o in param_layout(model).offsets)}}}",
+            f"-DGRID_P={ctas}",
+            f"-DGRID_B={config.batch_size}",
+            f"-DGRID_NT={THREADS}",
+            f"-DGRID_XIN={0 if np.dtype(x_dtype) == np.uint8 else 1}",
+            f"-DGRID_PREC={_PREC[config.precision]}",
+            f"-DGRID_ACT={0 if model.activation == 'relu' else 1}",
+            f"-DGRID_OPT={config.optimizer.kernel_params().kind}",
+            f"-DGRID_NS={len(config.optimizer.state_names)}",
+            f"-DGRID_SMEM={smem}",
+            f"-DGRID_SCRATCH={scratch}",
+            f"-DGRID_LOSS={int(config.loss == 'mse')}",
+        )
+        + extra
+        + (("-DGRID_PROFILE",) if config.tuning.grid_profile else ())
+    )
+
+
+def fast_smem_bytes(features: int, hidden: int, n_state: int, momentum_in_l2: bool = False) -> int:
+    """Shared memory of one CTA of native/grid_fast.cu, as its make_smem(): the batch (two stages), the activation
+    tile, the CTA's fp16 weight rows, the cross-warp sums, the own activation tiles, biases / W3 slice / logits /
+    dlogits / row sums (and their momentum), labels, profile, the W0 and W2 masters (and momentum, unless
+    `momentum_in_l2` puts it in the global scratch), the mbarriers."""
+    rows, nb, nw = FAST_MAX_BATCH, UNITS_PER_CTA, THREADS // 32
+    mom = n_state >= 1
+    o = 2 * rows * features + hidden * rows * 2 + nb * hidden * 2 + 8 * 16 * 40 * 4 + 4 * rows * nb * 2
+    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16 + 2 * nw * nb) * 4 + ((3 * nb + 16 + 16 * nb) * 4 if mom else 0)
+    o += 2 * rows * 4 + 16 * 8
+    o += (features // 16 + hidden // 16) * 512 * (2 if mom and not momentum_in_l2 else 1)
+    return o + 3 * 8
+
+
+def fast_scratch_bytes(hidden: int, features: int = 0, momentum_in_l2: bool = False) -> int:
+    """Global scratch of native/grid_fast.cu, as its make_scratch(): the fp16 rows of W1 and W2 in fragment order,
+    W3's two fp16 operand copies by step parity, the four exchange buffers (H0, H1, H2, dZ1) and, with
+    `momentum_in_l2`, each CTA's momentum of its W0 rows and W1, W2 columns."""
+    up128 = lambda a: -(-a // 128) * 128  # noqa: E731
+    rows = FAST_MAX_BATCH
+    return (
+        2 * up128(2 * hidden * hidden)
+        + up128(2 * 2 * hidden // 16 * 256)
+        + up128(2 * 2 * hidden // 8 * 128)
+        + 4 * up128(2 * hidden * rows)
+        + (hidden // UNITS_PER_CTA * (features // 16 + 2 * hidden // 16) * 512 if momentum_in_l2 else 0)
+    )
+
+
+def fast_plan(
+    config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
+) -> GridPlan | str:
+    """native/grid_fast.cu's plan for `config`, or why the fast path does not serve it (grid.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    if not config.tuning.grid_fast:
+        return "it is switched off (Tuning(grid_fast=False))"
+    if len(sizes) != 5:
+        return f"{len(sizes) - 2} hidden layers (it trains three)"
+    hidden = sizes[1]
+    if sizes[2] != hidden or sizes[3] != hidden:
+        return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
+    if hidden % FAST_UNIT_STEP or hidden // UNITS_PER_CTA > sm_count:
+        most = UNITS_PER_CTA * sm_count // FAST_UNIT_STEP * FAST_UNIT_STEP
+        return f"a hidden width of {hidden} (it takes multiples of {FAST_UNIT_STEP} up to {most}: 8 units a CTA)"
+    if config.precision != "mixed":
+        return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
+    if np.dtype(x_dtype) != np.uint8:
+        return f"{np.dtype(x_dtype).name} inputs (it feeds uint8 pixels to the tensor cores unconverted)"
+    if model.activation != "relu":
+        return f"activation {model.activation!r} (it takes relu)"
+    if config.loss != "cross_entropy":
+        return f"loss {config.loss!r} (it computes softmax cross-entropy)"
+    features, classes = sizes[0], sizes[-1]
+    if features % 16:
+        return f"{features} input features (it takes multiples of 16: 16-byte row copies)"
+    if not 2 <= classes <= FAST_MAX_CLASSES:
+        return f"{classes} classes (it takes 2 to {FAST_MAX_CLASSES}: one m16 tile of logits)"
+    batch = config.batch_size
+    if batch > FAST_MAX_BATCH:
+        return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
+    kernel = opt.kernel_params()
+    n_state = len(opt.state_names)
+    if kernel.kind != KIND_SGD or n_state > 1:
+        return "optimizer AdamW (it takes SGD, with or without momentum)"
+    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+        return "normalize is per-feature (it takes two numbers)"
+    need = fast_smem_bytes(features, hidden, n_state)
+    momg = n_state >= 1 and need > smem_limit  # no room on chip for the momentum: the CTA's region of L2
+    if momg:
+        need = fast_smem_bytes(features, hidden, n_state, True)
+    if need > smem_limit:
+        return f"it needs {need:,} bytes of shared memory per CTA, over the GPU's {smem_limit:,}"
+    _, shift = input_affine(np.uint8, config.normalize)
+    ctas = hidden // UNITS_PER_CTA
+    scratch = fast_scratch_bytes(hidden, features, momg)
+    shifted = int(float(shift) != 0.0)
+    options = _options(config, x_dtype, ctas, need, scratch, (f"-DGRID_SHIFT={shifted}", f"-DGRID_MOMG={int(momg)}"))
+    why = (f"grid_fast.cu: {ctas} CTAs of {UNITS_PER_CTA} units, masters on chip ({need:,} bytes of shared memory a "
+           f"CTA), {FAST_MAX_BATCH} rows a step" + (", momentum in L2" if momg else ""))  # fmt: skip
+    return GridPlan(ctas=ctas, units=(UNITS_PER_CTA,) * 3, threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
+                    rounds=rounds_per_step(3), options=options, source="grid_fast.cu", function="grid_fast_kernel",
+                    why=why, phases=FAST_PHASES)  # fmt: skip
+
+
+def grid_plan(
+    config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
+) -> GridPlan | str:
+    """The plan for `config` with inputs of `x_dtype` on a GPU of `sm_count` SMs and `smem_limit` bytes of shared
+    memory per CTA, or a reason (naming the limit) it cannot be served: the fast kernel where `fast_plan` serves the
+    model, else native/grid.cu."""
+    fast = fast_plan(config, x_dtype, sm_count, smem_limit)
+    if isinstance(fast, GridPlan):
+        return fast
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    nh = len(sizes) - 2
+    if nh < 1:
+        return "no hidden layer to spread; use engine='fused' or 'graph'"
+    widest = max(sizes)
+    if widest > MAX_WIDTH:
+        return f"a layer of {widest} is wider than the grid kernel's {MAX_WIDTH}"
+    batch = config.batch_size
+    if batch > MAX_BATCH:
+        return f"a batch of {batch} rows is over the grid kernel's maximum of {MAX_BATCH}"
+    n_state = len(opt.state_names)
+    need = 4 * smem_floats(batch, sizes[-1], n_state)
+    if need > smem_limit:
+        return (
+            f"a batch of {batch} with {sizes[-1]} classes needs {need:,} bytes of shared memory per CTA, over the "
+            f"GPU's {smem_limit:,}"
+        )
+    ctas = max(1, min(sm_count, _cdiv(max(sizes[1:-1]), UNITS_PER_CTA)))
+    scratch = 4 * scratch_floats(sizes, batch, ctas)
+    if scratch > MAX_SCRATCH:
+        return (
+            f"the model {list(sizes)} at a batch of {batch} needs {scratch:,} bytes of global scratch over {ctas} "
+            f"CTAs, over the grid kernel's {MAX_SCRATCH:,}"
+        )
+    options = _options(config, x_dtype, ctas, need, scratch)
+    why = f"grid.cu (v1), not grid_fast.cu: {fast}"
+    return GridPlan(ctas=ctas, units=units(sizes, ctas), threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
+                    rounds=rounds_per_step(nh), options=options, why=why)  # fmt: skip

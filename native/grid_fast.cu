@@ -1,0 +1,981 @@
+// grid_fast.cu: the grid engine's fast path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three hidden
+// layers of equal width h, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision, in ONE cooperative
+// persistent kernel of P = h/8 CTAs, one per SM. Ported from the measured probe ../shared/probes/grid_floor/
+// mlp_grid_probe_v1.cu (the design and its numbers: ../shared/design/grid.md); grid/plan.py sends here exactly the
+// models it serves and everything else to grid.cu (v1), which has the same kernel signature.
+//
+// What it computes: the same epoch as grid.cu, the other engines and the NumPy engine (the definition): for each
+// step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed
+// order (shuffle.cuh), x*scale + shift; Linear + ReLU three times, Linear; softmax cross-entropy averaged over the m
+// rows; the backward pass; the optimizer step of every parameter (optim.cuh's optim_update: plain SGD, SGD with
+// momentum/Nesterov/weight decay) at the rate st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count
+// are added to st->hist[2 * epoch_in_fit + {0, 1}]. Numerics ("mixed"): fp16 operands on the tensor cores
+// (mma.sync m16n8k16, fp32 accumulation), fp32 masters; activations H and the gradients dZ stored as fp16; dlogits
+// fp32 (fp16 as an operand); uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and
+// scale * 2^24 multiplies the fp32 accumulators (so x*scale is not rounded to fp16 first, unlike fused.cu: a
+// difference of one fp16 rounding, inside the mixed tolerances); a nonzero shift adds shift * (row sum of the fp16
+// W0 row) to Z0 and shift * (the bias gradient) to W0's gradient.
+// A short batch (m < 32 rows, the last one or batch < 32) is masked: rows m..31 are gathered as copies of row m-1
+// (finite values) and their dlogits are zero, so they contribute nothing to any gradient; the mean divides by m.
+//
+// Launch: grid = GRID_P = h/8 CTAs (<= the SM count; cooperative, all resident), block = 256 threads (8 warps),
+// dynamic shared memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of global memory (plan.py computes both; the
+// static_asserts below check the kernel needs no more); `sync` = 256 bytes whose word 0, the round counter, the
+// engine zeroes before every launch, and whose bytes 128.. receive the phase profile (-DGRID_PROFILE).
+//
+// Partition ("column-master", grid.md 2.1): CTA p owns the units U_p = [8p, 8p + 8) of every hidden layer.
+//   F0: Z0[:, U_p] from the batch (gathered by every CTA, one step ahead, one bulk copy a row) and W0's rows U_p;
+//   F1, F2: Z_l[:, U_p] from the whole previous activation (exchanged) and W_l's rows U_p (an fp16 copy in the
+//     forward's fragment order, written by the column owners);
+//   head: every CTA computes logits, softmax, dlogits and dZ2 for the whole batch and all units (redundant: saves
+//     a round); b3 is replicated and updated identically everywhere; W3[:, U_p] belongs to CTA p;
+//   B2, B1: CTA p owns the column blocks W2[:, U_p], W1[:, U_p]: dgrad dZ_{l-1}[:, U_p], weight gradient and
+//     optimizer step all local (the wgrad accumulators land on the lanes holding the masters); W0 is row-owned:
+//     its update of step s-1 is fused with the forward of step s (one pass over the master).
+// Rounds a step (a monotone counter barrier + ONE bulk copy of the exchanged activation): R1 (H0), R2 (H1), R3 (H2),
+// R5 (dZ1): 4. The counter is sync word 0, zeroed by the engine's memset node before the launch; round r of the
+// launch completes when the counter reaches P * (r + 1).
+//
+// Memory plan. Registers: the W1 master column block (KPW = h/128 k-steps of 16 per warp, 4 floats a lane each) and,
+// with momentum, its buffer beside it. Shared memory (plan.py's fast_smem_bytes mirrors make_smem()): the batch
+// [2 stages][32][d] uint8; one activation tile [h/8][32][8] fp16 (the exchange's landing place); the CTA's fp16 rows
+// of W1/W2 [h/16][32][4]; the cross-warp reduction buffer; the CTA's own H0, H1, H2, dZ0 tiles [32][8] fp16; biases,
+// the W3 slice [16][8], logits and dlogits [32][16] (and their momentum); labels; the W0 master [d/16][32][4] and W2
+// master [h/16][32][4] fp32 in fragment order (and their momentum); the mbarriers. Where the momentum does not fit on
+// chip (GRID_MOMG: h >= 768 with 784 inputs), the W0, W1 and W2 momentum live in the CTA's private region of the
+// global scratch (L2: [d/16 + 2h/16][32] float4, read and written only by their lane, 16-byte accesses; W0's a pass
+// ahead), 2 x (d/16 + h/8) x 512 bytes of L2 traffic a CTA a step.
+// Global scratch (plan.py's fast_scratch_bytes mirrors make_scratch()), fp16, visibility per buffer:
+//   HG0, HG1, HG2, DZG1 [h/8][32][8]: written by the unit owners (plain stores) before their arrival at R1, R2, R3, R5
+//     of step s; read after that round by one bulk copy (fence.proxy.async.global after the acquire). Rewritten in
+//     step s+1 by a CTA that has waited R5(s) (HG0), R1(s+1) (HG1), R2(s+1) (HG2), R3(s+1) (DZG1): every reader's copy
+//     of step s completed before it arrived at that round.
+//   W16F1, W16F2 [P][h/16][32][4]: the fp16 rows of W1, W2 in the row owner's B-fragment order, written by the
+//     column owners after their update (W1: in B1 after R5(s); W2: after arriving at R5(s)), read by bulk copy in
+//     F1/F2 of step s+1 after R1/R2(s+1), which the writers reached after writing; the previous readers (step s)
+//     copied before arriving at R2/R3(s), which the writers waited before writing. The prologue writes step 0's.
+//   W3A [2][h/16][32][8], W3B [2][h/8][32][4]: W3 in fp16 as the A operand of logits^T and the B operand of the head
+//     dgrad, by step parity: step s reads parity s % 2 (ld.global.cg, after R2(s)); the owners write parity
+//     (s + 1) % 2 in step s after R3(s) and before arriving at R5(s); the readers of that parity (step s - 1) read it
+//     before arriving at R5(s-1). Pad classes (C..15) are written as zeros with the real ones. The prologue writes
+//     parity 0 before the CTA's first arrival.
+// Masters and optimizer state come from the engine's flat training state (params, s1 at the parameter layout's
+// offsets) at the start and go back at the end with the fp16 copy w16, as grid.cu and fused.cu write them.
+#include "common.cuh"
+#include "optim.cuh"
+#include "shuffle.cuh"
+#include "sm90.cuh"
+
+// ---- shape, optimizer: compile-time (-D from grid/plan.py); defaults compile 784-256x3-10, SGD --------------------
+#ifndef GRID_NL
+#define GRID_NL 4
+#define GRID_SIZES {784, 256, 256, 256, 10}
+#define GRID_OFFS {0, 200704, 200960, 266496, 266752, 332288, 332544, 335104}
+#define GRID_P 32
+#define GRID_B 32
+#define GRID_NT 256
+#define GRID_XIN 0
+#define GRID_PREC 1
+#define GRID_ACT 0
+#define GRID_OPT 0
+#define GRID_NS 0
+#define GRID_SMEM 232448
+#define GRID_SCRATCH (1 << 30)
+#define GRID_LOSS 0
+#define GRID_SHIFT 0
+#define GRID_MOMG 0
+#endif
+
+static_assert(GRID_NL == 4, "the fast path trains three hidden layers (grid.cu serves other depths)");
+constexpr int SZ[GRID_NL + 1] = GRID_SIZES;
+constexpr long long OFFS[2 * GRID_NL] = GRID_OFFS;
+// element offsets of W0, b0, W1, b1, W2, b2, W3, b3 in the flat parameter layout (scalars: usable in device code)
+constexpr long long OW0 = OFFS[0], OB0 = OFFS[1], OW1 = OFFS[2], OB1 = OFFS[3], OW2 = OFFS[4], OB2 = OFFS[5],
+                    OW3 = OFFS[6], OB3 = OFFS[7];
+constexpr int D = SZ[0], H = SZ[1], C = SZ[4];
+constexpr int P = GRID_P;  // CTAs
+constexpr int NB = 8;      // units of each hidden layer a CTA owns
+constexpr int KS = H / 16;  // k-steps of 16 over a hidden layer
+constexpr int KPW = KS / 8;  // of them per warp
+constexpr int NKS0 = D / 16;  // k-steps over the inputs
+constexpr int K0W = (NKS0 + 7) / 8;  // of them per warp at most
+constexpr int BR = 32;  // rows a step (a shorter batch is masked)
+constexpr int NT = 256, NW = 8;
+constexpr int OPT = GRID_OPT, NS = GRID_NS;
+constexpr bool MOM = NS >= 1;
+// momentum of W0, W1, W2 in this CTA's private region of the global scratch (L2) instead of shared memory and
+// registers: where the masters leave no room for it on chip (h >= 768 with 784 inputs)
+constexpr bool MOMG = GRID_MOMG != 0;
+static_assert(MOM || !MOMG, "momentum in global memory needs momentum");
+constexpr bool SHIFT = GRID_SHIFT != 0;
+static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && KS % 8 == 0 && KPW >= 1, "h/8 CTAs, h a multiple of 128");
+static_assert(D % 16 == 0 && D >= 16, "inputs in k-steps of 16 (16-byte row copies)");
+static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
+static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
+static_assert(BR * NB == NT, "the epilogues give each thread one (row, unit)");
+static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_XIN == 0 && GRID_ACT == 0 && GRID_LOSS == 0,
+              "the fast path: mixed precision, uint8 inputs, ReLU, cross-entropy");
+static_assert(OPT == OPTIM_SGD && NS <= 1, "the fast path's optimizers: SGD with or without momentum");
+
+__host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
+
+// ---- global scratch (bytes) ----------------------------------------------------------------------------------------
+struct Scratch { long long w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, mom, total; };
+__host__ __device__ constexpr Scratch make_scratch() {
+    Scratch s{};
+    long long o = 0;
+    s.w16f1 = o; o += up128(2LL * H * H);
+    s.w16f2 = o; o += up128(2LL * H * H);
+    s.w3a = o; o += up128(2LL * 2 * KS * 32 * 8);
+    s.w3b = o; o += up128(2LL * 2 * (H / 8) * 32 * 4);
+    s.hg0 = o; o += up128(2LL * H * BR);
+    s.hg1 = o; o += up128(2LL * H * BR);
+    s.hg2 = o; o += up128(2LL * H * BR);
+    s.dzg1 = o; o += up128(2LL * H * BR);
+    s.mom = o; o += MOMG ? (long long)P * (NKS0 + 2 * KS) * 512 : 0;  // per CTA: W0 [NKS0][32], W1, W2 [KS][32] float4
+    s.total = o;
+    return s;
+}
+constexpr Scratch SC = make_scratch();
+static_assert(SC.total <= (long long)GRID_SCRATCH, "grid/plan.py's global scratch is smaller than the kernel's");
+
+// ---- shared memory (bytes) -----------------------------------------------------------------------------------------
+constexpr int XB = BR * D;          // a staged batch
+constexpr int ACTB = H * BR * 2;    // the activation tile
+constexpr int WB = NB * H * 2;      // the CTA's fp16 rows of W1 or W2
+constexpr int REDF = 8 * 16 * 40;   // cross-warp sums (floats): the head's [warp][16][40]; the others' [warp][32][8]
+constexpr int NSF = 3 * NB + 16 + 16 * NB + 2 * BR * 16 + 2 * NW * NB;  // biases, W3 slice, logits, dlogits, row sums
+struct Smem { int x, act, wr, red, hp, sf, msf, lab, prof, w0, w2, m0, m2, bar, total; };
+__host__ __device__ constexpr Smem make_smem() {
+    Smem y{};
+    int o = 0;
+    y.x = o; o += 2 * XB;
+    y.act = o; o += ACTB;
+    y.wr = o; o += WB;
+    y.red = o; o += REDF * 4;
+    y.hp = o; o += 4 * BR * NB * 2;
+    y.sf = o; o += NSF * 4;
+    y.msf = o; o += MOM ? (3 * NB + 16 + 16 * NB) * 4 : 0;
+    y.lab = o; o += 2 * BR * 4;
+    y.prof = o; o += 16 * 8;
+    y.w0 = o; o += NKS0 * 512;
+    y.w2 = o; o += KS * 512;
+    y.m0 = o; o += MOM && !MOMG ? NKS0 * 512 : 0;
+    y.m2 = o; o += MOM && !MOMG ? KS * 512 : 0;
+    y.bar = o; o += 3 * 8;
+    y.total = o;
+    return y;
+}
+constexpr Smem SL = make_smem();
+static_assert(SL.act % 128 == 0 && SL.wr % 128 == 0 && SL.red % 16 == 0 && SL.w0 % 16 == 0 && SL.bar % 8 == 0,
+              "alignment of the bulk-copy targets and 16-byte accesses");
+static_assert(SL.total <= GRID_SMEM, "grid/plan.py's shared-memory size is smaller than the kernel's layout");
+
+// ---- PTX helpers of this kernel -------------------------------------------------------------------------------------
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x2_t(u32 a, u32& d0, u32& d1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(d0), "=r"(d1) : "r"(a) : "memory");
+}
+__device__ __forceinline__ u32 movtrans(u32 a) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ uint4 ldcg16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldcg8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+// the ReLU mask by the fp16 activation (strictly positive: sign clear, not zero) applied to two fp32 values
+__device__ __forceinline__ u32 mask_pack(float d0, float d1, u32 h) {
+    const bool m0 = (short)(h & 0xffffu) > 0, m1 = (short)(h >> 16) > 0;
+    return pack_h2(m0 ? d0 : 0.f, m1 ? d1 : 0.f);
+}
+__device__ __forceinline__ bool h_pos(half_t h) { return (short)h > 0; }
+
+// ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
+__device__ __noinline__ void fast_stuck(int what, u32 v, u32 target, int s) {
+    printf("grid_fast.cu watchdog: %s at step %d, block %d, thread %d: %u of %u\n",
+           what == 0 ? "round counter" : "mbarrier parity", s, (int)blockIdx.x, (int)threadIdx.x, v, target);
+    __trap();
+}
+__device__ __forceinline__ void watchdog(u32& polls, u64& t0, int what, u32 v, u32 target, int s) {
+    if (wait_expired(polls, t0)) fast_stuck(what, v, target, s);
+}
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity, int s) {
+    u32 polls = 0;
+    u64 t0 = 0;
+    while (!mbar_try(a, parity)) watchdog(polls, t0, 1, a, parity, s);
+}
+// one CTA's arrival: every thread's global writes, then one thread's gpu-scope release (grid.md rule 3)
+__device__ __forceinline__ void round_arrive(u32* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+// thread 0 only: until all P CTAs arrived; then the bulk copies it issues may read their data
+__device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s) {
+    u32 polls = 0, v;
+    u64 t0 = 0;
+    while (true) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+        if ((int)(v - target) >= 0) break;
+        watchdog(polls, t0, 0, v, target, s);
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// ---- the optimizer step of one element (optim.cuh's arithmetic) ----------------------------------------------------
+__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m) {
+    float v = 0.f;
+    optim_update<OPT>(p, o, NS, g, w, m, v);
+}
+
+// ---- building blocks (each a warp's share) --------------------------------------------------------------------------
+__device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * BR + row) * 8 + (unit & 7); }
+// A fragments (16 x 16, rows 8..15 zero) of Hp^T [unit][row] from a CTA-local [32][8] fp16 tile: ah[kb]
+__device__ __forceinline__ void load_hpT(u32 (&ah)[2][4], u32 hp, int lane) {
+    const int j4 = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+        ldsm_x2_t(hp + (u32)((16 * kb + (j4 & 1) * 8 + r) << 4), ah[kb][0], ah[kb][2]);
+        ah[kb][1] = 0u;
+        ah[kb][3] = 0u;
+    }
+}
+// weight gradient of k-step kl (16 rows n of W) x the CTA's 8 units, straight into the optimizer step of the master
+// fragments w[q] = W[n = 16kl + 2t + (q & 1) + 8 (q >> 1)][unit g]; B = dZ [row][n] from the activation tile
+__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[2][4], float (&w)[4], float (&m)[4],
+                                         const OptimParams& p, const OptimStep& o, int lane) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        u32 b[4];
+        ldsm_x4_t(act + (u32)(((2 * kl + h2) * 32 + lane) << 4), b);
+        float cc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma16816(cc, ah[0][0], ah[0][1], ah[0][2], ah[0][3], b[0], b[1]);
+        mma16816(cc, ah[1][0], ah[1][1], ah[1][2], ah[1][3], b[2], b[3]);
+        upd(p, o, cc[0], w[2 * h2], m[2 * h2]);
+        upd(p, o, cc[1], w[2 * h2 + 1], m[2 * h2 + 1]);
+    }
+}
+// the fp16 copy of the master fragments of k-step kk, transposed (movmatrix) into the forward's B-fragment order of
+// the row owners: W16F[p'][kk'][lane][4]
+__device__ __forceinline__ void store_w16(half_t* w16, int cta, int kk, const float (&w)[4], int lane) {
+    const int k0 = cta * NB, kk2 = k0 >> 4, slot = (k0 & 8) ? 2 : 0;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        const u32 v = movtrans(pack_h2(w[2 * h2], w[2 * h2 + 1]));
+        const int pp = (16 * kk + 8 * h2) / NB;
+        *reinterpret_cast<u32*>(w16 + (((long long)pp * KS + kk2) * 32 + lane) * 4 + slot) = v;
+    }
+}
+__device__ __forceinline__ void dgrad_ks(const u32 (&a)[2][4], const float (&w)[4], float (&acc)[2][4]) {
+    const u32 b0 = pack_h2(w[0], w[1]), b1 = pack_h2(w[2], w[3]);
+    mma16816(acc[0], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
+    mma16816(acc[1], a[1][0], a[1][1], a[1][2], a[1][3], b0, b1);
+}
+// A fragments of the [32][h] activation tile for (m-tile mt, k-step kl)
+__device__ __forceinline__ void load_act_a(u32 act, int kl, int mt, int lane, u32 (&a)[4]) {
+    const int j4 = lane >> 3, r = lane & 7;
+    ldsm_x4(act + (u32)((((2 * kl + (j4 >> 1)) * 32) + 16 * mt + (j4 & 1) * 8 + r) << 4), a);
+}
+__device__ __forceinline__ void store_red(float* red, int warp, int lane, const float (&acc)[2][4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        const int row = 16 * mt + g, col = 2 * t;
+        *reinterpret_cast<float2*>(red + (warp * 32 + row) * 8 + col) = make_float2(acc[mt][0], acc[mt][1]);
+        *reinterpret_cast<float2*>(red + (warp * 32 + row + 8) * 8 + col) = make_float2(acc[mt][2], acc[mt][3]);
+    }
+}
+__device__ __forceinline__ float sum_red(const float* red, int row, int col) {
+    float z = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) z += red[(w * 32 + row) * 8 + col];
+    return z;
+}
+// a master fragment and its momentum (zeros without momentum) from shared memory
+__device__ __forceinline__ void ld_frag(const float4* w, const float4* m, int i, float (&wv)[4], float (&mv)[4]) {
+    const float4 v = w[i];
+    wv[0] = v.x; wv[1] = v.y; wv[2] = v.z; wv[3] = v.w;
+    const float4 u = MOM ? m[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    mv[0] = u.x; mv[1] = u.y; mv[2] = u.z; mv[3] = u.w;
+}
+__device__ __forceinline__ void st_frag(float4* w, float4* m, int i, const float (&wv)[4], const float (&mv)[4]) {
+    w[i] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+    if constexpr (MOM) m[i] = make_float4(mv[0], mv[1], mv[2], mv[3]);
+}
+__device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+}
+
+// Benchmark-only phase timing (-DGRID_PROFILE, Tuning.grid_profile): thread 0 of CTA 0 sums clock64() cycles per
+// phase over the epoch (no added barrier: the marks fall where thread 0 passes).
+#define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2 + B2 dgrad, R5 window, R5 wait, B1
+#ifdef GRID_PROFILE
+#define MARK(i)                                      \
+    do {                                             \
+        if (prof_on) {                               \
+            const long long t_ = clock64();          \
+            profs[i] += t_ - profs[15];              \
+            profs[15] = t_;                          \
+        }                                            \
+    } while (0)
+#else
+#define MARK(i) do {} while (0)
+#endif
+
+// ---- the persistent kernel -------------------------------------------------------------------------------------------
+__device__ void grid_fast_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
+                                const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
+                                EpochState* st, int steps, int batch, float scale, float shift, OptimParams prm,
+                                u8* scr, u32* sync) {
+    extern __shared__ __align__(128) u8 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cta = blockIdx.x;
+    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
+    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
+    u8* Xs = sm + SL.x;
+    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
+    half_t* actp = reinterpret_cast<half_t*>(sm + SL.act);
+    const half_t* wrp = reinterpret_cast<const half_t*>(sm + SL.wr);
+    float* red = reinterpret_cast<float*>(sm + SL.red);
+    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
+    half_t* Hp1 = Hp0 + BR * NB;
+    half_t* Hp2 = Hp1 + BR * NB;
+    half_t* dZ0p = Hp2 + BR * NB;
+    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
+    float* b1s = b0s + NB;
+    float* b2s = b1s + NB;
+    float* b3s = b2s + NB;
+    float* w3s = b3s + 16;     // [16 classes][8 units]
+    float* lg = w3s + 16 * NB;  // [32][16]
+    float* dl = lg + BR * 16;   // [32][16]
+    float* rsum = dl + BR * 16;  // SHIFT: [warp][8] partial row sums of the fp16 W0 rows; then [8] bias gradients
+    float* gb0 = rsum + NW * NB;
+    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // momentum of b0, b1, b2, b3, W3 slice (same layout)
+    float* mb1 = mb0 + NB;
+    float* mb2 = mb1 + NB;
+    float* mb3 = mb2 + NB;
+    float* mw3 = mb3 + 16;
+    int* lab = reinterpret_cast<int*>(sm + SL.lab);
+#ifdef GRID_PROFILE
+    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
+#endif
+    float4* w0sm = reinterpret_cast<float4*>(sm + SL.w0);  // W0 master rows U_p [NKS0][32] (fragment order)
+    float4* w2sm = reinterpret_cast<float4*>(sm + SL.w2);  // W2 master columns U_p [KS][32]
+    // the momentum of W0 and W2 in the same fragment order: shared memory, or (MOMG) the CTA's global region, which
+    // also holds W1's (otherwise in registers beside its master)
+    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * (NKS0 + 2 * KS) * 32
+                        : reinterpret_cast<float4*>(sm + SL.m0);
+    float4* m2sm = MOMG ? m0sm + NKS0 * 32 : reinterpret_cast<float4*>(sm + SL.m2);
+    float4* m1g = m2sm + KS * 32;  // MOMG only
+    const u32 bar0 = smem_u32(sm + SL.bar);
+    const u32 xfull0 = bar0, xfull1 = bar0 + 8u, full = bar0 + 16u;
+    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
+    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
+    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
+    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
+    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
+    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
+    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
+    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
+    u32* counter = sync;
+    const int u0 = cta * NB;  // this CTA's first unit
+    const float zs = scale * 16777216.f;  // 2^24 * scale: fp16-subnormal pixels back to x * scale
+
+    // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
+    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (tid == 0) {
+        mbar_init(xfull0, 1);
+        mbar_init(xfull1, 1);
+        mbar_init(full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
+    auto kofs = [&](int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); };
+    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
+        float v[4], mv[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const long long e = OW0 + (long long)(u0 + g) * D + kofs(kk, q);
+            v[q] = params[e];
+            mv[q] = MOM ? s1g[e] : 0.f;
+        }
+        st_frag(w0sm, m0sm, kk * 32 + lane, v, mv);
+    }
+    float w1m[KPW][4], m1m[KPW][4];  // the W1 master column block (and momentum) in registers
+#pragma unroll
+    for (int i = 0; i < KPW; ++i) {
+        const int kk = warp * KPW + i;
+        float v[4], mv[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // W1[n][u0 + g]
+            const long long e = OW1 + (long long)kofs(kk, q) * H + u0 + g;
+            w1m[i][q] = params[e];
+            m1m[i][q] = MOM ? s1g[e] : 0.f;  // MOMG: stored to m1g below
+            const long long e2 = OW2 + (long long)kofs(kk, q) * H + u0 + g;
+            v[q] = params[e2];
+            mv[q] = MOM ? s1g[e2] : 0.f;
+        }
+        st_frag(w2sm, m2sm, kk * 32 + lane, v, mv);
+        if constexpr (MOMG) m1g[kk * 32 + lane] = make_float4(m1m[i][0], m1m[i][1], m1m[i][2], m1m[i][3]);
+        store_w16(W16F1, cta, kk, w1m[i], lane);  // step 0's forward copies
+        store_w16(W16F2, cta, kk, v, lane);
+    }
+    if (tid < NB) {
+        b0s[tid] = params[OB0 + u0 + tid];
+        b1s[tid] = params[OB1 + u0 + tid];
+        b2s[tid] = params[OB2 + u0 + tid];
+        if constexpr (MOM) {
+            mb0[tid] = s1g[OB0 + u0 + tid];
+            mb1[tid] = s1g[OB1 + u0 + tid];
+            mb2[tid] = s1g[OB2 + u0 + tid];
+        }
+    }
+    if (tid < C) {
+        b3s[tid] = params[OB3 + tid];
+        if constexpr (MOM) mb3[tid] = s1g[OB3 + tid];
+    }
+    // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
+    auto put_w3 = [&](int par, int c, int u, float wv) {
+        const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
+        const int nn = u0 + u, o = nn & 15;
+        W3A[((long long)(par * KS + (nn >> 4)) * 32 + (c & 7) * 4 + ((o & 7) >> 1)) * 8 + ((o >= 8) ? 4 : 0) +
+            ((c >= 8) ? 2 : 0) + (o & 1)] = hv;
+        W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
+            (c & 1)] = hv;
+    };
+    if (tid < 16 * NB) {
+        const int c = tid / NB, u = tid % NB;
+        const float wv = c < C ? params[OW3 + (long long)c * H + u0 + u] : 0.f;
+        w3s[tid] = wv;
+        if constexpr (MOM) mw3[tid] = c < C ? s1g[OW3 + (long long)c * H + u0 + u] : 0.f;
+        put_w3(0, c, u, wv);
+        put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+    }
+
+    // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
+    // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
+    u32 keys[FEISTEL_ROUNDS];
+    round_keys(seed_lo, seed_hi, st->epoch, keys);
+    auto issue_x = [&](int s) {
+        const int m = min(batch, (int)n - s * batch);
+        const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
+        const int sg = s & 1;
+        lab[sg * BR + lane] = lane < m ? y[idx] : -1;
+        __syncwarp();
+        if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
+        __syncwarp();
+        fence_proxy_async();
+        bulk_g2s(smem_u32(Xs + sg * XB + lane * D), x + (u64)idx * D, (u32)D, sg ? xfull1 : xfull0);
+    };
+    __syncthreads();
+    if (warp == 1 && steps > 0) issue_x(0);
+
+    // the activation tile (+ the CTA's forward weight rows): every thread counts its uses; thread 0 issues
+    u32 r_use = 0;
+    auto issue_act = [&](const half_t* src, const half_t* wsrc) {  // thread 0
+        fence_proxy_async();
+        mbar_arm_tx(full, (u32)ACTB + (wsrc ? (u32)WB : 0u));
+        bulk_g2s(act0, src, (u32)ACTB, full);
+        if (wsrc) bulk_g2s(wr0, wsrc, (u32)WB, full);
+    };
+    auto wait_act = [&](int s) {
+        mbar_wait(full, r_use & 1u, s);
+        ++r_use;
+    };
+    u32 arrived = 0;  // rounds this CTA arrived at in this launch
+    auto arrive = [&]() {
+        round_arrive(counter);
+        ++arrived;
+    };
+
+#ifdef GRID_PROFILE
+    const bool prof_on = cta == 0 && tid == 0;
+    if (prof_on) profs[15] = clock64();
+#endif
+    const u32 epoch_in_fit = st->epoch_in_fit;
+    const u64 step0 = st->step0;
+    const float* lr_table = st->lr;
+    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
+    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate and constants
+
+    // B0 of step s-1 (weight gradient of W0, optimizer step in the master fragments) fused with F0 of step s
+    auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][4], const OptimStep& ob) {
+        const u8* xc = Xs + (s & 1) * XB;        // X(s)
+        const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
+        u32 ahz[2][4];
+        if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
+        const float gsh = SHIFT ? shift * gb0[g] : 0.f;  // shift * the bias gradient of unit g
+        float rs = 0.f;
+        float4 mnext = make_float4(0.f, 0.f, 0.f, 0.f);  // MOMG: the next fragment's momentum, loaded a pass ahead
+        if (MOMG && do_b0) mnext = m0sm[warp * 32 + lane];
+#pragma unroll 2
+        for (int i = 0; i < K0W; ++i) {
+            const int kk = warp + 8 * i;
+            if (kk < NKS0) {
+                float w[4], mo[4];
+                if constexpr (MOMG) {
+                    const float4 v = w0sm[kk * 32 + lane];
+                    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+                    mo[0] = mnext.x; mo[1] = mnext.y; mo[2] = mnext.z; mo[3] = mnext.w;
+                    if (do_b0 && kk + 8 < NKS0) mnext = m0sm[(kk + 8) * 32 + lane];
+                } else {
+                    ld_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                }
+                if (do_b0) {
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        const int pix = 16 * kk + 8 * h2 + g;
+                        u32 bx[2][2];
+#pragma unroll
+                        for (int kb = 0; kb < 2; ++kb) {
+                            const int r = 16 * kb + 2 * t;
+                            bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
+                            bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
+                        }
+                        float cc[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma16816(cc, ahz[0][0], ahz[0][1], ahz[0][2], ahz[0][3], bx[0][0], bx[0][1]);
+                        mma16816(cc, ahz[1][0], ahz[1][1], ahz[1][2], ahz[1][3], bx[1][0], bx[1][1]);
+                        upd(prm, ob, SHIFT ? __fmaf_rn(cc[0], zs, gsh) : cc[0] * zs, w[2 * h2], mo[2 * h2]);
+                        upd(prm, ob, SHIFT ? __fmaf_rn(cc[1], zs, gsh) : cc[1] * zs, w[2 * h2 + 1], mo[2 * h2 + 1]);
+                    }
+                    st_frag(w0sm, m0sm, kk * 32 + lane, w, mo);
+                }
+                if (do_f0) {
+                    const u32 bw0 = pack_h2(w[0], w[1]), bw1 = pack_h2(w[2], w[3]);
+                    if constexpr (SHIFT) rs += (rnd16(w[0]) + rnd16(w[1])) + (rnd16(w[2]) + rnd16(w[3]));
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        const int r0 = 16 * mt + g, c0 = 16 * kk + 2 * t;
+                        const u32 a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
+                        const u32 a1 =
+                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
+                        const u32 a2 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
+                        const u32 a3 =
+                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u, 0x4140u);
+                        mma16816(acc[mt], a0, a1, a2, a3, bw0, bw1);
+                    }
+                }
+            }
+        }
+        if constexpr (SHIFT) {
+            if (do_f0) {  // the warp's partial row sums of the fp16 W0 rows (unit g), fixed order
+                rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+                rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+                if (t == 0) rsum[warp * NB + g] = rs;
+            }
+        }
+    };
+    // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order; the gradient kept for W0's shift term
+    auto bias0 = [&](const OptimStep& ob) {
+        if (tid < NB) {
+            float sd = 0.f;
+            for (int b = 0; b < BR; ++b) sd += to_f(dZ0p[cg_idx(b, tid)]);
+            if constexpr (SHIFT) gb0[tid] = sd;
+            float mz = MOM ? mb0[tid] : 0.f;
+            upd(prm, ob, sd, b0s[tid], mz);
+            if constexpr (MOM) mb0[tid] = mz;
+        }
+    };
+    // the bias step of this CTA's units of a hidden layer from its dZ in an activation-layout tile
+    auto bias_step = [&](const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
+        if (tid < NB) {
+            float sd = 0.f;
+            for (int b = 0; b < BR; ++b) sd += to_f(dz[cg_idx(b, col0 + tid)]);
+            float mz = MOM ? ms[tid] : 0.f;
+            upd(prm, o, sd, bs[tid], mz);
+            if constexpr (MOM) ms[tid] = mz;
+        }
+    };
+    // forward epilogue: cross-warp sum, bias (+ shift * row sum for layer 0), ReLU, fp16 to the own tile and exchange
+    auto fwd_out = [&](float (&acc)[2][4], float sc, const float* bs, half_t* hp, half_t* hg, bool layer0) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        {
+            const int row = tid / NB, col = tid % NB;  // 256 threads: one output each
+            float z = sum_red(red, row, col) * sc + bs[col];
+            if constexpr (SHIFT) {
+                if (layer0) {
+                    float r = 0.f;
+#pragma unroll
+                    for (int w = 0; w < NW; ++w) r += rsum[w * NB + col];
+                    z = __fmaf_rn(shift, r, z);
+                }
+            }
+            const half_t hv = from_f<half_t>(z > 0.f ? z : 0.f);
+            hp[cg_idx(row, col)] = hv;
+            hg[cg_idx(row, u0 + col)] = hv;
+        }
+    };
+    // dgrad epilogue: cross-warp sum, ReLU mask of the owned activations, fp16
+    auto bwd_out = [&](float (&acc)[2][4], const half_t* hp, half_t* out, int col0) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        {
+            const int row = tid / NB, col = tid % NB;
+            const float dh = sum_red(red, row, col);
+            out[cg_idx(row, col0 + col)] = from_f<half_t>(h_pos(hp[cg_idx(row, col)]) ? dh : 0.f);
+        }
+    };
+    // F1 / F2: wait for the round, one bulk copy of the activation and the CTA's fp16 rows of W, the products
+    auto fwd_layer = [&](int s, const half_t* src, const half_t* w16f, float (&acc)[2][4], int mk) {
+        if (tid == 0) {
+            round_wait(counter, (u32)P * arrived, s);
+            issue_act(src, w16f + (long long)cta * KS * 128);
+        }
+        wait_act(s);
+        MARK(mk);
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            const uint2 bf = *reinterpret_cast<const uint2*>(wrp + (kl * 32 + lane) * 4);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                u32 a[4];
+                load_act_a(act0, kl, mt, lane, a);
+                mma16816(acc[mt], a[0], a[1], a[2], a[3], bf.x, bf.y);
+            }
+        }
+    };
+
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s) {
+        const int xs = s & 1, par = s & 1;
+        const int m = min(batch, (int)n - s * batch);
+        const u64 k = (u64)epoch_in_fit * steps + s;
+        const OptimStep oc = optim_step<OPT>(prm, lr_table[k], step0 + k + 1);
+        mbar_wait(xs ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);
+        MARK(0);
+        // ================= B0(s-1) + F0(s)
+        {
+            if (s > 0) bias0(o_prev);
+            if constexpr (SHIFT) __syncthreads();  // gb0 before the pass (b0: before fwd_out's barrier)
+            float acc[2][4];
+            zero_acc(acc);
+            b0f0(s, s > 0, true, acc, o_prev);
+            fwd_out(acc, zs, b0s, Hp0, HG0, true);
+        }
+        MARK(1);
+        arrive();  // R1
+        if (warp == 1 && s + 1 < steps) issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
+        // ================= F1
+        {
+            float acc[2][4];
+            zero_acc(acc);
+            fwd_layer(s, HG0, W16F1, acc, 2);
+            fwd_out(acc, 1.f, b1s, Hp1, HG1, false);
+        }
+        MARK(3);
+        arrive();  // R2
+        // ================= F2
+        {
+            float acc[2][4];
+            zero_acc(acc);
+            fwd_layer(s, HG1, W16F2, acc, 4);
+            fwd_out(acc, 1.f, b2s, Hp2, HG2, false);
+        }
+        MARK(5);
+        arrive();  // R3
+        // ================= head: logits of the whole batch in every CTA
+        {
+            // W3A (parity s) was written before R5(s-1), which this CTA has passed
+            uint4 af[KPW];
+#pragma unroll
+            for (int i = 0; i < KPW; ++i)
+                af[i] = ldcg16(W3A + ((long long)(par * KS + warp * KPW + i) * 32 + lane) * 8);
+            if (tid == 0) {
+                round_wait(counter, (u32)P * arrived, s);
+                issue_act(HG2, nullptr);
+            }
+            float accL[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
+            const int j4 = lane >> 3, r = lane & 7;
+            wait_act(s);
+            MARK(6);
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+#pragma unroll
+                for (int ntp = 0; ntp < 4; ntp += 2) {
+                    u32 b[4];
+                    ldsm_x4(act0 + (u32)((((2 * kl + (j4 & 1)) * 32) + 8 * (ntp + (j4 >> 1)) + r) << 4), b);
+                    mma16816(accL[ntp], af[i].x, af[i].y, af[i].z, af[i].w, b[0], b[1]);
+                    mma16816(accL[ntp + 1], af[i].x, af[i].y, af[i].z, af[i].w, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                *reinterpret_cast<float2*>(red + (warp * 16 + g) * 40 + 8 * nt + 2 * t) =
+                    make_float2(accL[nt][0], accL[nt][1]);
+                *reinterpret_cast<float2*>(red + (warp * 16 + g + 8) * 40 + 8 * nt + 2 * t) =
+                    make_float2(accL[nt][2], accL[nt][3]);
+            }
+            __syncthreads();
+            for (int e = tid; e < BR * C; e += NT) {
+                const int b = e / C, c = e % C;
+                float z = b3s[c];
+#pragma unroll
+                for (int w = 0; w < NW; ++w) z += red[(w * 16 + c) * 40 + b];
+                lg[b * 16 + c] = z;
+            }
+            __syncthreads();
+            if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
+                const int b = lane, yl = lab[xs * BR + b];
+                float l[C], zmax = __int_as_float(0xff800000);
+                int am = 0x7fffffff;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    l[c] = lg[b * 16 + c];
+                    if (argmax_takes(l[c], zmax)) {
+                        zmax = l[c];
+                        am = c;
+                    }
+                }
+                float S = 0.f, ex[C], zy = 0.f;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    ex[c] = expf(l[c] - zmax);
+                    S += ex[c];
+                    zy += c == yl ? l[c] : 0.f;
+                }
+                const float inv = 1.f / S, inv_rows = 1.f / (float)m;
+                const bool valid = yl >= 0;
+#pragma unroll
+                for (int c = 0; c < C; ++c)
+                    dl[b * 16 + c] = valid ? (ex[c] * inv - (c == yl ? 1.f : 0.f)) * inv_rows : 0.f;
+                if (cta == 0 && valid) {
+                    loss_acc += (double)(logf(S) - (zy - zmax));
+                    ok_acc += am == yl ? 1.0 : 0.0;
+                }
+            }
+            __syncthreads();
+        }
+        MARK(7);
+        // ================= dZ2 (all units, in place in the activation tile) and B2's dgrad
+        {
+            u32 adl[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const int r0 = 16 * mt + g;
+                adl[mt][0] = pack_h2(dl[r0 * 16 + 2 * t], dl[r0 * 16 + 2 * t + 1]);
+                adl[mt][1] = pack_h2(dl[(r0 + 8) * 16 + 2 * t], dl[(r0 + 8) * 16 + 2 * t + 1]);
+                adl[mt][2] = pack_h2(dl[r0 * 16 + 2 * t + 8], dl[r0 * 16 + 2 * t + 9]);
+                adl[mt][3] = pack_h2(dl[(r0 + 8) * 16 + 2 * t + 8], dl[(r0 + 8) * 16 + 2 * t + 9]);
+            }
+            // owners' side of the head: b3 (replicated, the same order everywhere), W3[:, U_p] (fp32 slice) and its
+            // fp16 copies for step s+1
+            if (tid < C) {
+                float sd = 0.f;
+                for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
+                float mz = MOM ? mb3[tid] : 0.f;
+                upd(prm, oc, sd, b3s[tid], mz);
+                if constexpr (MOM) mb3[tid] = mz;
+            }
+            if (tid < 16 * NB) {
+                const int c = tid / NB, u = tid % NB;
+                float wv = w3s[tid];
+                if (c < C) {
+                    float sw = 0.f;
+                    for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
+                    float mz = MOM ? mw3[tid] : 0.f;
+                    upd(prm, oc, sw, wv, mz);
+                    if constexpr (MOM) mw3[tid] = mz;
+                    w3s[tid] = wv;
+                }
+                put_w3(par ^ 1, c, u, wv);
+            }
+            const uint2* w3b = reinterpret_cast<const uint2*>(W3B) + (long long)par * (H / 8) * 32 + lane;
+            float accD[2][4];
+            zero_acc(accD);
+#pragma unroll 2
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                u32 adz[2][4];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int ntl = 2 * kl + h2;
+                    const uint2 wb = ldcg8(w3b + ntl * 32);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        float d[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma16816(d, adl[mt][0], adl[mt][1], adl[mt][2], adl[mt][3], wb.x, wb.y);
+                        const int r0 = 16 * mt + g;
+                        u32* q0 = reinterpret_cast<u32*>(actp + (ntl * 32 + r0) * 8 + 2 * t);
+                        u32* q1 = reinterpret_cast<u32*>(actp + (ntl * 32 + r0 + 8) * 8 + 2 * t);
+                        const u32 z0 = mask_pack(d[0], d[1], *q0), z1 = mask_pack(d[2], d[3], *q1);
+                        *q0 = z0;
+                        *q1 = z1;
+                        adz[mt][2 * h2] = z0;
+                        adz[mt][2 * h2 + 1] = z1;
+                    }
+                }
+                const float4 v = w2sm[kl * 32 + lane];  // the master before its update
+                const float wk[4] = {v.x, v.y, v.z, v.w};
+                dgrad_ks(adz, wk, accD);
+            }
+            fence_proxy_async();  // in-place generic writes before a later bulk copy into this tile
+            bwd_out(accD, Hp1, DZG1, u0);
+        }
+        MARK(8);
+        arrive();  // R5
+        {  // B2's weight gradient and bias, off the critical path (waiting for R5 anyway)
+            u32 ah1[2][4];
+            load_hpT(ah1, smem_u32(Hp1), lane);
+#pragma unroll 1
+            for (int i = 0; i < KPW; ++i) {  // rolled: off the critical path, code size (grid.md rule 5)
+                const int kl = warp * KPW + i;
+                float w[4], mo[4];
+                ld_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
+                wgrad_ks(act0, kl, ah1, w, mo, prm, oc, lane);
+                store_w16(W16F2, cta, kl, w, lane);
+                st_frag(w2sm, m2sm, kl * 32 + lane, w, mo);
+            }
+            bias_step(actp, u0, b2s, mb2, oc);
+            __syncthreads();  // the tile is free for dZ1
+        }
+        MARK(9);
+        // ================= B1: dgrad to dZ0 (local), W1's weight gradient
+        {
+            if (tid == 0) {
+                round_wait(counter, (u32)P * arrived, s);
+                issue_act(DZG1, nullptr);
+            }
+            u32 ah0[2][4];
+            load_hpT(ah0, smem_u32(Hp0), lane);
+            float accD[2][4];
+            zero_acc(accD);
+            wait_act(s);
+            MARK(10);
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                u32 az[2][4];
+                load_act_a(act0, kl, 0, lane, az[0]);
+                load_act_a(act0, kl, 1, lane, az[1]);
+                dgrad_ks(az, w1m[i], accD);
+            }
+            bwd_out(accD, Hp0, dZ0p, 0);
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                if constexpr (MOMG) {
+                    const float4 u = m1g[kl * 32 + lane];
+                    float mo[4] = {u.x, u.y, u.z, u.w};
+                    wgrad_ks(act0, kl, ah0, w1m[i], mo, prm, oc, lane);
+                    m1g[kl * 32 + lane] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+                } else {
+                    wgrad_ks(act0, kl, ah0, w1m[i], m1m[i], prm, oc, lane);
+                }
+                store_w16(W16F1, cta, kl, w1m[i], lane);
+            }
+            bias_step(actp, u0, b1s, mb1, oc);
+            __syncthreads();
+        }
+        MARK(11);
+        o_prev = oc;
+    }
+
+    // ---- the last step's W0 and b0 update, then everything this CTA owns back to the flat training state
+    if (steps > 0) {
+        bias0(o_prev);
+        __syncthreads();
+        float acc[2][4];
+        zero_acc(acc);
+        b0f0(steps, true, false, acc, o_prev);
+    }
+    __syncthreads();
+    auto put = [&](long long e, float v, float mv) {
+        params[e] = v;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(v);
+        if constexpr (MOM) s1g[e] = mv;
+    };
+    for (int kk = warp; kk < NKS0; kk += NW) {
+        float vv[4], mm[4];
+        ld_frag(w0sm, m0sm, kk * 32 + lane, vv, mm);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) put(OW0 + (long long)(u0 + g) * D + kofs(kk, q), vv[q], mm[q]);
+    }
+#pragma unroll
+    for (int i = 0; i < KPW; ++i) {
+        const int kk = warp * KPW + i;
+        float vv[4], mm[4];
+        ld_frag(w2sm, m2sm, kk * 32 + lane, vv, mm);
+        const float4 u = MOMG ? m1g[kk * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float m1v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            put(OW1 + (long long)kofs(kk, q) * H + u0 + g, w1m[i][q], MOMG ? m1v[q] : m1m[i][q]);
+            put(OW2 + (long long)kofs(kk, q) * H + u0 + g, vv[q], mm[q]);
+        }
+    }
+    if (tid < NB) {
+        put(OB0 + u0 + tid, b0s[tid], MOM ? mb0[tid] : 0.f);
+        put(OB1 + u0 + tid, b1s[tid], MOM ? mb1[tid] : 0.f);
+        put(OB2 + u0 + tid, b2s[tid], MOM ? mb2[tid] : 0.f);
+    }
+    if (tid < C * NB) put(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], MOM ? mw3[tid] : 0.f);
+    if (cta == 0 && tid < C) put(OB3 + tid, b3s[tid], MOM ? mb3[tid] : 0.f);
+    if (cta == 0 && warp == 0) {  // the epoch's loss sum and correct count (CTA 0 computed every row's)
+        double l = loss_acc, c = ok_acc;
+        for (int o = 16; o > 0; o >>= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+            c += __shfl_xor_sync(0xffffffffu, c, o);
+        }
+        if (lane == 0) {
+            st->hist[2 * epoch_in_fit] += l;
+            st->hist[2 * epoch_in_fit + 1] += c;
+        }
+    }
+#ifdef GRID_PROFILE
+    if (prof_on) {
+        long long* out = reinterpret_cast<long long*>(sync + 32);  // bytes 128..
+        for (int q = 0; q < NPHASE; ++q) out[q] = profs[q];
+        out[NPHASE] = steps;
+        out[NPHASE + 1] = arrived;
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+grid_fast_kernel(float* params, float* s1, float* s2, half_t* w16, const u8* x, const int* y, u32 n, u32 seed_lo,
+                 u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
+                 OptimParams opt, u8* scratch, u32* sync) {
+#if __CUDA_ARCH__ >= 900
+    (void)s2;
+    grid_fast_epoch(params, s1, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, shift, opt, scratch,
+                    sync);
+#else
+    __trap();  // grid/plan.py refuses GPUs older than sm_90
+#endif
+}

@@ -1,0 +1,105 @@
+"""Which native files each GPU engine compiles, on the CPU: the CUDA driver, cuBLASLt and cuDNN faked, kernels.module
+recording the files asked for and the kernels launched. Issue 26: update.cu costs about a second of NVRTC on a cold
+cache and only the graph step uses it; the fused and grid engines build, evaluate and end their epochs with the
+small epoch.cu."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastnn import MLP, SGD
+from fastnn._model import init_parameters
+from fastnn.engine.base import EngineConfig
+
+pytestmark = pytest.mark.bindings  # imports the graph engine (cuda-bindings); no GPU needed
+graph = pytest.importorskip("fastnn.engine.graph.engine", reason="needs the CUDA wheels")
+from fastnn.engine.fused import FusedEngine  # noqa: E402
+from fastnn.engine.graph import kernels  # noqa: E402
+from fastnn.engine.grid import GridEngine  # noqa: E402
+
+
+class _Device:
+    ordinal, name, arch, compute_capability = 0, "fake H100", "sm_90", (9, 0)
+    sm_count, max_shared_memory_optin = 132, 227 * 1024
+
+    def make_current(self) -> None:
+        pass
+
+
+class _Closable:
+    """A stream, buffer or library handle: a pointer, and every method a no-op."""
+
+    ptr = handle = 1 << 20
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class _Module:
+    def __init__(self, filename: str, launched: list) -> None:
+        self.filename, self.launched = filename, launched
+
+    def function(self, kernel: str):
+        return _Function(self.filename, kernel, self.launched)
+
+
+class _Function:
+    def __init__(self, filename: str, kernel: str, launched: list) -> None:
+        self.filename, self.kernel, self.launched = filename, kernel, launched
+
+    def launch(self, *args, **kwargs) -> None:
+        self.launched.append((self.filename, self.kernel))
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """(files kernels.module was asked for, (file, kernel) launched), with no GPU behind either."""
+    from fastnn.cuda import cublaslt, cudnn, driver
+
+    files: list[str] = []
+    launched: list[tuple[str, str]] = []
+    monkeypatch.setattr(driver, "get_device", lambda ordinal=0: _Device())
+    for name in ("Stream", "DeviceBuffer", "PinnedBuffer"):
+        monkeypatch.setattr(driver, name, _Closable)
+    monkeypatch.setattr(driver, "memset_d32", lambda *args: None)
+    monkeypatch.setattr(cublaslt, "Handle", _Closable)
+    monkeypatch.setattr(cublaslt, "Workspace", _Closable)
+    monkeypatch.setattr(cudnn, "Handle", _Closable)
+
+    def module(device, filename: str, options: tuple[str, ...] = ()) -> _Module:
+        files.append(filename)
+        return _Module(filename, launched)
+
+    monkeypatch.setattr(kernels, "module", module)
+    return files, launched
+
+
+def _build(cls):
+    model = MLP([784, 10] if cls is not GridEngine else [784, 128, 10])  # the grid engine spreads a hidden layer
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=128, precision="mixed")
+    return cls(cfg, init_parameters(model, 0))
+
+
+@pytest.mark.parametrize("cls", [FusedEngine, GridEngine], ids=["fused", "grid"])
+def test_the_persistent_engines_never_compile_update_cu(loads, cls):
+    files, launched = loads
+    eng = _build(cls)
+    assert files == ["epoch.cu"] and eng.update_mod is None
+    assert launched == [("epoch.cu", "cast_f32_f16")]  # "mixed": set_state writes the fp16 copy
+    kernels.record_epoch_end(eng)  # what their epoch graphs end with
+    assert launched[1:] == [("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]
+    eng.load_step_libraries()  # their first evaluation or prediction
+    assert sorted(files) == ["epoch.cu", "gather.cu", "loss.cu"]
+
+
+def test_the_graph_engine_compiles_update_cu_at_build(loads):
+    files, launched = loads
+    eng = _build(graph.GraphEngine)
+    assert sorted(files) == ["epoch.cu", "gather.cu", "loss.cu", "update.cu"]
+    kernels.record_update(eng, 0, 10)
+    kernels.record_epoch_end(eng)
+    assert launched == [("epoch.cu", "cast_f32_f16"), ("update.cu", eng.spec.update_kernel),
+                        ("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]  # fmt: skip
