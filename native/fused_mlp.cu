@@ -332,7 +332,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
         double loss_acc = 0.0;
         float ok_acc = 0.f;
 #ifdef FUSED_PROFILE
-        long long prof[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        long long prof[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         const bool prof_on = rank == 0 && warp == 0;
         long long prof_t = clock64();
 #endif
@@ -429,7 +429,9 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             // ---- hidden layers 1 .. NH-1: Z_l = H_{l-1} W_l^T from the gathered H_{l-1} (4 warps, a 16 x 8 tile each)
 #pragma unroll
             for (int l = 1; l < NH; ++l) {
+                FUSED_PROF(2);  // hidden forward: compute and the send (the first: layer 0's send)
                 if constexpr (S > 1) wait_warp<true>(xbar(l - 1), xpar, s, W_XCHG + l - 1);
+                FUSED_PROF(8);  // hidden forward: the all-gather's wait
                 if (warp < 4) {
                     const int mt = warp >> 1, nt = warp & 1;
                     float d[4];
@@ -594,6 +596,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 }
                 if (warp == NCW - 1 && lane < 16)  // the bias gradient of the own neurons: column sums of dZ_l
                     F(LY.bg[l])[lane] = col_sum32([&](int r) { return to_f(Hh(LY.dzr[l])[r * SLD + lane]); });
+                FUSED_PROF(6);  // hidden backward: dgrad, sends, bias (the first: the last layer's B)
                 bar_consumers();  // W_l's fp16 copy read by every dgrad above before the update below rewrites it
                 if (warp < S) {  // weight gradient of W_l, input columns of slot q = warp, and the SGD step at once
                     const int q = warp;
@@ -628,7 +631,9 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         }
                 }
                 // dZ_{l-1} = (the S partials summed in a fixed order) * act'(Z_{l-1})
+                FUSED_PROF(9);  // hidden backward: B, weight gradient and update
                 if constexpr (S > 1) wait_warp<true>(xbar(rr), xpar, s, W_XCHG + rr);
+                FUSED_PROF(10);  // hidden backward: the reduce-scatter's wait
                 {
                     const int r = tid >> 3, m = 2 * (tid & 7);
                     float2 v = make_float2(0.f, 0.f);
@@ -650,6 +655,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 }
                 bar_consumers();
                 if (S > 1 && tid == 0) mbar_arm_tx(xbar(rr), xbytes(rr));
+                FUSED_PROF(11);  // hidden backward: dZ of the layer below, B
             }
             FUSED_PROF(6);
 
@@ -724,10 +730,12 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
         }
 #ifdef FUSED_PROFILE
         if (prof_on && lane == 0 && steps > 0)
-            printf("fused_mlp phases (cycles/step, CTA 0 warp 0): rows-wait %lld layer0 %lld hidden %lld logits %lld "
-                   "softmax %lld last-bwd %lld hidden-bwd %lld layer0-bwd %lld\n",
-                   prof[0] / steps, prof[1] / steps, prof[2] / steps, prof[3] / steps, prof[4] / steps,
-                   prof[5] / steps, prof[6] / steps, prof[7] / steps);
+            printf("fused_mlp phases (cycles/step, CTA 0 warp 0): rows-wait %lld layer0 %lld hidden-fwd %lld "
+                   "all-gather-waits %lld logits %lld softmax %lld last-bwd %lld hidden-bwd: dgrad+send %lld "
+                   "wgrad+update %lld reduce-scatter-waits %lld dz %lld; layer0-bwd %lld\n",
+                   prof[0] / steps, prof[1] / steps, prof[2] / steps, prof[8] / steps, prof[3] / steps,
+                   prof[4] / steps, prof[5] / steps, prof[6] / steps, prof[9] / steps, prof[10] / steps,
+                   prof[11] / steps, prof[7] / steps);
 #endif
 
         // ---- write the state back: W_0 from the registers, the rest from shared memory; CTA 0 the last bias
