@@ -36,7 +36,7 @@ class GridRule:
 #: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu) ran 237.7 at 256 and 627.5 at 1024
 #: (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves the model: `prefer_grid`
 #: requires this range AND grid/plan.py's `fast_plan` (three equal hidden layers, a multiple of 128 wide, "mixed",
-#: batch <= 32, SGD, momentum or AdamW) for uint8 or float32 inputs (the engine is chosen before the data is seen;
+#: batch <= 32, SGD with or without momentum) for uint8 or float32 inputs (the engine is chosen before the data is seen;
 #: rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs, then train with the graph engine's step).
 #: At h = 128 the fused engine is faster still (8.7 us/step) and its rule is asked first, so the grid engine takes
 #: h = 128 only where the fused engine cannot; wider than 1024 the fast kernel does not serve (h/8 CTAs > the SMs)
