@@ -1,12 +1,12 @@
 """The grid engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
 
-Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
-the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models
-`fast_plan` accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs,
-"mixed", ReLU, cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum), and the generic `native/grid.cu`
+Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`, the
+fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models `fast_plan`
+accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs, "mixed", ReLU,
+cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum), and the generic `native/grid.cu`
 (version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each
-kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than
-the bytes computed here), and says why a model cannot be served, naming the limit.
+kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than the
+bytes computed here), and says why a model cannot be served, naming the limit.
 """
 
 from __future__ import annotations
