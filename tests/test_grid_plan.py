@@ -135,7 +135,7 @@ def _device(cc=(9, 0), sms=132, smem=gp.HOPPER_SMEM):
     [
         ({"data_placement": "host"}, (9, 0), "data_placement='host' needs engine='graph'"),
         ({"normalize": (np.zeros(20), np.ones(20))}, (9, 0), "not per-feature vectors"),
-        ({}, (8, 0), "it needs compute capability 9.0 or newer (sm_90); GPU is sm_80"),
+        ({}, (8, 0), "it needs cooperative launches and bulk copies (compute capability 9.0 or newer); GPU is sm_80"),
         ({}, (9, 0), None),
         ({"normalize": (0.5, 2.0)}, (9, 0), None),
     ],

@@ -63,6 +63,21 @@ class EpochStats:
     eval_accuracy: float | None = None
 
 
+def kernel_engine_limits(config: EngineConfig, device: Any, min_cc: int, needs: str) -> str | None:
+    """The limits the persistent-kernel engines (fused, grid) share, as a reason naming the limit, or None: the
+    training set in GPU memory, a scalar normalize (their kernels take two numbers), and a GPU of compute capability
+    `min_cc` or newer (`needs`: what for)."""
+    if config.data_placement == "host":
+        return "it reads the training set from GPU memory (data_placement='host' needs engine='graph')"
+    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+        return "it takes normalize=(mean, std) as two numbers, not per-feature vectors"
+    cc = device.compute_capability[0] * 10 + device.compute_capability[1]
+    if cc < min_cc:
+        version = f"{min_cc // 10}.{min_cc % 10}"
+        return f"it needs {needs} (compute capability {version} or newer); {device.name} is {device.arch}"
+    return None
+
+
 def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
     """Steps in one epoch over n samples: the last short batch counts unless drop_last."""
     return n // batch_size if drop_last else -(-n // batch_size)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..._errors import ConfigError
 from ...cuda import driver
-from ..base import EngineConfig
+from ..base import EngineConfig, kernel_engine_limits
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext
 from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
@@ -56,13 +56,9 @@ class FusedEngine(GraphEngine):
     @staticmethod
     def unsupported_reason(config: EngineConfig, device) -> str | None:
         """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
-        if config.data_placement == "host":
-            return "it reads the training set from GPU memory (data_placement='host' needs engine='graph')"
-        if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
-            return "it takes normalize=(mean, std) as two numbers, not per-feature vectors"
-        cc = device.compute_capability[0] * 10 + device.compute_capability[1]
-        if cc < MIN_CC:
-            return f"it needs thread-block clusters (sm_90 or newer); {device.name} is {device.arch}"
+        reason = kernel_engine_limits(config, device, MIN_CC, "thread-block clusters")
+        if reason is not None:
+            return reason
         plan = fused_plan(config, _x_dtype_for_plan(config), device.max_shared_memory_optin)
         return plan if isinstance(plan, str) else None
 
