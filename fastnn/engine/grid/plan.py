@@ -211,10 +211,10 @@ def fast_plan(
         return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
     kernel = opt.kernel_params()
     n_state = len(opt.state_names)
-    if kernel.kind == KIND_ADAMW:  # the kernel has an AdamW path; it failed the GPU comparison (docs: grid engine)
+    if kernel.kind == KIND_ADAMW:  # the kernel has an AdamW path, not yet confirmed on a GPU (docs: grid engine)
         return (
-            "AdamW (its AdamW path ended 0.10-0.13 from the NumPy engine in layer 0's weights on an H100; grid.cu "
-            "trains AdamW until that is found)"
+            "AdamW (its AdamW path ended 0.10-0.13 from the NumPy engine on an H100 at lr 1e-3, as an emulation of "
+            "its fp16 roundings does; grid.cu trains AdamW until a GPU run confirms the cause)"
         )
     if kernel.kind != KIND_SGD:
         return f"optimizer kind {kernel.kind} (it takes SGD)"
