@@ -37,26 +37,25 @@ SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 def tuning_of(engine: str, phases: bool = False) -> Tuning:
     """The Tuning an --engines entry names: "-lean" holds the fused engine to its lean layout, "-fma" computes the
-    products with scalar FMA; phases: the fused kernel prints its phase timing (-DFUSED_PROFILE), the grid kernel
-    keeps its own (-DGRID_PROFILE), which `grid_phases` reads back."""
+    products with scalar FMA, "-v1" holds the grid engine to grid.cu; phases: the fused kernel prints its phase
+    timing (-DFUSED_PROFILE), the grid kernel keeps its own (-DGRID_PROFILE), which `grid_phases` reads back."""
     return Tuning(
         fused_layouts=("lean",) if "-lean" in engine else Tuning().fused_layouts,
         tensor_cores="-fma" not in engine,
         fused_profile=phases,
         grid_profile=phases,
+        grid_fast="-v1" not in engine,
     )
 
 
 def grid_phases(t: fastnn.Trainer) -> dict[str, float] | None:
     """The grid kernel's phase profile of the last epoch (Tuning(grid_profile=True)): CTA 0's cycles per step of
-    each phase, or None for another engine."""
-    ctx = getattr(getattr(t, "_engine", None), "_train", None)
-    if t.engine != "grid" or ctx is None or not hasattr(ctx, "phase_cycles"):
+    each phase of the kernel that ran (grid.cu or grid_fast.cu), or None for another engine or the graph step."""
+    ctx = t._engine.train_context if t.engine == "grid" else None
+    if ctx is None or not hasattr(ctx, "phase_cycles"):
         return None
-    from fastnn.engine.grid import engine as grid_engine
-
+    names = ctx.phase_names()
     cycles = ctx.phase_cycles()
-    names = getattr(grid_engine, "PHASES", None) or [f"phase {i}" for i in range(len(cycles) - 2)]
     steps = max(int(cycles[len(names)]), 1)
     return {name: float(cycles[i]) / steps for i, name in enumerate(names)}
 

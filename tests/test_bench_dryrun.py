@@ -847,3 +847,18 @@ def test_record_benchmark_times_a_steps_calls_on_the_cpu():
     rows = dict(re.findall(r"\| (\w+) \| ([0-9.]+) \|", res.stdout))
     assert set(rows) == {"matmul", "softmax", "loss", "update", "step"} and all(float(v) > 0 for v in rows.values())
     assert "an epoch of 1,875 steps" in res.stdout
+
+
+def test_bench_fused_reads_the_grid_kernels_phase_profile_per_step():
+    """bench_fused.py --phases: the grid context's cycle sums divided by the steps the kernel counted, named by the
+    kernel that ran; None for another engine."""
+    import types
+
+    import bench_fused
+
+    ctx = types.SimpleNamespace(phase_names=lambda: ("R1", "F1"), phase_cycles=lambda: np.array([300, 600, 3, 12]))
+    grid = types.SimpleNamespace(engine="grid", _engine=types.SimpleNamespace(train_context=ctx))
+    assert bench_fused.grid_phases(grid) == {"R1": 100.0, "F1": 200.0}
+    assert bench_fused.grid_phases(types.SimpleNamespace(engine="fused", _engine=None)) is None
+    assert bench_fused.tuning_of("grid-v1", phases=True).grid_fast is False
+    assert bench_fused.tuning_of("grid").grid_fast is True

@@ -3,7 +3,7 @@ operand roundings (fp16 weights, activations and dZ as tensor-core operands; exa
 the head's gradients), against the plain fp32 NumPy engine, on the GPU tests' synthetic data. An experiment, not
 product code: it patches numpy_engine's forward and backward.
 
-    python benchmarks/kernels/grid_fast_fp16_emulation.py 256 adamw 32 653
+    python benchmarks/fp16_emulation.py 256 adamw 32 653
 
 Measured on the CPU (2026-11-25), relative error of 0.weight after 2 epochs: h=256 AdamW(1e-3, wd 0.01) batch 32
 n 653: 0.137 (grid_fast.cu on an H100: 0.134); h=512 AdamW(1e-3) batch 16 n 197: 0.114 (H100: 0.103); h=256 SGD
