@@ -179,7 +179,8 @@ class Trainer:
 
     @property
     def engine(self) -> str:
-        """ "numpy", "graph", "fused" or "grid": the engine that trains (what device and engine "auto" resolved to)."""
+        """ "numpy", "graph", "fused" or "grid": the engine that trains (what device and engine "auto" resolved to).
+        A grid engine "auto" chose trains data its fast kernel cannot serve with the graph engine's step."""
         return self._engine.name
 
     @property

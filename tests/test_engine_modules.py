@@ -117,3 +117,28 @@ def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_
     f32, u8 = np.dtype(np.float32), np.dtype(np.uint8)
     assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
     assert not forced.runs_graph_step(f32) and not forced.runs_graph_step(u8)
+
+
+def test_auto_grid_falls_back_to_the_graph_step_where_the_fast_kernel_cannot_hold_the_set(loads, monkeypatch):
+    """A grid engine engine="auto" chose makes the graph step's context (with its libraries and update.cu) where the
+    grid context refuses the set (too large for GPU memory beside the kernel's scratch); engine="grid" raises."""
+    from fastnn._errors import DataError
+    from fastnn.engine.graph import engine as graph_engine
+    from fastnn.engine.grid import engine as grid_engine
+
+    files, _ = loads
+    monkeypatch.setattr(grid_engine, "module", kernels.module)
+
+    def refuse(*args):
+        raise DataError("the grid kernel's global scratch does not fit")
+
+    monkeypatch.setattr(grid_engine, "GridTrainContext", refuse)
+    monkeypatch.setattr(graph_engine, "TrainContext", lambda eng, x, y, key: ("graph step", eng))
+    model = MLP([784, 256, 256, 256, 10])
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
+    x, y = np.zeros((64, 784), np.uint8), np.zeros(64, np.int32)
+    auto = GridEngine(cfg, init_parameters(model, 0), graph_fallback=True)
+    assert auto.make_train_context(x, y, None) == ("graph step", auto)
+    assert "update.cu" in files and auto.update_mod is not None and auto.lt is not None
+    with pytest.raises(DataError, match="scratch"):
+        GridEngine(cfg, init_parameters(model, 0)).make_train_context(x, y, None)

@@ -83,8 +83,8 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
-    #: Grid engine: compile native/grid.cu with -DGRID_PROFILE: CTA 0 sums clock64 cycles per phase into a small
-    #: device array (GridTrainContext.phase_cycles reads it back). Benchmarks only: the marks add CTA barriers.
+    #: Grid engine: compile its kernel (grid.cu or grid_fast.cu) with -DGRID_PROFILE: CTA 0 sums clock64 cycles per
+    #: phase into a small device array (GridTrainContext.phase_cycles reads it back). Benchmarks only.
     grid_profile: bool = False
     #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
     #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).

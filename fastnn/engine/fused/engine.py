@@ -1,13 +1,13 @@
 """The fused engine: a small network's whole epoch in one persistent kernel, the weights kept on chip.
 
 It is the graph engine (`graph/`) with another training context (`make_train_context`): the parameters and optimizer
-state stay in the graph engine's flat training state, and evaluation, prediction, snapshots, divergence
-handling, interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library
-nodes per step, its graph is one cluster launch of `native/fused_logreg.cu` (logistic regression where its plan
-serves it) or `native/fused.cu` (everything else), which loads the state on chip, trains every step of the epoch
-and writes the state back, followed by the graph engine's epoch-end nodes. Both take the same arguments. The
-kernel is compiled per model shape and loss (NVRTC, disk-cached: a regression, loss "mse", has its own head);
-`plan.py` decides which kernel and what fits.
+state stay in the graph engine's flat training state, and evaluation, prediction, snapshots, divergence handling,
+interruption and checkpoints are inherited unchanged. Only an epoch differs: instead of ~14 library nodes per step,
+its graph is one cluster launch of `native/fused_logreg.cu` (logistic regression where its plan serves it),
+`native/fused_mlp.cu` (narrow MLPs at small batches, likewise) or `native/fused.cu` (everything else), which loads
+the state on chip, trains every step of the epoch and writes the state back, followed by the graph engine's
+epoch-end nodes. All three take the same arguments. The kernel is compiled per model shape and loss (NVRTC,
+disk-cached: a regression, loss "mse", has its own head); `plan.py` decides which kernel and what fits.
 """
 
 from __future__ import annotations

@@ -350,7 +350,8 @@ def mlp_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = H
 
 def fused_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: int = HOPPER_SMEM) -> FusedPlan | str:
     """The plan for `config` with inputs of `x_dtype`, or a reason (naming the limit) it cannot be held: the
-    logistic-regression kernel where `logreg_plan` serves the model, else native/fused.cu."""
+    logistic-regression kernel where `logreg_plan` serves the model, the MLP kernel where `mlp_plan` does, else
+    native/fused.cu."""
     logreg = len(config.model.sizes) == 2
     special = (logreg_plan if logreg else mlp_plan)(config, x_dtype, smem_limit)
     if isinstance(special, FusedPlan):

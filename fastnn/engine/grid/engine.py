@@ -4,9 +4,11 @@ It is the graph engine (`graph/`) with another training context (`make_train_con
 parameters and optimizer state stay in the graph engine's flat training state (the kernel reads and writes them in
 place, in L2), so evaluation, prediction, snapshots, divergence handling, interruption and checkpoints are inherited
 unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of `native/grid.cu` and the
-graph engine's epoch-end nodes. The kernel (`native/grid_fast.cu`, the fast path, where `plan.fast_plan` serves the
-model, else the generic `native/grid.cu`; both take the same arguments) is compiled per model shape, batch,
-precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each serves.
+graph engine's epoch-end nodes (or, for a grid engine engine="auto" chose, the graph engine's step where the fast
+kernel cannot serve the data: `GridEngine.graph_fallback`). The kernel (`native/grid_fast.cu`, the fast path, where
+`plan.fast_plan` serves the model, else the generic `native/grid.cu`; both take the same arguments) is compiled per
+model shape, batch, precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each
+serves.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class GridEngine(GraphEngine):
         super().__init__(config, state, ordinal)
         #: engine="auto" chose this engine for its fast kernel before it saw the data (prefer_grid). Where the data's
         #: type still keeps grid_fast.cu from serving the model, an epoch is then the graph engine's step, not grid.cu's
-        #: (measured 4-10x slower than the graph engine: tuning.GRID_RULE). engine="grid" itself never falls back.
+        #: (measured 4-10x slower than the graph engine: tuning.GRID_RULE); so it is where the set or the kernel's
+        #: scratch does not fit in GPU memory. engine="grid" itself never falls back.
         self.graph_fallback = graph_fallback
 
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
@@ -121,12 +124,18 @@ class GridEngine(GraphEngine):
         return kernel, plan
 
     def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
-        if self.runs_graph_step(x.dtype):  # the graph step's libraries and update.cu, made once, before any capture
-            self.load_step_libraries()
-            if self.update_mod is None:
-                self.update_mod = module(self.dev, "update.cu")
-            return super().make_train_context(x, y, key)
-        return GridTrainContext(self, x, y, key)
+        if not self.runs_graph_step(x.dtype):
+            try:
+                return GridTrainContext(self, x, y, key)
+            except DataError:  # the set, or the kernel's scratch beside it, does not fit in GPU memory
+                if not self.graph_fallback:
+                    raise
+        # engine="auto" chose this engine: the graph step trains what the fast kernel cannot (reading the set from
+        # host memory where it must); its libraries and update.cu are made once, before any capture
+        self.load_step_libraries()
+        if self.update_mod is None:
+            self.update_mod = module(self.dev, "update.cu")
+        return super().make_train_context(x, y, key)
 
 
 class GridTrainContext(TrainContext):
