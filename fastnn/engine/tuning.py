@@ -38,9 +38,11 @@ class GridRule:
 #: requires this range AND grid/plan.py's `fast_plan` (three equal hidden layers, a multiple of 128 wide, "mixed",
 #: batch <= 32, SGD with or without momentum) for uint8 or float32 inputs (the engine is chosen before the data is seen;
 #: rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs, then train with the graph engine's step).
-#: At h = 128 the fused engine is faster still (8.7 us/step) and its rule is asked first, so the grid engine takes
-#: h = 128 only where the fused engine cannot; wider than 1024 the fast kernel does not serve (h/8 CTAs > the SMs)
-#: and version 1 is slower than the graph engine, so "auto" takes the graph engine.
+#: At h = 128 the fused engine is faster still (fused_mlp.cu, 8.7 us/step) and its rule is asked first, so the grid
+#: engine takes h = 128 only where the fused engine cannot. A known gap: fused_mlp.cu serves uint8 rows without a
+#: normalize shift only, so float32 rows or a shift at h <= 128 run fused.cu (~39 us/step, measured with uint8 rows)
+#: where grid_fast.cu would take ~11-12; the rule is decided before the data is seen. Wider than 1024 the fast kernel
+#: does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine, so "auto" takes the graph one.
 GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",))
 
 
