@@ -26,15 +26,13 @@ from ..graph.contexts import TrainContext
 from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from ..tuning import GRID_RULE, GridRule
-from .plan import FAST_PHASES, HOPPER_SMEM, HOPPER_SMS, MIN_CC, V1_PHASES, GridPlan, fast_plan, grid_plan
+from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, fast_plan, grid_plan
 
-__all__ = ["PHASES", "GridEngine", "GridTrainContext", "check_scratch_fits", "prefer_grid"]
+__all__ = ["GridEngine", "GridTrainContext", "check_scratch_fits", "prefer_grid"]
 
 #: Bytes of the sync buffer: the round counter (word 0, zeroed before every launch) and, from byte 128, the phase
 #: profile of -DGRID_PROFILE (the kernel's cycle sums of GridPlan.phases, then the step and round counts).
 SYNC_BYTES = 256
-#: The phases each kernel's -DGRID_PROFILE times, in the order of GridTrainContext.phase_cycles() (GridPlan.phases).
-PHASES = {"grid.cu": V1_PHASES, "grid_fast.cu": FAST_PHASES}
 
 
 def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> None:
@@ -162,8 +160,8 @@ class GridTrainContext(TrainContext):
         record_epoch_end(eng)
 
     def phase_names(self) -> tuple[str, ...]:
-        """The names of phase_cycles()'s phase words: those of the kernel this context runs (PHASES)."""
-        return PHASES[self.plan.source]
+        """The names of phase_cycles()'s phase words: those of the kernel this context runs (GridPlan.phases)."""
+        return self.plan.phases
 
     def phase_cycles(self) -> np.ndarray:
         """The last epoch's phase profile (Tuning.grid_profile): CTA 0's clock64 cycle sums per phase (the names in
