@@ -64,6 +64,7 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
         and max(hidden) <= rule.max_hidden
         and config.batch_size <= rule.max_batch
         and config.precision in rule.precisions
+        and type(config.optimizer).__name__ in rule.optimizers
     )
     if not in_range:
         return False

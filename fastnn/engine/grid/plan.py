@@ -3,10 +3,10 @@
 Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`, the
 fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models `fast_plan`
 accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs, "mixed", ReLU,
-cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum), and the generic `native/grid.cu`
-(version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each
-kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no more than the
-bytes computed here), and says why a model cannot be served, naming the limit.
+cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW), and the generic
+`native/grid.cu` (version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns,
+mirrors each kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no
+more than the bytes computed here), and says why a model cannot be served, naming the limit.
 """
 
 from __future__ import annotations
@@ -211,13 +211,8 @@ def fast_plan(
         return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
     kernel = opt.kernel_params()
     n_state = len(opt.state_names)
-    if kernel.kind == KIND_ADAMW:  # the kernel has an AdamW path, not yet confirmed on a GPU (docs: grid engine)
-        return (
-            "AdamW (its AdamW path ended 0.10-0.13 from the NumPy engine on an H100 at lr 1e-3, as an emulation of "
-            "its fp16 roundings does; grid.cu trains AdamW until a GPU run confirms the cause)"
-        )
-    if kernel.kind != KIND_SGD:
-        return f"optimizer kind {kernel.kind} (it takes SGD)"
+    if kernel.kind not in (KIND_SGD, KIND_ADAMW):
+        return f"optimizer kind {kernel.kind} (it takes SGD and AdamW)"
     if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
         return "normalize is per-feature (it takes two numbers)"
     xb = 2 if xf else 1
