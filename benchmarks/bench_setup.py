@@ -43,8 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 __all__ = ["CONTENDERS", "MODES", "PHASES", "WORKLOADS", "markdown", "phases", "run"]
 
-#: fastnn's engines (cpu, graph, fused) and the peers' end to end where installed (jax-fp32: `--jax` picks another).
-CONTENDERS = ("numpy-cpu", "fastnn-graph", "fastnn-fused", "torch-graph-amp", "jax-fp32")
+#: fastnn's engines (auto, cpu, graph, fused, grid) and the peers' end to end where installed (JAX as most people
+#: write it, default precision: `--jax` picks another configuration).
+CONTENDERS = (
+    "numpy-cpu", "fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid", "torch-graph-amp", "jax-default"
+)  # fmt: skip
 WORKLOADS = ("logreg", "mlp-128", "mlp-1024", "mlp-8192")
 CPU_WORKLOADS = ("logreg", "mlp-128")
 MODES = ("cold", "warm", "warm again")
@@ -184,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="the markdown table's file (the rows go to the same name .json)")
     p.add_argument("--data", help="the Fashion-MNIST folder (default: where fastnn.datasets looks)")
     p.add_argument("--only", default=",".join(CONTENDERS), help="contenders, comma-separated")
-    p.add_argument("--jax", help="the JAX configuration to run instead of jax-fp32 (e.g. jax-amp)")
+    p.add_argument("--jax", help="the JAX configuration to run instead of jax-default (e.g. jax-amp)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="workloads, comma-separated")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="cache folders (emptied before each cold run)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a worker is given up")
@@ -192,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if args.jax:
-        args.only = [args.jax if n == "jax-fp32" else n for n in args.only]
+        args.only = [args.jax if n == "jax-default" else n for n in args.only]
     args.workloads = [s.strip() for s in args.workloads.split(",") if s.strip()]
     args.quick, args.tiny = False, args.dry_run  # end_to_end._spawn's arguments
     return args
