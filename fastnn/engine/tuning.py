@@ -37,7 +37,7 @@ class GridRule:
 #: 17.56 us/step at h = 128 / 256 / 512 / 1024 against the graph engine's 45.82 / 48.84 / 53.40 / 64.01 (3.6-4.1x),
 #: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu) ran 237.7 at 256 and 627.5 at 1024
 #: (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves the model: `prefer_grid`
-#: requires this range, SGD (with or without momentum), AND grid/plan.py's `fast_plan` (three equal hidden layers, a
+#: requires this range and an optimizer in `optimizers`, AND grid/plan.py's `fast_plan` (three equal hidden layers, a
 #: multiple of 128 wide, "mixed", batch <= 32, SGD or AdamW) for uint8 or float32 inputs (the engine is chosen before
 #: the data is seen; rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs, then train with the graph
 #: engine's step).
@@ -46,11 +46,11 @@ class GridRule:
 #: normalize shift only, so float32 rows or a shift at h <= 128 run fused.cu (~39 us/step, measured with uint8 rows)
 #: where grid_fast.cu would take ~11-12; the rule is decided before the data is seen. Wider than 1024 the fast kernel
 #: does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine, so "auto" takes the graph one.
-#: AdamW on the fast kernel (same H100, wall clock of a second one-epoch fit on 60,000 random uint8 rows, batch 32)
-#: took 47.5 / 64.2 / 92.1 us/step at h = 256 / 512 / 1024 against SGD's 21.1 / 22.0 / 27.6 (2.3-3.3x: two moments
-#: and a called element step per weight, the moments in L2 above h = 384); not yet timed against the graph engine's
-#: AdamW in one call, so "auto" keeps AdamW on the graph engine (optimizers=("SGD",)).
-GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",))
+#: AdamW on the fast kernel (bench_fused.py --optimizer adamw --only sweep --engines graph,grid, one H100 call): 37.8 /
+#: 46.7 / 74.5 us/step at h = 256 / 512 / 1024 against the graph engine's 45.2 / 57.2 / 88.5 (1.19-1.23x; AdamW's
+#: step is 3-4x SGD's on this kernel: two moments and a called element step per weight, the moments in L2 above
+#: h = 384), so the rule takes AdamW too.
+GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"))
 
 
 @dataclass(frozen=True)
