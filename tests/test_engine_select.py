@@ -121,6 +121,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     fused = types.ModuleType("fastnn.engine.fused")
     fused.FusedEngine = _FakeFused
     fused.prefer_fused = lambda config, device: max(config.model.sizes[1:]) < 64
+    fused.fast_kernel_serves = lambda config, device: True
     monkeypatch.setitem(sys.modules, "fastnn.engine.fused", fused)
     grid = types.ModuleType("fastnn.engine.grid")
     grid.GridEngine = _FakeGrid
@@ -163,6 +164,43 @@ def test_auto_takes_grid_where_fused_does_not_and_its_rule_says_so(fake_gpu, dev
     assert Trainer(MLP([20, 2000, 10]), device=device).engine == "graph"  # served by neither
     forced = Trainer(MLP([20, 50, 10]), device=device, engine="grid")
     assert forced.engine == "grid" and not forced._engine.graph_fallback  # forced: never the graph step
+
+
+@pytest.mark.bindings
+def test_auto_gives_grid_what_both_rules_take_unless_a_fast_fused_kernel_serves_it(fake_gpu, monkeypatch) -> None:
+    """Where the fused and grid rules both hold (h = 128), the fused engine keeps the model only on a fast kernel
+    (fused_logreg.cu, fused_mlp.cu); the generic fused.cu is ~3x slower than grid_fast.cu there."""
+    monkeypatch.setattr(sys.modules["fastnn.engine.grid"], "prefer_grid", lambda config, device: True)
+    fast = lambda config, device: config.model.sizes[1] == 40  # noqa: E731
+    monkeypatch.setattr(sys.modules["fastnn.engine.fused"], "fast_kernel_serves", fast)
+    assert Trainer(MLP([20, 40, 10]), device="cuda").engine == "fused"  # a fast fused kernel serves it
+    auto = Trainer(MLP([20, 50, 10]), device="cuda")
+    assert auto.engine == "grid" and auto._engine.graph_fallback  # fused.cu only: the grid engine
+    assert Trainer(MLP([20, 50, 10]), device="cuda", engine="fused").engine == "fused"  # a forced choice is kept
+    assert Trainer(MLP([20, 300, 10]), device="cuda").engine == "grid"  # too wide for fused: unchanged
+
+
+@pytest.mark.bindings
+def test_fast_kernel_serves_names_the_fused_kernels_auto_keeps() -> None:
+    """fused.fast_kernel_serves: fused_logreg.cu or fused_mlp.cu for uint8 or float32 rows, not fused.cu only."""
+    import types as _types
+
+    from fastnn import SGD, AdamW
+    from fastnn.engine.base import EngineConfig
+    from fastnn.engine.fused import fast_kernel_serves
+    from fastnn.engine.fused.plan import HOPPER_SMEM
+
+    h100 = _types.SimpleNamespace(max_shared_memory_optin=HOPPER_SMEM)
+
+    def cfg(sizes, optimizer=None, **kw):
+        return EngineConfig(model=MLP(sizes), optimizer=optimizer or SGD(lr=0.1), batch_size=32, precision="mixed",
+                            **kw)  # fmt: skip
+
+    assert fast_kernel_serves(cfg([784, 10]), h100)  # fused_logreg.cu
+    assert fast_kernel_serves(cfg([784, 128, 128, 128, 10]), h100)  # fused_mlp.cu
+    assert fast_kernel_serves(cfg([784, 128, 128, 128, 10], SGD(lr=0.1, momentum=0.9)), h100)
+    assert not fast_kernel_serves(cfg([784, 128, 128, 128, 10], AdamW(lr=1e-3)), h100)  # fused.cu only
+    assert not fast_kernel_serves(cfg([784, 128, 128, 128, 10], normalize=(0.5, 0.25)), h100)  # a shift: fused.cu
 
 
 @pytest.mark.bindings

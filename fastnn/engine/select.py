@@ -5,7 +5,8 @@ The NumPy engine trains on the CPU. On a GPU, the graph engine (`graph/`, one CU
 epoch) trains any model; the fused engine (`fused/`, one persistent kernel per epoch with the weights on chip)
 trains the small models it can hold, faster; the grid engine (`grid/`, one cooperative persistent kernel over up
 to every SM) trains MLPs with hidden layers and is meant for mid and wide ones at small batches. "auto" takes the
-fused engine where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster, else the
+fused engine where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster (where the
+grid engine's rule holds too, only on a fast fused kernel: `fused.fast_kernel_serves`), else the
 grid engine where it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else
 the graph engine. Several GPUs of one process get the replica engine (`replicas.py`). The GPU modules are
 imported only when a GPU is asked for, so CPU training never needs them. A new engine joins as a package beside
@@ -135,6 +136,14 @@ def _gpu_engine(
             continue
         reason = cls.unsupported_reason(config, dev)
         verdicts[name] = (reason, reason is None and faster)
+    if engine == "auto" and verdicts["fused"][1] and verdicts["grid"][1]:
+        # Both rules hold (h = 128): the fused engine's generic fused.cu (~39 us/step at 784-128x3-10 with SGD, 72
+        # with AdamW; H100) is slower than grid_fast.cu (~11-12 with SGD, ~38 with AdamW at h = 256), so the fused
+        # engine keeps the model only where one of its fast kernels serves it (tuning.py says more).
+        from .fused import fast_kernel_serves
+
+        if not fast_kernel_serves(config, dev):
+            verdicts["fused"] = (verdicts["fused"][0], False)
     choice = choose_gpu_engine(engine, *verdicts["fused"], *verdicts["grid"])
     if choice in engines:
         if choice == "grid" and engine == "auto":  # chosen for the fast kernel: never grid.cu (GridEngine)

@@ -42,10 +42,12 @@ class GridRule:
 #: the data is seen; rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs, then train with the graph
 #: engine's step).
 #: At h = 128 the fused engine is faster still (fused_mlp.cu, 8.7 us/step) and its rule is asked first, so the grid
-#: engine takes h = 128 only where the fused engine cannot. A known gap: fused_mlp.cu serves uint8 rows without a
-#: normalize shift only, so float32 rows or a shift at h <= 128 run fused.cu (~39 us/step, measured with uint8 rows)
-#: where grid_fast.cu would take ~11-12; the rule is decided before the data is seen. Wider than 1024 the fast kernel
-#: does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine, so "auto" takes the graph one.
+#: engine takes h = 128 where the fused engine cannot, or can only on its generic fused.cu (select.py asks
+#: `fused.fast_kernel_serves`: a normalize shift or AdamW at h = 128, ~39 and 72 us/step on fused.cu against
+#: ~11-12 and (at h = 256) ~38 on grid_fast.cu). A gap remains: fused_mlp.cu serves uint8 rows only, so float32
+#: rows without a shift at h <= 128 still run fused.cu; the rule is decided before the data is seen. Wider than 1024
+#: the fast kernel does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine, so "auto"
+#: takes the graph one.
 #: AdamW on the fast kernel (bench_fused.py --optimizer adamw --only sweep --engines graph,grid, one H100 call): 37.8 /
 #: 46.7 / 74.5 us/step at h = 256 / 512 / 1024 against the graph engine's 45.2 / 57.2 / 88.5 (1.19-1.23x; AdamW's
 #: step is 3-4x SGD's on this kernel: two moments and a called element step per weight, the moments in L2 above

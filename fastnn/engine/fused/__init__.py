@@ -2,15 +2,16 @@
 kept on chip (sm_90 and newer).
 
 Modules: `engine` (`FusedEngine`, the graph engine with another training context, and the measured rule
-`prefer_fused` for engine="auto"), `plan` (pure arithmetic on shapes: what native/fused.cu is compiled with, or
-why a model cannot be held). The engine is imported on first use, so `plan` needs NumPy only (tested on a CPU).
+`prefer_fused` for engine="auto", with `fast_kernel_serves`), `plan` (pure arithmetic on shapes: what
+native/fused.cu is compiled with, or why a model cannot be held). The engine is imported on first use, so `plan`
+needs NumPy only (tested on a CPU).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FusedEngine", "prefer_fused"]
+__all__ = ["FusedEngine", "fast_kernel_serves", "prefer_fused"]
 
 
 def __getattr__(name: str) -> Any:

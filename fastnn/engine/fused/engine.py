@@ -25,7 +25,7 @@ from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from .plan import MIN_CC, FusedPlan, fused_plan
 
-__all__ = ["AUTO_MAX_HIDDEN", "FusedEngine", "FusedTrainContext", "prefer_fused"]
+__all__ = ["AUTO_MAX_HIDDEN", "FusedEngine", "FusedTrainContext", "fast_kernel_serves", "prefer_fused"]
 
 #: The auto rule (engine="auto"): the fused engine where it holds the model and its widest hidden layer is at
 #: most this wide. Measured on an H100 with benchmarks/bench_fused.py (mixed, one process, graph vs fused):
@@ -43,6 +43,17 @@ def prefer_fused(config: EngineConfig, device) -> bool:
     """The measured rule for engine="auto": fused where every hidden layer is at most AUTO_MAX_HIDDEN wide."""
     hidden = config.model.sizes[1:-1]
     return AUTO_MAX_HIDDEN >= 0 and (not hidden or max(hidden) <= AUTO_MAX_HIDDEN)
+
+
+def fast_kernel_serves(config: EngineConfig, device) -> bool:
+    """Whether a fast fused kernel (fused_logreg.cu, fused_mlp.cu) serves `config` for uint8 or float32 inputs, not
+    only the generic fused.cu: engine="auto" gives a model the fused engine over the grid engine only then (select)."""
+    smem = device.max_shared_memory_optin
+    for x_dtype in (np.uint8, np.float32):
+        plan = fused_plan(config, x_dtype, smem)
+        if isinstance(plan, FusedPlan) and plan.source != "fused.cu":
+            return True
+    return False
 
 
 class FusedEngine(GraphEngine):
