@@ -2,7 +2,8 @@
 
 Each (contender, workload) runs one epoch three times in fresh processes (end_to_end.py's worker) with the same
 cache folders, emptied before the first: cold (no compiled kernels, autotuning choices, decoded dataset, JAX
-persistent compilation cache), warm (filled by the cold run), warm again. Per run it reports
+persistent compilation cache, nor the CUDA compute cache where NVRTC 12.9+ keeps every program it compiled), warm
+(filled by the cold run), warm again. Per run it reports
 
     whole process        the parent's wall clock from starting the interpreter to its exit (trained, not evaluated)
     python start         the interpreter up to the harness's first line

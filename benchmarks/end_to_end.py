@@ -3,9 +3,10 @@
 End to end (issue 11): the parent notes the wall clock, starts `python end_to_end.py --worker ...`, and the worker
 reports, relative to that moment, when it had imported its libraries, loaded the data, set up (data to the GPU,
 compile/capture/autotune where separable) and trained the workload's epochs (synchronised). Cold: empty caches
-(FASTNN_CACHE_DIR, FASTNN_DATASET_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR fresh, JAX's persistent compilation cache
-off). Warm: the same fixed cache folders after a run that populated them (JAX's persistent cache on, every entry
-kept). bench_setup.py runs the same workers for issue 26's set-up table (one epoch, cold / warm / warm again).
+(FASTNN_CACHE_DIR, FASTNN_DATASET_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and CUDA_CACHE_PATH, the driver's and NVRTC's
+compute cache, fresh; JAX's persistent compilation cache off). Warm: the same fixed cache folders after a run that
+populated them (JAX's persistent cache on, every entry kept). bench_setup.py runs the same workers for issue 26's
+set-up table (one epoch, cold / warm / warm again).
 
 Time to accuracy: `workloads.tta_workload()` (MLP 784-256-256-10, AdamW, all 60,000 images), test accuracy
 after every epoch; the run stops at the first epoch that reaches the target. End to end = from the start to the
@@ -285,6 +286,9 @@ def cache_env(contender: Any, workload: str, mode: str, cache_root: Path, base: 
     env["FASTNN_DATASET_CACHE_DIR"] = str(root / "decoded")  # the decoded dataset files
     env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     env["TRITON_CACHE_DIR"] = str(root / "triton")
+    # The CUDA driver's compute cache, which NVRTC 12.9+ also fills with every program it compiles (keyed by source
+    # and options, under ~/.nv/ComputeCache by default): shared, it made later contenders' "cold" compiles hits.
+    env["CUDA_CACHE_PATH"] = str(root / "nv")
     if mode == "warm" and contender.family == "jax":
         env["JAX_COMPILATION_CACHE_DIR"] = str(root / "jax")
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
