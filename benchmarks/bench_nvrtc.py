@@ -4,7 +4,7 @@ Issue 26: a cold fused engine waits for NVRTC. Each (workload, option set) compi
 (a CUBIN for sm_90 needs no GPU), and reports the compile's CPU and wall seconds (best of --repeats) and whether
 the CUBIN's code (.text sections) equals the one the current options give. Fresh processes because NVRTC 12.9
 carries state from one program to the next: after a --Ofast-compile=mid compile, the same source with the current
-options gives other SASS in that process.
+options gives other SASS in that process. NVRTC's own cache (the CUDA compute cache, 12.9+) is off in them.
 
     python benchmarks/bench_nvrtc.py --repeats 3 --out nvrtc.md
 """
@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -96,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         _child(*args.child.split(":", 1))
         return 0
     workloads, variants = args.workloads.split(","), args.variants.split(",")
+    # NVRTC 12.9+ keeps every program it compiles in the CUDA compute cache where a driver is installed: the
+    # repeats (and another variant's identical program) would then time a cache hit, not a compile.
+    env = {**os.environ, "CUDA_CACHE_DISABLE": "1"}
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):  # interleaved, so a busy moment of the machine spreads over every variant
         for w in workloads:
             for v in variants:
                 # "--child=W:V" in one piece: a variant's name may start with "-"
                 cmd = [sys.executable, str(Path(__file__).resolve()), f"--child={w}:{v}"]
-                res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
                 results.setdefault((w, v), []).append(json.loads(res.stdout.splitlines()[-1]))
     lines = ["| workload | options | CPU s (best) | wall s (best) | CUBIN bytes | SASS |"]
     lines.append("|---|---|---:|---:|---:|---|")

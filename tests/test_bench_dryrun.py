@@ -839,6 +839,25 @@ def test_setup_benchmark_byte_compiles_fastnn_as_an_install_does(tmp_path, monke
     assert {p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc")} == {"__init__", "_part"}
 
 
+def test_nvrtc_benchmark_times_compiles_not_nvrtcs_own_cache(monkeypatch, capsys):
+    """Every compile bench_nvrtc.py times runs with NVRTC's cache off (CUDA_CACHE_DISABLE=1): on a machine with a
+    driver, NVRTC 12.9+ would otherwise serve the repeats from the CUDA compute cache."""
+    import bench_nvrtc
+
+    seen = []
+
+    def run(cmd, **kwargs):
+        seen.append((kwargs.get("env") or os.environ).get("CUDA_CACHE_DISABLE"))
+        out = json.dumps({"cpu": 1.0, "wall": 1.0, "bytes": 10, "text": "abc"})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(bench_nvrtc.subprocess, "run", run)
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    assert bench_nvrtc.main(["--repeats", "2", "--workloads", "logreg", "--variants", "current,--minimal"]) == 0
+    assert seen == ["1"] * 4
+    capsys.readouterr()
+
+
 def test_nvrtc_benchmark_tells_debug_info_from_other_code(tmp_path):
     """bench_nvrtc.py on the CPU: -lineinfo makes a larger CUBIN with the same machine code; --Ofast-compile=max
     other machine code. Skipped where NVRTC cannot be loaded."""
