@@ -402,6 +402,23 @@ def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
     _kernel_matches_numpy("grid_fast.cu", MLP(sizes), optimizer, batch, x, y, "mixed", engine="grid", **kw)
 
 
+# engine="auto" on two of the cases above: the choices of tuning.GRID_RULE (AdamW) and select.py (h = 128, a shift)
+AUTO_GRID_CASES = [
+    ([784, 128, 128, 128, 16], SGD(lr=0.05, momentum=0.5), 20, 301, {"normalize": (0.5, 0.25)}),
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-4, weight_decay=0.01), 32, 32 * 20 + 13, {}),
+]
+
+
+@pytest.mark.parametrize("case", AUTO_GRID_CASES, ids=["h128-shift", "adamw"])
+def test_auto_takes_grid_fast_for_adamw_and_for_h128_models_only_fused_cu_would_train(case):
+    """engine="auto" (tuning.GRID_RULE, select.py): AdamW on three equal hidden layers trains on grid_fast.cu, and
+    at h = 128 a normalize shift, which fused_mlp.cu does not take, goes to grid_fast.cu rather than fused.cu; both
+    match the NumPy engine as the forced cases above do."""
+    sizes, optimizer, batch, n, kw = case
+    x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch)
+    _kernel_matches_numpy("grid_fast.cu", MLP(sizes), optimizer, batch, x, y, "mixed", engine="auto", **kw)
+
+
 @pytest.mark.parametrize(
     "hidden,optimizer", [(128, SGD(lr=0.05, momentum=0.9)), (768, SGD(lr=0.01, momentum=0.9)), (256, AdamW(lr=1e-4))]
 )
@@ -844,15 +861,16 @@ def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path, engine)
     gpu.close()
 
 
-def test_auto_grid_trains_rows_its_fast_kernel_cannot_serve_with_the_graph_step():
-    """engine="auto" takes the grid engine for 784-1024x3-10 at batch 32 before it sees the data; float32 rows do not
-    fit grid_fast.cu there, so that trainer runs the graph engine's step (not grid.cu) and matches NumPy as it does,
-    while uint8 rows run grid_fast.cu."""
+@pytest.mark.parametrize("optimizer", [SGD(lr=0.01, momentum=0.9), AdamW(lr=1e-4)], ids=["momentum", "adamw"])
+def test_auto_grid_trains_rows_its_fast_kernel_cannot_serve_with_the_graph_step(optimizer):
+    """engine="auto" takes the grid engine for 784-1024x3-10 at batch 32 before it sees the data (AdamW too:
+    tuning.GRID_RULE); float32 rows do not fit grid_fast.cu there, so that trainer runs the graph engine's step (not
+    grid.cu) and matches NumPy as it does, while uint8 rows run grid_fast.cu."""
     from fastnn.engine.grid.engine import GridTrainContext
 
     model = MLP([784, 1024, 1024, 1024, 10])
     x8, y = _data(32 * 6 + 5, 784, 10)
-    kw = dict(optimizer=SGD(lr=0.01, momentum=0.9), batch_size=32, seed=7)
+    kw = dict(optimizer=optimizer, batch_size=32, seed=7)
     with Trainer(model, precision="mixed", device="cuda", **kw) as auto:
         assert auto.engine == "grid"
         auto.fit(x8, y, epochs=1)
