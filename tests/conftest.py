@@ -46,8 +46,8 @@ def _replicas(**tuning: Any) -> dict[str, Any]:
 #: batches up to 32, uint8, SGD) and native/fused.cu for the rest. "fused-lean" is engine="fused" on native/fused.cu
 #: alone, held to its lean shared-memory layout (no fp16 weight copy, momentum holding the gradient), which it otherwise
 #: takes only for models the standard one cannot hold. "grid" is the grid engine (one cooperative kernel over up to
-#: every SM: native/grid_fast.cu where its plan serves the model, native/grid.cu elsewhere; it refuses logistic
-#: regression by name: test_gpu_engines._refused). "graph-nccl" is the graph engine in a
+#: every SM: native/grid_fast.cu or native/grid_stream.cu where their plans serve the model, native/grid.cu elsewhere;
+#: it refuses logistic regression by name: test_gpu_engines._refused). "graph-nccl" is the graph engine in a
 #: data-parallel group of one rank: every step's gradients go through the NCCL all-reduces captured on the side
 #: stream and the history through its epoch-end sum (an identity for one rank, so every tolerance stays), which is
 #: what one GPU can check of the data-parallel path. "graph-replicas" is `devices=`'s engine (engine/replicas.py) on

@@ -214,6 +214,20 @@ CHOICES = [
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"activation": "gelu"}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"loss": "mse"}, "grid.cu"),
     ([784, 256, 256, 256, 10], SGD(lr=0.1), "mixed", np.uint8, 32, {"tuning": Tuning(grid_fast=False)}, "grid.cu"),
+    # the streaming path (native/grid_stream.cu): wider than the fast path, uint8, plain SGD
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),
+    ([784, 2048, 2048, 2048, 16], SGD(lr=0.05, weight_decay=1e-4), "mixed", np.uint8, 7, {}, "grid_stream.cu"),
+    ([64, 4096, 4096, 4096, 2], SGD(lr=0.05), "mixed", np.uint8, 32, {"normalize": (0.0, 0.5)}, "grid_stream.cu"),
+    ([784, 1280, 1280, 1280, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),  # 80 CTAs of 16
+    ([784, 4096, 4096, 4096, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.float32, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"normalize": (0.5, 0.25)}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "fp32", np.uint8, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 64, {}, "grid.cu"),
+    ([784, 8192, 8192, 8192, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 2176, 2176, 2176, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"tuning": Tuning(grid_fast=False)}, "grid.cu"),
 ]  # fmt: skip
 
 
@@ -238,16 +252,26 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert plan.smem_bytes == gp.fast_smem_bytes(sizes[0], h, n_state, momg, xb)
         assert _option(plan, "GRID_XIN") == str(xb - 1)
         assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
+    elif source == "grid_stream.cu":
+        h = sizes[1]
+        nb = 16 if h // 16 <= gp.HOPPER_SMS else 32
+        assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_stream_kernel", h // nb, (nb,) * 3, 4)
+        assert plan.phases == gp.STREAM_PHASES and plan.why.startswith("grid_stream.cu: ")
+        assert plan.smem_bytes == int(_option(plan, "GRID_SMEM")) == gp.stream_smem_bytes(sizes[0], h, nb)
+        assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH")) == gp.stream_scratch_bytes(sizes[0], h)
+        assert int(_option(plan, "GRID_P")) * nb == h
     else:
         assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
-        assert plan.why.startswith("grid.cu (v1), not grid_fast.cu: ")
+        assert plan.why.startswith("grid.cu (v1), not grid_fast.cu: ") and "; not grid_stream.cu: " in plan.why
 
 
 def test_the_fast_path_stops_at_one_cta_per_sm():
     assert _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1)).source == "grid_fast.cu"
-    plan = _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1), sms=120)  # 128 CTAs would not all be resident
+    plan = _plan([784, 1024, 1024, 1024, 10], MOMENTUM, sms=120)  # 128 CTAs would not all be resident
     assert plan.source == "grid.cu"
     assert "a hidden width of 1024 (it takes multiples of 128 up to 896: 8 units a CTA)" in plan.why
+    plan = _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1), sms=120)  # plain SGD: the streaming path, 64 CTAs of 16
+    assert (plan.source, plan.ctas) == ("grid_stream.cu", 64)
 
 
 FAST_KERNELS = [
@@ -284,6 +308,98 @@ def test_an_undercounted_fast_plan_fails_to_compile(name, message, monkeypatch, 
         nvrtc.compile_native("grid_fast.cu", "sm_90", options)
 
 
+# ---- the streaming path (native/grid_stream.cu) ----------------------------------------------------------------------
+PLAIN = SGD(lr=0.05)
+
+
+def _stream(sizes, optimizer=PLAIN, precision="mixed", batch=32, x_dtype=np.uint8, sms=gp.HOPPER_SMS,
+            smem=gp.HOPPER_SMEM, **kw):  # fmt: skip
+    return gp.stream_plan(_cfg(sizes, optimizer, precision, batch, **kw), x_dtype, sms, smem)
+
+
+H4 = [784, 4096, 4096, 4096, 10]
+
+
+@pytest.mark.parametrize(
+    "why,args,kw",
+    [
+        ("it is switched off (Tuning(grid_fast=False))", (H4,), {"tuning": Tuning(grid_fast=False)}),
+        ("2 hidden layers (it trains three)", ([784, 4096, 4096, 10],), {}),
+        ("hidden widths [4096, 2048, 4096] (it takes three equal ones)", ([784, 4096, 2048, 4096, 10],), {}),
+        ("a hidden width of 8192 (it takes multiples of 256 up to 4096: 16 or 32 units a CTA)",
+         ([784, 8192, 8192, 8192, 10],), {}),
+        ("a hidden width of 2176 (it takes multiples of 256 up to 4096: 16 or 32 units a CTA)",
+         ([784, 2176, 2176, 2176, 10],), {}),
+        ("a hidden width of 4096 (it takes multiples of 256 up to 3584: 16 or 32 units a CTA)", (H4,), {"sms": 114}),
+        ("precision 'fp16' (it trains \"mixed\": fp32 masters, fp16 tensor-core operands)", (H4,),
+         {"precision": "fp16"}),
+        ("float32 inputs (it takes uint8 rows)", (H4,), {"x_dtype": np.float32}),
+        ("activation 'gelu' (it takes relu)", (H4,), {"activation": "gelu"}),
+        ("loss 'mse' (it computes softmax cross-entropy)", (H4,), {"loss": "mse"}),
+        ("1040 input features (it takes multiples of 16 up to 1024)", ([1040, 4096, 4096, 4096, 10],), {}),
+        ("100 input features (it takes multiples of 16 up to 1024)", ([100, 4096, 4096, 4096, 10],), {}),
+        ("17 classes (it takes 2 to 16: one m16 tile of logits)", ([784, 4096, 4096, 4096, 17],), {}),
+        ("batch size 33 (it takes up to 32 rows a step)", (H4,), {"batch": 33}),
+        ("optimizer SGD with state ['momentum'] (it takes SGD without momentum)", (H4, MOMENTUM), {}),
+        ("optimizer AdamW with state ['exp_avg', 'exp_avg_sq'] (it takes SGD without momentum)",
+         (H4, AdamW(lr=1e-3)), {}),
+        ("a normalize shift of -2 (it takes a scale only)", (H4,), {"normalize": (0.5, 0.25)}),
+        ("normalize is per-feature (it takes two numbers)", (H4,), {"normalize": (np.zeros(784), np.ones(784))}),
+        ("it needs 204,648 bytes of shared memory per CTA, over the GPU's 200,000", (H4,), {"smem": 200_000}),
+    ],
+)  # fmt: skip
+def test_the_stream_plan_refuses_with_the_limit_named(why, args, kw):
+    assert _stream(*args, **kw) == why
+
+
+def test_the_stream_plan_takes_the_fewest_units_a_cta_that_fit_the_sms():
+    assert _stream([784, 2048, 2048, 2048, 10]).units == (16, 16, 16)  # 128 CTAs
+    assert _stream([784, 4096, 4096, 4096, 10]).units == (32, 32, 32)  # 256 CTAs of 16 would not be resident
+    assert _stream([784, 2048, 2048, 2048, 10], sms=120).units == (32, 32, 32)  # 64 CTAs
+
+
+def test_the_stream_byte_mirrors_count_every_buffer():
+    """stream_smem_bytes / stream_scratch_bytes against the layout written out by hand at h = 4096, d = 784."""
+    smem = 2 * 32 * 784 + 3 * 256 * 32 * 2 + 3 * 32 * 256 * 2 + 8 * 32 * 40 * 4 + 4 * 32 * 32 * 2
+    smem += (3 * 32 + 16 + 16 * 32 + 2 * 32 * 16) * 4 + 2 * 32 * 4 + 16 * 8 + 5 * 8
+    assert gp.stream_smem_bytes(784, 4096, 32) == smem == 204_648
+    masters = 4 * 4096 * 784 + 2 * 4 * 4096 * 4096
+    w16, w3, exchange = 2 * 2 * 4096 * 4096, 2 * (2 * 2 * 4096 * 16), 4 * 2 * 4096 * 32
+    assert gp.stream_scratch_bytes(784, 4096) == masters + w16 + w3 + exchange
+    assert gp.stream_smem_bytes(784, 2048, 16) < gp.stream_smem_bytes(784, 4096, 32) <= gp.HOPPER_SMEM
+
+
+STREAM_KERNELS = [
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), 32, {}),
+    ([784, 2048, 2048, 2048, 16], SGD(lr=0.05, weight_decay=1e-4), 7, {"tuning": Tuning(grid_profile=True)}),
+    ([64, 4096, 4096, 4096, 2], SGD(lr=0.05), 1, {"normalize": (0.0, 0.5)}),
+    ([1024, 1280, 1280, 1280, 10], SGD(lr=0.05), 32, {}),
+]  # fmt: skip
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("sizes,optimizer,batch,kw", STREAM_KERNELS)
+def test_the_stream_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan(sizes, optimizer, "mixed", batch, **kw)
+    assert isinstance(plan, gp.GridPlan) and plan.source == "grid_stream.cu", plan
+    assert nvrtc.compile_native("grid_stream.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
+                                          ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
+def test_an_undercounted_stream_plan_fails_to_compile(name, message, monkeypatch, tmp_path):
+    """The byte mirrors are exact: the kernel compiles with the plan's counts (above) and not with one byte less."""
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _plan([784, 4096, 4096, 4096, 10], SGD(lr=0.05))
+    assert plan.source == "grid_stream.cu"
+    value = int(_option(plan, name))
+    options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
+    with pytest.raises(Exception, match=message):
+        nvrtc.compile_native("grid_stream.cu", "sm_90", options)
+
+
 @pytest.mark.bindings
 def test_a_scratch_that_does_not_fit_beside_the_training_set_is_a_data_error_naming_both():
     from fastnn import DataError
@@ -300,8 +416,9 @@ def test_each_kernel_names_the_phases_its_profile_times():
     from fastnn.engine.grid.engine import GridTrainContext
 
     for sizes, kernel, phases in (([784, 256, 256, 256, 10], "grid_fast.cu", gp.FAST_PHASES),
+                                  ([784, 4096, 4096, 4096, 10], "grid_stream.cu", gp.STREAM_PHASES),
                                   ([784, 256, 10], "grid.cu", gp.V1_PHASES)):  # fmt: skip
         ctx = GridTrainContext.__new__(GridTrainContext)
         ctx.plan = _plan(sizes, SGD(lr=0.1))
         assert ctx.plan.source == kernel and ctx.phase_names() == phases
-    assert len(gp.V1_PHASES) == 10 and len(gp.FAST_PHASES) == 12  # the kernels' NPHASE
+    assert len(gp.V1_PHASES) == 10 and len(gp.FAST_PHASES) == len(gp.STREAM_PHASES) == 12  # the kernels' NPHASE

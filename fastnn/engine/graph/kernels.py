@@ -185,9 +185,9 @@ def record_epoch_end(eng: GraphEngine) -> None:
 
 def persistent_epoch_args(ctx: TrainContext) -> list:
     """The arguments the persistent-kernel engines' epoch kernels (native/fused.cu, fused_logreg.cu, fused_mlp.cu,
-    grid.cu, grid_fast.cu) take first, in order: the training state (parameters, optimizer states 1 and 2 or null, the
-    fp16 copy or null), the resident training set, the shuffle's key, the epoch state, the steps and batch, the input's
-    affine map and the optimizer."""
+    grid.cu, grid_fast.cu, grid_stream.cu) take first, in order: the training state (parameters, optimizer states 1
+    and 2 or null, the fp16 copy or null), the resident training set, the shuffle's key, the epoch state, the steps
+    and batch, the input's affine map and the optimizer."""
     eng = ctx.eng
     cfg = eng.config
     n_state = len(eng.opt_names)

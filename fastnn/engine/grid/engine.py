@@ -3,10 +3,11 @@
 It is the graph engine (`graph/`) with another training context (`make_train_context`), as the fused engine is:
 parameters and optimizer state stay in the graph engine's flat training state (the kernel reads and writes them in
 place, in L2), so evaluation, prediction, snapshots, divergence handling, interruption and checkpoints are inherited
-unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of `native/grid.cu` and the
+unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of the grid kernel and the
 graph engine's epoch-end nodes (or, for a grid engine engine="auto" chose, the graph engine's step where the fast
 kernel cannot serve the data: `GridEngine.graph_fallback`). The kernel (`native/grid_fast.cu`, the fast path, where
-`plan.fast_plan` serves the model, else the generic `native/grid.cu`; both take the same arguments) is compiled per
+`plan.fast_plan` serves the model; `native/grid_stream.cu`, the streaming path for wider ones, where
+`plan.stream_plan` does; else the generic `native/grid.cu`; all take the same arguments) is compiled per
 model shape, batch, precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each
 serves.
 """
@@ -103,11 +104,12 @@ class GridEngine(GraphEngine):
         self.graph_fallback = graph_fallback
 
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
-        """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, no fast kernel)."""
+        """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, and only the
+        generic grid.cu would serve it: neither grid_fast.cu nor grid_stream.cu)."""
         if not self.graph_fallback:
             return False
         plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
-        return not (isinstance(plan, GridPlan) and plan.source == "grid_fast.cu")
+        return not (isinstance(plan, GridPlan) and plan.source != "grid.cu")
 
     def grid_kernel(self, x_dtype: np.dtype) -> tuple[object, GridPlan]:
         """The compiled kernel and its plan for training data of `x_dtype`."""

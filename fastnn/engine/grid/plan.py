@@ -1,12 +1,15 @@
 """The grid engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
 
-Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`, the
-fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models `fast_plan`
+Three kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
+the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models `fast_plan`
 accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs, "mixed", ReLU,
-cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW), and the generic
-`native/grid.cu` (version 1) for every other MLP. This module picks the kernel, P and the hidden units each CTA owns,
-mirrors each kernel's shared-memory and global-scratch layouts (the kernels check at compile time that they need no
-more than the bytes computed here), and says why a model cannot be served, naming the limit.
+cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW); `native/grid_stream.cu`, the
+streaming path (the same design with every master in HBM, read and written once a step), for the wider models
+`stream_plan` accepts (three equal hidden layers of 16 or 32 units a CTA, h a multiple of 256: 2048 and 4096 on an
+H100; uint8 inputs, plain SGD); and the generic `native/grid.cu` (version 1) for every other MLP. This module picks
+the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and global-scratch layouts (the
+kernels check at compile time that they need no more than the bytes computed here), and says why a model cannot be
+served, naming the limit.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from ..plan import param_layout
 
 __all__ = [
     "FAST_MAX_BATCH", "FAST_MAX_CLASSES", "FAST_PHASES", "FAST_UNIT_STEP", "HOPPER_SMS", "HOPPER_SMEM", "MAX_BATCH",
-    "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan",
-    "fast_scratch_bytes", "fast_smem_bytes", "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats",
+    "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "STREAM_CHUNK", "STREAM_MAX_FEATURES", "STREAM_PHASES", "STREAM_UNITS",
+    "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan", "fast_scratch_bytes", "fast_smem_bytes",
+    "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats", "stream_plan", "stream_scratch_bytes",
+    "stream_smem_bytes",
 ]  # fmt: skip
 
 #: Threads per CTA (8 warps).
@@ -57,6 +62,16 @@ V1_PHASES = ("gather", "F0", "forward rounds", "forward l >= 1", "head + loss", 
              "backward rounds", "layer 0 update", "epilogue")  # fmt: skip
 FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2 dgrad", "R5 window", "R5 wait",
                "B1")  # fmt: skip
+#: native/grid_stream.cu's phases: as FAST_PHASES, but B2 (dgrad, weight gradient and update, one pass over W2's
+#: masters) all before R5, and the window after R5's arrival holds W3's update.
+STREAM_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2", "W3 update", "R5 wait",
+                 "B1")  # fmt: skip
+#: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest that keep the CTAs within the
+#: SMs; 64 would need twice the registers of a CTA's master fragments), units of an activation chunk (the ring's
+#: stage), the most input features (8 k-steps of 16 a warp, unrolled).
+STREAM_UNITS = (16, 32)
+STREAM_CHUNK = 256
+STREAM_MAX_FEATURES = 1024
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -236,15 +251,103 @@ def fast_plan(
                     why=why, phases=FAST_PHASES)  # fmt: skip
 
 
+def stream_smem_bytes(features: int, hidden: int, units_per_cta: int) -> int:
+    """Shared memory of one CTA of native/grid_stream.cu, as its make_smem(): the batch (two stages of uint8 rows),
+    the ring's three activation and three weight stages, the cross-warp sums, the own activation tiles, biases / b3 /
+    W3 slice / logits / dlogits, labels, profile, the mbarriers."""
+    rows, nb, stages, nw = FAST_MAX_BATCH, units_per_cta, 3, THREADS // 32
+    o = 2 * rows * features + stages * STREAM_CHUNK * rows * 2 + stages * nb * STREAM_CHUNK * 2
+    o += max(8 * 16 * 40, nw * rows * (nb + 8)) * 4 + 4 * rows * nb * 2
+    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16) * 4 + 2 * rows * 4 + 16 * 8
+    return o + (2 + stages) * 8
+
+
+def stream_scratch_bytes(features: int, hidden: int) -> int:
+    """Global scratch of native/grid_stream.cu, as its make_scratch(): the fp32 masters of W0, W1, W2 in their
+    owners' fragment order, the fp16 rows of W1 and W2, W3's two fp16 operand copies by step parity, the four exchange
+    buffers (H0, H1, H2, dZ1)."""
+    up128 = lambda a: -(-a // 128) * 128  # noqa: E731
+    rows = FAST_MAX_BATCH
+    return (
+        up128(4 * hidden * features)
+        + 2 * up128(4 * hidden * hidden)
+        + 2 * up128(2 * hidden * hidden)
+        + up128(2 * 2 * hidden // 16 * 256)
+        + up128(2 * 2 * hidden // 8 * 128)
+        + 4 * up128(2 * hidden * rows)
+    )
+
+
+def stream_plan(
+    config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
+) -> GridPlan | str:
+    """native/grid_stream.cu's plan for `config`, or why the streaming path does not serve it (grid.cu then does)."""
+    model, opt = config.model, config.optimizer
+    sizes = tuple(model.sizes)
+    if not config.tuning.grid_fast:
+        return "it is switched off (Tuning(grid_fast=False))"
+    if len(sizes) != 5:
+        return f"{len(sizes) - 2} hidden layers (it trains three)"
+    hidden = sizes[1]
+    if sizes[2] != hidden or sizes[3] != hidden:
+        return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
+    fits = [nb for nb in STREAM_UNITS if hidden % STREAM_CHUNK == 0 and hidden // nb <= sm_count]
+    if not fits:
+        most = STREAM_UNITS[-1] * sm_count // STREAM_CHUNK * STREAM_CHUNK
+        return (f"a hidden width of {hidden} (it takes multiples of {STREAM_CHUNK} up to {most}: "
+                f"{' or '.join(str(u) for u in STREAM_UNITS)} units a CTA)")  # fmt: skip
+    if config.precision != "mixed":
+        return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
+    if np.dtype(x_dtype) != np.uint8:
+        return f"{np.dtype(x_dtype)} inputs (it takes uint8 rows)"
+    if model.activation != "relu":
+        return f"activation {model.activation!r} (it takes relu)"
+    if config.loss != "cross_entropy":
+        return f"loss {config.loss!r} (it computes softmax cross-entropy)"
+    features, classes = sizes[0], sizes[-1]
+    if features % 16 or features > STREAM_MAX_FEATURES:
+        return f"{features} input features (it takes multiples of 16 up to {STREAM_MAX_FEATURES})"
+    if not 2 <= classes <= FAST_MAX_CLASSES:
+        return f"{classes} classes (it takes 2 to {FAST_MAX_CLASSES}: one m16 tile of logits)"
+    batch = config.batch_size
+    if batch > FAST_MAX_BATCH:
+        return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
+    kernel = opt.kernel_params()
+    if kernel.kind != KIND_SGD or opt.state_names:
+        return f"optimizer {type(opt).__name__} with state {list(opt.state_names)} (it takes SGD without momentum)"
+    if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
+        return "normalize is per-feature (it takes two numbers)"
+    _, shift = input_affine(x_dtype, config.normalize)
+    if float(shift) != 0.0:
+        return f"a normalize shift of {float(shift):g} (it takes a scale only)"
+    nb = fits[0]
+    ctas = hidden // nb
+    need = stream_smem_bytes(features, hidden, nb)
+    if need > smem_limit:
+        return f"it needs {need:,} bytes of shared memory per CTA, over the GPU's {smem_limit:,}"
+    scratch = stream_scratch_bytes(features, hidden)
+    if scratch > MAX_SCRATCH:
+        return f"it needs {scratch:,} bytes of global scratch, over the grid kernel's {MAX_SCRATCH:,}"
+    options = _options(config, x_dtype, ctas, need, scratch)
+    why = (f"grid_stream.cu: {ctas} CTAs of {nb} units, masters in HBM ({scratch:,} bytes of global scratch, "
+           f"{need:,} bytes of shared memory a CTA), {FAST_MAX_BATCH} rows a step")  # fmt: skip
+    return GridPlan(ctas=ctas, units=(nb,) * 3, threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
+                    rounds=rounds_per_step(3), options=options, source="grid_stream.cu",
+                    function="grid_stream_kernel", why=why, phases=STREAM_PHASES)  # fmt: skip
+
+
 def grid_plan(
     config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
 ) -> GridPlan | str:
     """The plan for `config` with inputs of `x_dtype` on a GPU of `sm_count` SMs and `smem_limit` bytes of shared
     memory per CTA, or a reason (naming the limit) it cannot be served: the fast kernel where `fast_plan` serves the
-    model, else native/grid.cu."""
+    model, else the streaming kernel where `stream_plan` does, else native/grid.cu."""
     fast = fast_plan(config, x_dtype, sm_count, smem_limit)
     if isinstance(fast, GridPlan):
         return fast
+    stream = stream_plan(config, x_dtype, sm_count, smem_limit)
+    if isinstance(stream, GridPlan):
+        return stream
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
     nh = len(sizes) - 2
@@ -271,6 +374,6 @@ def grid_plan(
             f"CTAs, over the grid kernel's {MAX_SCRATCH:,}"
         )
     options = _options(config, x_dtype, ctas, need, scratch)
-    why = f"grid.cu (v1), not grid_fast.cu: {fast}"
+    why = f"grid.cu (v1), not grid_fast.cu: {fast}; not grid_stream.cu: {stream}"
     return GridPlan(ctas=ctas, units=units(sizes, ctas), threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
                     rounds=rounds_per_step(nh), options=options, why=why)  # fmt: skip

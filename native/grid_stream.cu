@@ -1,0 +1,980 @@
+// grid_stream.cu: the grid engine's streaming path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three
+// hidden layers of equal width h = 2048 or 4096, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision
+// with plain SGD (weight decay allowed), in ONE cooperative persistent kernel of P = 128 CTAs, one per SM, where the
+// masters do not fit on chip: every master lives in global memory (HBM) and is read once and written once a step, the
+// weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
+// mlp_grid_probe.cu (its "STREAM" mode, Cfg<4096, 32, false>: 169.5 us/step measured; the design: ../shared/design/
+// grid.md 3.4) on grid_fast.cu's scaffolding (prologue, gather, head, history, masks, optimizer); grid/plan.py's
+// stream_plan sends here exactly the models it serves. Same kernel signature as grid_fast.cu and grid.cu.
+//
+// What it computes: the same epoch as grid_fast.cu, the other engines and the NumPy engine (the definition): for each
+// step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed
+// order (shuffle.cuh), x*scale; Linear + ReLU three times, Linear; softmax cross-entropy averaged over the m rows; the
+// backward pass; plain SGD (optim.cuh's optim_update: w - lr (g + wd w)) of every parameter at the rate
+// st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count are added to st->hist[2 * epoch_in_fit +
+// {0, 1}]. Numerics ("mixed", as grid_fast.cu): fp16 operands on the tensor cores (mma.sync m16n8k16, fp32
+// accumulation), fp32 masters; activations H and gradients dZ stored as fp16, dlogits fp32 (fp16 as an operand);
+// uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and scale * 2^24 multiplies the fp32
+// accumulators. A short batch (m < 32 rows) is masked: rows m..31 are gathered as copies of row m-1 and their dlogits
+// are zero; the mean divides by m.
+//
+// Launch: grid = GRID_P = 128 CTAs (h / NB, NB = h / 128 units a CTA: 16 at h = 2048, 32 at 4096; cooperative, all
+// resident), block = 256 threads (8 warps), dynamic shared memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of
+// global memory (plan.py's stream_smem_bytes / stream_scratch_bytes; the static_asserts below check the kernel needs
+// no more); `sync` = 256 bytes whose word 0, the round counter, the engine zeroes before every launch, and whose bytes
+// 128.. receive the phase profile (-DGRID_PROFILE).
+//
+// Partition (grid_fast.cu's "column-master", NB units instead of 8): CTA p owns U_p = [NB p, NB p + NB) of every
+// hidden layer: the rows W0[U_p, :], the forward outputs Z_l[:, U_p], the column blocks W1[:, U_p], W2[:, U_p] (their
+// dgrad, weight gradient and update are local) and W3[:, U_p]; the head (logits, softmax, dlogits, dZ2) is computed by
+// every CTA for the whole batch. Rounds a step, as grid_fast.cu: R1 (H0), R2 (H1), R3 (H2), R5 (dZ1): 4, each a
+// monotone counter (sync word 0) and the activation brought in by bulk copies; round r of the launch completes when
+// the counter reaches P * (r + 1).
+// The streaming: every h-wide activation (H0, H1, H2, dZ1) comes in CU = 256-unit chunks through a ring of NST = 3
+// shared-memory stages, each chunk with what the CTA multiplies it by (F1, F2: its fp16 rows of W1/W2; the head's
+// first pass: W3 as logits^T's A operand; its second pass: W3 as dZ2's B operand) on the same mbarrier, one chunk
+// issued per chunk consumed. F1/F2: Z[:, U_p] += chunk x rows. Head pass 1: logits += W3[:, chunk] chunk^T. Pass 2
+// (B2): per chunk, dZ2 = (dlogits W3[:, chunk]) * [H2 > 0] in place, then per k-step of 16 units n the W2 master
+// fragments of W2[n, U_p] (prefetched one chunk ahead from HBM into registers) give the dgrad dZ1[:, U_p] += dZ2 W2
+// before their update, the weight gradient dZ2^T H1[:, U_p] lands on the lanes holding them, SGD updates them, and
+// they go back to HBM with their fp16 copy in the row owners' forward order (movmatrix). B1: the same over dZ1's chunks
+// with W1 (dgrad into dZ0[:, U_p], local). B0: W0's update of step s-1 is fused with the forward F0 of step s (one
+// pass over W0's master, streamed from HBM).
+//
+// Memory plan. Global scratch (plan.py's stream_scratch_bytes mirrors make_scratch()):
+//   W0F [P][d/16][NB/8][32] float4, W1F, W2F [P][h/16][NB/8][32] float4: the fp32 masters of CTA p in its fragment
+//     order (W0F: the rows U_p; W1F, W2F: the column blocks U_p), converted from the flat training state in the
+//     prologue and written back to it (with the fp16 copy w16) in the epilogue: a one-off pass (~0.1 ms at h = 4096).
+//     Each fragment is read and written by one lane only (ld/st.global.cg), so program order is all it needs.
+//   W16F1, W16F2 [P][h/16][NB/8][32][4] fp16: the rows of W1, W2 in the row owner's B-fragment order, written by the
+//     column owners after the update (W2: in pass 2 of step s, after R3(s); W1: in B1, after R5(s)), read by bulk copy
+//     in F1/F2 of step s+1 after R1/R2(s+1); the previous readers (step s) copied before arriving at R2/R3(s).
+//   W3A [2][h/16][32][8], W3B [2][h/8][32][4]: W3 in fp16 by step parity (grid_fast.cu's); step s reads parity s % 2
+//     by bulk copy after R3(s); the owners write parity (s + 1) % 2 after arriving at R5(s) (its readers of step s - 1
+//     copied before arriving at R5(s - 1), which this CTA waited in B1(s - 1)).
+//   HG0, HG1, HG2, DZG1 [h/8][32][8] fp16: the exchanged activations, as grid_fast.cu.
+// Bytes a parameter a step (W1, W2): fp16 rows 2 + master read 4 + write 4 + fp16 copy 2 = 12; W0: 8.
+// Shared memory (plan.py's stream_smem_bytes mirrors make_smem()): the batch [2 stages][32][d] uint8; the ring's
+// activation stages [3][CU/8][32][8] fp16 and weight stages [3][NB CU] fp16; the cross-warp reduction buffer; the
+// CTA's own H0, H1, H2, dZ0 tiles [NB/8][32][8] fp16; biases, the W3 slice [16][NB], logits and dlogits [32][16];
+// labels; the profile; the mbarriers.
+#include "common.cuh"
+#include "optim.cuh"
+#include "shuffle.cuh"
+#include "grid.cuh"
+
+// ---- shape, optimizer: compile-time (-D from grid/plan.py); defaults compile 784-4096x3-10, SGD --------------------
+#ifndef GRID_NL
+#define GRID_NL 4
+#define GRID_SIZES {784, 4096, 4096, 4096, 10}
+#define GRID_OFFS {0, 3211264, 3215360, 19992576, 19996672, 36773888, 36777984, 36818944}
+#define GRID_P 128
+#define GRID_B 32
+#define GRID_NT 256
+#define GRID_XIN 0
+#define GRID_PREC 1
+#define GRID_ACT 0
+#define GRID_OPT 0
+#define GRID_NS 0
+#define GRID_SMEM 204648
+#define GRID_SCRATCH 215744512
+#define GRID_LOSS 0
+#endif
+
+static_assert(GRID_NL == 4, "the streaming path trains three hidden layers");
+constexpr int SZ[GRID_NL + 1] = GRID_SIZES;
+constexpr long long OFFS[2 * GRID_NL] = GRID_OFFS;
+constexpr long long OW0 = OFFS[0], OB0 = OFFS[1], OW1 = OFFS[2], OB1 = OFFS[3], OW2 = OFFS[4], OB2 = OFFS[5],
+                    OW3 = OFFS[6], OB3 = OFFS[7];
+constexpr int D = SZ[0], H = SZ[1], C = SZ[4];
+constexpr int P = GRID_P;      // CTAs
+constexpr int NB = H / P;      // units of each hidden layer a CTA owns
+constexpr int NBT = NB / 8;    // 8-unit tiles of them
+constexpr int MT = NB / 16;    // 16-unit m-tiles of them (the weight gradients' A operand)
+constexpr int KS = H / 16;     // k-steps of 16 over a hidden layer
+constexpr int CU = 256;        // units of an activation chunk
+constexpr int NCH = H / CU;    // chunks of an activation
+constexpr int CKS = CU / 16;   // k-steps of a chunk
+constexpr int NW = 8, NT = 256;
+constexpr int KPW = CKS / NW;  // k-steps of a chunk per warp
+constexpr int NST = 3;         // ring stages
+constexpr int NKS0 = D / 16;   // k-steps over the inputs
+constexpr int K0W = (NKS0 + NW - 1) / NW;  // of them per warp at most
+constexpr int BR = 32;         // rows a step (a shorter batch is masked)
+constexpr int NBR = NB + 8;    // row stride (floats) of the cross-warp sums (bank spread)
+constexpr int OPT = GRID_OPT, NS = GRID_NS;
+static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && (NB == 16 || NB == 32), "NB = 16 or 32 units a CTA");
+static_assert(H % CU == 0 && CKS % NW == 0, "chunks of 256 units, whole k-steps per warp");
+static_assert(D % 16 == 0 && D >= 16 && K0W <= 8, "inputs in k-steps of 16, at most 1024");
+static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
+static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
+static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0 && GRID_XIN == 0,
+              "the streaming path: uint8 inputs, mixed precision, ReLU, cross-entropy");
+static_assert(OPT == OPTIM_SGD && NS == 0, "the streaming path's optimizer: SGD without momentum");
+
+__host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
+
+// ---- global scratch (bytes) ----------------------------------------------------------------------------------------
+struct Scratch { long long w0f, w1f, w2f, w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, total; };
+__host__ __device__ constexpr Scratch make_scratch() {
+    Scratch s{};
+    long long o = 0;
+    s.w0f = o; o += up128(4LL * H * D);
+    s.w1f = o; o += up128(4LL * H * H);
+    s.w2f = o; o += up128(4LL * H * H);
+    s.w16f1 = o; o += up128(2LL * H * H);
+    s.w16f2 = o; o += up128(2LL * H * H);
+    s.w3a = o; o += up128(2LL * 2 * KS * 32 * 8);
+    s.w3b = o; o += up128(2LL * 2 * (H / 8) * 32 * 4);
+    s.hg0 = o; o += up128(2LL * H * BR);
+    s.hg1 = o; o += up128(2LL * H * BR);
+    s.hg2 = o; o += up128(2LL * H * BR);
+    s.dzg1 = o; o += up128(2LL * H * BR);
+    s.total = o;
+    return s;
+}
+constexpr Scratch SC = make_scratch();
+static_assert(SC.total <= (long long)GRID_SCRATCH, "grid/plan.py's global scratch is smaller than the kernel's");
+
+// ---- shared memory (bytes) -----------------------------------------------------------------------------------------
+constexpr int XB = BR * D;         // a staged batch
+constexpr int ACTB = CU * BR * 2;  // an activation stage
+constexpr int WB = NB * CU * 2;    // a weight stage: the CTA's fp16 rows of a chunk (or a W3 chunk: CKS * 512)
+static_assert(CKS * 512 <= WB, "a W3 chunk fits a weight stage");
+constexpr int REDF = (8 * 16 * 40 > NW * BR * NBR) ? 8 * 16 * 40 : NW * BR * NBR;  // head [w][16][40]; [w][32][NBR]
+constexpr int NSF = 3 * NB + 16 + 16 * NB + 2 * BR * 16;  // biases, b3, W3 slice [16][NB], logits, dlogits
+struct Smem { int x, act, wr, red, hp, sf, lab, prof, bar, total; };
+__host__ __device__ constexpr Smem make_smem() {
+    Smem y{};
+    int o = 0;
+    y.x = o; o += 2 * XB;
+    y.act = o; o += NST * ACTB;
+    y.wr = o; o += NST * WB;
+    y.red = o; o += REDF * 4;
+    y.hp = o; o += 4 * BR * NB * 2;
+    y.sf = o; o += NSF * 4;
+    y.lab = o; o += 2 * BR * 4;
+    y.prof = o; o += 16 * 8;
+    y.bar = o; o += (2 + NST) * 8;
+    y.total = o;
+    return y;
+}
+constexpr Smem SL = make_smem();
+static_assert(SL.act % 128 == 0 && SL.wr % 128 == 0 && SL.red % 16 == 0 && SL.hp % 16 == 0 && SL.bar % 8 == 0,
+              "alignment of the bulk-copy targets and 16-byte accesses");
+static_assert(SL.total <= GRID_SMEM, "grid/plan.py's shared-memory size is smaller than the kernel's layout");
+
+// ---- PTX helpers of this kernel -------------------------------------------------------------------------------------
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ u32 movtrans(u32 a) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+// a master fragment in global memory: one lane's 16 bytes, cached in L2 only (each is read and written once a step)
+__device__ __forceinline__ void ldcg_f(const float4* p, float (&w)[4]) {
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(w[0]), "=f"(w[1]), "=f"(w[2]), "=f"(w[3]) : "l"(p));
+}
+__device__ __forceinline__ void stcg_f(float4* p, const float (&w)[4]) {
+    asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(w[0]), "f"(w[1]), "f"(w[2]), "f"(w[3])
+                 : "memory");
+}
+// the ReLU mask by the fp16 activation (strictly positive: sign clear, not zero) applied to two fp32 values
+__device__ __forceinline__ u32 mask_pack(float d0, float d1, u32 h) {
+    const bool m0 = (short)(h & 0xffffu) > 0, m1 = (short)(h >> 16) > 0;
+    return pack_h2(m0 ? d0 : 0.f, m1 ? d1 : 0.f);
+}
+__device__ __forceinline__ bool h_pos(half_t h) { return (short)h > 0; }
+
+// ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
+__device__ __noinline__ void stream_stuck(int what, u32 v, u32 target, int s) {
+    printf("grid_stream.cu watchdog: %s at step %d, block %d, thread %d: %u of %u\n",
+           what == 0 ? "round counter" : "mbarrier parity", s, (int)blockIdx.x, (int)threadIdx.x, v, target);
+    __trap();
+}
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity, int s) {
+    u32 polls = 0;
+    u64 t0 = 0;
+    while (!mbar_try(a, parity))
+        if (wait_expired(polls, t0)) stream_stuck(1, a, parity, s);
+}
+// one CTA's arrival: every thread's global writes, then one thread's gpu-scope release (grid.md rule 3)
+__device__ __forceinline__ void round_arrive(u32* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+// thread 0 only: until all P CTAs arrived; then the bulk copies it issues may read their data
+__device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s) {
+    u32 polls = 0, v;
+    u64 t0 = 0;
+    while (true) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+        if ((int)(v - target) >= 0) break;
+        if (wait_expired(polls, t0)) stream_stuck(0, v, target, s);
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// ---- the optimizer step of one element (optim.cuh's arithmetic: SGD, no state) --------------------------------------
+__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w) {
+    float m = 0.f, v = 0.f;
+    optim_update<OPT>(p, o, 0, g, w, m, v);
+}
+
+// ---- building blocks (each a warp's share) --------------------------------------------------------------------------
+__device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * BR + row) * 8 + (unit & 7); }
+// A fragments (16 units x 16 rows) of Hp^T [unit][row] from a CTA-local [NB/8][32][8] fp16 tile: ah[mt][kb]
+__device__ __forceinline__ void load_hpT(u32 (&ah)[MT][2][4], u32 hp, int lane) {
+    const int j4 = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+            ldsm_x4_t(hp + (u32)((((2 * mt + (j4 & 1)) * BR) + 16 * kb + (j4 >> 1) * 8 + r) << 4), ah[mt][kb]);
+}
+// weight gradient of chunk k-step kl (16 rows n of W) x the CTA's NB units, straight into the SGD step of the master
+// fragments w[j][q] = W[n = 16kk + 2t + (q & 1) + 8 (q >> 1)][unit 8j + g]; B = dZ [row][n] from the stage
+__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[MT][2][4], float (&w)[NBT][4],
+                                         const OptimParams& p, const OptimStep& o, int lane) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        u32 b[4];
+        ldsm_x4_t(act + (u32)(((2 * kl + h2) * BR + lane) << 4), b);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+            mma16816(cc, ah[mt][0][0], ah[mt][0][1], ah[mt][0][2], ah[mt][0][3], b[0], b[1]);
+            mma16816(cc, ah[mt][1][0], ah[mt][1][1], ah[mt][1][2], ah[mt][1][3], b[2], b[3]);
+            upd(p, o, cc[0], w[2 * mt][2 * h2]);
+            upd(p, o, cc[1], w[2 * mt][2 * h2 + 1]);
+            upd(p, o, cc[2], w[2 * mt + 1][2 * h2]);
+            upd(p, o, cc[3], w[2 * mt + 1][2 * h2 + 1]);
+        }
+    }
+}
+// the fp16 copy of the master fragments of k-step kk, transposed (movmatrix) into the forward's B-fragment order of
+// the row owners: W16F[p'][kk'][j'][lane][4]
+__device__ __forceinline__ void store_w16(half_t* w16, int cta, int kk, const float (&w)[NBT][4], int lane) {
+#pragma unroll
+    for (int j = 0; j < NBT; ++j) {
+        const int k0 = cta * NB + 8 * j, kk2 = k0 >> 4, slot = (k0 & 8) ? 2 : 0;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const u32 v = movtrans(pack_h2(w[j][2 * h2], w[j][2 * h2 + 1]));
+            const int n0 = 16 * kk + 8 * h2, pp = n0 / NB, jj = (n0 % NB) >> 3;
+            *reinterpret_cast<u32*>(w16 + ((((long long)pp * KS + kk2) * NBT + jj) * 32 + lane) * 4 + slot) = v;
+        }
+    }
+}
+__device__ __forceinline__ void dgrad_ks(const u32 (&a)[2][4], const float (&w)[NBT][4], float (&acc)[2][NBT][4]) {
+#pragma unroll
+    for (int j = 0; j < NBT; ++j) {
+        const u32 b0 = pack_h2(w[j][0], w[j][1]), b1 = pack_h2(w[j][2], w[j][3]);
+        mma16816(acc[0][j], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
+        mma16816(acc[1][j], a[1][0], a[1][1], a[1][2], a[1][3], b0, b1);
+    }
+}
+// A fragments of a [32][CU] activation stage for (m-tile mt, k-step kl of the chunk)
+__device__ __forceinline__ void load_act_a(u32 act, int kl, int mt, int lane, u32 (&a)[4]) {
+    const int j4 = lane >> 3, r = lane & 7;
+    ldsm_x4(act + (u32)((((2 * kl + (j4 >> 1)) * BR) + 16 * mt + (j4 & 1) * 8 + r) << 4), a);
+}
+__device__ __forceinline__ void store_red(float* red, int warp, int lane, const float (&acc)[2][NBT][4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            const int row = 16 * mt + g, col = 8 * j + 2 * t;
+            *reinterpret_cast<float2*>(red + (warp * BR + row) * NBR + col) = make_float2(acc[mt][j][0], acc[mt][j][1]);
+            *reinterpret_cast<float2*>(red + (warp * BR + row + 8) * NBR + col) =
+                make_float2(acc[mt][j][2], acc[mt][j][3]);
+        }
+}
+__device__ __forceinline__ float sum_red(const float* red, int row, int col) {
+    float z = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) z += red[(w * BR + row) * NBR + col];
+    return z;
+}
+__device__ __forceinline__ void zero_acc(float (&acc)[2][NBT][4]) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) acc[a][j][0] = acc[a][j][1] = acc[a][j][2] = acc[a][j][3] = 0.f;
+}
+
+// Benchmark-only phase timing (-DGRID_PROFILE, Tuning.grid_profile): thread 0 of CTA 0 sums clock64() cycles per
+// phase over the epoch (no added barrier: the marks fall where thread 0 passes).
+#define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2+B2, W3 update, R5 wait, B1
+#ifdef GRID_PROFILE
+#define MARK(i)                                      \
+    do {                                             \
+        if (prof_on) {                               \
+            const long long t_ = clock64();          \
+            profs[i] += t_ - profs[15];              \
+            profs[15] = t_;                          \
+        }                                            \
+    } while (0)
+#else
+#define MARK(i) do {} while (0)
+#endif
+
+// ---- the persistent kernel -------------------------------------------------------------------------------------------
+__device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restrict__ x, const int* __restrict__ y,
+                                  u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch,
+                                  float scale, OptimParams prm, u8* scr, u32* sync) {
+    extern __shared__ __align__(128) u8 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cta = blockIdx.x;
+    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
+    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
+    u8* Xs = sm + SL.x;
+    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
+    half_t* actp0 = reinterpret_cast<half_t*>(sm + SL.act);
+    const half_t* wrp0 = reinterpret_cast<const half_t*>(sm + SL.wr);
+    float* red = reinterpret_cast<float*>(sm + SL.red);
+    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
+    half_t* Hp1 = Hp0 + BR * NB;
+    half_t* Hp2 = Hp1 + BR * NB;
+    half_t* dZ0p = Hp2 + BR * NB;
+    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
+    float* b1s = b0s + NB;
+    float* b2s = b1s + NB;
+    float* b3s = b2s + NB;
+    float* w3s = b3s + 16;      // [16 classes][NB units]
+    float* lg = w3s + 16 * NB;  // [32][16]
+    float* dl = lg + BR * 16;   // [32][16]
+    int* lab = reinterpret_cast<int*>(sm + SL.lab);
+#ifdef GRID_PROFILE
+    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
+#endif
+    const u32 bar0 = smem_u32(sm + SL.bar);
+    const u32 xfull0 = bar0, xfull1 = bar0 + 8u;
+    auto full = [&](u32 i) { return bar0 + 16u + 8u * i; };
+    float4* W0F = reinterpret_cast<float4*>(scr + SC.w0f) + (long long)cta * NKS0 * NBT * 32;
+    float4* W1F = reinterpret_cast<float4*>(scr + SC.w1f) + (long long)cta * KS * NBT * 32;
+    float4* W2F = reinterpret_cast<float4*>(scr + SC.w2f) + (long long)cta * KS * NBT * 32;
+    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
+    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
+    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
+    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
+    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
+    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
+    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
+    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
+    u32* counter = sync;
+    const int u0 = cta * NB;  // this CTA's first unit
+    const int own_chunk = u0 / CU, own_off = u0 % CU;  // the chunk holding this CTA's units, and where
+    const float zs = scale * 16777216.f;  // 2^24 * scale turns the fp16-subnormal pixels back into x * scale
+
+    // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
+    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (tid == 0) {
+        mbar_init(xfull0, 1);
+        mbar_init(xfull1, 1);
+        for (u32 i = 0; i < NST; ++i) mbar_init(full(i), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
+    auto kofs = [&](int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); };
+    // the fragment (kk, tile j) of this lane in the flat training state: element q at base + 8j (*stride2) + kofs
+    // (W0: rows u0 + 8j + g, stride 1 along k; W1, W2: columns u0 + 8j + g, stride H along n)
+    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+    auto get = [&](float (&w)[4], long long base, int stride, int kk) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) w[q] = params[base + (long long)kofs(kk, q) * stride];
+    };
+    auto put = [&](const float (&w)[4], long long base, int stride, int kk) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const long long e = base + (long long)kofs(kk, q) * stride;
+            params[e] = w[q];
+            if (w16 != nullptr) w16[e] = from_f<half_t>(w[q]);
+        }
+    };
+    // the lanes that stream a fragment in the steps convert it here and write it back in the epilogue
+    for (int kk = warp; kk < NKS0; kk += NW)
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            float w[4];
+            get(w, e_w0 + 8LL * j * D, 1, kk);
+            stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+        }
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c)
+#pragma unroll 1
+        for (int i = 0; i < KPW; ++i) {
+            const int kk = c * CKS + warp * KPW + i;
+            float w1[NBT][4], w2[NBT][4];
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) {
+                get(w1[j], e_w1 + 8 * j, H, kk);
+                get(w2[j], e_w2 + 8 * j, H, kk);
+                stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
+                stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
+            }
+            store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
+            store_w16(W16F2, cta, kk, w2, lane);
+        }
+    if (tid < NB) {
+        b0s[tid] = params[OB0 + u0 + tid];
+        b1s[tid] = params[OB1 + u0 + tid];
+        b2s[tid] = params[OB2 + u0 + tid];
+    }
+    if (tid < C) b3s[tid] = params[OB3 + tid];
+    // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
+    auto put_w3 = [&](int par, int c, int u, float wv) {
+        const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
+        const int nn = u0 + u, o = nn & 15;
+        W3A[((long long)(par * KS + (nn >> 4)) * 32 + (c & 7) * 4 + ((o & 7) >> 1)) * 8 + ((o >= 8) ? 4 : 0) +
+            ((c >= 8) ? 2 : 0) + (o & 1)] = hv;
+        W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
+            (c & 1)] = hv;
+    };
+    for (int e = tid; e < 16 * NB; e += NT) {
+        const int c = e / NB, u = e % NB;
+        if (c < C) w3s[e] = params[OW3 + (long long)c * H + u0 + u];  // pads stay zero (zeroed above)
+        put_w3(0, c, u, w3s[e]);
+        put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+    }
+
+    // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
+    // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
+    u32 keys[FEISTEL_ROUNDS];
+    round_keys(seed_lo, seed_hi, st->epoch, keys);
+    auto issue_x = [&](int s) {
+        const int m = min(batch, (int)n - s * batch);
+        const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
+        const int sg = s & 1;
+        lab[sg * BR + lane] = lane < m ? y[idx] : -1;
+        __syncwarp();
+        if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
+        __syncwarp();
+        fence_proxy_async();
+        bulk_g2s(smem_u32(Xs + sg * XB + lane * D), x + (u64)idx * D, (u32)D, sg ? xfull1 : xfull0);
+    };
+    __syncthreads();
+    if (warp == 1 && steps > 0) issue_x(0);
+
+    // the ring: every thread counts the issues and the uses alike; thread 0 issues (an activation chunk, and with it
+    // `wbytes` of weights into the same stage's weight slot)
+    u32 r_iss = 0, r_use = 0;
+    auto issue_act = [&](const half_t* src, const half_t* wsrc, u32 wbytes) {
+        if (tid == 0) {
+            const u32 sg = r_iss % NST;
+            fence_proxy_async();
+            mbar_arm_tx(full(sg), (u32)ACTB + (wsrc ? wbytes : 0u));
+            bulk_g2s(act0 + sg * ACTB, src, (u32)ACTB, full(sg));
+            if (wsrc) bulk_g2s(wr0 + sg * WB, wsrc, wbytes, full(sg));
+        }
+        ++r_iss;
+    };
+    auto wait_act = [&](int s) -> u32 {
+        const u32 sg = r_use % NST;
+        mbar_wait(full(sg), (r_use / NST) & 1u, s);
+        ++r_use;
+        return sg;
+    };
+    u32 arrived = 0;  // rounds this CTA arrived at in this launch
+    auto arrive = [&]() {
+        round_arrive(counter);
+        ++arrived;
+    };
+
+#ifdef GRID_PROFILE
+    const bool prof_on = cta == 0 && tid == 0;
+    if (prof_on) profs[15] = clock64();
+#endif
+    const u32 epoch_in_fit = st->epoch_in_fit;
+    const u64 step0 = st->step0;
+    const float* lr_table = st->lr;
+    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
+    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate
+
+    // B0 of step s-1 (weight gradient of W0, SGD in the master fragments, streamed) fused with F0 of step s
+    auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
+        const u8* xc = Xs + (s & 1) * XB;        // X(s)
+        const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
+        u32 ahz[MT][2][4];
+        if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
+#pragma unroll
+        for (int i = 0; i < K0W; ++i) {  // unrolled: every master load of the pass in flight at once
+            const int kk = warp + NW * i;
+            if (kk < NKS0) {
+                float w[NBT][4];
+#pragma unroll
+                for (int j = 0; j < NBT; ++j) ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                if (do_b0) {
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        const int pix = 16 * kk + 8 * h2 + g;
+                        u32 bx[2][2];
+#pragma unroll
+                        for (int kb = 0; kb < 2; ++kb) {
+                            const int r = 16 * kb + 2 * t;
+                            bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
+                            bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+                            mma16816(cc, ahz[mt][0][0], ahz[mt][0][1], ahz[mt][0][2], ahz[mt][0][3], bx[0][0], bx[0][1]);
+                            mma16816(cc, ahz[mt][1][0], ahz[mt][1][1], ahz[mt][1][2], ahz[mt][1][3], bx[1][0], bx[1][1]);
+                            upd(prm, ob, cc[0] * zs, w[2 * mt][2 * h2]);
+                            upd(prm, ob, cc[1] * zs, w[2 * mt][2 * h2 + 1]);
+                            upd(prm, ob, cc[2] * zs, w[2 * mt + 1][2 * h2]);
+                            upd(prm, ob, cc[3] * zs, w[2 * mt + 1][2 * h2 + 1]);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j) stcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                }
+                if (do_f0) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        const int r0 = 16 * mt + g, c0 = 16 * kk + 2 * t;
+                        const u32 a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
+                        const u32 a1 =
+                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
+                        const u32 a2 =
+                            prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
+                        const u32 a3 =
+                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u, 0x4140u);
+#pragma unroll
+                        for (int j = 0; j < NBT; ++j)
+                            mma16816(acc[mt][j], a0, a1, a2, a3, pack_h2(w[j][0], w[j][1]), pack_h2(w[j][2], w[j][3]));
+                    }
+                }
+            }
+        }
+    };
+    // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order
+    auto bias0 = [&](const OptimStep& ob) {
+        if (tid < NB) {
+            float sd = 0.f;
+            for (int b = 0; b < BR; ++b) sd += to_f(dZ0p[cg_idx(b, tid)]);
+            upd(prm, ob, sd, b0s[tid]);
+        }
+    };
+    // the bias step of this CTA's units of a hidden layer from its dZ in a stage (at unit offset col0 of the chunk)
+    auto bias_step = [&](const half_t* dz, int col0, float* bs, const OptimStep& o) {
+        if (tid < NB) {
+            float sd = 0.f;
+            for (int b = 0; b < BR; ++b) sd += to_f(dz[cg_idx(b, col0 + tid)]);
+            upd(prm, o, sd, bs[tid]);
+        }
+    };
+    // forward epilogue: cross-warp sum, bias, ReLU, fp16 to the own tile and the exchange buffer
+    auto fwd_out = [&](float (&acc)[2][NBT][4], float sc, const float* bs, half_t* hp, half_t* hg) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        for (int e = tid; e < BR * NB; e += NT) {
+            const int row = e / NB, col = e % NB;
+            const float z = sum_red(red, row, col) * sc + bs[col];
+            const half_t hv = from_f<half_t>(z > 0.f ? z : 0.f);
+            hp[cg_idx(row, col)] = hv;
+            hg[cg_idx(row, u0 + col)] = hv;
+        }
+    };
+    // dgrad epilogue: cross-warp sum, ReLU mask of the owned activations, fp16 (at unit offset col0 of `out`)
+    auto bwd_out = [&](float (&acc)[2][NBT][4], const half_t* hp, half_t* out, int col0) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        for (int e = tid; e < BR * NB; e += NT) {
+            const int row = e / NB, col = e % NB;
+            const float dh = sum_red(red, row, col);
+            out[cg_idx(row, col0 + col)] = from_f<half_t>(h_pos(hp[cg_idx(row, col)]) ? dh : 0.f);
+        }
+    };
+    // F1 / F2 over the chunks of one activation; the CTA's fp16 rows of W come with each chunk (same mbarrier)
+    auto fwd_layer = [&](int s, const half_t* src, const half_t* w16f, float (&acc)[2][NBT][4], int mk) {
+        const half_t* wbase = w16f + (long long)cta * KS * NBT * 128;
+        if (tid == 0) round_wait(counter, (u32)P * arrived, s);
+#pragma unroll 1
+        for (int c = 0; c < (NST < NCH ? NST : NCH); ++c)
+            issue_act(src + (long long)c * CU * BR, wbase + (long long)c * CKS * NBT * 128, (u32)WB);
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c) {
+            const u32 sg = wait_act(s);
+            if (c == 0) MARK(mk);
+            const u32 a_st = act0 + sg * ACTB;
+            const half_t* wst = wrp0 + sg * (WB / 2);
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                uint2 bf[NBT];
+#pragma unroll
+                for (int j = 0; j < NBT; ++j)
+                    bf[j] = *reinterpret_cast<const uint2*>(wst + ((kl * NBT + j) * 32 + lane) * 4);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    u32 a[4];
+                    load_act_a(a_st, kl, mt, lane, a);
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j) mma16816(acc[mt][j], a[0], a[1], a[2], a[3], bf[j].x, bf[j].y);
+                }
+            }
+            __syncthreads();  // the stage is free
+            if (c + NST < NCH)
+                issue_act(src + (long long)(c + NST) * CU * BR, wbase + (long long)(c + NST) * CKS * NBT * 128,
+                          (u32)WB);
+        }
+    };
+    // the head's sequence of chunks: q < NCH: pass 1 (H2 chunk + W3A chunk), else pass 2 (H2 chunk + W3B chunk)
+    auto issue_head = [&](int q, int par) {
+        const int c = q % NCH;
+        const half_t* w3 = q < NCH ? W3A + ((long long)par * KS + c * CKS) * 256
+                                   : W3B + ((long long)par * (H / 8) + c * (CU / 8)) * 128;
+        issue_act(HG2 + (long long)c * CU * BR, w3, (u32)(CKS * 512));
+    };
+    // a warp's master fragments of chunk c (this warp's KPW k-steps) from HBM
+    auto load_masters = [&](const float4* base, int c, float (&w)[KPW][NBT][4]) {
+#pragma unroll
+        for (int i = 0; i < KPW; ++i)
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) ldcg_f(base + ((c * CKS + warp * KPW + i) * NBT + j) * 32 + lane, w[i][j]);
+    };
+
+    // s = steps runs only the last step's W0 and b0 update (one call site of the pass: code size)
+#pragma unroll 1
+    for (int s = 0; s <= steps; ++s) {
+        const int xs = s & 1, par = s & 1;
+        const bool last = s == steps;
+        const u64 k = (u64)epoch_in_fit * steps + s;
+        const OptimStep oc = last ? o_prev : optim_step<OPT>(prm, lr_table[k], step0 + k + 1);
+        if (!last) mbar_wait(xs ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);
+        MARK(0);
+        // ================= B0(s-1) + F0(s)
+        {
+            if (s > 0) bias0(o_prev);
+            float acc[2][NBT][4];
+            zero_acc(acc);
+            b0f0(s, s > 0, !last, acc, o_prev);
+            if (last) break;
+            fwd_out(acc, zs, b0s, Hp0, HG0);  // (its barrier also orders the b0 update before the reads of b0s)
+        }
+        MARK(1);
+        arrive();  // R1
+        if (warp == 1 && s + 1 < steps) issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
+        // ================= F1, then F2 (one call site: code size)
+#pragma unroll 1
+        for (int l = 1; l <= 2; ++l) {
+            float acc[2][NBT][4];
+            zero_acc(acc);
+            fwd_layer(s, l == 1 ? HG0 : HG1, l == 1 ? W16F1 : W16F2, acc, 2 * l);
+            fwd_out(acc, 1.f, l == 1 ? b1s : b2s, l == 1 ? Hp1 : Hp2, l == 1 ? HG1 : HG2);
+            MARK(2 * l + 1);
+            arrive();  // R2, R3
+        }
+        float w2m[KPW][NBT][4];  // the next chunk's W2 masters (own data: chunk 0's fly during the head)
+        load_masters(W2F, 0, w2m);
+        // ================= head, pass 1: logits of the whole batch in every CTA
+        {
+            if (tid == 0) round_wait(counter, (u32)P * arrived, s);
+#pragma unroll 1
+            for (int q = 0; q < NST; ++q) issue_head(q, par);
+            float accL[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
+            const int j4 = lane >> 3, r = lane & 7;
+#pragma unroll 1
+            for (int c = 0; c < NCH; ++c) {
+                const u32 sg = wait_act(s);
+                if (c == 0) MARK(6);
+                const u32 a_st = act0 + sg * ACTB;
+                const half_t* wst = wrp0 + sg * (WB / 2);
+#pragma unroll
+                for (int i = 0; i < KPW; ++i) {
+                    const int kl = warp * KPW + i;
+                    const uint4 af = *reinterpret_cast<const uint4*>(wst + (kl * 32 + lane) * 8);
+#pragma unroll
+                    for (int ntp = 0; ntp < 4; ntp += 2) {
+                        u32 b[4];
+                        ldsm_x4(a_st + (u32)((((2 * kl + (j4 & 1)) * BR) + 8 * (ntp + (j4 >> 1)) + r) << 4), b);
+                        mma16816(accL[ntp], af.x, af.y, af.z, af.w, b[0], b[1]);
+                        mma16816(accL[ntp + 1], af.x, af.y, af.z, af.w, b[2], b[3]);
+                    }
+                }
+                __syncthreads();  // the stage is free
+                if (c + NST < 2 * NCH) issue_head(c + NST, par);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                *reinterpret_cast<float2*>(red + (warp * 16 + g) * 40 + 8 * nt + 2 * t) =
+                    make_float2(accL[nt][0], accL[nt][1]);
+                *reinterpret_cast<float2*>(red + (warp * 16 + g + 8) * 40 + 8 * nt + 2 * t) =
+                    make_float2(accL[nt][2], accL[nt][3]);
+            }
+            __syncthreads();
+            for (int e = tid; e < BR * C; e += NT) {
+                const int b = e / C, c = e % C;
+                float z = b3s[c];
+#pragma unroll
+                for (int w = 0; w < NW; ++w) z += red[(w * 16 + c) * 40 + b];
+                lg[b * 16 + c] = z;
+            }
+            __syncthreads();
+            if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
+                const int m = min(batch, (int)n - s * batch);
+                const int b = lane, yl = lab[xs * BR + b];
+                float l[C], zmax = __int_as_float(0xff800000);
+                int am = 0x7fffffff;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    l[c] = lg[b * 16 + c];
+                    if (argmax_takes(l[c], zmax)) {
+                        zmax = l[c];
+                        am = c;
+                    }
+                }
+                float S = 0.f, ex[C], zy = 0.f;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    ex[c] = expf(l[c] - zmax);
+                    S += ex[c];
+                    zy += c == yl ? l[c] : 0.f;
+                }
+                const float inv = 1.f / S, inv_rows = 1.f / (float)m;
+                const bool valid = yl >= 0;
+#pragma unroll
+                for (int c = 0; c < C; ++c)
+                    dl[b * 16 + c] = valid ? (ex[c] * inv - (c == yl ? 1.f : 0.f)) * inv_rows : 0.f;
+                if (cta == 0 && valid) {
+                    loss_acc += (double)(logf(S) - (zy - zmax));
+                    ok_acc += am == yl ? 1.0 : 0.0;
+                }
+            }
+            __syncthreads();
+        }
+        MARK(7);
+        // ================= pass 2: dZ2 (a chunk of units at a time, in place in its stage), B2's dgrad, weight
+        // gradient and update of the W2 masters of the chunk
+        {
+            u32 adl[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const int r0 = 16 * mt + g;
+                adl[mt][0] = pack_h2(dl[r0 * 16 + 2 * t], dl[r0 * 16 + 2 * t + 1]);
+                adl[mt][1] = pack_h2(dl[(r0 + 8) * 16 + 2 * t], dl[(r0 + 8) * 16 + 2 * t + 1]);
+                adl[mt][2] = pack_h2(dl[r0 * 16 + 2 * t + 8], dl[r0 * 16 + 2 * t + 9]);
+                adl[mt][3] = pack_h2(dl[(r0 + 8) * 16 + 2 * t + 8], dl[(r0 + 8) * 16 + 2 * t + 9]);
+            }
+            u32 ah1[MT][2][4];
+            load_hpT(ah1, smem_u32(Hp1), lane);
+            float accD[2][NBT][4];
+            zero_acc(accD);
+#pragma unroll 1
+            for (int c = 0; c < NCH; ++c) {
+                float wk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
+#pragma unroll
+                for (int i = 0; i < KPW; ++i)
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) wk[i][j][q] = w2m[i][j][q];
+                if (c + 1 < NCH) load_masters(W2F, c + 1, w2m);
+                const u32 sg = wait_act(s);
+                const u32 a_st = act0 + sg * ACTB;
+                half_t* ap = actp0 + sg * (ACTB / 2);
+                const uint2* w3r = reinterpret_cast<const uint2*>(wrp0 + sg * (WB / 2)) + lane;
+#pragma unroll
+                for (int i = 0; i < KPW; ++i) {
+                    const int kl = warp * KPW + i;
+                    u32 adz[2][4];
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        const int ntl = 2 * kl + h2;
+                        const uint2 wb = w3r[ntl * 32];
+#pragma unroll
+                        for (int mt = 0; mt < 2; ++mt) {
+                            float d[4] = {0.f, 0.f, 0.f, 0.f};
+                            mma16816(d, adl[mt][0], adl[mt][1], adl[mt][2], adl[mt][3], wb.x, wb.y);
+                            const int r0 = 16 * mt + g;
+                            u32* q0 = reinterpret_cast<u32*>(ap + (ntl * BR + r0) * 8 + 2 * t);
+                            u32* q1 = reinterpret_cast<u32*>(ap + (ntl * BR + r0 + 8) * 8 + 2 * t);
+                            const u32 z0 = mask_pack(d[0], d[1], *q0), z1 = mask_pack(d[2], d[3], *q1);
+                            *q0 = z0;
+                            *q1 = z1;
+                            adz[mt][2 * h2] = z0;
+                            adz[mt][2 * h2 + 1] = z1;
+                        }
+                    }
+                    dgrad_ks(adz, wk[i], accD);  // the master before its update
+                    __syncwarp();  // the warp's dZ2 columns are in the stage
+                    wgrad_ks(a_st, kl, ah1, wk[i], prm, oc, lane);
+                    const int kk = c * CKS + kl;
+                    store_w16(W16F2, cta, kk, wk[i], lane);
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j) stcg_f(W2F + (kk * NBT + j) * 32 + lane, wk[i][j]);
+                }
+                fence_proxy_async();  // in-place generic writes before a later bulk copy into this stage
+                __syncthreads();
+                if (c == own_chunk) bias_step(ap, own_off, b2s, oc);
+                __syncthreads();  // the stage is free
+                if (NCH + c + NST < 2 * NCH) issue_head(NCH + c + NST, par);
+            }
+            bwd_out(accD, Hp1, DZG1, u0);
+        }
+        MARK(8);
+        arrive();  // R5
+        {  // the owners' side of the head, off the critical path: b3 (replicated, the same order everywhere) and
+           // W3[:, U_p] (fp32 slice) with its fp16 copies for step s+1
+            if (tid < C) {
+                float sd = 0.f;
+                for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
+                upd(prm, oc, sd, b3s[tid]);
+            }
+            for (int e = tid; e < 16 * NB; e += NT) {
+                const int c = e / NB, u = e % NB;
+                float wv = w3s[e];
+                if (c < C) {
+                    float sw = 0.f;
+                    for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
+                    upd(prm, oc, sw, wv);
+                    w3s[e] = wv;
+                }
+                put_w3(par ^ 1, c, u, wv);
+            }
+        }
+        MARK(9);
+        // ================= B1: dgrad to dZ0 (local), W1's weight gradient and update, chunk by chunk
+        {
+            float w1m[KPW][NBT][4];
+            load_masters(W1F, 0, w1m);
+            if (tid == 0) round_wait(counter, (u32)P * arrived, s);
+#pragma unroll 1
+            for (int c = 0; c < NST; ++c) issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
+            u32 ah0[MT][2][4];
+            load_hpT(ah0, smem_u32(Hp0), lane);
+            float accD[2][NBT][4];
+            zero_acc(accD);
+#pragma unroll 1
+            for (int c = 0; c < NCH; ++c) {
+                float wk[KPW][NBT][4];
+#pragma unroll
+                for (int i = 0; i < KPW; ++i)
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) wk[i][j][q] = w1m[i][j][q];
+                if (c + 1 < NCH) load_masters(W1F, c + 1, w1m);
+                const u32 sg = wait_act(s);
+                if (c == 0) MARK(10);
+                const u32 a_st = act0 + sg * ACTB;
+#pragma unroll
+                for (int i = 0; i < KPW; ++i) {
+                    const int kl = warp * KPW + i;
+                    u32 az[2][4];
+                    load_act_a(a_st, kl, 0, lane, az[0]);
+                    load_act_a(a_st, kl, 1, lane, az[1]);
+                    dgrad_ks(az, wk[i], accD);
+                    wgrad_ks(a_st, kl, ah0, wk[i], prm, oc, lane);
+                    const int kk = c * CKS + kl;
+                    store_w16(W16F1, cta, kk, wk[i], lane);
+#pragma unroll
+                    for (int j = 0; j < NBT; ++j) stcg_f(W1F + (kk * NBT + j) * 32 + lane, wk[i][j]);
+                }
+                if (c == own_chunk) {
+                    __syncthreads();
+                    bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, oc);
+                }
+                __syncthreads();  // the stage is free
+                if (c + NST < NCH) issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
+            }
+            bwd_out(accD, Hp0, dZ0p, 0);
+            __syncthreads();
+        }
+        MARK(11);
+        o_prev = oc;
+    }
+
+    // ---- everything this CTA owns back to the flat training state (the loop's s = steps did the last W0 update)
+    __syncthreads();
+    for (int kk = warp; kk < NKS0; kk += NW)
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            float w[4];
+            ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+            put(w, e_w0 + 8LL * j * D, 1, kk);
+        }
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c)
+#pragma unroll 1
+        for (int i = 0; i < KPW; ++i) {
+            const int kk = c * CKS + warp * KPW + i;
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) {
+                float w[4];
+                ldcg_f(W1F + (kk * NBT + j) * 32 + lane, w);
+                put(w, e_w1 + 8 * j, H, kk);
+                ldcg_f(W2F + (kk * NBT + j) * 32 + lane, w);
+                put(w, e_w2 + 8 * j, H, kk);
+            }
+        }
+    auto put1 = [&](long long e, float w) {
+        params[e] = w;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+    };
+    if (tid < NB) {
+        put1(OB0 + u0 + tid, b0s[tid]);
+        put1(OB1 + u0 + tid, b1s[tid]);
+        put1(OB2 + u0 + tid, b2s[tid]);
+    }
+    for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e]);
+    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid]);
+    if (cta == 0 && warp == 0) {  // the epoch's loss sum and correct count (CTA 0 computed every row's)
+        double l = loss_acc, c = ok_acc;
+        for (int o = 16; o > 0; o >>= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+            c += __shfl_xor_sync(0xffffffffu, c, o);
+        }
+        if (lane == 0) {
+            st->hist[2 * epoch_in_fit] += l;
+            st->hist[2 * epoch_in_fit + 1] += c;
+        }
+    }
+#ifdef GRID_PROFILE
+    if (prof_on) {
+        long long* out = reinterpret_cast<long long*>(sync + 32);  // bytes 128..
+        for (int q = 0; q < NPHASE; ++q) out[q] = profs[q];
+        out[NPHASE] = steps;
+        out[NPHASE + 1] = arrived;
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+grid_stream_kernel(float* params, float* s1, float* s2, half_t* w16, const u8* x, const int* y, u32 n, u32 seed_lo,
+                   u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
+                   OptimParams opt, u8* scratch, u32* sync) {
+#if __CUDA_ARCH__ >= 900
+    // SGD keeps no state (s1, s2 unused) and the plan refuses a shift (shift unused)
+    grid_stream_epoch(params, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, opt, scratch, sync);
+#else
+    __trap();  // grid/plan.py refuses GPUs older than sm_90
+#endif
+}
