@@ -117,6 +117,14 @@ def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_
     f32, u8 = np.dtype(np.float32), np.dtype(np.uint8)
     assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
     assert not forced.runs_graph_step(f32) and not forced.runs_graph_step(u8)
+    # the streaming kernel (grid_stream.cu) serves uint8 rows only: float32 ones take the graph step too
+    from fastnn.engine.grid.plan import grid_plan
+
+    wide = MLP([784, 2048, 2048, 2048, 10])
+    cfg = EngineConfig(model=wide, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
+    auto = GridEngine(cfg, init_parameters(wide, 0), graph_fallback=True)
+    assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
+    assert grid_plan(cfg, u8).source == "grid_stream.cu" and grid_plan(cfg, f32).source == "grid.cu"
 
 
 def test_auto_grid_falls_back_to_the_graph_step_where_the_fast_kernel_cannot_hold_the_set(loads, monkeypatch):

@@ -46,13 +46,19 @@ class GridRule:
 #: `fused.fast_kernel_serves`: a normalize shift or AdamW at h = 128, ~39 and 72 us/step on fused.cu against
 #: ~11-12 and (at h = 256) ~38 on grid_fast.cu). A gap remains: fused_mlp.cu serves uint8 rows only, so float32
 #: rows without a shift at h <= 128 still run fused.cu; the rule is decided before the data is seen. Wider than 1024
-#: the fast kernel does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine, so "auto"
-#: takes the graph one.
+#: the fast kernel does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine: see below.
 #: AdamW on the fast kernel (bench_fused.py --optimizer adamw --only sweep --engines graph,grid, one H100 call): 37.8 /
 #: 46.7 / 74.5 us/step at h = 256 / 512 / 1024 against the graph engine's 45.2 / 57.2 / 88.5 (1.19-1.23x; AdamW's
 #: step is 3-4x SGD's on this kernel: two moments and a called element step per weight, the moments in L2 above
 #: h = 384), so the rule takes AdamW too.
-GRID_RULE = GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"))
+#: Wider than 1024 the streaming kernel (native/grid_stream.cu, masters in HBM: grid/plan.py's `stream_plan`: three
+#: equal hidden layers, h a multiple of 256 at 16 or 32 units a CTA, uint8, "mixed", batch <= 32, SGD without
+#: momentum) ran 55.22 / 167.12 us/step at h = 2048 / 4096 against the graph engine's 122.05 / 300.70 in the same call
+#: (the lead, H100 80GB HBM3, bench_fused.py --only sweep --widths 2048,4096 --engines grid,graph: 2.21x / 1.80x,
+#: the same test accuracy to 1e-4), so the range reaches 4096; `prefer_grid` still takes a model only where one of
+#: the two fast kernels serves it (momentum or AdamW above 1024 stay with the graph engine; float32 rows of a model
+#: auto gave the grid engine train with the graph engine's step).
+GRID_RULE = GridRule(min_hidden=128, max_hidden=4096, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"))
 
 
 @dataclass(frozen=True)
@@ -97,8 +103,9 @@ class Tuning:
     #: Grid engine: compile its kernel (grid.cu or grid_fast.cu) with -DGRID_PROFILE: CTA 0 sums clock64 cycles per
     #: phase into a small device array (GridTrainContext.phase_cycles reads it back). Benchmarks only.
     grid_profile: bool = False
-    #: Grid engine: the fast kernel (native/grid_fast.cu) wherever grid/plan.py's `fast_plan` serves the model; False
-    #: keeps every model on the generic native/grid.cu (benchmarks compare the two; tests force the generic one).
+    #: Grid engine: the fast kernels (native/grid_fast.cu, native/grid_stream.cu) wherever grid/plan.py's `fast_plan`
+    #: or `stream_plan` serves the model; False keeps every model on the generic native/grid.cu (benchmarks compare
+    #: them; tests force the generic one).
     grid_fast: bool = True
     #: Fused engine: MLPs on native/fused_mlp.cu wherever fused/plan.py's `mlp_plan` serves them (hidden layers up to
     #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25: 8.7-8.9 us a step at 784-128x3-10 on an H100).

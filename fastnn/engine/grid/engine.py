@@ -27,7 +27,7 @@ from ..graph.contexts import TrainContext
 from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
 from ..graph.upload import DataKey
 from ..tuning import GRID_RULE, GridRule
-from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, fast_plan, grid_plan
+from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, grid_plan
 
 __all__ = ["GridEngine", "GridTrainContext", "check_scratch_fits", "prefer_grid"]
 
@@ -53,10 +53,10 @@ def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> 
 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
-    precision fall in the measured range and the fast kernel (plan.fast_plan) serves the model on `device` (None: an
-    H100) for uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a type the fast kernel
-    cannot serve then train with the graph engine's step (GridEngine.graph_fallback), never with grid.cu (version 1),
-    which is slower than the graph engine."""
+    precision fall in the measured range and one of the fast kernels (plan.fast_plan's grid_fast.cu, plan.stream_plan's
+    grid_stream.cu) serves the model on `device` (None: an H100) for uint8 or float32 inputs. The engine is chosen
+    before the data is seen: rows of a type neither fast kernel serves then train with the graph engine's step
+    (GridEngine.graph_fallback), never with grid.cu (version 1), which is slower than the graph engine."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
     in_range = (
@@ -71,7 +71,10 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
         return False
     sms = device.sm_count if device is not None else HOPPER_SMS
     smem = device.max_shared_memory_optin if device is not None else HOPPER_SMEM
-    return any(isinstance(fast_plan(config, dt, sms, smem), GridPlan) for dt in (np.uint8, np.float32))
+    return any(
+        isinstance(plan, GridPlan) and plan.source != "grid.cu"
+        for plan in (grid_plan(config, dt, sms, smem) for dt in (np.uint8, np.float32))
+    )
 
 
 class GridEngine(GraphEngine):
@@ -98,9 +101,9 @@ class GridEngine(GraphEngine):
             raise ConfigError(f"engine='grid' cannot train this model: {reason}")
         super().__init__(config, state, ordinal)
         #: engine="auto" chose this engine for its fast kernel before it saw the data (prefer_grid). Where the data's
-        #: type still keeps grid_fast.cu from serving the model, an epoch is then the graph engine's step, not grid.cu's
-        #: (measured 4-10x slower than the graph engine: tuning.GRID_RULE); so it is where the set or the kernel's
-        #: scratch does not fit in GPU memory. engine="grid" itself never falls back.
+        #: type still keeps grid_fast.cu and grid_stream.cu from serving the model, an epoch is then the graph engine's
+        #: step, not grid.cu's (measured 4-19x slower than the graph engine: tuning.GRID_RULE); so it is where the set
+        #: or the kernel's scratch does not fit in GPU memory. engine="grid" itself never falls back.
         self.graph_fallback = graph_fallback
 
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
