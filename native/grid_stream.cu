@@ -1,8 +1,8 @@
 // grid_stream.cu: the grid engine's streaming path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three
 // hidden layers of equal width h = 2048 or 4096, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision
-// with plain SGD (weight decay allowed), in ONE cooperative persistent kernel of P = 128 CTAs, one per SM, where the
-// masters do not fit on chip: every master lives in global memory (HBM) and is read once and written once a step, the
-// weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
+// with SGD (momentum, Nesterov, weight decay), in ONE cooperative persistent kernel of P = 128 CTAs, one per SM,
+// where the masters do not fit on chip: every master lives in global memory (HBM) and is read once and written once
+// a step, the weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe.cu (its "STREAM" mode, Cfg<4096, 32, false>: 169.5 us/step measured; the design: ../shared/design/
 // grid.md 3.4) on grid_fast.cu's scaffolding (prologue, gather, head, history, masks, optimizer); grid/plan.py's
 // stream_plan sends here exactly the models it serves. Same kernel signature as grid_fast.cu and grid.cu.
@@ -10,19 +10,20 @@
 // What it computes: the same epoch as grid_fast.cu, the other engines and the NumPy engine (the definition): for each
 // step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed
 // order (shuffle.cuh), x*scale; Linear + ReLU three times, Linear; softmax cross-entropy averaged over the m rows; the
-// backward pass; plain SGD (optim.cuh's optim_update: w - lr (g + wd w)) of every parameter at the rate
-// st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count are added to st->hist[2 * epoch_in_fit +
-// {0, 1}]. Numerics ("mixed", as grid_fast.cu): fp16 operands on the tensor cores (mma.sync m16n8k16, fp32
-// accumulation), fp32 masters; activations H and gradients dZ stored as fp16, dlogits fp32 (fp16 as an operand);
-// uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and scale * 2^24 multiplies the fp32
-// accumulators. A short batch (m < 32 rows) is masked: rows m..31 are gathered as copies of row m-1 and their dlogits
-// are zero; the mean divides by m.
+// backward pass; SGD (optim.cuh's optim_update: plain, or with momentum / Nesterov / weight decay) of every parameter
+// at the rate st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct count are added to
+// st->hist[2 * epoch_in_fit + {0, 1}]. Numerics ("mixed", as grid_fast.cu): fp16 operands on the tensor cores
+// (mma.sync m16n8k16, fp32 accumulation), fp32 masters; activations H and gradients dZ stored as fp16, dlogits fp32
+// (fp16 as an operand); uint8 pixels enter the tensor cores as the fp16 subnormals x * 2^-24 (exact) and
+// scale * 2^24 multiplies the fp32 accumulators. A short batch (m < 32 rows) is masked: rows m..31 are gathered as
+// copies of row m-1 and their dlogits are zero; the mean divides by m.
 //
-// Launch: grid = GRID_P = 128 CTAs (h / NB, NB = h / 128 units a CTA: 16 at h = 2048, 32 at 4096; cooperative, all
-// resident), block = 256 threads (8 warps), dynamic shared memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of
-// global memory (plan.py's stream_smem_bytes / stream_scratch_bytes; the static_asserts below check the kernel needs
-// no more); `sync` = 256 bytes whose word 0, the round counter, the engine zeroes before every launch, and whose bytes
-// 128.. receive the phase profile (-DGRID_PROFILE).
+// Launch: grid = GRID_P = h / NB CTAs (NB = 16 or 32 units a CTA, the fewest that keep the CTAs within the SMs: 128
+// CTAs of 16 at h = 2048, of 32 at 4096; cooperative, all resident), block = 256 threads (8 warps), dynamic shared
+// memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of global memory (plan.py's stream_smem_bytes /
+// stream_scratch_bytes; the static_asserts below check the kernel needs no more); `sync` = 256 bytes whose word 0,
+// the round counter, the engine zeroes before every launch, and whose bytes 128.. receive the phase profile
+// (-DGRID_PROFILE).
 //
 // Partition (grid_fast.cu's "column-master", NB units instead of 8): CTA p owns U_p = [NB p, NB p + NB) of every
 // hidden layer: the rows W0[U_p, :], the forward outputs Z_l[:, U_p], the column blocks W1[:, U_p], W2[:, U_p] (their
@@ -53,10 +54,15 @@
 //     by bulk copy after R3(s); the owners write parity (s + 1) % 2 after arriving at R5(s) (its readers of step s - 1
 //     copied before arriving at R5(s - 1), which this CTA waited in B1(s - 1)).
 //   HG0, HG1, HG2, DZG1 [h/8][32][8] fp16: the exchanged activations, as grid_fast.cu.
-// Bytes a parameter a step (W1, W2): fp16 rows 2 + master read 4 + write 4 + fp16 copy 2 = 12; W0: 8.
+//   M0F, M1F, M2F (momentum only): SGD's momentum buffers of W0, W1, W2 in the same fragment order, read and written
+//     beside their masters by the same lane (from the flat state s1 and back to it); at NB = 16 a chunk ahead with the
+//     masters, at NB = 32 (registers) as each k-step begins. The biases', b3's and W3 slice's momentum: shared memory.
+// Bytes a parameter a step (W1, W2): fp16 rows 2 + master read 4 + write 4 + fp16 copy 2 = 12 (momentum: 20); W0: 8
+// (16).
 // Shared memory (plan.py's stream_smem_bytes mirrors make_smem()): the batch [2 stages][32][d] uint8; the ring's
 // activation stages [3][CU/8][32][8] fp16 and weight stages [3][NB CU] fp16; the cross-warp reduction buffer; the
-// CTA's own H0, H1, H2, dZ0 tiles [NB/8][32][8] fp16; biases, the W3 slice [16][NB], logits and dlogits [32][16];
+// CTA's own H0, H1, H2, dZ0 tiles [NB/8][32][8] fp16; biases, the W3 slice [16][NB], logits and dlogits [32][16]
+// (and the momentum of the biases, b3 and the W3 slice);
 // labels; the profile; the mbarriers.
 #include "common.cuh"
 #include "optim.cuh"
@@ -110,12 +116,19 @@ static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
 static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0 && GRID_XIN == 0,
               "the streaming path: uint8 inputs, mixed precision, ReLU, cross-entropy");
-static_assert(OPT == OPTIM_SGD && NS == 0, "the streaming path's optimizer: SGD without momentum");
+static_assert(OPT == OPTIM_SGD && NS <= 1, "the streaming path's optimizer: SGD with or without momentum");
+constexpr bool MOM = NS == 1;  // SGD's momentum buffer streams beside each master (same fragment order)
+constexpr int MSF = 3 * NB + 16 + 16 * NB;  // the momentum of the biases, b3 and the W3 slice (floats)
+// B0 + F0: k-steps of W0 whose master (and momentum) loads are hoisted together (registers: 16 or 32 floats each)
+constexpr int B0U = MOM ? (NBT <= 2 ? 3 : 2) : K0W;
+// the momentum of the next chunk prefetched with its masters where the registers allow (NB = 16); at NB = 32 (255
+// registers otherwise spill) a k-step's momentum is loaded as the k-step begins, its latency under its dgrad
+constexpr bool MPRE = MOM && NBT <= 2;
 
 __host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
 
 // ---- global scratch (bytes) ----------------------------------------------------------------------------------------
-struct Scratch { long long w0f, w1f, w2f, w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, total; };
+struct Scratch { long long w0f, w1f, w2f, w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, m0f, m1f, m2f, total; };
 __host__ __device__ constexpr Scratch make_scratch() {
     Scratch s{};
     long long o = 0;
@@ -130,6 +143,9 @@ __host__ __device__ constexpr Scratch make_scratch() {
     s.hg1 = o; o += up128(2LL * H * BR);
     s.hg2 = o; o += up128(2LL * H * BR);
     s.dzg1 = o; o += up128(2LL * H * BR);
+    s.m0f = o; o += MOM ? up128(4LL * H * D) : 0;  // the momentum of W0, W1, W2 beside their masters
+    s.m1f = o; o += MOM ? up128(4LL * H * H) : 0;
+    s.m2f = o; o += MOM ? up128(4LL * H * H) : 0;
     s.total = o;
     return s;
 }
@@ -143,7 +159,7 @@ constexpr int WB = NB * CU * 2;    // a weight stage: the CTA's fp16 rows of a c
 static_assert(CKS * 512 <= WB, "a W3 chunk fits a weight stage");
 constexpr int REDF = (8 * 16 * 40 > NW * BR * NBR) ? 8 * 16 * 40 : NW * BR * NBR;  // head [w][16][40]; [w][32][NBR]
 constexpr int NSF = 3 * NB + 16 + 16 * NB + 2 * BR * 16;  // biases, b3, W3 slice [16][NB], logits, dlogits
-struct Smem { int x, act, wr, red, hp, sf, lab, prof, bar, total; };
+struct Smem { int x, act, wr, red, hp, sf, msf, lab, prof, bar, total; };
 __host__ __device__ constexpr Smem make_smem() {
     Smem y{};
     int o = 0;
@@ -153,6 +169,7 @@ __host__ __device__ constexpr Smem make_smem() {
     y.red = o; o += REDF * 4;
     y.hp = o; o += 4 * BR * NB * 2;
     y.sf = o; o += NSF * 4;
+    y.msf = o; o += NS * MSF * 4;
     y.lab = o; o += 2 * BR * 4;
     y.prof = o; o += 16 * 8;
     y.bar = o; o += (2 + NST) * 8;
@@ -238,9 +255,10 @@ __device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s
 }
 
 // ---- the optimizer step of one element (optim.cuh's arithmetic: SGD, no state) --------------------------------------
-__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w) {
-    float m = 0.f, v = 0.f;
-    optim_update<OPT>(p, o, 0, g, w, m, v);
+// (m: the element's momentum buffer, unused without momentum)
+__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m) {
+    float v = 0.f;
+    optim_update<OPT>(p, o, NS, g, w, m, v);
 }
 
 // ---- building blocks (each a warp's share) --------------------------------------------------------------------------
@@ -257,7 +275,7 @@ __device__ __forceinline__ void load_hpT(u32 (&ah)[MT][2][4], u32 hp, int lane) 
 // weight gradient of chunk k-step kl (16 rows n of W) x the CTA's NB units, straight into the SGD step of the master
 // fragments w[j][q] = W[n = 16kk + 2t + (q & 1) + 8 (q >> 1)][unit 8j + g]; B = dZ [row][n] from the stage
 __device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[MT][2][4], float (&w)[NBT][4],
-                                         const OptimParams& p, const OptimStep& o, int lane) {
+                                         float (&m)[NBT][4], const OptimParams& p, const OptimStep& o, int lane) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
         u32 b[4];
@@ -267,10 +285,10 @@ __device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[MT][2]
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
             mma16816(cc, ah[mt][0][0], ah[mt][0][1], ah[mt][0][2], ah[mt][0][3], b[0], b[1]);
             mma16816(cc, ah[mt][1][0], ah[mt][1][1], ah[mt][1][2], ah[mt][1][3], b[2], b[3]);
-            upd(p, o, cc[0], w[2 * mt][2 * h2]);
-            upd(p, o, cc[1], w[2 * mt][2 * h2 + 1]);
-            upd(p, o, cc[2], w[2 * mt + 1][2 * h2]);
-            upd(p, o, cc[3], w[2 * mt + 1][2 * h2 + 1]);
+            upd(p, o, cc[0], w[2 * mt][2 * h2], m[2 * mt][2 * h2]);
+            upd(p, o, cc[1], w[2 * mt][2 * h2 + 1], m[2 * mt][2 * h2 + 1]);
+            upd(p, o, cc[2], w[2 * mt + 1][2 * h2], m[2 * mt + 1][2 * h2]);
+            upd(p, o, cc[3], w[2 * mt + 1][2 * h2 + 1], m[2 * mt + 1][2 * h2 + 1]);
         }
     }
 }
@@ -343,7 +361,8 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][NBT][4]) {
 #endif
 
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
-__device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restrict__ x, const int* __restrict__ y,
+__device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
+                                  const int* __restrict__ y,
                                   u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch,
                                   float scale, OptimParams prm, u8* scr, u32* sync) {
     extern __shared__ __align__(128) u8 sm[];
@@ -367,6 +386,11 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
     float* w3s = b3s + 16;      // [16 classes][NB units]
     float* lg = w3s + 16 * NB;  // [32][16]
     float* dl = lg + BR * 16;   // [32][16]
+    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // momentum of b0, b1, b2, b3, the W3 slice (same layout)
+    float* mb1 = mb0 + NB;
+    float* mb2 = mb1 + NB;
+    float* mb3 = mb2 + NB;
+    float* mw3 = mb3 + 16;
     int* lab = reinterpret_cast<int*>(sm + SL.lab);
 #ifdef GRID_PROFILE
     long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
@@ -377,6 +401,9 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
     float4* W0F = reinterpret_cast<float4*>(scr + SC.w0f) + (long long)cta * NKS0 * NBT * 32;
     float4* W1F = reinterpret_cast<float4*>(scr + SC.w1f) + (long long)cta * KS * NBT * 32;
     float4* W2F = reinterpret_cast<float4*>(scr + SC.w2f) + (long long)cta * KS * NBT * 32;
+    float4* M0F = reinterpret_cast<float4*>(scr + SC.m0f) + (long long)cta * NKS0 * NBT * 32;  // MOM only
+    float4* M1F = reinterpret_cast<float4*>(scr + SC.m1f) + (long long)cta * KS * NBT * 32;
+    float4* M2F = reinterpret_cast<float4*>(scr + SC.m2f) + (long long)cta * KS * NBT * 32;
     half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
     half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
     half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
@@ -404,9 +431,10 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
     // the fragment (kk, tile j) of this lane in the flat training state: element q at base + 8j (*stride2) + kofs
     // (W0: rows u0 + 8j + g, stride 1 along k; W1, W2: columns u0 + 8j + g, stride H along n)
     const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
-    auto get = [&](float (&w)[4], long long base, int stride, int kk) {
+    // (src: the parameters, or the momentum buffer s1g)
+    auto get = [&](float (&w)[4], const float* src, long long base, int stride, int kk) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) w[q] = params[base + (long long)kofs(kk, q) * stride];
+        for (int q = 0; q < 4; ++q) w[q] = src[base + (long long)kofs(kk, q) * stride];
     };
     auto put = [&](const float (&w)[4], long long base, int stride, int kk) {
 #pragma unroll
@@ -416,13 +444,21 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             if (w16 != nullptr) w16[e] = from_f<half_t>(w[q]);
         }
     };
+    auto put_m = [&](const float (&m)[4], long long base, int stride, int kk) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) s1g[base + (long long)kofs(kk, q) * stride] = m[q];
+    };
     // the lanes that stream a fragment in the steps convert it here and write it back in the epilogue
     for (int kk = warp; kk < NKS0; kk += NW)
 #pragma unroll
         for (int j = 0; j < NBT; ++j) {
             float w[4];
-            get(w, e_w0 + 8LL * j * D, 1, kk);
+            get(w, params, e_w0 + 8LL * j * D, 1, kk);
             stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+            if constexpr (MOM) {
+                get(w, s1g, e_w0 + 8LL * j * D, 1, kk);
+                stcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
+            }
         }
 #pragma unroll 1
     for (int c = 0; c < NCH; ++c)
@@ -432,20 +468,32 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             float w1[NBT][4], w2[NBT][4];
 #pragma unroll
             for (int j = 0; j < NBT; ++j) {
-                get(w1[j], e_w1 + 8 * j, H, kk);
-                get(w2[j], e_w2 + 8 * j, H, kk);
+                get(w1[j], params, e_w1 + 8 * j, H, kk);
+                get(w2[j], params, e_w2 + 8 * j, H, kk);
                 stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
                 stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
+                if constexpr (MOM) {
+                    float m[4];
+                    get(m, s1g, e_w1 + 8 * j, H, kk);
+                    stcg_f(M1F + (kk * NBT + j) * 32 + lane, m);
+                    get(m, s1g, e_w2 + 8 * j, H, kk);
+                    stcg_f(M2F + (kk * NBT + j) * 32 + lane, m);
+                }
             }
             store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
             store_w16(W16F2, cta, kk, w2, lane);
         }
+    // one element of a bias or of the W3 slice (shared memory: w, its momentum at *ms) from flat element e
+    auto get1 = [&](float& w, float* ms, long long e) {
+        w = params[e];
+        if constexpr (MOM) *ms = s1g[e];
+    };
     if (tid < NB) {
-        b0s[tid] = params[OB0 + u0 + tid];
-        b1s[tid] = params[OB1 + u0 + tid];
-        b2s[tid] = params[OB2 + u0 + tid];
+        get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
+        get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
+        get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
     }
-    if (tid < C) b3s[tid] = params[OB3 + tid];
+    if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
     // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
     auto put_w3 = [&](int par, int c, int u, float wv) {
         const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
@@ -457,7 +505,7 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
     };
     for (int e = tid; e < 16 * NB; e += NT) {
         const int c = e / NB, u = e % NB;
-        if (c < C) w3s[e] = params[OW3 + (long long)c * H + u0 + u];  // pads stay zero (zeroed above)
+        if (c < C) get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
         put_w3(0, c, u, w3s[e]);
         put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
     }
@@ -514,6 +562,12 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
     const float* lr_table = st->lr;
     double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
     OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate
+    // the SGD step of one shared-memory element (a bias, b3, the W3 slice) with its momentum at *ms
+    auto upd1 = [&](const OptimStep& o, float g, float& w, float* ms) {
+        float m = MOM ? *ms : 0.f;
+        upd(prm, o, g, w, m);
+        if constexpr (MOM) *ms = m;
+    };
 
     // B0 of step s-1 (weight gradient of W0, SGD in the master fragments, streamed) fused with F0 of step s
     auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
@@ -521,13 +575,16 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
         const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
         u32 ahz[MT][2][4];
         if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
-#pragma unroll
-        for (int i = 0; i < K0W; ++i) {  // unrolled: every master load of the pass in flight at once
+#pragma unroll B0U
+        for (int i = 0; i < K0W; ++i) {  // unrolled: the master loads of B0U k-steps in flight at once
             const int kk = warp + NW * i;
             if (kk < NKS0) {
-                float w[NBT][4];
+                float w[NBT][4], mo[NBT][4];
 #pragma unroll
-                for (int j = 0; j < NBT; ++j) ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                for (int j = 0; j < NBT; ++j) {
+                    ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                    if (MOM && do_b0) ldcg_f(M0F + (kk * NBT + j) * 32 + lane, mo[j]);
+                }
                 if (do_b0) {
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
@@ -544,14 +601,17 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
                             float cc[4] = {0.f, 0.f, 0.f, 0.f};
                             mma16816(cc, ahz[mt][0][0], ahz[mt][0][1], ahz[mt][0][2], ahz[mt][0][3], bx[0][0], bx[0][1]);
                             mma16816(cc, ahz[mt][1][0], ahz[mt][1][1], ahz[mt][1][2], ahz[mt][1][3], bx[1][0], bx[1][1]);
-                            upd(prm, ob, cc[0] * zs, w[2 * mt][2 * h2]);
-                            upd(prm, ob, cc[1] * zs, w[2 * mt][2 * h2 + 1]);
-                            upd(prm, ob, cc[2] * zs, w[2 * mt + 1][2 * h2]);
-                            upd(prm, ob, cc[3] * zs, w[2 * mt + 1][2 * h2 + 1]);
+                            upd(prm, ob, cc[0] * zs, w[2 * mt][2 * h2], mo[2 * mt][2 * h2]);
+                            upd(prm, ob, cc[1] * zs, w[2 * mt][2 * h2 + 1], mo[2 * mt][2 * h2 + 1]);
+                            upd(prm, ob, cc[2] * zs, w[2 * mt + 1][2 * h2], mo[2 * mt + 1][2 * h2]);
+                            upd(prm, ob, cc[3] * zs, w[2 * mt + 1][2 * h2 + 1], mo[2 * mt + 1][2 * h2 + 1]);
                         }
                     }
 #pragma unroll
-                    for (int j = 0; j < NBT; ++j) stcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                    for (int j = 0; j < NBT; ++j) {
+                        stcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
+                        if constexpr (MOM) stcg_f(M0F + (kk * NBT + j) * 32 + lane, mo[j]);
+                    }
                 }
                 if (do_f0) {
 #pragma unroll
@@ -577,15 +637,15 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
         if (tid < NB) {
             float sd = 0.f;
             for (int b = 0; b < BR; ++b) sd += to_f(dZ0p[cg_idx(b, tid)]);
-            upd(prm, ob, sd, b0s[tid]);
+            upd1(ob, sd, b0s[tid], mb0 + tid);
         }
     };
     // the bias step of this CTA's units of a hidden layer from its dZ in a stage (at unit offset col0 of the chunk)
-    auto bias_step = [&](const half_t* dz, int col0, float* bs, const OptimStep& o) {
+    auto bias_step = [&](const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
         if (tid < NB) {
             float sd = 0.f;
             for (int b = 0; b < BR; ++b) sd += to_f(dz[cg_idx(b, col0 + tid)]);
-            upd(prm, o, sd, bs[tid]);
+            upd1(o, sd, bs[tid], ms + tid);
         }
     };
     // forward epilogue: cross-warp sum, bias, ReLU, fp16 to the own tile and the exchange buffer
@@ -658,6 +718,23 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
 #pragma unroll
             for (int j = 0; j < NBT; ++j) ldcg_f(base + ((c * CKS + warp * KPW + i) * NBT + j) * 32 + lane, w[i][j]);
     };
+    // one k-step's fragments (all NBT tiles) of a master or its momentum
+    auto load_ks = [&](const float4* base, int kk, float (&w)[NBT][4]) {
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) ldcg_f(base + (kk * NBT + j) * 32 + lane, w[j]);
+    };
+    // the masters and momentum of chunk c into w, m; and back (the fp32 ones; the fp16 copy by store_w16)
+    auto load_chunk = [&](const float4* wb, const float4* mb, int c, float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4]) {
+        load_masters(wb, c, w);
+        if constexpr (MPRE) load_masters(mb, c, m);
+    };
+    auto store_ks = [&](float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            stcg_f(wb + (kk * NBT + j) * 32 + lane, w[j]);
+            if constexpr (MOM) stcg_f(mb + (kk * NBT + j) * 32 + lane, m[j]);
+        }
+    };
 
     // s = steps runs only the last step's W0 and b0 update (one call site of the pass: code size)
 #pragma unroll 1
@@ -690,8 +767,8 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             MARK(2 * l + 1);
             arrive();  // R2, R3
         }
-        float w2m[KPW][NBT][4];  // the next chunk's W2 masters (own data: chunk 0's fly during the head)
-        load_masters(W2F, 0, w2m);
+        float w2m[KPW][NBT][4], m2m[KPW][NBT][4];  // the next chunk's W2 masters, momentum (chunk 0's fly during
+        load_chunk(W2F, M2F, 0, w2m, m2m);         // the head: own data)
         // ================= head, pass 1: logits of the whole batch in every CTA
         {
             if (tid == 0) round_wait(counter, (u32)P * arrived, s);
@@ -789,14 +866,18 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             zero_acc(accD);
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
-                float wk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
+                float wk[KPW][NBT][4], mk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
 #pragma unroll
                 for (int i = 0; i < KPW; ++i)
 #pragma unroll
                     for (int j = 0; j < NBT; ++j)
 #pragma unroll
-                        for (int q = 0; q < 4; ++q) wk[i][j][q] = w2m[i][j][q];
-                if (c + 1 < NCH) load_masters(W2F, c + 1, w2m);
+                        for (int q = 0; q < 4; ++q) {
+                            wk[i][j][q] = w2m[i][j][q];
+                            if constexpr (MPRE) mk[i][j][q] = m2m[i][j][q];
+                        }
+
+                if (c + 1 < NCH) load_chunk(W2F, M2F, c + 1, w2m, m2m);
                 const u32 sg = wait_act(s);
                 const u32 a_st = act0 + sg * ACTB;
                 half_t* ap = actp0 + sg * (ACTB / 2);
@@ -804,6 +885,7 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
 #pragma unroll
                 for (int i = 0; i < KPW; ++i) {
                     const int kl = warp * KPW + i;
+                    if constexpr (MOM && !MPRE) load_ks(M2F, c * CKS + kl, mk[i]);
                     u32 adz[2][4];
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
@@ -825,15 +907,14 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
                     }
                     dgrad_ks(adz, wk[i], accD);  // the master before its update
                     __syncwarp();  // the warp's dZ2 columns are in the stage
-                    wgrad_ks(a_st, kl, ah1, wk[i], prm, oc, lane);
+                    wgrad_ks(a_st, kl, ah1, wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F2, cta, kk, wk[i], lane);
-#pragma unroll
-                    for (int j = 0; j < NBT; ++j) stcg_f(W2F + (kk * NBT + j) * 32 + lane, wk[i][j]);
+                    store_ks(W2F, M2F, kk, wk[i], mk[i]);
                 }
                 fence_proxy_async();  // in-place generic writes before a later bulk copy into this stage
                 __syncthreads();
-                if (c == own_chunk) bias_step(ap, own_off, b2s, oc);
+                if (c == own_chunk) bias_step(ap, own_off, b2s, mb2, oc);
                 __syncthreads();  // the stage is free
                 if (NCH + c + NST < 2 * NCH) issue_head(NCH + c + NST, par);
             }
@@ -846,7 +927,7 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             if (tid < C) {
                 float sd = 0.f;
                 for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
-                upd(prm, oc, sd, b3s[tid]);
+                upd1(oc, sd, b3s[tid], mb3 + tid);
             }
             for (int e = tid; e < 16 * NB; e += NT) {
                 const int c = e / NB, u = e % NB;
@@ -854,7 +935,7 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
                 if (c < C) {
                     float sw = 0.f;
                     for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
-                    upd(prm, oc, sw, wv);
+                    upd1(oc, sw, wv, mw3 + e);
                     w3s[e] = wv;
                 }
                 put_w3(par ^ 1, c, u, wv);
@@ -863,8 +944,8 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
         MARK(9);
         // ================= B1: dgrad to dZ0 (local), W1's weight gradient and update, chunk by chunk
         {
-            float w1m[KPW][NBT][4];
-            load_masters(W1F, 0, w1m);
+            float w1m[KPW][NBT][4], m1m[KPW][NBT][4];
+            load_chunk(W1F, M1F, 0, w1m, m1m);
             if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
             for (int c = 0; c < NST; ++c) issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
@@ -874,33 +955,37 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             zero_acc(accD);
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
-                float wk[KPW][NBT][4];
+                float wk[KPW][NBT][4], mk[KPW][NBT][4];
 #pragma unroll
                 for (int i = 0; i < KPW; ++i)
 #pragma unroll
                     for (int j = 0; j < NBT; ++j)
 #pragma unroll
-                        for (int q = 0; q < 4; ++q) wk[i][j][q] = w1m[i][j][q];
-                if (c + 1 < NCH) load_masters(W1F, c + 1, w1m);
+                        for (int q = 0; q < 4; ++q) {
+                            wk[i][j][q] = w1m[i][j][q];
+                            if constexpr (MPRE) mk[i][j][q] = m1m[i][j][q];
+                        }
+
+                if (c + 1 < NCH) load_chunk(W1F, M1F, c + 1, w1m, m1m);
                 const u32 sg = wait_act(s);
                 if (c == 0) MARK(10);
                 const u32 a_st = act0 + sg * ACTB;
 #pragma unroll
                 for (int i = 0; i < KPW; ++i) {
                     const int kl = warp * KPW + i;
+                    if constexpr (MOM && !MPRE) load_ks(M1F, c * CKS + kl, mk[i]);
                     u32 az[2][4];
                     load_act_a(a_st, kl, 0, lane, az[0]);
                     load_act_a(a_st, kl, 1, lane, az[1]);
                     dgrad_ks(az, wk[i], accD);
-                    wgrad_ks(a_st, kl, ah0, wk[i], prm, oc, lane);
+                    wgrad_ks(a_st, kl, ah0, wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F1, cta, kk, wk[i], lane);
-#pragma unroll
-                    for (int j = 0; j < NBT; ++j) stcg_f(W1F + (kk * NBT + j) * 32 + lane, wk[i][j]);
+                    store_ks(W1F, M1F, kk, wk[i], mk[i]);
                 }
                 if (c == own_chunk) {
                     __syncthreads();
-                    bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, oc);
+                    bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, mb1, oc);
                 }
                 __syncthreads();  // the stage is free
                 if (c + NST < NCH) issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
@@ -920,6 +1005,10 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
             float w[4];
             ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
             put(w, e_w0 + 8LL * j * D, 1, kk);
+            if constexpr (MOM) {
+                ldcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
+                put_m(w, e_w0 + 8LL * j * D, 1, kk);
+            }
         }
 #pragma unroll 1
     for (int c = 0; c < NCH; ++c)
@@ -933,19 +1022,26 @@ __device__ void grid_stream_epoch(float* params, half_t* w16, const u8* __restri
                 put(w, e_w1 + 8 * j, H, kk);
                 ldcg_f(W2F + (kk * NBT + j) * 32 + lane, w);
                 put(w, e_w2 + 8 * j, H, kk);
+                if constexpr (MOM) {
+                    ldcg_f(M1F + (kk * NBT + j) * 32 + lane, w);
+                    put_m(w, e_w1 + 8 * j, H, kk);
+                    ldcg_f(M2F + (kk * NBT + j) * 32 + lane, w);
+                    put_m(w, e_w2 + 8 * j, H, kk);
+                }
             }
         }
-    auto put1 = [&](long long e, float w) {
+    auto put1 = [&](long long e, float w, const float* ms) {
         params[e] = w;
         if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+        if constexpr (MOM) s1g[e] = *ms;
     };
     if (tid < NB) {
-        put1(OB0 + u0 + tid, b0s[tid]);
-        put1(OB1 + u0 + tid, b1s[tid]);
-        put1(OB2 + u0 + tid, b2s[tid]);
+        put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
+        put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
+        put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
     }
-    for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e]);
-    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid]);
+    for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
+    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) {  // the epoch's loss sum and correct count (CTA 0 computed every row's)
         double l = loss_acc, c = ok_acc;
         for (int o = 16; o > 0; o >>= 1) {
@@ -972,8 +1068,9 @@ grid_stream_kernel(float* params, float* s1, float* s2, half_t* w16, const u8* x
                    u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch, float scale, float shift,
                    OptimParams opt, u8* scratch, u32* sync) {
 #if __CUDA_ARCH__ >= 900
-    // SGD keeps no state (s1, s2 unused) and the plan refuses a shift (shift unused)
-    grid_stream_epoch(params, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, opt, scratch, sync);
+    // SGD keeps at most one state array (s2 unused) and the plan refuses a shift (shift unused)
+    grid_stream_epoch(params, s1, w16, x, y, n, seed_lo, seed_hi, half_bits, st, steps, batch, scale, opt, scratch,
+                      sync);
 #else
     __trap();  // grid/plan.py refuses GPUs older than sm_90
 #endif

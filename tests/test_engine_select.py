@@ -454,7 +454,10 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
     # grid_stream.cu (plain SGD, uint8) ran 2.21x / 1.80x the graph engine at h = 2048 / 4096 (tuning.py)
     assert prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None)
     assert prefer_grid(cfg([784, 4096, 4096, 4096, 10], batch=20, optimizer=SGD(lr=0.1, weight_decay=1e-4)), None)
-    assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)
+    # grid_stream.cu trains momentum too, but the rule gives it only plain SGD (GridRule.stream_states = 0)
+    momentum = cfg([784, 4096, 4096, 4096, 10], optimizer=SGD(lr=0.1, momentum=0.9))
+    assert not prefer_grid(momentum, None)
+    assert prefer_grid(momentum, None, GridRule(128, 4096, 32, ("mixed",), stream_states=1))
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10], optimizer=AdamW(lr=1e-3)), None)
     assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10], batch=64), None)
     assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None)  # neither fast kernel serves it

@@ -424,12 +424,15 @@ def test_auto_takes_the_grid_kernels_for_adamw_wide_sgd_and_h128_models_only_fus
 # ---- native/grid_stream.cu: the wider models grid/plan.py's stream_plan sends to the streaming kernel (masters in HBM)
 # (sizes, optimizer, batch, n, extra Trainer kwargs): uint8 inputs, "mixed", three equal hidden layers of 4096 (32 units
 # a CTA) and 2048 (16 units a CTA); a short last batch in every case, batches under 32 rows (masked), plain SGD with
-# and without weight decay, 2 and 16 classes, 64 input features, a normalize scale.
+# and without weight decay, momentum (streamed beside the masters: loaded per k-step at 4096, a chunk ahead at 2048)
+# with Nesterov and weight decay, 2 and 16 classes, 64 input features, a normalize scale.
 GRID_STREAM_CASES = [
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.02), 32, 32 * 6 + 7, {}),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.02, weight_decay=1e-3), 20, 20 * 5 + 3, {}),
     ([784, 2048, 2048, 2048, 16], SGD(lr=0.05), 32, 32 * 6 + 7, {}),
     ([64, 2048, 2048, 2048, 2], SGD(lr=0.02), 7, 7 * 4 + 2, {"normalize": (0.0, 0.5)}),
+    ([784, 4096, 4096, 4096, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),
+    ([784, 2048, 2048, 2048, 10], SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-3), 16, 16 * 8 + 5, {}),
 ]  # fmt: skip
 
 
@@ -447,12 +450,13 @@ def test_grid_stream_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
         ("grid_fast.cu", 256, AdamW(lr=1e-4)),
         ("grid_stream.cu", 4096, SGD(lr=0.02)),
         ("grid_stream.cu", 2048, SGD(lr=0.02, weight_decay=1e-3)),
+        ("grid_stream.cu", 4096, SGD(lr=0.01, momentum=0.9)),
     ],
 )
 def test_grid_kernel_is_deterministic_and_resumes_like_one_long_fit(kernel, hidden, optimizer):
     """Two trainers give the same bits; one fit of 3 epochs equals fits of 1 and 2 (the masters (on chip, or in HBM in
-    fragment order for grid_stream.cu), the momentum (on chip at 128, in L2 at 768), AdamW's moments and step count,
-    and the last step's deferred layer-0 update go back to the flat training state exactly)."""
+    fragment order for grid_stream.cu), the momentum (on chip at 128, in L2 at 768, in HBM at 4096), AdamW's moments
+    and step count, and the last step's deferred layer-0 update go back to the flat training state exactly)."""
     x, y = _data(32 * 12 + 5, 784, 10)
     _kernel_is_deterministic_and_resumes(kernel, MLP([784, hidden, hidden, hidden, 10]), optimizer, 32, x, y, 3,
                                          engine="grid")  # fmt: skip

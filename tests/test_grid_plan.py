@@ -219,7 +219,9 @@ CHOICES = [
     ([784, 2048, 2048, 2048, 16], SGD(lr=0.05, weight_decay=1e-4), "mixed", np.uint8, 7, {}, "grid_stream.cu"),
     ([64, 4096, 4096, 4096, 2], SGD(lr=0.05), "mixed", np.uint8, 32, {"normalize": (0.0, 0.5)}, "grid_stream.cu"),
     ([784, 1280, 1280, 1280, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),  # 80 CTAs of 16
-    ([784, 4096, 4096, 4096, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 4096, 4096, 4096, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid_stream.cu"),  # momentum in HBM too
+    ([784, 2048, 2048, 2048, 10], SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), "mixed", np.uint8, 32,
+     {}, "grid_stream.cu"),
     ([784, 4096, 4096, 4096, 10], AdamW(lr=1e-3), "mixed", np.uint8, 32, {}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.float32, 32, {}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"normalize": (0.5, 0.25)}, "grid.cu"),
@@ -257,8 +259,11 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         nb = 16 if h // 16 <= gp.HOPPER_SMS else 32
         assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_stream_kernel", h // nb, (nb,) * 3, 4)
         assert plan.phases == gp.STREAM_PHASES and plan.why.startswith("grid_stream.cu: ")
-        assert plan.smem_bytes == int(_option(plan, "GRID_SMEM")) == gp.stream_smem_bytes(sizes[0], h, nb)
-        assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH")) == gp.stream_scratch_bytes(sizes[0], h)
+        n_state = len(optimizer.state_names)
+        assert plan.smem_bytes == int(_option(plan, "GRID_SMEM")) == gp.stream_smem_bytes(sizes[0], h, nb, n_state)
+        assert plan.scratch_bytes == int(_option(plan, "GRID_SCRATCH")) == gp.stream_scratch_bytes(sizes[0], h,
+                                                                                                   n_state)  # fmt: skip
+        assert _option(plan, "GRID_NS") == str(n_state)
         assert int(_option(plan, "GRID_P")) * nb == h
     else:
         assert plan.function == "grid_epoch_kernel" and plan.phases == gp.V1_PHASES
@@ -267,10 +272,10 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
 
 def test_the_fast_path_stops_at_one_cta_per_sm():
     assert _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1)).source == "grid_fast.cu"
-    plan = _plan([784, 1024, 1024, 1024, 10], MOMENTUM, sms=120)  # 128 CTAs would not all be resident
+    plan = _plan([784, 1024, 1024, 1024, 10], AdamW(lr=1e-3), sms=120)  # 128 CTAs would not all be resident
     assert plan.source == "grid.cu"
     assert "a hidden width of 1024 (it takes multiples of 128 up to 896: 8 units a CTA)" in plan.why
-    plan = _plan([784, 1024, 1024, 1024, 10], SGD(lr=0.1), sms=120)  # plain SGD: the streaming path, 64 CTAs of 16
+    plan = _plan([784, 1024, 1024, 1024, 10], MOMENTUM, sms=120)  # SGD: the streaming path, 64 CTAs of 16
     assert (plan.source, plan.ctas) == ("grid_stream.cu", 64)
 
 
@@ -340,12 +345,11 @@ H4 = [784, 4096, 4096, 4096, 10]
         ("100 input features (it takes multiples of 16 up to 1024)", ([100, 4096, 4096, 4096, 10],), {}),
         ("17 classes (it takes 2 to 16: one m16 tile of logits)", ([784, 4096, 4096, 4096, 17],), {}),
         ("batch size 33 (it takes up to 32 rows a step)", (H4,), {"batch": 33}),
-        ("optimizer SGD with state ['momentum'] (it takes SGD without momentum)", (H4, MOMENTUM), {}),
-        ("optimizer AdamW with state ['exp_avg', 'exp_avg_sq'] (it takes SGD without momentum)",
-         (H4, AdamW(lr=1e-3)), {}),
+        ("optimizer AdamW (it takes SGD, with or without momentum)", (H4, AdamW(lr=1e-3)), {}),
         ("a normalize shift of -2 (it takes a scale only)", (H4,), {"normalize": (0.5, 0.25)}),
         ("normalize is per-feature (it takes two numbers)", (H4,), {"normalize": (np.zeros(784), np.ones(784))}),
         ("it needs 204,648 bytes of shared memory per CTA, over the GPU's 200,000", (H4,), {"smem": 200_000}),
+        ("it needs 207,144 bytes of shared memory per CTA, over the GPU's 205,000", (H4, MOMENTUM), {"smem": 205_000}),
     ],
 )  # fmt: skip
 def test_the_stream_plan_refuses_with_the_limit_named(why, args, kw):
@@ -366,6 +370,9 @@ def test_the_stream_byte_mirrors_count_every_buffer():
     masters = 4 * 4096 * 784 + 2 * 4 * 4096 * 4096
     w16, w3, exchange = 2 * 2 * 4096 * 4096, 2 * (2 * 2 * 4096 * 16), 4 * 2 * 4096 * 32
     assert gp.stream_scratch_bytes(784, 4096) == masters + w16 + w3 + exchange
+    # momentum: its buffers of W0, W1, W2 beside the masters; its biases' / b3's / W3 slice's in shared memory
+    assert gp.stream_scratch_bytes(784, 4096, 1) == 2 * masters + w16 + w3 + exchange
+    assert gp.stream_smem_bytes(784, 4096, 32, 1) == smem + (3 * 32 + 16 + 16 * 32) * 4
     assert gp.stream_smem_bytes(784, 2048, 16) < gp.stream_smem_bytes(784, 4096, 32) <= gp.HOPPER_SMEM
 
 
@@ -374,6 +381,8 @@ STREAM_KERNELS = [
     ([784, 2048, 2048, 2048, 16], SGD(lr=0.05, weight_decay=1e-4), 7, {"tuning": Tuning(grid_profile=True)}),
     ([64, 4096, 4096, 4096, 2], SGD(lr=0.05), 1, {"normalize": (0.0, 0.5)}),
     ([1024, 1280, 1280, 1280, 10], SGD(lr=0.05), 32, {}),
+    ([784, 4096, 4096, 4096, 10], MOMENTUM, 32, {"tuning": Tuning(grid_profile=True)}),  # momentum loaded per k-step
+    ([784, 2048, 2048, 2048, 10], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), 20, {}),  # chunk
 ]  # fmt: skip
 
 
@@ -389,10 +398,11 @@ def test_the_stream_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tm
 @pytest.mark.bindings
 @pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
                                           ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
-def test_an_undercounted_stream_plan_fails_to_compile(name, message, monkeypatch, tmp_path):
+@pytest.mark.parametrize("optimizer", [PLAIN, MOMENTUM], ids=["sgd", "momentum"])
+def test_an_undercounted_stream_plan_fails_to_compile(name, message, optimizer, monkeypatch, tmp_path):
     """The byte mirrors are exact: the kernel compiles with the plan's counts (above) and not with one byte less."""
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan([784, 4096, 4096, 4096, 10], SGD(lr=0.05))
+    plan = _plan([784, 4096, 4096, 4096, 10], optimizer)
     assert plan.source == "grid_stream.cu"
     value = int(_option(plan, name))
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]

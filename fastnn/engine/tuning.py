@@ -23,13 +23,17 @@ FUSED_LAYOUTS = ("standard", "lean")
 class GridRule:
     """Where engine="auto" takes the grid engine (after the fused engine's rule, before the graph engine): every
     hidden layer between min_hidden and max_hidden wide, a batch of at most max_batch, one of `precisions`, an
-    optimizer whose class is named in `optimizers`."""
+    optimizer whose class is named in `optimizers` (and, on the streaming kernel, keeping at most `stream_states`
+    state arrays)."""
 
     min_hidden: int
     max_hidden: int
     max_batch: int
     precisions: tuple[str, ...]
     optimizers: tuple[str, ...] = ("SGD",)
+    #: the most optimizer state arrays (0: plain SGD, 1: SGD's momentum) of a model the rule gives to the streaming
+    #: kernel (native/grid_stream.cu, hidden layers wider than the fast kernel's)
+    stream_states: int = 0
 
 
 #: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the

@@ -6,10 +6,10 @@ accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or
 cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW); `native/grid_stream.cu`, the
 streaming path (the same design with every master in HBM, read and written once a step), for the wider models
 `stream_plan` accepts (three equal hidden layers of 16 or 32 units a CTA, h a multiple of 256: 2048 and 4096 on an
-H100; uint8 inputs, plain SGD); and the generic `native/grid.cu` (version 1) for every other MLP. This module picks
-the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and global-scratch layouts (the
-kernels check at compile time that they need no more than the bytes computed here), and says why a model cannot be
-served, naming the limit.
+H100; uint8 inputs, SGD with or without momentum); and the generic `native/grid.cu` (version 1) for every other
+MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and
+global-scratch layouts (the kernels check at compile time that they need no more than the bytes computed here), and
+says why a model cannot be served, naming the limit.
 """
 
 from __future__ import annotations
@@ -251,26 +251,28 @@ def fast_plan(
                     why=why, phases=FAST_PHASES)  # fmt: skip
 
 
-def stream_smem_bytes(features: int, hidden: int, units_per_cta: int) -> int:
+def stream_smem_bytes(features: int, hidden: int, units_per_cta: int, n_state: int = 0) -> int:
     """Shared memory of one CTA of native/grid_stream.cu, as its make_smem(): the batch (two stages of uint8 rows),
     the ring's three activation and three weight stages, the cross-warp sums, the own activation tiles, biases / b3 /
-    W3 slice / logits / dlogits, labels, profile, the mbarriers."""
+    W3 slice / logits / dlogits (and the momentum of the biases, b3 and the W3 slice), labels, profile, the
+    mbarriers."""
     rows, nb, stages, nw = FAST_MAX_BATCH, units_per_cta, 3, THREADS // 32
     o = 2 * rows * features + stages * STREAM_CHUNK * rows * 2 + stages * nb * STREAM_CHUNK * 2
     o += max(8 * 16 * 40, nw * rows * (nb + 8)) * 4 + 4 * rows * nb * 2
-    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16) * 4 + 2 * rows * 4 + 16 * 8
+    o += (3 * nb + 16 + 16 * nb + 2 * rows * 16) * 4 + n_state * (3 * nb + 16 + 16 * nb) * 4
+    o += 2 * rows * 4 + 16 * 8
     return o + (2 + stages) * 8
 
 
-def stream_scratch_bytes(features: int, hidden: int) -> int:
+def stream_scratch_bytes(features: int, hidden: int, n_state: int = 0) -> int:
     """Global scratch of native/grid_stream.cu, as its make_scratch(): the fp32 masters of W0, W1, W2 in their
     owners' fragment order, the fp16 rows of W1 and W2, W3's two fp16 operand copies by step parity, the four exchange
-    buffers (H0, H1, H2, dZ1)."""
+    buffers (H0, H1, H2, dZ1), and with momentum (`n_state` 1) its buffers of W0, W1, W2 beside the masters."""
     up128 = lambda a: -(-a // 128) * 128  # noqa: E731
     rows = FAST_MAX_BATCH
+    masters = up128(4 * hidden * features) + 2 * up128(4 * hidden * hidden)
     return (
-        up128(4 * hidden * features)
-        + 2 * up128(4 * hidden * hidden)
+        masters * (1 + n_state)
         + 2 * up128(2 * hidden * hidden)
         + up128(2 * 2 * hidden // 16 * 256)
         + up128(2 * 2 * hidden // 8 * 128)
@@ -313,8 +315,9 @@ def stream_plan(
     if batch > FAST_MAX_BATCH:
         return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
     kernel = opt.kernel_params()
-    if kernel.kind != KIND_SGD or opt.state_names:
-        return f"optimizer {type(opt).__name__} with state {list(opt.state_names)} (it takes SGD without momentum)"
+    n_state = len(opt.state_names)
+    if kernel.kind != KIND_SGD:
+        return f"optimizer {type(opt).__name__} (it takes SGD, with or without momentum)"
     if config.normalize is not None and (np.ndim(config.normalize[0]) or np.ndim(config.normalize[1])):
         return "normalize is per-feature (it takes two numbers)"
     _, shift = input_affine(x_dtype, config.normalize)
@@ -322,10 +325,10 @@ def stream_plan(
         return f"a normalize shift of {float(shift):g} (it takes a scale only)"
     nb = fits[0]
     ctas = hidden // nb
-    need = stream_smem_bytes(features, hidden, nb)
+    need = stream_smem_bytes(features, hidden, nb, n_state)
     if need > smem_limit:
         return f"it needs {need:,} bytes of shared memory per CTA, over the GPU's {smem_limit:,}"
-    scratch = stream_scratch_bytes(features, hidden)
+    scratch = stream_scratch_bytes(features, hidden, n_state)
     if scratch > MAX_SCRATCH:
         return f"it needs {scratch:,} bytes of global scratch, over the grid kernel's {MAX_SCRATCH:,}"
     options = _options(config, x_dtype, ctas, need, scratch)
