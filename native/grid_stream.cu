@@ -67,7 +67,8 @@
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
-#include "grid.cuh"
+#define GRID_KERNEL "grid_stream.cu"
+#include "grid_tc.cuh"
 
 // ---- shape, optimizer: compile-time (-D from grid/plan.py); defaults compile 784-4096x3-10, SGD --------------------
 #ifndef GRID_NL
@@ -181,34 +182,7 @@ static_assert(SL.act % 128 == 0 && SL.wr % 128 == 0 && SL.red % 16 == 0 && SL.hp
               "alignment of the bulk-copy targets and 16-byte accesses");
 static_assert(SL.total <= GRID_SMEM, "grid/plan.py's shared-memory size is smaller than the kernel's layout");
 
-// ---- PTX helpers of this kernel -------------------------------------------------------------------------------------
-__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(u32 a, u32 (&d)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a)
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 a, u32 (&d)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a)
-                 : "memory");
-}
-__device__ __forceinline__ u32 movtrans(u32 a) {
-    u32 d;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
-    return d;
-}
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-    u32 d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
+// ---- PTX helpers of this kernel (the rest: grid_tc.cuh) -------------------------------------------------------------
 // a master fragment in global memory: one lane's 16 bytes, cached in L2 only (each is read and written once a step)
 __device__ __forceinline__ void ldcg_f(const float4* p, float (&w)[4]) {
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(w[0]), "=f"(w[1]), "=f"(w[2]), "=f"(w[3]) : "l"(p));
@@ -217,44 +191,8 @@ __device__ __forceinline__ void stcg_f(float4* p, const float (&w)[4]) {
     asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(w[0]), "f"(w[1]), "f"(w[2]), "f"(w[3])
                  : "memory");
 }
-// the ReLU mask by the fp16 activation (strictly positive: sign clear, not zero) applied to two fp32 values
-__device__ __forceinline__ u32 mask_pack(float d0, float d1, u32 h) {
-    const bool m0 = (short)(h & 0xffffu) > 0, m1 = (short)(h >> 16) > 0;
-    return pack_h2(m0 ? d0 : 0.f, m1 ? d1 : 0.f);
-}
-__device__ __forceinline__ bool h_pos(half_t h) { return (short)h > 0; }
 
-// ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
-__device__ __noinline__ void stream_stuck(int what, u32 v, u32 target, int s) {
-    printf("grid_stream.cu watchdog: %s at step %d, block %d, thread %d: %u of %u\n",
-           what == 0 ? "round counter" : "mbarrier parity", s, (int)blockIdx.x, (int)threadIdx.x, v, target);
-    __trap();
-}
-__device__ __forceinline__ void mbar_wait(u32 a, u32 parity, int s) {
-    u32 polls = 0;
-    u64 t0 = 0;
-    while (!mbar_try(a, parity))
-        if (wait_expired(polls, t0)) stream_stuck(1, a, parity, s);
-}
-// one CTA's arrival: every thread's global writes, then one thread's gpu-scope release (grid.md rule 3)
-__device__ __forceinline__ void round_arrive(u32* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0)
-        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-}
-// thread 0 only: until all P CTAs arrived; then the bulk copies it issues may read their data
-__device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s) {
-    u32 polls = 0, v;
-    u64 t0 = 0;
-    while (true) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-        if ((int)(v - target) >= 0) break;
-        if (wait_expired(polls, t0)) stream_stuck(0, v, target, s);
-    }
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-// ---- the optimizer step of one element (optim.cuh's arithmetic: SGD, no state) --------------------------------------
+// ---- the optimizer step of one element (optim.cuh's arithmetic: SGD, its momentum or none) --------------------------
 // (m: the element's momentum buffer, unused without momentum)
 __device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m) {
     float v = 0.f;
@@ -344,21 +282,7 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][NBT][4]) {
         for (int j = 0; j < NBT; ++j) acc[a][j][0] = acc[a][j][1] = acc[a][j][2] = acc[a][j][3] = 0.f;
 }
 
-// Benchmark-only phase timing (-DGRID_PROFILE, Tuning.grid_profile): thread 0 of CTA 0 sums clock64() cycles per
-// phase over the epoch (no added barrier: the marks fall where thread 0 passes).
-#define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2+B2, W3 update, R5 wait, B1
-#ifdef GRID_PROFILE
-#define MARK(i)                                      \
-    do {                                             \
-        if (prof_on) {                               \
-            const long long t_ = clock64();          \
-            profs[i] += t_ - profs[15];              \
-            profs[15] = t_;                          \
-        }                                            \
-    } while (0)
-#else
-#define MARK(i) do {} while (0)
-#endif
+#define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2+B2, W3 update, R5 wait, B1 (MARK: grid_tc.cuh)
 
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
 __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
@@ -495,14 +419,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
     }
     if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
     // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
-    auto put_w3 = [&](int par, int c, int u, float wv) {
-        const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
-        const int nn = u0 + u, o = nn & 15;
-        W3A[((long long)(par * KS + (nn >> 4)) * 32 + (c & 7) * 4 + ((o & 7) >> 1)) * 8 + ((o >= 8) ? 4 : 0) +
-            ((c >= 8) ? 2 : 0) + (o & 1)] = hv;
-        W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
-            (c & 1)] = hv;
-    };
+    auto put_w3 = [&](int par, int c, int u, float wv) { store_w3<C, H>(W3A, W3B, par, c, u0 + u, wv); };
     for (int e = tid; e < 16 * NB; e += NT) {
         const int c = e / NB, u = e % NB;
         if (c < C) get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
@@ -852,14 +769,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         // gradient and update of the W2 masters of the chunk
         {
             u32 adl[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const int r0 = 16 * mt + g;
-                adl[mt][0] = pack_h2(dl[r0 * 16 + 2 * t], dl[r0 * 16 + 2 * t + 1]);
-                adl[mt][1] = pack_h2(dl[(r0 + 8) * 16 + 2 * t], dl[(r0 + 8) * 16 + 2 * t + 1]);
-                adl[mt][2] = pack_h2(dl[r0 * 16 + 2 * t + 8], dl[r0 * 16 + 2 * t + 9]);
-                adl[mt][3] = pack_h2(dl[(r0 + 8) * 16 + 2 * t + 8], dl[(r0 + 8) * 16 + 2 * t + 9]);
-            }
+            dlogits_operand(dl, g, t, adl);
             u32 ah1[MT][2][4];
             load_hpT(ah1, smem_u32(Hp1), lane);
             float accD[2][NBT][4];
@@ -1042,17 +952,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
     }
     for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
     if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
-    if (cta == 0 && warp == 0) {  // the epoch's loss sum and correct count (CTA 0 computed every row's)
-        double l = loss_acc, c = ok_acc;
-        for (int o = 16; o > 0; o >>= 1) {
-            l += __shfl_xor_sync(0xffffffffu, l, o);
-            c += __shfl_xor_sync(0xffffffffu, c, o);
-        }
-        if (lane == 0) {
-            st->hist[2 * epoch_in_fit] += l;
-            st->hist[2 * epoch_in_fit + 1] += c;
-        }
-    }
+    if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
 #ifdef GRID_PROFILE
     if (prof_on) {
         long long* out = reinterpret_cast<long long*>(sync + 32);  // bytes 128..

@@ -1,0 +1,143 @@
+// grid_tc.cuh: what the grid engine's two tensor-core kernels (grid_fast.cu, grid_stream.cu) share beyond grid.cuh:
+// the inline PTX of their bulk copies, ldmatrix / movmatrix / prmt operands and L2-only loads, the ReLU mask of an
+// fp16 pair, the waits with watchdogs (round counter, mbarrier), the head's operands and W3 copies, the history and
+// the phase-profile mark. The including kernel defines GRID_KERNEL, its file name, for the watchdog's message.
+#pragma once
+#include "grid.cuh"
+
+#ifndef GRID_KERNEL
+#define GRID_KERNEL "grid"
+#endif
+
+// ---- PTX helpers ----------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 a, u32 (&d)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x2_t(u32 a, u32& d0, u32& d1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(d0), "=r"(d1) : "r"(a) : "memory");
+}
+__device__ __forceinline__ u32 movtrans(u32 a) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+    return d;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ uint4 ldcg16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldcg8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+// the ReLU mask by the fp16 activation (strictly positive: sign clear, not zero) applied to two fp32 values
+__device__ __forceinline__ u32 mask_pack(float d0, float d1, u32 h) {
+    const bool m0 = (short)(h & 0xffffu) > 0, m1 = (short)(h >> 16) > 0;
+    return pack_h2(m0 ? d0 : 0.f, m1 ? d1 : 0.f);
+}
+__device__ __forceinline__ bool h_pos(half_t h) { return (short)h > 0; }
+
+// ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
+__device__ __noinline__ void grid_stuck(int what, u32 v, u32 target, int s) {
+    printf(GRID_KERNEL " watchdog: %s at step %d, block %d, thread %d: %u of %u\n",
+           what == 0 ? "round counter" : "mbarrier parity", s, (int)blockIdx.x, (int)threadIdx.x, v, target);
+    __trap();
+}
+__device__ __forceinline__ void watchdog(u32& polls, u64& t0, int what, u32 v, u32 target, int s) {
+    if (wait_expired(polls, t0)) grid_stuck(what, v, target, s);
+}
+__device__ __forceinline__ void mbar_wait(u32 a, u32 parity, int s) {
+    u32 polls = 0;
+    u64 t0 = 0;
+    while (!mbar_try(a, parity)) watchdog(polls, t0, 1, a, parity, s);
+}
+// one CTA's arrival: every thread's global writes, then one thread's gpu-scope release (grid.md rule 3)
+__device__ __forceinline__ void round_arrive(u32* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+// thread 0 only: until all P CTAs arrived; then the bulk copies it issues may read their data
+__device__ __forceinline__ void round_wait(const u32* counter, u32 target, int s) {
+    u32 polls = 0, v;
+    u64 t0 = 0;
+    while (true) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+        if ((int)(v - target) >= 0) break;
+        watchdog(polls, t0, 0, v, target, s);
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// ---- the head (8 warps of 32 lanes, 32 rows a step, classes in one m16 tile) ---------------------------------------
+// dlogits [32][16] (fp32) as the fp16 A fragments of the head's dgrad (rows 16mt.., classes)
+__device__ __forceinline__ void dlogits_operand(const float* dl, int g, int t, u32 (&adl)[2][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        const int r0 = 16 * mt + g;
+        adl[mt][0] = pack_h2(dl[r0 * 16 + 2 * t], dl[r0 * 16 + 2 * t + 1]);
+        adl[mt][1] = pack_h2(dl[(r0 + 8) * 16 + 2 * t], dl[(r0 + 8) * 16 + 2 * t + 1]);
+        adl[mt][2] = pack_h2(dl[r0 * 16 + 2 * t + 8], dl[r0 * 16 + 2 * t + 9]);
+        adl[mt][3] = pack_h2(dl[(r0 + 8) * 16 + 2 * t + 8], dl[(r0 + 8) * 16 + 2 * t + 9]);
+    }
+}
+// element (class c, unit nn) of W3 into its fp16 operand copies of parity par: W3A [2][h/16][32][8] (the A operand of
+// logits^T) and W3B [2][h/8][32][4] (the B operand of the head's dgrad); classes past C (the pads) as zeros
+template <int C, int H>
+__device__ __forceinline__ void store_w3(half_t* W3A, half_t* W3B, int par, int c, int nn, float wv) {
+    constexpr int KS = H / 16;
+    const half_t hv = from_f<half_t>(c < C ? wv : 0.f);
+    const int o = nn & 15;
+    W3A[((long long)(par * KS + (nn >> 4)) * 32 + (c & 7) * 4 + ((o & 7) >> 1)) * 8 + ((o >= 8) ? 4 : 0) +
+        ((c >= 8) ? 2 : 0) + (o & 1)] = hv;
+    W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
+        (c & 1)] = hv;
+}
+// warp 0 of CTA 0: the epoch's loss sum and correct count (each lane's rows) into st->hist[2 * epoch_in_fit + {0, 1}]
+__device__ __forceinline__ void add_history(EpochState* st, u32 epoch_in_fit, double loss_acc, double ok_acc) {
+    const int lane = threadIdx.x & 31;
+    double l = loss_acc, c = ok_acc;
+    for (int o = 16; o > 0; o >>= 1) {
+        l += __shfl_xor_sync(0xffffffffu, l, o);
+        c += __shfl_xor_sync(0xffffffffu, c, o);
+    }
+    if (lane == 0) {
+        st->hist[2 * epoch_in_fit] += l;
+        st->hist[2 * epoch_in_fit + 1] += c;
+    }
+}
+
+// Benchmark-only phase timing (-DGRID_PROFILE, Tuning.grid_profile): thread 0 of CTA 0 sums clock64() cycles per
+// phase over the epoch (no added barrier: the marks fall where thread 0 passes).
+#ifdef GRID_PROFILE
+#define MARK(i)                                      \
+    do {                                             \
+        if (prof_on) {                               \
+            const long long t_ = clock64();          \
+            profs[i] += t_ - profs[15];              \
+            profs[15] = t_;                          \
+        }                                            \
+    } while (0)
+#else
+#define MARK(i) do {} while (0)
+#endif
