@@ -402,20 +402,21 @@ def test_grid_fast_kernel_matches_numpy(sizes, optimizer, batch, n, kw):
     _kernel_matches_numpy("grid_fast.cu", MLP(sizes), optimizer, batch, x, y, "mixed", engine="grid", **kw)
 
 
-# engine="auto" on three of the cases above: the choices of tuning.GRID_RULE (AdamW; plain SGD at h = 2048 on the
-# streaming kernel) and select.py (h = 128, a shift)
+# engine="auto" on four of the cases above: the choices of tuning.GRID_RULE (AdamW; plain SGD and momentum at h = 2048
+# on the streaming kernel) and select.py (h = 128, a shift)
 AUTO_GRID_CASES = [
     ("grid_fast.cu", [784, 128, 128, 128, 16], SGD(lr=0.05, momentum=0.5), 20, 301, {"normalize": (0.5, 0.25)}),
     ("grid_fast.cu", [784, 256, 256, 256, 10], AdamW(lr=1e-4, weight_decay=0.01), 32, 32 * 20 + 13, {}),
     ("grid_stream.cu", [784, 2048, 2048, 2048, 16], SGD(lr=0.05), 32, 32 * 6 + 7, {}),
+    ("grid_stream.cu", [784, 2048, 2048, 2048, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", AUTO_GRID_CASES, ids=["h128-shift", "adamw", "stream-h2048"])
+@pytest.mark.parametrize("case", AUTO_GRID_CASES, ids=["h128-shift", "adamw", "stream-h2048", "stream-momentum"])
 def test_auto_takes_the_grid_kernels_for_adamw_wide_sgd_and_h128_models_only_fused_cu_would_train(case):
-    """engine="auto" (tuning.GRID_RULE, select.py): AdamW on three equal hidden layers trains on grid_fast.cu, plain
-    SGD at h = 2048 on grid_stream.cu, and at h = 128 a normalize shift, which fused_mlp.cu does not take, goes to
-    grid_fast.cu rather than fused.cu; all match the NumPy engine as the forced cases above do."""
+    """engine="auto" (tuning.GRID_RULE, select.py): AdamW on three equal hidden layers trains on grid_fast.cu, SGD
+    (plain and with momentum) at h = 2048 on grid_stream.cu, and at h = 128 a normalize shift, which fused_mlp.cu does
+    not take, goes to grid_fast.cu rather than fused.cu; all match the NumPy engine as the forced cases above do."""
     kernel, sizes, optimizer, batch, n, kw = case
     x, y = _data(n, sizes[0], sizes[-1], seed=sizes[1] + batch)
     _kernel_matches_numpy(kernel, MLP(sizes), optimizer, batch, x, y, "mixed", engine="auto", **kw)

@@ -60,9 +60,13 @@ class GridRule:
 #: momentum) ran 55.22 / 167.12 us/step at h = 2048 / 4096 against the graph engine's 122.05 / 300.70 in the same call
 #: (the lead, H100 80GB HBM3, bench_fused.py --only sweep --widths 2048,4096 --engines grid,graph: 2.21x / 1.80x,
 #: the same test accuracy to 1e-4), so the range reaches 4096; `prefer_grid` still takes a model only where one of
-#: the two fast kernels serves it (momentum or AdamW above 1024 stay with the graph engine; float32 rows of a model
-#: auto gave the grid engine train with the graph engine's step).
-GRID_RULE = GridRule(min_hidden=128, max_hidden=4096, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"))
+#: the two fast kernels serves it (AdamW above 1024 stays with the graph engine; float32 rows of a model auto gave
+#: the grid engine train with the graph engine's step). Between them (the lead, same GPU, a second call): 28.84 /
+#: 35.01 / 105.80 us/step at h = 1280 / 1536 / 3072 against 76.15 / 90.25 / 199.42 (2.64x / 2.58x / 1.88x). With
+#: momentum 0.9 (its buffers streamed beside the masters): 82.41 / 278.77 at 2048 / 4096 against the graph engine's
+#: 152.40 / 409.95 (1.85x / 1.47x), so the rule gives the streaming kernel momentum too (`stream_states`).
+GRID_RULE = GridRule(min_hidden=128, max_hidden=4096, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"),
+                     stream_states=1)  # fmt: skip
 
 
 @dataclass(frozen=True)
