@@ -1,6 +1,7 @@
 // grid_stream.cu: the grid engine's streaming path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three
-// hidden layers of equal width h = 2048 or 4096, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision
-// with SGD (momentum, Nesterov, weight decay), in ONE cooperative persistent kernel of P = 128 CTAs, one per SM,
+// hidden layers of equal width h = 2048, 4096 or 8192, ReLU, softmax cross-entropy) on uint8 inputs in "mixed"
+// precision with SGD (momentum, Nesterov, weight decay; momentum up to h = 4096), in ONE cooperative persistent kernel
+// of P = 128 CTAs, one per SM,
 // where the masters do not fit on chip: every master lives in global memory (HBM) and is read once and written once
 // a step, the weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe.cu (its "STREAM" mode, Cfg<4096, 32, false>: 169.5 us/step measured; the design: ../shared/design/
@@ -18,8 +19,8 @@
 // scale * 2^24 multiplies the fp32 accumulators. A short batch (m < 32 rows) is masked: rows m..31 are gathered as
 // copies of row m-1 and their dlogits are zero; the mean divides by m.
 //
-// Launch: grid = GRID_P = h / NB CTAs (NB = 16 or 32 units a CTA, the fewest that keep the CTAs within the SMs: 128
-// CTAs of 16 at h = 2048, of 32 at 4096; cooperative, all resident), block = 256 threads (8 warps), dynamic shared
+// Launch: grid = GRID_P = h / NB CTAs (NB = 16, 32 or 64 units a CTA, the fewest that keep the CTAs within the SMs:
+// 128 CTAs of 16 at h = 2048, of 32 at 4096, of 64 at 8192; cooperative, all resident), block = 256 threads (8 warps), dynamic shared
 // memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of global memory (plan.py's stream_smem_bytes /
 // stream_scratch_bytes; the static_asserts below check the kernel needs no more); `sync` = 256 bytes whose word 0,
 // the round counter, the engine zeroes before every launch, and whose bytes 128.. receive the phase profile
@@ -31,8 +32,8 @@
 // every CTA for the whole batch. Rounds a step, as grid_fast.cu: R1 (H0), R2 (H1), R3 (H2), R5 (dZ1): 4, each a
 // monotone counter (sync word 0) and the activation brought in by bulk copies; round r of the launch completes when
 // the counter reaches P * (r + 1).
-// The streaming: every h-wide activation (H0, H1, H2, dZ1) comes in CU = 256-unit chunks through a ring of NST = 3
-// shared-memory stages, each chunk with what the CTA multiplies it by (F1, F2: its fp16 rows of W1/W2; the head's
+// The streaming: every h-wide activation (H0, H1, H2, dZ1) comes in CU-unit chunks (256; 128 at NB = 64, for shared
+// memory) through a ring of NST = 3 shared-memory stages, each chunk with what the CTA multiplies it by (F1, F2: its fp16 rows of W1/W2; the head's
 // first pass: W3 as logits^T's A operand; its second pass: W3 as dZ2's B operand) on the same mbarrier, one chunk
 // issued per chunk consumed. F1/F2: Z[:, U_p] += chunk x rows. Head pass 1: logits += W3[:, chunk] chunk^T. Pass 2
 // (B2): per chunk, dZ2 = (dlogits W3[:, chunk]) * [H2 > 0] in place, then per k-step of 16 units n the W2 master
@@ -99,7 +100,7 @@ constexpr int NB = H / P;      // units of each hidden layer a CTA owns
 constexpr int NBT = NB / 8;    // 8-unit tiles of them
 constexpr int MT = NB / 16;    // 16-unit m-tiles of them (the weight gradients' A operand)
 constexpr int KS = H / 16;     // k-steps of 16 over a hidden layer
-constexpr int CU = 256;        // units of an activation chunk
+constexpr int CU = NB == 64 ? 128 : 256;  // units of an activation chunk (NB = 64: shared memory)
 constexpr int NCH = H / CU;    // chunks of an activation
 constexpr int CKS = CU / 16;   // k-steps of a chunk
 constexpr int NW = 8, NT = 256;
@@ -110,18 +111,18 @@ constexpr int K0W = (NKS0 + NW - 1) / NW;  // of them per warp at most
 constexpr int BR = 32;         // rows a step (a shorter batch is masked)
 constexpr int NBR = NB + 8;    // row stride (floats) of the cross-warp sums (bank spread)
 constexpr int OPT = GRID_OPT, NS = GRID_NS;
-static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && (NB == 16 || NB == 32), "NB = 16 or 32 units a CTA");
-static_assert(H % CU == 0 && CKS % NW == 0, "chunks of 256 units, whole k-steps per warp");
+static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && (NB == 16 || NB == 32 || NB == 64), "NB = 16, 32 or 64");
+static_assert(H % CU == 0 && CKS % NW == 0, "whole chunks, whole k-steps per warp");
 static_assert(D % 16 == 0 && D >= 16 && K0W <= 8, "inputs in k-steps of 16, at most 1024");
 static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
 static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0 && GRID_XIN == 0,
               "the streaming path: uint8 inputs, mixed precision, ReLU, cross-entropy");
-static_assert(OPT == OPTIM_SGD && NS <= 1, "the streaming path's optimizer: SGD with or without momentum");
+static_assert(OPT == OPTIM_SGD && NS <= 1 && (NS == 0 || NB <= 32), "SGD, its momentum up to 32 units a CTA");
 constexpr bool MOM = NS == 1;  // SGD's momentum buffer streams beside each master (same fragment order)
 constexpr int MSF = 3 * NB + 16 + 16 * NB;  // the momentum of the biases, b3 and the W3 slice (floats)
 // B0 + F0: k-steps of W0 whose master (and momentum) loads are hoisted together (registers: 16 or 32 floats each)
-constexpr int B0U = MOM ? (NBT <= 2 ? 3 : 2) : K0W;
+constexpr int B0U = NBT == 8 ? (MOM ? 1 : 2) : MOM ? (NBT <= 2 ? 3 : 2) : K0W;
 // the momentum of the next chunk prefetched with its masters where the registers allow (NB = 16); at NB = 32 (255
 // registers otherwise spill) a k-step's momentum is loaded as the k-step begins, its latency under its dgrad
 constexpr bool MPRE = MOM && NBT <= 2;
@@ -201,18 +202,32 @@ __device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, fl
 
 // ---- building blocks (each a warp's share) --------------------------------------------------------------------------
 __device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * BR + row) * 8 + (unit & 7); }
-// A fragments (16 units x 16 rows) of Hp^T [unit][row] from a CTA-local [NB/8][32][8] fp16 tile: ah[mt][kb]
-__device__ __forceinline__ void load_hpT(u32 (&ah)[MT][2][4], u32 hp, int lane) {
+// A fragments (16 units x 16 rows) of Hp^T [unit][row] of m-tile mt from a CTA-local [NB/8][32][8] fp16 tile: ah[kb]
+__device__ __forceinline__ void load_hpT(u32 (&ah)[2][4], u32 hp, int mt, int lane) {
     const int j4 = lane >> 3, r = lane & 7;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int kb = 0; kb < 2; ++kb)
+        ldsm_x4_t(hp + (u32)((((2 * mt + (j4 & 1)) * BR) + 16 * kb + (j4 >> 1) * 8 + r) << 4), ah[kb]);
+}
+// A weight gradient's A operand (the CTA's own activations or dZ0, transposed): held in registers for the whole
+// pass at NB <= 32, reloaded from shared memory at each use at NB = 64 (its 32 registers a lane would spill)
+constexpr bool AHR = NBT <= 4;
+constexpr int AMT = AHR ? MT : 1;  // the m-tiles held
+typedef u32 AFrag[2][4];
+// m-tile mt of the operand: the held one (AHR), else `al`, loaded by the caller
+__device__ __forceinline__ const AFrag& pick_ah(const u32 (&ahr)[AMT][2][4], const AFrag& al, int mt) {
+    if constexpr (AHR) return ahr[mt];
+    else return al;
+}
+__device__ __forceinline__ void aop_load(u32 (&ah)[AMT][2][4], u32 hp, int lane) {
+    if constexpr (AHR) {
 #pragma unroll
-        for (int kb = 0; kb < 2; ++kb)
-            ldsm_x4_t(hp + (u32)((((2 * mt + (j4 & 1)) * BR) + 16 * kb + (j4 >> 1) * 8 + r) << 4), ah[mt][kb]);
+        for (int mt = 0; mt < MT; ++mt) load_hpT(ah[mt], hp, mt, lane);
+    }
 }
 // weight gradient of chunk k-step kl (16 rows n of W) x the CTA's NB units, straight into the SGD step of the master
 // fragments w[j][q] = W[n = 16kk + 2t + (q & 1) + 8 (q >> 1)][unit 8j + g]; B = dZ [row][n] from the stage
-__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[MT][2][4], float (&w)[NBT][4],
+__device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ahr)[AMT][2][4], u32 hp, float (&w)[NBT][4],
                                          float (&m)[NBT][4], const OptimParams& p, const OptimStep& o, int lane) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
@@ -220,9 +235,12 @@ __device__ __forceinline__ void wgrad_ks(u32 act, int kl, const u32 (&ah)[MT][2]
         ldsm_x4_t(act + (u32)(((2 * kl + h2) * BR + lane) << 4), b);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
+            u32 al[2][4];
+            if constexpr (!AHR) load_hpT(al, hp, mt, lane);
+            const AFrag& ah = pick_ah(ahr, al, mt);
             float cc[4] = {0.f, 0.f, 0.f, 0.f};
-            mma16816(cc, ah[mt][0][0], ah[mt][0][1], ah[mt][0][2], ah[mt][0][3], b[0], b[1]);
-            mma16816(cc, ah[mt][1][0], ah[mt][1][1], ah[mt][1][2], ah[mt][1][3], b[2], b[3]);
+            mma16816(cc, ah[0][0], ah[0][1], ah[0][2], ah[0][3], b[0], b[1]);
+            mma16816(cc, ah[1][0], ah[1][1], ah[1][2], ah[1][3], b[2], b[3]);
             upd(p, o, cc[0], w[2 * mt][2 * h2], m[2 * mt][2 * h2]);
             upd(p, o, cc[1], w[2 * mt][2 * h2 + 1], m[2 * mt][2 * h2 + 1]);
             upd(p, o, cc[2], w[2 * mt + 1][2 * h2], m[2 * mt + 1][2 * h2]);
@@ -490,8 +508,8 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
     auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
         const u8* xc = Xs + (s & 1) * XB;        // X(s)
         const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
-        u32 ahz[MT][2][4];
-        if (do_b0) load_hpT(ahz, smem_u32(dZ0p), lane);
+        u32 ahz[AMT][2][4];
+        if (do_b0) aop_load(ahz, smem_u32(dZ0p), lane);
 #pragma unroll B0U
         for (int i = 0; i < K0W; ++i) {  // unrolled: the master loads of B0U k-steps in flight at once
             const int kk = warp + NW * i;
@@ -515,9 +533,12 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                         }
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
+                            u32 al[2][4];
+                            if constexpr (!AHR) load_hpT(al, smem_u32(dZ0p), mt, lane);
+                            const AFrag& ah = pick_ah(ahz, al, mt);
                             float cc[4] = {0.f, 0.f, 0.f, 0.f};
-                            mma16816(cc, ahz[mt][0][0], ahz[mt][0][1], ahz[mt][0][2], ahz[mt][0][3], bx[0][0], bx[0][1]);
-                            mma16816(cc, ahz[mt][1][0], ahz[mt][1][1], ahz[mt][1][2], ahz[mt][1][3], bx[1][0], bx[1][1]);
+                            mma16816(cc, ah[0][0], ah[0][1], ah[0][2], ah[0][3], bx[0][0], bx[0][1]);
+                            mma16816(cc, ah[1][0], ah[1][1], ah[1][2], ah[1][3], bx[1][0], bx[1][1]);
                             upd(prm, ob, cc[0] * zs, w[2 * mt][2 * h2], mo[2 * mt][2 * h2]);
                             upd(prm, ob, cc[1] * zs, w[2 * mt][2 * h2 + 1], mo[2 * mt][2 * h2 + 1]);
                             upd(prm, ob, cc[2] * zs, w[2 * mt + 1][2 * h2], mo[2 * mt + 1][2 * h2]);
@@ -770,8 +791,8 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         {
             u32 adl[2][4];
             dlogits_operand(dl, g, t, adl);
-            u32 ah1[MT][2][4];
-            load_hpT(ah1, smem_u32(Hp1), lane);
+            u32 ah1[AMT][2][4];
+            aop_load(ah1, smem_u32(Hp1), lane);
             float accD[2][NBT][4];
             zero_acc(accD);
 #pragma unroll 1
@@ -817,7 +838,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     }
                     dgrad_ks(adz, wk[i], accD);  // the master before its update
                     __syncwarp();  // the warp's dZ2 columns are in the stage
-                    wgrad_ks(a_st, kl, ah1, wk[i], mk[i], prm, oc, lane);
+                    wgrad_ks(a_st, kl, ah1, smem_u32(Hp1), wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F2, cta, kk, wk[i], lane);
                     store_ks(W2F, M2F, kk, wk[i], mk[i]);
@@ -859,8 +880,8 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
             for (int c = 0; c < NST; ++c) issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
-            u32 ah0[MT][2][4];
-            load_hpT(ah0, smem_u32(Hp0), lane);
+            u32 ah0[AMT][2][4];
+            aop_load(ah0, smem_u32(Hp0), lane);
             float accD[2][NBT][4];
             zero_acc(accD);
 #pragma unroll 1
@@ -888,7 +909,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     load_act_a(a_st, kl, 0, lane, az[0]);
                     load_act_a(a_st, kl, 1, lane, az[1]);
                     dgrad_ks(az, wk[i], accD);
-                    wgrad_ks(a_st, kl, ah0, wk[i], mk[i], prm, oc, lane);
+                    wgrad_ks(a_st, kl, ah0, smem_u32(Hp0), wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F1, cta, kk, wk[i], lane);
                     store_ks(W1F, M1F, kk, wk[i], mk[i]);

@@ -424,9 +424,9 @@ def test_auto_takes_the_grid_kernels_for_adamw_wide_sgd_and_h128_models_only_fus
 
 # ---- native/grid_stream.cu: the wider models grid/plan.py's stream_plan sends to the streaming kernel (masters in HBM)
 # (sizes, optimizer, batch, n, extra Trainer kwargs): uint8 inputs, "mixed", three equal hidden layers of 4096 (32 units
-# a CTA) and 2048 (16 units a CTA); a short last batch in every case, batches under 32 rows (masked), plain SGD with
-# and without weight decay, momentum (streamed beside the masters: loaded per k-step at 4096, a chunk ahead at 2048)
-# with Nesterov and weight decay, 2 and 16 classes, 64 input features, a normalize scale.
+# a CTA), 2048 (16 units a CTA) and 8192 (64, 128-unit chunks); a short last batch in every case, batches under 32
+# rows (masked), plain SGD with and without weight decay, momentum (streamed beside the masters: loaded per k-step at
+# 4096, a chunk ahead at 2048) with Nesterov and weight decay, 2 and 16 classes, 64 input features, a normalize scale.
 GRID_STREAM_CASES = [
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.02), 32, 32 * 6 + 7, {}),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.02, weight_decay=1e-3), 20, 20 * 5 + 3, {}),
@@ -434,6 +434,7 @@ GRID_STREAM_CASES = [
     ([64, 2048, 2048, 2048, 2], SGD(lr=0.02), 7, 7 * 4 + 2, {"normalize": (0.0, 0.5)}),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),
     ([784, 2048, 2048, 2048, 10], SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-3), 16, 16 * 8 + 5, {}),
+    ([784, 8192, 8192, 8192, 10], SGD(lr=0.01), 32, 32 * 3 + 5, {}),  # 64 units a CTA, 128-unit chunks
 ]  # fmt: skip
 
 

@@ -227,8 +227,9 @@ CHOICES = [
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"normalize": (0.5, 0.25)}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "fp32", np.uint8, 32, {}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 64, {}, "grid.cu"),
-    ([784, 8192, 8192, 8192, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
-    ([784, 2176, 2176, 2176, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 8192, 8192, 8192, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),  # 128 CTAs of 64
+    ([784, 8192, 8192, 8192, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),
+    ([784, 2112, 2112, 2112, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"tuning": Tuning(grid_fast=False)}, "grid.cu"),
 ]  # fmt: skip
 
@@ -256,7 +257,7 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
     elif source == "grid_stream.cu":
         h = sizes[1]
-        nb = 16 if h // 16 <= gp.HOPPER_SMS else 32
+        nb = 16 if h // 16 <= gp.HOPPER_SMS else 32 if h // 32 <= gp.HOPPER_SMS else 64
         assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_stream_kernel", h // nb, (nb,) * 3, 4)
         assert plan.phases == gp.STREAM_PHASES and plan.why.startswith("grid_stream.cu: ")
         n_state = len(optimizer.state_names)
@@ -331,11 +332,14 @@ H4 = [784, 4096, 4096, 4096, 10]
         ("it is switched off (Tuning(grid_fast=False))", (H4,), {"tuning": Tuning(grid_fast=False)}),
         ("2 hidden layers (it trains three)", ([784, 4096, 4096, 10],), {}),
         ("hidden widths [4096, 2048, 4096] (it takes three equal ones)", ([784, 4096, 2048, 4096, 10],), {}),
-        ("a hidden width of 8192 (it takes multiples of 256 up to 4096: 16 or 32 units a CTA)",
-         ([784, 8192, 8192, 8192, 10],), {}),
-        ("a hidden width of 2176 (it takes multiples of 256 up to 4096: 16 or 32 units a CTA)",
-         ([784, 2176, 2176, 2176, 10],), {}),
-        ("a hidden width of 4096 (it takes multiples of 256 up to 3584: 16 or 32 units a CTA)", (H4,), {"sms": 114}),
+        ("a hidden width of 8704 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
+         "multiple of 256, or of 128 at 64)", ([784, 8704, 8704, 8704, 10],), {}),
+        ("a hidden width of 2112 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
+         "multiple of 256, or of 128 at 64)", ([784, 2112, 2112, 2112, 10],), {}),
+        ("a hidden width of 8192 (it takes h / NB CTAs within the 114 SMs at NB = 16, 32 or 64 units a CTA, h a "
+         "multiple of 256, or of 128 at 64)", ([784, 8192, 8192, 8192, 10],), {"sms": 114}),
+        ("SGD momentum at 8192 (64 units a CTA: its buffers' registers would spill)", ([784, 8192, 8192, 8192, 10],
+         MOMENTUM), {}),
         ("precision 'fp16' (it trains \"mixed\": fp32 masters, fp16 tensor-core operands)", (H4,),
          {"precision": "fp16"}),
         ("float32 inputs (it takes uint8 rows)", (H4,), {"x_dtype": np.float32}),
@@ -360,6 +364,8 @@ def test_the_stream_plan_takes_the_fewest_units_a_cta_that_fit_the_sms():
     assert _stream([784, 2048, 2048, 2048, 10]).units == (16, 16, 16)  # 128 CTAs
     assert _stream([784, 4096, 4096, 4096, 10]).units == (32, 32, 32)  # 256 CTAs of 16 would not be resident
     assert _stream([784, 2048, 2048, 2048, 10], sms=120).units == (32, 32, 32)  # 64 CTAs
+    assert _stream([784, 8192, 8192, 8192, 10]).units == (64, 64, 64)  # 128 CTAs, 128-unit chunks
+    assert _stream([784, 4096, 4096, 4096, 10], sms=114).units == (64, 64, 64)  # an H100 PCIe: 64 CTAs
 
 
 def test_the_stream_byte_mirrors_count_every_buffer():
@@ -374,6 +380,10 @@ def test_the_stream_byte_mirrors_count_every_buffer():
     assert gp.stream_scratch_bytes(784, 4096, 1) == 2 * masters + w16 + w3 + exchange
     assert gp.stream_smem_bytes(784, 4096, 32, 1) == smem + (3 * 32 + 16 + 16 * 32) * 4
     assert gp.stream_smem_bytes(784, 2048, 16) < gp.stream_smem_bytes(784, 4096, 32) <= gp.HOPPER_SMEM
+    # 64 units a CTA: 128-unit chunks (three stages of 8 KB activations and 16 KB weights), sums [8][32][72]
+    smem64 = 2 * 32 * 784 + 3 * 128 * 32 * 2 + 3 * 64 * 128 * 2 + 8 * 32 * 72 * 4 + 4 * 32 * 64 * 2
+    smem64 += (3 * 64 + 16 + 16 * 64 + 2 * 32 * 16) * 4 + 2 * 32 * 4 + 16 * 8 + 5 * 8
+    assert gp.stream_smem_bytes(784, 8192, 64) == smem64 == 223_464
 
 
 STREAM_KERNELS = [
@@ -381,6 +391,7 @@ STREAM_KERNELS = [
     ([784, 2048, 2048, 2048, 16], SGD(lr=0.05, weight_decay=1e-4), 7, {"tuning": Tuning(grid_profile=True)}),
     ([64, 4096, 4096, 4096, 2], SGD(lr=0.05), 1, {"normalize": (0.0, 0.5)}),
     ([1024, 1280, 1280, 1280, 10], SGD(lr=0.05), 32, {}),
+    ([784, 8192, 8192, 8192, 10], SGD(lr=0.05, weight_decay=1e-4), 32, {"tuning": Tuning(grid_profile=True)}),  # 64
     ([784, 4096, 4096, 4096, 10], MOMENTUM, 32, {"tuning": Tuning(grid_profile=True)}),  # momentum loaded per k-step
     ([784, 2048, 2048, 2048, 10], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3), 20, {}),  # chunk
 ]  # fmt: skip
@@ -398,11 +409,12 @@ def test_the_stream_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tm
 @pytest.mark.bindings
 @pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
                                           ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
-@pytest.mark.parametrize("optimizer", [PLAIN, MOMENTUM], ids=["sgd", "momentum"])
-def test_an_undercounted_stream_plan_fails_to_compile(name, message, optimizer, monkeypatch, tmp_path):
+@pytest.mark.parametrize("hidden,optimizer", [(4096, PLAIN), (4096, MOMENTUM), (8192, PLAIN)],
+                         ids=["sgd", "momentum", "sgd-64-units"])  # fmt: skip
+def test_an_undercounted_stream_plan_fails_to_compile(name, message, hidden, optimizer, monkeypatch, tmp_path):
     """The byte mirrors are exact: the kernel compiles with the plan's counts (above) and not with one byte less."""
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan([784, 4096, 4096, 4096, 10], optimizer)
+    plan = _plan([784, hidden, hidden, hidden, 10], optimizer)
     assert plan.source == "grid_stream.cu"
     value = int(_option(plan, name))
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]

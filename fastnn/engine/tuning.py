@@ -34,6 +34,8 @@ class GridRule:
     #: the most optimizer state arrays (0: plain SGD, 1: SGD's momentum) of a model the rule gives to the streaming
     #: kernel (native/grid_stream.cu, hidden layers wider than the fast kernel's)
     stream_states: int = 0
+    #: the units a CTA (grid/plan.py's stream_plan picks 16, 32 or 64) at which the rule gives it the streaming kernel
+    stream_units: tuple[int, ...] = (16, 32)
 
 
 #: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the

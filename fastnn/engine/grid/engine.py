@@ -54,10 +54,10 @@ def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
     precision fall in the measured range and one of the fast kernels (plan.fast_plan's grid_fast.cu, plan.stream_plan's
-    grid_stream.cu with at most rule.stream_states optimizer states) serves the model on `device` (None: an H100) for
-    uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a type neither fast kernel serves
-    then train with the graph engine's step (GridEngine.graph_fallback), never with grid.cu (version 1), which is
-    slower than the graph engine."""
+    grid_stream.cu with at most rule.stream_states optimizer states, at rule.stream_units units a CTA) serves the model
+    on `device` (None: an H100) for uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a
+    type neither fast kernel serves then train with the graph engine's step (GridEngine.graph_fallback), never with
+    grid.cu (version 1), which is slower than the graph engine."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
     in_range = (
@@ -75,7 +75,10 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
     states = len(config.optimizer.state_names)
     return any(
         isinstance(plan, GridPlan)
-        and (plan.source == "grid_fast.cu" or (plan.source == "grid_stream.cu" and states <= rule.stream_states))
+        and (
+            plan.source == "grid_fast.cu"
+            or (plan.source == "grid_stream.cu" and states <= rule.stream_states and plan.units[0] in rule.stream_units)
+        )
         for plan in (grid_plan(config, dt, sms, smem) for dt in (np.uint8, np.float32))
     )
 

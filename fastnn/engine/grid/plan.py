@@ -5,8 +5,8 @@ the fast path (the measured probe's design: masters on chip, fp16 exchange, tens
 accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs, "mixed", ReLU,
 cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW); `native/grid_stream.cu`, the
 streaming path (the same design with every master in HBM, read and written once a step), for the wider models
-`stream_plan` accepts (three equal hidden layers of 16 or 32 units a CTA, h a multiple of 256: 2048 and 4096 on an
-H100; uint8 inputs, SGD with or without momentum); and the generic `native/grid.cu` (version 1) for every other
+`stream_plan` accepts (three equal hidden layers of 16, 32 or 64 units a CTA: 2048, 4096 and 8192 on an H100; uint8
+inputs, SGD, with momentum up to 32 units a CTA); and the generic `native/grid.cu` (version 1) for every other
 MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and
 global-scratch layouts (the kernels check at compile time that they need no more than the bytes computed here), and
 says why a model cannot be served, naming the limit.
@@ -67,11 +67,17 @@ FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2
 STREAM_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2", "W3 update", "R5 wait",
                  "B1")  # fmt: skip
 #: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest that keep the CTAs within the
-#: SMs; 64 would need twice the registers of a CTA's master fragments), units of an activation chunk (the ring's
-#: stage), the most input features (8 k-steps of 16 a warp, unrolled).
-STREAM_UNITS = (16, 32)
+#: SMs; momentum up to 32), units of an activation chunk (the ring's stage: 256, or 128 at 64 units a CTA, whose
+#: weight stages and cross-warp sums would not fit shared memory beside 256-unit ones), the most input features (8
+#: k-steps of 16 a warp, unrolled).
+STREAM_UNITS = (16, 32, 64)
 STREAM_CHUNK = 256
 STREAM_MAX_FEATURES = 1024
+
+
+def stream_chunk(units_per_cta: int) -> int:
+    """Units of an activation chunk of native/grid_stream.cu at `units_per_cta` units a CTA (its CU)."""
+    return STREAM_CHUNK // 2 if units_per_cta == 64 else STREAM_CHUNK
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -256,8 +262,8 @@ def stream_smem_bytes(features: int, hidden: int, units_per_cta: int, n_state: i
     the ring's three activation and three weight stages, the cross-warp sums, the own activation tiles, biases / b3 /
     W3 slice / logits / dlogits (and the momentum of the biases, b3 and the W3 slice), labels, profile, the
     mbarriers."""
-    rows, nb, stages, nw = FAST_MAX_BATCH, units_per_cta, 3, THREADS // 32
-    o = 2 * rows * features + stages * STREAM_CHUNK * rows * 2 + stages * nb * STREAM_CHUNK * 2
+    rows, nb, stages, nw, chunk = FAST_MAX_BATCH, units_per_cta, 3, THREADS // 32, stream_chunk(units_per_cta)
+    o = 2 * rows * features + stages * chunk * rows * 2 + stages * nb * chunk * 2
     o += max(8 * 16 * 40, nw * rows * (nb + 8)) * 4 + 4 * rows * nb * 2
     o += (3 * nb + 16 + 16 * nb + 2 * rows * 16) * 4 + n_state * (3 * nb + 16 + 16 * nb) * 4
     o += 2 * rows * 4 + 16 * 8
@@ -293,11 +299,10 @@ def stream_plan(
     hidden = sizes[1]
     if sizes[2] != hidden or sizes[3] != hidden:
         return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
-    fits = [nb for nb in STREAM_UNITS if hidden % STREAM_CHUNK == 0 and hidden // nb <= sm_count]
+    fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count]
     if not fits:
-        most = STREAM_UNITS[-1] * sm_count // STREAM_CHUNK * STREAM_CHUNK
-        return (f"a hidden width of {hidden} (it takes multiples of {STREAM_CHUNK} up to {most}: "
-                f"{' or '.join(str(u) for u in STREAM_UNITS)} units a CTA)")  # fmt: skip
+        return (f"a hidden width of {hidden} (it takes h / NB CTAs within the {sm_count} SMs at NB = 16, 32 or 64 "
+                f"units a CTA, h a multiple of {STREAM_CHUNK}, or of {stream_chunk(64)} at 64)")  # fmt: skip
     if config.precision != "mixed":
         return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
     if np.dtype(x_dtype) != np.uint8:
@@ -324,6 +329,8 @@ def stream_plan(
     if float(shift) != 0.0:
         return f"a normalize shift of {float(shift):g} (it takes a scale only)"
     nb = fits[0]
+    if nb == 64 and n_state:
+        return f"SGD momentum at {hidden} (64 units a CTA: its buffers' registers would spill)"
     ctas = hidden // nb
     need = stream_smem_bytes(features, hidden, nb, n_state)
     if need > smem_limit:
