@@ -199,37 +199,63 @@ def fast_scratch_bytes(hidden: int, features: int = 0, n_state: int = 0, state_i
     )
 
 
+def _tensor_core_shape(config: EngineConfig) -> str | None:
+    """Why neither tensor-core kernel (grid_fast.cu, grid_stream.cu) serves the model's depth or widths, or None:
+    switched off, other than three hidden layers, or unequal ones."""
+    sizes = tuple(config.model.sizes)
+    if not config.tuning.grid_fast:
+        return "it is switched off (Tuning(grid_fast=False))"
+    if len(sizes) != 5:
+        return f"{len(sizes) - 2} hidden layers (it trains three)"
+    if sizes[2] != sizes[1] or sizes[3] != sizes[1]:
+        return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
+    return None
+
+
+def _tensor_core_math(config: EngineConfig) -> str | None:
+    """Why neither tensor-core kernel computes the model's arithmetic, or None: "mixed", ReLU, cross-entropy only."""
+    if config.precision != "mixed":
+        return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
+    if config.model.activation != "relu":
+        return f"activation {config.model.activation!r} (it takes relu)"
+    if config.loss != "cross_entropy":
+        return f"loss {config.loss!r} (it computes softmax cross-entropy)"
+    return None
+
+
+def _tensor_core_head(config: EngineConfig) -> str | None:
+    """Why neither tensor-core kernel's head and step hold the classes and the batch, or None."""
+    classes, batch = config.model.sizes[-1], config.batch_size
+    if not 2 <= classes <= FAST_MAX_CLASSES:
+        return f"{classes} classes (it takes 2 to {FAST_MAX_CLASSES}: one m16 tile of logits)"
+    if batch > FAST_MAX_BATCH:
+        return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
+    return None
+
+
 def fast_plan(
     config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
 ) -> GridPlan | str:
     """native/grid_fast.cu's plan for `config`, or why the fast path does not serve it (grid.cu then does)."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
-    if not config.tuning.grid_fast:
-        return "it is switched off (Tuning(grid_fast=False))"
-    if len(sizes) != 5:
-        return f"{len(sizes) - 2} hidden layers (it trains three)"
+    reason = _tensor_core_shape(config)
+    if reason is not None:
+        return reason
     hidden = sizes[1]
-    if sizes[2] != hidden or sizes[3] != hidden:
-        return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
     if hidden % FAST_UNIT_STEP or hidden // UNITS_PER_CTA > sm_count:
         most = UNITS_PER_CTA * sm_count // FAST_UNIT_STEP * FAST_UNIT_STEP
         return f"a hidden width of {hidden} (it takes multiples of {FAST_UNIT_STEP} up to {most}: 8 units a CTA)"
-    if config.precision != "mixed":
-        return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
+    reason = _tensor_core_math(config)
+    if reason is not None:
+        return reason
     xf = np.dtype(x_dtype) != np.uint8  # float32 rows: staged as fp16 operands, 2 bytes a feature
-    if model.activation != "relu":
-        return f"activation {model.activation!r} (it takes relu)"
-    if config.loss != "cross_entropy":
-        return f"loss {config.loss!r} (it computes softmax cross-entropy)"
-    features, classes = sizes[0], sizes[-1]
+    features = sizes[0]
     if features % 16:
         return f"{features} input features (it takes multiples of 16: 16-byte row copies)"
-    if not 2 <= classes <= FAST_MAX_CLASSES:
-        return f"{classes} classes (it takes 2 to {FAST_MAX_CLASSES}: one m16 tile of logits)"
-    batch = config.batch_size
-    if batch > FAST_MAX_BATCH:
-        return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
+    reason = _tensor_core_head(config)
+    if reason is not None:
+        return reason
     kernel = opt.kernel_params()
     n_state = len(opt.state_names)
     if kernel.kind not in (KIND_SGD, KIND_ADAMW):
@@ -292,33 +318,25 @@ def stream_plan(
     """native/grid_stream.cu's plan for `config`, or why the streaming path does not serve it (grid.cu then does)."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
-    if not config.tuning.grid_fast:
-        return "it is switched off (Tuning(grid_fast=False))"
-    if len(sizes) != 5:
-        return f"{len(sizes) - 2} hidden layers (it trains three)"
+    reason = _tensor_core_shape(config)
+    if reason is not None:
+        return reason
     hidden = sizes[1]
-    if sizes[2] != hidden or sizes[3] != hidden:
-        return f"hidden widths {list(sizes[1:-1])} (it takes three equal ones)"
     fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count]
     if not fits:
         return (f"a hidden width of {hidden} (it takes h / NB CTAs within the {sm_count} SMs at NB = 16, 32 or 64 "
                 f"units a CTA, h a multiple of {STREAM_CHUNK}, or of {stream_chunk(64)} at 64)")  # fmt: skip
-    if config.precision != "mixed":
-        return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
+    reason = _tensor_core_math(config)
+    if reason is not None:
+        return reason
     if np.dtype(x_dtype) != np.uint8:
         return f"{np.dtype(x_dtype)} inputs (it takes uint8 rows)"
-    if model.activation != "relu":
-        return f"activation {model.activation!r} (it takes relu)"
-    if config.loss != "cross_entropy":
-        return f"loss {config.loss!r} (it computes softmax cross-entropy)"
-    features, classes = sizes[0], sizes[-1]
+    features = sizes[0]
     if features % 16 or features > STREAM_MAX_FEATURES:
         return f"{features} input features (it takes multiples of 16 up to {STREAM_MAX_FEATURES})"
-    if not 2 <= classes <= FAST_MAX_CLASSES:
-        return f"{classes} classes (it takes 2 to {FAST_MAX_CLASSES}: one m16 tile of logits)"
-    batch = config.batch_size
-    if batch > FAST_MAX_BATCH:
-        return f"batch size {batch} (it takes up to {FAST_MAX_BATCH} rows a step)"
+    reason = _tensor_core_head(config)
+    if reason is not None:
+        return reason
     kernel = opt.kernel_params()
     n_state = len(opt.state_names)
     if kernel.kind != KIND_SGD:
