@@ -461,14 +461,18 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
     assert not prefer_grid(momentum, None, GridRule(128, 4096, 32, ("mixed",)))
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10], optimizer=AdamW(lr=1e-3)), None)
     assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10], batch=64), None)
-    assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None)  # neither fast kernel serves it
+    # grid_stream.cu at 8192 (64 units a CTA): 1.55x the graph engine with plain SGD; momentum spills there (refused)
+    assert prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None)
+    assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)
+    assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None, GridRule(128, 8192, 32, ("mixed",)))
+    assert not prefer_grid(cfg([784, 8704, 8704, 8704, 10]), None)  # 136 CTAs of 64: neither fast kernel serves it
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None, GridRule(128, 1024, 32, ("mixed",)))
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), types.SimpleNamespace(sm_count=114,
                            max_shared_memory_optin=232448), GridRule(128, 1024, 32, ("mixed",)))  # fmt: skip
-    # on 114 SMs (an H100 PCIe) 4096 takes 64 CTAs of 64 units: not measured, not in the rule (GridRule.stream_units)
+    # on 114 SMs (an H100 PCIe) 4096 takes 64 CTAs of 64 units; a rule without 64 units leaves it with the graph engine
     pcie = types.SimpleNamespace(sm_count=114, max_shared_memory_optin=232448)
-    assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie)
-    assert prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie, GridRule(128, 4096, 32, ("mixed",), stream_units=(64,)))
+    assert prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie)
+    assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie, GridRule(128, 4096, 32, ("mixed",)))
     assert not prefer_grid(bench, None, GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=()))
     rule = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed",))
     assert prefer_grid(bench, None, rule)

@@ -66,9 +66,12 @@ class GridRule:
 #: the grid engine train with the graph engine's step). Between them (the lead, same GPU, a second call): 28.84 /
 #: 35.01 / 105.80 us/step at h = 1280 / 1536 / 3072 against 76.15 / 90.25 / 199.42 (2.64x / 2.58x / 1.88x). With
 #: momentum 0.9 (its buffers streamed beside the masters): 82.41 / 278.77 at 2048 / 4096 against the graph engine's
-#: 152.40 / 409.95 (1.85x / 1.47x), so the rule gives the streaming kernel momentum too (`stream_states`).
-GRID_RULE = GridRule(min_hidden=128, max_hidden=4096, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"),
-                     stream_states=1)  # fmt: skip
+#: 152.40 / 409.95 (1.85x / 1.47x), so the rule gives the streaming kernel momentum too (`stream_states`). At
+#: h = 8192 (64 units a CTA, 128-unit chunks; plain SGD only, momentum would spill registers there): 627.96 us/step
+#: against the graph engine's 970.70 (1.55x, a third call, the same test accuracy to 1e-4), so the range reaches 8192
+#: and `stream_units` takes 64 (measured on 132 SMs only: a GPU of fewer SMs gets more units a CTA, at fewer CTAs).
+GRID_RULE = GridRule(min_hidden=128, max_hidden=8192, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"),
+                     stream_states=1, stream_units=(16, 32, 64))  # fmt: skip
 
 
 @dataclass(frozen=True)
