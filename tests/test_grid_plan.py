@@ -292,28 +292,6 @@ FAST_KERNELS = [
 ]  # fmt: skip
 
 
-@pytest.mark.bindings
-@pytest.mark.parametrize("sizes,optimizer,batch,kw", FAST_KERNELS)
-def test_the_fast_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tmp_path):
-    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan(sizes, optimizer, "mixed", batch, **kw)
-    assert isinstance(plan, gp.GridPlan) and plan.source == "grid_fast.cu", plan
-    assert nvrtc.compile_native("grid_fast.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
-
-
-@pytest.mark.bindings
-@pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
-                                          ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
-def test_an_undercounted_fast_plan_fails_to_compile(name, message, monkeypatch, tmp_path):
-    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
-    plan = _plan([784, 256, 256, 256, 10])
-    assert plan.source == "grid_fast.cu"
-    value = int(_option(plan, name))
-    options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
-    with pytest.raises(Exception, match=message):
-        nvrtc.compile_native("grid_fast.cu", "sm_90", options)
-
-
 # ---- the streaming path (native/grid_stream.cu) ----------------------------------------------------------------------
 PLAIN = SGD(lr=0.05)
 
@@ -398,28 +376,33 @@ STREAM_KERNELS = [
 
 
 @pytest.mark.bindings
-@pytest.mark.parametrize("sizes,optimizer,batch,kw", STREAM_KERNELS)
-def test_the_stream_kernel_compiles(sizes, optimizer, batch, kw, monkeypatch, tmp_path):
+@pytest.mark.parametrize("source,sizes,optimizer,batch,kw",
+                         [("grid_fast.cu", *case) for case in FAST_KERNELS]
+                         + [("grid_stream.cu", *case) for case in STREAM_KERNELS])  # fmt: skip
+def test_the_tensor_core_kernels_compile(source, sizes, optimizer, batch, kw, monkeypatch, tmp_path):
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     plan = _plan(sizes, optimizer, "mixed", batch, **kw)
-    assert isinstance(plan, gp.GridPlan) and plan.source == "grid_stream.cu", plan
-    assert nvrtc.compile_native("grid_stream.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
+    assert isinstance(plan, gp.GridPlan) and plan.source == source, plan
+    assert nvrtc.compile_native(source, "sm_90", plan.options)[:4] == b"\x7fELF"
 
 
 @pytest.mark.bindings
 @pytest.mark.parametrize("name,message", [("GRID_SMEM", "shared-memory size is smaller"),
                                           ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
-@pytest.mark.parametrize("hidden,optimizer", [(4096, PLAIN), (4096, MOMENTUM), (8192, PLAIN)],
-                         ids=["sgd", "momentum", "sgd-64-units"])  # fmt: skip
-def test_an_undercounted_stream_plan_fails_to_compile(name, message, hidden, optimizer, monkeypatch, tmp_path):
+@pytest.mark.parametrize("source,hidden,optimizer", [("grid_fast.cu", 256, MOMENTUM), ("grid_stream.cu", 4096, PLAIN),
+                                                     ("grid_stream.cu", 4096, MOMENTUM),
+                                                     ("grid_stream.cu", 8192, PLAIN)],
+                         ids=["fast", "stream", "stream-momentum", "stream-64-units"])  # fmt: skip
+def test_an_undercounted_tensor_core_plan_fails_to_compile(name, message, source, hidden, optimizer, monkeypatch,
+                                                           tmp_path):  # fmt: skip
     """The byte mirrors are exact: the kernel compiles with the plan's counts (above) and not with one byte less."""
     monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
     plan = _plan([784, hidden, hidden, hidden, 10], optimizer)
-    assert plan.source == "grid_stream.cu"
+    assert plan.source == source
     value = int(_option(plan, name))
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
     with pytest.raises(Exception, match=message):
-        nvrtc.compile_native("grid_stream.cu", "sm_90", options)
+        nvrtc.compile_native(source, "sm_90", options)
 
 
 @pytest.mark.bindings
