@@ -1,7 +1,7 @@
 // grid_stream.cu: the grid engine's streaming path (issue 29): a whole training epoch of an MLP d-h-h-h-C (three
-// hidden layers of equal width h = 2048, 4096 or 8192, ReLU, softmax cross-entropy) on uint8 inputs in "mixed"
-// precision with SGD (momentum, Nesterov, weight decay; momentum up to h = 4096), in ONE cooperative persistent kernel
-// of P = 128 CTAs, one per SM,
+// hidden layers of equal width h, ReLU, softmax cross-entropy) on uint8 inputs in "mixed" precision with SGD (momentum,
+// Nesterov, weight decay; momentum at NB <= 32 units a CTA), in ONE cooperative persistent kernel of P = h / NB CTAs
+// (NB = 16, 32 or 64; at most one CTA per SM: grid/plan.py's stream_plan; 128 CTAs at h = 2048, 4096, 8192 on an H100),
 // where the masters do not fit on chip: every master lives in global memory (HBM) and is read once and written once
 // a step, the weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe.cu (its "STREAM" mode, Cfg<4096, 32, false>: 169.5 us/step measured; the design: ../shared/design/
@@ -19,12 +19,12 @@
 // scale * 2^24 multiplies the fp32 accumulators. A short batch (m < 32 rows) is masked: rows m..31 are gathered as
 // copies of row m-1 and their dlogits are zero; the mean divides by m.
 //
-// Launch: grid = GRID_P = h / NB CTAs (NB = 16, 32 or 64 units a CTA, the fewest that keep the CTAs within the SMs:
-// 128 CTAs of 16 at h = 2048, of 32 at 4096, of 64 at 8192; cooperative, all resident), block = 256 threads (8 warps), dynamic shared
-// memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH bytes of global memory (plan.py's stream_smem_bytes /
-// stream_scratch_bytes; the static_asserts below check the kernel needs no more); `sync` = 256 bytes whose word 0,
-// the round counter, the engine zeroes before every launch, and whose bytes 128.. receive the phase profile
-// (-DGRID_PROFILE).
+// Launch: grid = GRID_P = h / NB CTAs (NB = 16, 32 or 64 units a CTA, the fewest whose activation chunk divides h and
+// whose CTAs fit the SMs: 128 CTAs of 16 at h = 2048, of 32 at 4096, of 64 at 8192; 18 of 64 at 1152; cooperative,
+// all resident), block = 256 threads (8 warps), dynamic shared memory GRID_SMEM bytes; `scratch` = GRID_SCRATCH
+// bytes of global memory (plan.py's stream_smem_bytes / stream_scratch_bytes; the static_asserts below check the
+// kernel needs no more); `sync` = 256 bytes whose word 0, the round counter, the engine zeroes before every launch,
+// and whose bytes 128.. receive the phase profile (-DGRID_PROFILE).
 //
 // Partition (grid_fast.cu's "column-master", NB units instead of 8): CTA p owns U_p = [NB p, NB p + NB) of every
 // hidden layer: the rows W0[U_p, :], the forward outputs Z_l[:, U_p], the column blocks W1[:, U_p], W2[:, U_p] (their

@@ -425,7 +425,7 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
 @pytest.mark.bindings
 def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> None:
     """prefer_grid reads tuning.GRID_RULE and takes a model only where a fast kernel (grid_fast.cu, or grid_stream.cu
-    above 1024) serves it (for uint8 or float32 rows): the generic grid.cu (measured 4-19x slower than the graph
+    above 1024) serves it (for uint8 or float32 rows): the generic grid.cu (measured 5-19x slower than the graph
     engine) is never auto's choice."""
     from fastnn import SGD, AdamW
     from fastnn.engine.base import EngineConfig
@@ -465,13 +465,26 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
     assert prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None)
     assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10], optimizer=SGD(lr=0.1, momentum=0.9)), None)
     assert not prefer_grid(cfg([784, 8192, 8192, 8192, 10]), None, GridRule(128, 8192, 32, ("mixed",)))
-    assert not prefer_grid(cfg([784, 8704, 8704, 8704, 10]), None)  # 136 CTAs of 64: neither fast kernel serves it
+    # wider than the kernels' 8192: refused by the plan even under a rule that reaches further
+    wide_rule = GridRule(128, 16384, 32, ("mixed",), stream_units=(16, 32, 64))
+    assert not prefer_grid(cfg([784, 8704, 8704, 8704, 10]), None, wide_rule)
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None, GridRule(128, 1024, 32, ("mixed",)))
+    # a rule of 16 units a CTA only: 2048 on 132 SMs (128 CTAs of 16) but not on 114 (64 CTAs of 32)
+    rule16 = GridRule(128, 2048, 32, ("mixed",), stream_units=(16,))
+    assert prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None, rule16)
     assert not prefer_grid(cfg([784, 2048, 2048, 2048, 10]), types.SimpleNamespace(sm_count=114,
-                           max_shared_memory_optin=232448), GridRule(128, 1024, 32, ("mixed",)))  # fmt: skip
-    # on 114 SMs (an H100 PCIe) 4096 takes 64 CTAs of 64 units; a rule without 64 units leaves it with the graph engine
+                           max_shared_memory_optin=232448), rule16)  # fmt: skip
+    # every streaming plan measured ran on 80 CTAs or more (tuning.py): 1152 (18 CTAs of 64) stays with the graph
+    # engine, 1280 (80 of 16) is taken; a rule without the floor takes 1152 too
+    assert not prefer_grid(cfg([784, 1152, 1152, 1152, 10]), None)
+    assert prefer_grid(cfg([784, 1152, 1152, 1152, 10]), None, GridRule(128, 8192, 32, ("mixed",),
+                       stream_units=(16, 32, 64)))  # fmt: skip
+    # on 114 SMs (an H100 PCIe) 4096 takes 64 CTAs of 64 units, fewer than any measured plan's: the graph engine;
+    # a rule without the 80-CTA floor takes it, one without 64 units does not
     pcie = types.SimpleNamespace(sm_count=114, max_shared_memory_optin=232448)
-    assert prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie)
+    assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie)
+    assert prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie, GridRule(128, 4096, 32, ("mixed",),
+                       stream_units=(16, 32, 64)))  # fmt: skip
     assert not prefer_grid(cfg([784, 4096, 4096, 4096, 10]), pcie, GridRule(128, 4096, 32, ("mixed",)))
     assert not prefer_grid(bench, None, GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=()))
     rule = GridRule(min_hidden=192, max_hidden=2048, max_batch=64, precisions=("mixed",))

@@ -230,6 +230,9 @@ CHOICES = [
     ([784, 8192, 8192, 8192, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),  # 128 CTAs of 64
     ([784, 8192, 8192, 8192, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),
     ([784, 2112, 2112, 2112, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid.cu"),
+    # an odd multiple of 128: only 64 units a CTA have a chunk (128) that divides it, so 18 CTAs; momentum: grid.cu
+    ([784, 1152, 1152, 1152, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {}, "grid_stream.cu"),
+    ([784, 1152, 1152, 1152, 10], MOMENTUM, "mixed", np.uint8, 32, {}, "grid.cu"),
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.05), "mixed", np.uint8, 32, {"tuning": Tuning(grid_fast=False)}, "grid.cu"),
 ]  # fmt: skip
 
@@ -257,7 +260,7 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
     elif source == "grid_stream.cu":
         h = sizes[1]
-        nb = 16 if h // 16 <= gp.HOPPER_SMS else 32 if h // 32 <= gp.HOPPER_SMS else 64
+        nb = next(n for n in gp.STREAM_UNITS if h % gp.stream_chunk(n) == 0 and h // n <= gp.HOPPER_SMS)
         assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_stream_kernel", h // nb, (nb,) * 3, 4)
         assert plan.phases == gp.STREAM_PHASES and plan.why.startswith("grid_stream.cu: ")
         n_state = len(optimizer.state_names)
@@ -276,7 +279,7 @@ def test_the_fast_path_stops_at_one_cta_per_sm():
     plan = _plan([784, 1024, 1024, 1024, 10], AdamW(lr=1e-3), sms=120)  # 128 CTAs would not all be resident
     assert plan.source == "grid.cu"
     assert "a hidden width of 1024 (it takes multiples of 128 up to 896: 8 units a CTA)" in plan.why
-    plan = _plan([784, 1024, 1024, 1024, 10], MOMENTUM, sms=120)  # SGD: the streaming path, 64 CTAs of 16
+    plan = _plan([784, 1024, 1024, 1024, 10], MOMENTUM, sms=120)  # momentum: the streaming path, 64 CTAs of 16
     assert (plan.source, plan.ctas) == ("grid_stream.cu", 64)
 
 
@@ -310,8 +313,8 @@ H4 = [784, 4096, 4096, 4096, 10]
         ("it is switched off (Tuning(grid_fast=False))", (H4,), {"tuning": Tuning(grid_fast=False)}),
         ("2 hidden layers (it trains three)", ([784, 4096, 4096, 10],), {}),
         ("hidden widths [4096, 2048, 4096] (it takes three equal ones)", ([784, 4096, 2048, 4096, 10],), {}),
-        ("a hidden width of 8704 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
-         "multiple of 256, or of 128 at 64)", ([784, 8704, 8704, 8704, 10],), {}),
+        ("a layer of 8704 is wider than the grid kernel's 8192", ([784, 8704, 8704, 8704, 10],), {}),
+        ("a layer of 8448 is wider than the grid kernel's 8192", ([784, 8448, 8448, 8448, 10],), {}),  # 132 CTAs of 64
         ("a hidden width of 2112 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
          "multiple of 256, or of 128 at 64)", ([784, 2112, 2112, 2112, 10],), {}),
         ("a hidden width of 8192 (it takes h / NB CTAs within the 114 SMs at NB = 16, 32 or 64 units a CTA, h a "
@@ -344,6 +347,8 @@ def test_the_stream_plan_takes_the_fewest_units_a_cta_that_fit_the_sms():
     assert _stream([784, 2048, 2048, 2048, 10], sms=120).units == (32, 32, 32)  # 64 CTAs
     assert _stream([784, 8192, 8192, 8192, 10]).units == (64, 64, 64)  # 128 CTAs, 128-unit chunks
     assert _stream([784, 4096, 4096, 4096, 10], sms=114).units == (64, 64, 64)  # an H100 PCIe: 64 CTAs
+    plan = _stream([784, 1152, 1152, 1152, 10])  # 256-unit chunks do not divide 1152: 64 units on 18 CTAs
+    assert (plan.units, plan.ctas) == ((64, 64, 64), 18)
 
 
 def test_the_stream_byte_mirrors_count_every_buffer():
@@ -391,8 +396,10 @@ def test_the_tensor_core_kernels_compile(source, sizes, optimizer, batch, kw, mo
                                           ("GRID_SCRATCH", "global scratch is smaller")])  # fmt: skip
 @pytest.mark.parametrize("source,hidden,optimizer", [("grid_fast.cu", 256, MOMENTUM), ("grid_stream.cu", 4096, PLAIN),
                                                      ("grid_stream.cu", 4096, MOMENTUM),
-                                                     ("grid_stream.cu", 8192, PLAIN)],
-                         ids=["fast", "stream", "stream-momentum", "stream-64-units"])  # fmt: skip
+                                                     ("grid_stream.cu", 8192, PLAIN),
+                                                     ("grid_stream.cu", 2048, MOMENTUM)],
+                         ids=["fast", "stream", "stream-momentum", "stream-64-units",
+                              "stream-momentum-16-units"])  # fmt: skip
 def test_an_undercounted_tensor_core_plan_fails_to_compile(name, message, source, hidden, optimizer, monkeypatch,
                                                            tmp_path):  # fmt: skip
     """The byte mirrors are exact: the kernel compiles with the plan's counts (above) and not with one byte less."""

@@ -36,6 +36,9 @@ class GridRule:
     stream_states: int = 0
     #: the units a CTA (grid/plan.py's stream_plan picks 16, 32 or 64) at which the rule gives it the streaming kernel
     stream_units: tuple[int, ...] = (16, 32)
+    #: the fewest CTAs at which the rule gives a model the streaming kernel: its step is bytes-bound, so fewer CTAs
+    #: stream at a fraction of the GPU's bandwidth (stream_plan takes h = 1152 on 18 CTAs of 64 units)
+    stream_min_ctas: int = 0
 
 
 #: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the
@@ -58,8 +61,8 @@ class GridRule:
 #: step is 3-4x SGD's on this kernel: two moments and a called element step per weight, the moments in L2 above
 #: h = 384), so the rule takes AdamW too.
 #: Wider than 1024 the streaming kernel (native/grid_stream.cu, masters in HBM: grid/plan.py's `stream_plan`: three
-#: equal hidden layers, h a multiple of 256 at 16 or 32 units a CTA, uint8, "mixed", batch <= 32, SGD without
-#: momentum) ran 55.22 / 167.12 us/step at h = 2048 / 4096 against the graph engine's 122.05 / 300.70 in the same call
+#: equal hidden layers on h / NB CTAs at NB = 16, 32 or 64 units a CTA, uint8, "mixed", batch <= 32, SGD; momentum at
+#: NB <= 32) ran 55.22 / 167.12 us/step at h = 2048 / 4096 against the graph engine's 122.05 / 300.70 in the same call
 #: (the lead, H100 80GB HBM3, bench_fused.py --only sweep --widths 2048,4096 --engines grid,graph: 2.21x / 1.80x,
 #: the same test accuracy to 1e-4), so the range reaches 4096; `prefer_grid` still takes a model only where one of
 #: the two fast kernels serves it (AdamW above 1024 stays with the graph engine; float32 rows of a model auto gave
@@ -69,9 +72,12 @@ class GridRule:
 #: 152.40 / 409.95 (1.85x / 1.47x), so the rule gives the streaming kernel momentum too (`stream_states`). At
 #: h = 8192 (64 units a CTA, 128-unit chunks; plain SGD only, momentum would spill registers there): 627.96 us/step
 #: against the graph engine's 970.70 (1.55x, a third call, the same test accuracy to 1e-4), so the range reaches 8192
-#: and `stream_units` takes 64 (measured on 132 SMs only: a GPU of fewer SMs gets more units a CTA, at fewer CTAs).
+#: and `stream_units` takes 64. Every streaming plan measured ran on 80 CTAs or more (1280: 80 of 16; 1536 and 3072:
+#: 96; 2048, 4096, 8192: 128); the plan also takes odd multiples of 128 on h / 64 CTAs (1152: 18) and, on a GPU of
+#: fewer SMs, more units a CTA on fewer CTAs (4096 on 114 SMs: 64 of 64), none of them measured, so the rule asks
+#: for at least 80 CTAs (`stream_min_ctas`) and leaves the rest to the graph engine.
 GRID_RULE = GridRule(min_hidden=128, max_hidden=8192, max_batch=32, precisions=("mixed",), optimizers=("SGD", "AdamW"),
-                     stream_states=1, stream_units=(16, 32, 64))  # fmt: skip
+                     stream_states=1, stream_units=(16, 32, 64), stream_min_ctas=80)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,8 +119,9 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
-    #: Grid engine: compile its kernel (grid.cu or grid_fast.cu) with -DGRID_PROFILE: CTA 0 sums clock64 cycles per
-    #: phase into a small device array (GridTrainContext.phase_cycles reads it back). Benchmarks only.
+    #: Grid engine: compile its kernel (grid.cu, grid_fast.cu or grid_stream.cu) with -DGRID_PROFILE: CTA 0 sums
+    #: clock64 cycles per phase into a small device array (GridTrainContext.phase_cycles reads it back). Benchmarks
+    #: only.
     grid_profile: bool = False
     #: Grid engine: the fast kernels (native/grid_fast.cu, native/grid_stream.cu) wherever grid/plan.py's `fast_plan`
     #: or `stream_plan` serves the model; False keeps every model on the generic native/grid.cu (benchmarks compare

@@ -54,7 +54,8 @@ def check_scratch_fits(scratch_bytes: int, free_bytes: int, data_bytes: int) -> 
 def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = None) -> bool:
     """The rule for engine="auto" (tuning.GRID_RULE, data): grid where every hidden layer's width, the batch and the
     precision fall in the measured range and one of the fast kernels (plan.fast_plan's grid_fast.cu, plan.stream_plan's
-    grid_stream.cu with at most rule.stream_states optimizer states, at rule.stream_units units a CTA) serves the model
+    grid_stream.cu with at most rule.stream_states optimizer states, at rule.stream_units units a CTA on at least
+    rule.stream_min_ctas CTAs) serves the model
     on `device` (None: an H100) for uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a
     type neither fast kernel serves then train with the graph engine's step (GridEngine.graph_fallback), never with
     grid.cu (version 1), which is slower than the graph engine."""
@@ -77,7 +78,12 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
         isinstance(plan, GridPlan)
         and (
             plan.source == "grid_fast.cu"
-            or (plan.source == "grid_stream.cu" and states <= rule.stream_states and plan.units[0] in rule.stream_units)
+            or (
+                plan.source == "grid_stream.cu"
+                and states <= rule.stream_states
+                and plan.units[0] in rule.stream_units
+                and plan.ctas >= rule.stream_min_ctas
+            )
         )
         for plan in (grid_plan(config, dt, sms, smem) for dt in (np.uint8, np.float32))
     )
@@ -108,7 +114,7 @@ class GridEngine(GraphEngine):
         super().__init__(config, state, ordinal)
         #: engine="auto" chose this engine for its fast kernel before it saw the data (prefer_grid). Where the data's
         #: type still keeps grid_fast.cu and grid_stream.cu from serving the model, an epoch is then the graph engine's
-        #: step, not grid.cu's (measured 4-19x slower than the graph engine: tuning.GRID_RULE); so it is where the set
+        #: step, not grid.cu's (measured 5-19x slower than the graph engine: tuning.GRID_RULE); so it is where the set
         #: or the kernel's scratch does not fit in GPU memory. engine="grid" itself never falls back.
         self.graph_fallback = graph_fallback
 

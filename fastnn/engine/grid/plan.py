@@ -66,10 +66,10 @@ FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2
 #: masters) all before R5, and the window after R5's arrival holds W3's update.
 STREAM_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2", "W3 update", "R5 wait",
                  "B1")  # fmt: skip
-#: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest that keep the CTAs within the
-#: SMs; momentum up to 32), units of an activation chunk (the ring's stage: 256, or 128 at 64 units a CTA, whose
-#: weight stages and cross-warp sums would not fit shared memory beside 256-unit ones), the most input features (8
-#: k-steps of 16 a warp, unrolled).
+#: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest whose chunk divides h and whose
+#: h / NB CTAs fit the SMs, so odd multiples of 128 take 64 units; momentum up to 32), units of an activation chunk
+#: (the ring's stage: 256, or 128 at 64 units a CTA, whose weight stages and cross-warp sums would not fit shared
+#: memory beside 256-unit ones), the most input features (8 k-steps of 16 a warp, unrolled).
 STREAM_UNITS = (16, 32, 64)
 STREAM_CHUNK = 256
 STREAM_MAX_FEATURES = 1024
@@ -322,6 +322,8 @@ def stream_plan(
     if reason is not None:
         return reason
     hidden = sizes[1]
+    if hidden > MAX_WIDTH:
+        return f"a layer of {hidden} is wider than the grid kernel's {MAX_WIDTH}"
     fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count]
     if not fits:
         return (f"a hidden width of {hidden} (it takes h / NB CTAs within the {sm_count} SMs at NB = 16, 32 or 64 "
