@@ -50,7 +50,8 @@ def tuning_of(engine: str, phases: bool = False) -> Tuning:
 
 def grid_phases(t: fastnn.Trainer) -> dict[str, float] | None:
     """The grid kernel's phase profile of the last epoch (Tuning(grid_profile=True)): CTA 0's cycles per step of
-    each phase of the kernel that ran (grid.cu or grid_fast.cu), or None for another engine or the graph step."""
+    each phase of the kernel that ran (grid.cu, grid_fast.cu or grid_stream.cu), or None for another engine or the
+    graph step."""
     ctx = t._engine.train_context if t.engine == "grid" else None
     if ctx is None or not hasattr(ctx, "phase_cycles"):
         return None

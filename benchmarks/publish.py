@@ -27,6 +27,7 @@ from report import (
     contenders_list,
     e2e_tables,
     families_table,
+    instances,
     network,
     peers_table,
     ratio,
@@ -129,13 +130,14 @@ def _driver(v: Any) -> str:
 
 
 def setup_block(doc: dict[str, Any]) -> str:
-    """The device, the library versions, the date and the device calls of the committed run."""
+    """The device, the library versions, the date and the runs ("calls") whose rows the committed tables hold."""
     env = doc["environment"]
-    n = len(doc.get("runs", [])) or 1
+    n = len({x.get("run_id") for x in instances(doc["rows"])}) or 1
     text = (f"The committed run: one **{_device(doc)}** (driver {_driver(env.get('driver_version'))}, cuBLASLt "
             f"{_version(env.get('cublaslt'))}, cuDNN {_version(env.get('cudnn'))}), fastnn {env.get('fastnn')}, "
             f"PyTorch {env.get('torch', 'n/a')} (CUDA {env.get('torch_cuda', 'n/a')}), JAX {env.get('jax', 'n/a')}, "
-            f"{str(env.get('date', ''))[:10]}, in {n} device call{'s' if n > 1 else ''}.")  # fmt: skip
+            f"{str(env.get('date', ''))[:10]}, from {n} run{'s' if n > 1 else ''} of `bench_mnist.py` (the tables' "
+            f"calls; several runs may share one device call).")  # fmt: skip
     drift = [x["drift"] for r in doc["rows"] for x in r.get("repeats", []) if x.get("drift") is not None]
     if drift:
         text += (f" Rows run again in a later call (drift repeats) moved by {min(drift):+.1%} to {max(drift):+.1%}; "
