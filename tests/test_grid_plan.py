@@ -102,6 +102,9 @@ def test_logistic_regression_is_refused_by_name():
         ([784, 256, 10], gp.MAX_BATCH + 1, gp.HOPPER_SMEM, "a batch of 1025 rows is over the grid kernel's maximum "
                                                           "of 1024"),
         ([784, 8193, 10], 32, gp.HOPPER_SMEM, "a layer of 8193 is wider than the grid kernel's 8192"),
+        # three equal layers the streaming kernel's units would fit (8448: 132 CTAs of 64): refused before it is asked
+        ([784, 8448, 8448, 8448, 10], 32, gp.HOPPER_SMEM, "a layer of 8448 is wider than the grid kernel's 8192"),
+        ([784, 8704, 8704, 8704, 10], 32, gp.HOPPER_SMEM, "a layer of 8704 is wider than the grid kernel's 8192"),
         ([784, 256, 4000], 1024, 60000, "a batch of 1024 with 4000 classes needs 93,184 bytes of shared memory per "
                                         "CTA, over the GPU's 60,000"),
         ([8192, 8192, 8192, 10], 1024, gp.HOPPER_SMEM, "bytes of global scratch over 132 CTAs, over the grid kernel's "
@@ -313,8 +316,6 @@ H4 = [784, 4096, 4096, 4096, 10]
         ("it is switched off (Tuning(grid_fast=False))", (H4,), {"tuning": Tuning(grid_fast=False)}),
         ("2 hidden layers (it trains three)", ([784, 4096, 4096, 10],), {}),
         ("hidden widths [4096, 2048, 4096] (it takes three equal ones)", ([784, 4096, 2048, 4096, 10],), {}),
-        ("a layer of 8704 is wider than the grid kernel's 8192", ([784, 8704, 8704, 8704, 10],), {}),
-        ("a layer of 8448 is wider than the grid kernel's 8192", ([784, 8448, 8448, 8448, 10],), {}),  # 132 CTAs of 64
         ("a hidden width of 2112 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
          "multiple of 256, or of 128 at 64)", ([784, 2112, 2112, 2112, 10],), {}),
         ("a hidden width of 8192 (it takes h / NB CTAs within the 114 SMs at NB = 16, 32 or 64 units a CTA, h a "

@@ -322,8 +322,6 @@ def stream_plan(
     if reason is not None:
         return reason
     hidden = sizes[1]
-    if hidden > MAX_WIDTH:
-        return f"a layer of {hidden} is wider than the grid kernel's {MAX_WIDTH}"
     fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count]
     if not fits:
         return (f"a hidden width of {hidden} (it takes h / NB CTAs within the {sm_count} SMs at NB = 16, 32 or 64 "
@@ -371,21 +369,22 @@ def grid_plan(
 ) -> GridPlan | str:
     """The plan for `config` with inputs of `x_dtype` on a GPU of `sm_count` SMs and `smem_limit` bytes of shared
     memory per CTA, or a reason (naming the limit) it cannot be served: the fast kernel where `fast_plan` serves the
-    model, else the streaming kernel where `stream_plan` does, else native/grid.cu."""
+    model, else the streaming kernel where `stream_plan` does, else native/grid.cu. Every kernel is written for
+    layers of at most MAX_WIDTH: that limit is checked once, here, before any of them is asked."""
+    sizes = tuple(config.model.sizes)
+    widest = max(sizes)
+    if len(sizes) > 2 and widest > MAX_WIDTH:
+        return f"a layer of {widest} is wider than the grid kernel's {MAX_WIDTH}"
     fast = fast_plan(config, x_dtype, sm_count, smem_limit)
     if isinstance(fast, GridPlan):
         return fast
     stream = stream_plan(config, x_dtype, sm_count, smem_limit)
     if isinstance(stream, GridPlan):
         return stream
-    model, opt = config.model, config.optimizer
-    sizes = tuple(model.sizes)
+    opt = config.optimizer
     nh = len(sizes) - 2
     if nh < 1:
         return "no hidden layer to spread; use engine='fused' or 'graph'"
-    widest = max(sizes)
-    if widest > MAX_WIDTH:
-        return f"a layer of {widest} is wider than the grid kernel's {MAX_WIDTH}"
     batch = config.batch_size
     if batch > MAX_BATCH:
         return f"a batch of {batch} rows is over the grid kernel's maximum of {MAX_BATCH}"
