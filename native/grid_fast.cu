@@ -728,50 +728,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                     mma16816(accL[ntp + 1], af[i].x, af[i].y, af[i].z, af[i].w, b[2], b[3]);
                 }
             }
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                *reinterpret_cast<float2*>(red + (warp * 16 + g) * 40 + 8 * nt + 2 * t) =
-                    make_float2(accL[nt][0], accL[nt][1]);
-                *reinterpret_cast<float2*>(red + (warp * 16 + g + 8) * 40 + 8 * nt + 2 * t) =
-                    make_float2(accL[nt][2], accL[nt][3]);
-            }
-            __syncthreads();
-            for (int e = tid; e < BR * C; e += NT) {
-                const int b = e / C, c = e % C;
-                float z = b3s[c];
-#pragma unroll
-                for (int w = 0; w < NW; ++w) z += red[(w * 16 + c) * 40 + b];
-                lg[b * 16 + c] = z;
-            }
-            __syncthreads();
+            head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
             if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-                const int b = lane, yl = lab[xs * BR + b];
-                float l[C], zmax = __int_as_float(0xff800000);
-                int am = 0x7fffffff;
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    l[c] = lg[b * 16 + c];
-                    if (argmax_takes(l[c], zmax)) {
-                        zmax = l[c];
-                        am = c;
-                    }
-                }
-                float S = 0.f, ex[C], zy = 0.f;
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    ex[c] = expf(l[c] - zmax);
-                    S += ex[c];
-                    zy += c == yl ? l[c] : 0.f;
-                }
-                const float inv = 1.f / S, inv_rows = 1.f / (float)m;
-                const bool valid = yl >= 0;
-#pragma unroll
-                for (int c = 0; c < C; ++c)
-                    dl[b * 16 + c] = valid ? (ex[c] * inv - (c == yl ? 1.f : 0.f)) * inv_rows : 0.f;
-                if (cta == 0 && valid) {
-                    loss_acc += (double)(logf(S) - (zy - zmax));
-                    ok_acc += am == yl ? 1.0 : 0.0;
-                }
+                float l[C], ex[C];  // the row's logits and exponentials
+                const double2 sums =
+                    softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+                loss_acc = sums.x;
+                ok_acc = sums.y;
             }
             __syncthreads();
         }

@@ -1,7 +1,8 @@
 // grid_tc.cuh: what the grid engine's two tensor-core kernels (grid_fast.cu, grid_stream.cu) share beyond grid.cuh:
 // the inline PTX of their bulk copies, ldmatrix / movmatrix / prmt operands and L2-only loads, the ReLU mask of an
-// fp16 pair, the waits with watchdogs (round counter, mbarrier), the head's operands and W3 copies, the history and
-// the phase-profile mark. The including kernel defines GRID_KERNEL, its file name, for the watchdog's message.
+// fp16 pair, the waits with watchdogs (round counter, mbarrier), the head (logits, softmax cross-entropy, operands and
+// W3 copies), the history and the phase-profile mark. The including kernel defines GRID_KERNEL, its file name, for the
+// watchdog's message.
 #pragma once
 #include "grid.cuh"
 
@@ -112,6 +113,64 @@ __device__ __forceinline__ void store_w3(half_t* W3A, half_t* W3B, int par, int 
         ((c >= 8) ? 2 : 0) + (o & 1)] = hv;
     W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
         (c & 1)] = hv;
+}
+// the logits of the whole batch: each warp's partial logits^T (accL[nt]: classes g, g + 8 x rows 8nt + 2t, +1 of its
+// k-steps) through red [8 warps][16][40], summed over the warps in a fixed order (identical bits in every CTA) plus b3
+// into lg [32 rows][16]; every thread calls it (two barriers: lg is complete when it returns)
+template <int C>
+__device__ __forceinline__ void head_logits(const float (&accL)[4][4], float* red, const float* b3s, float* lg,
+                                            int tid, int warp, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        *reinterpret_cast<float2*>(red + (warp * 16 + g) * 40 + 8 * nt + 2 * t) = make_float2(accL[nt][0], accL[nt][1]);
+        *reinterpret_cast<float2*>(red + (warp * 16 + g + 8) * 40 + 8 * nt + 2 * t) =
+            make_float2(accL[nt][2], accL[nt][3]);
+    }
+    __syncthreads();
+    for (int e = tid; e < 32 * C; e += 256) {
+        const int b = e / C, c = e % C;
+        float z = b3s[c];
+#pragma unroll
+        for (int w = 0; w < 8; ++w) z += red[(w * 16 + c) * 40 + b];
+        lg[b * 16 + c] = z;
+    }
+    __syncthreads();
+}
+// the softmax cross-entropy of row b of lg [32][16] (one row a lane of warp 0; the loss as loss.cu and the NumPy
+// engine define it) with label yl (-1: a row past the batch's m): dl[b][c] = (softmax - onehot) / m, zero for a row
+// past m; argmax first-max-wins (NaN first, as numpy). Returns (loss_acc, ok_acc) with, if `add` and the row is valid,
+// its loss logsumexp - z[yl] and correct count added. The sums go in and out by value and the row's logits l and
+// exponentials ex live in the caller's arrays: a reference to the caller's sums, or arrays of its own, would change
+// when the compiler promotes them to registers, and with it the kernels' register allocation (their SASS).
+template <int C>
+__device__ __forceinline__ double2 softmax_row(const float* lg, float* dl, int b, int yl, int m, bool add,
+                                               double loss_acc, double ok_acc, float (&l)[C], float (&ex)[C]) {
+    float zmax = __int_as_float(0xff800000);
+    int am = 0x7fffffff;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        l[c] = lg[b * 16 + c];
+        if (argmax_takes(l[c], zmax)) {
+            zmax = l[c];
+            am = c;
+        }
+    }
+    float S = 0.f, zy = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        ex[c] = expf(l[c] - zmax);
+        S += ex[c];
+        zy += c == yl ? l[c] : 0.f;
+    }
+    const float inv = 1.f / S, inv_rows = 1.f / (float)m;
+    const bool valid = yl >= 0;
+#pragma unroll
+    for (int c = 0; c < C; ++c) dl[b * 16 + c] = valid ? (ex[c] * inv - (c == yl ? 1.f : 0.f)) * inv_rows : 0.f;
+    if (add && valid) {
+        loss_acc += (double)(logf(S) - (zy - zmax));
+        ok_acc += am == yl ? 1.0 : 0.0;
+    }
+    return make_double2(loss_acc, ok_acc);
 }
 // warp 0 of CTA 0: the epoch's loss sum and correct count (each lane's rows) into st->hist[2 * epoch_in_fit + {0, 1}]
 __device__ __forceinline__ void add_history(EpochState* st, u32 epoch_in_fit, double loss_acc, double ok_acc) {
