@@ -768,24 +768,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
                 u32 adz[2][4];
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                    const int ntl = 2 * kl + h2;
-                    const uint2 wb = ldcg8(w3b + ntl * 32);
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        float d[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma16816(d, adl[mt][0], adl[mt][1], adl[mt][2], adl[mt][3], wb.x, wb.y);
-                        const int r0 = 16 * mt + g;
-                        u32* q0 = reinterpret_cast<u32*>(actp + (ntl * 32 + r0) * 8 + 2 * t);
-                        u32* q1 = reinterpret_cast<u32*>(actp + (ntl * 32 + r0 + 8) * 8 + 2 * t);
-                        const u32 z0 = mask_pack(d[0], d[1], *q0), z1 = mask_pack(d[2], d[3], *q1);
-                        *q0 = z0;
-                        *q1 = z1;
-                        adz[mt][2 * h2] = z0;
-                        adz[mt][2 * h2 + 1] = z1;
-                    }
-                }
+                dz2_kstep<true>(adl, w3b, actp + 2 * t, kl, g, adz);
                 const float4 v = w2sm[kl * 32 + lane];  // the master before its update
                 const float wk[4] = {v.x, v.y, v.z, v.w};
                 dgrad_ks(adz, wk, accD);

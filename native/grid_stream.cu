@@ -781,24 +781,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     const int kl = warp * KPW + i;
                     if constexpr (MOM && !MPRE) load_ks(M2F, c * CKS + kl, mk[i]);
                     u32 adz[2][4];
-#pragma unroll
-                    for (int h2 = 0; h2 < 2; ++h2) {
-                        const int ntl = 2 * kl + h2;
-                        const uint2 wb = w3r[ntl * 32];
-#pragma unroll
-                        for (int mt = 0; mt < 2; ++mt) {
-                            float d[4] = {0.f, 0.f, 0.f, 0.f};
-                            mma16816(d, adl[mt][0], adl[mt][1], adl[mt][2], adl[mt][3], wb.x, wb.y);
-                            const int r0 = 16 * mt + g;
-                            u32* q0 = reinterpret_cast<u32*>(ap + (ntl * BR + r0) * 8 + 2 * t);
-                            u32* q1 = reinterpret_cast<u32*>(ap + (ntl * BR + r0 + 8) * 8 + 2 * t);
-                            const u32 z0 = mask_pack(d[0], d[1], *q0), z1 = mask_pack(d[2], d[3], *q1);
-                            *q0 = z0;
-                            *q1 = z1;
-                            adz[mt][2 * h2] = z0;
-                            adz[mt][2 * h2 + 1] = z1;
-                        }
-                    }
+                    dz2_kstep<false>(adl, w3r, ap + 2 * t, kl, g, adz);
                     dgrad_ks(adz, wk[i], accD);  // the master before its update
                     __syncwarp();  // the warp's dZ2 columns are in the stage
                     wgrad_ks(a_st, kl, ah1, smem_u32(Hp1), wk[i], mk[i], prm, oc, lane);

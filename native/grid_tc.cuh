@@ -114,6 +114,34 @@ __device__ __forceinline__ void store_w3(half_t* W3A, half_t* W3B, int par, int 
     W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
         (c & 1)] = hv;
 }
+// dZ2 of k-step kl (n-tiles 2kl, 2kl + 1 of 8 units) in place: dlogits (A fragments adl) x W3's B fragments (w3b: this
+// lane's uint2 of n-tile 0, 32 a tile; CG: in global memory, read past L1), ReLU-masked by the H2 it overwrites in the
+// activation tile ([n-tiles][32 rows][8] fp16; apt: at this lane's unit pair 2t of row 0), and as the A fragments
+// adz of B2's dgrad. The caller offsets apt by 2t: the compiler then forms the addresses as it did inline.
+template <bool CG>
+__device__ __forceinline__ void dz2_kstep(const u32 (&adl)[2][4], const uint2* w3b, half_t* apt, int kl, int g,
+                                          u32 (&adz)[2][4]) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        const int ntl = 2 * kl + h2;
+        uint2 wb;
+        if constexpr (CG) wb = ldcg8(w3b + ntl * 32);
+        else wb = w3b[ntl * 32];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            mma16816(d, adl[mt][0], adl[mt][1], adl[mt][2], adl[mt][3], wb.x, wb.y);
+            const int r0 = 16 * mt + g;
+            u32* q0 = reinterpret_cast<u32*>(apt + (ntl * 32 + r0) * 8);
+            u32* q1 = reinterpret_cast<u32*>(apt + (ntl * 32 + r0 + 8) * 8);
+            const u32 z0 = mask_pack(d[0], d[1], *q0), z1 = mask_pack(d[2], d[3], *q1);
+            *q0 = z0;
+            *q1 = z1;
+            adz[mt][2 * h2] = z0;
+            adz[mt][2 * h2 + 1] = z1;
+        }
+    }
+}
 // the logits of the whole batch: each warp's partial logits^T (accL[nt]: classes g, g + 8 x rows 8nt + 2t, +1 of its
 // k-steps) through red [8 warps][16][40], summed over the warps in a fixed order (identical bits in every CTA) plus b3
 // into lg [32 rows][16]; every thread calls it (two barriers: lg is complete when it returns)
