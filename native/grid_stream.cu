@@ -666,6 +666,20 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         load_masters(wb, c, w);
         if constexpr (MPRE) load_masters(mb, c, m);
     };
+    // the prefetched chunk (masters, and momentum where MPRE) into w, m: the prefetch registers are then free for the
+    // next chunk's loads
+    auto take_chunk = [&](float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4], const float (&wn)[KPW][NBT][4],
+                          const float (&mn)[KPW][NBT][4]) {
+#pragma unroll
+        for (int i = 0; i < KPW; ++i)
+#pragma unroll
+            for (int j = 0; j < NBT; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    w[i][j][q] = wn[i][j][q];
+                    if constexpr (MPRE) m[i][j][q] = mn[i][j][q];
+                }
+    };
     auto store_ks = [&](float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
 #pragma unroll
         for (int j = 0; j < NBT; ++j) {
@@ -761,16 +775,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
                 float wk[KPW][NBT][4], mk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
-#pragma unroll
-                for (int i = 0; i < KPW; ++i)
-#pragma unroll
-                    for (int j = 0; j < NBT; ++j)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            wk[i][j][q] = w2m[i][j][q];
-                            if constexpr (MPRE) mk[i][j][q] = m2m[i][j][q];
-                        }
-
+                take_chunk(wk, mk, w2m, m2m);
                 if (c + 1 < NCH) load_chunk(W2F, M2F, c + 1, w2m, m2m);
                 const u32 sg = wait_act(s);
                 const u32 a_st = act0 + sg * ACTB;
@@ -833,16 +838,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
                 float wk[KPW][NBT][4], mk[KPW][NBT][4];
-#pragma unroll
-                for (int i = 0; i < KPW; ++i)
-#pragma unroll
-                    for (int j = 0; j < NBT; ++j)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            wk[i][j][q] = w1m[i][j][q];
-                            if constexpr (MPRE) mk[i][j][q] = m1m[i][j][q];
-                        }
-
+                take_chunk(wk, mk, w1m, m1m);
                 if (c + 1 < NCH) load_chunk(W1F, M1F, c + 1, w1m, m1m);
                 const u32 sg = wait_act(s);
                 if (c == 0) MARK(10);
