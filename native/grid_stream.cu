@@ -201,7 +201,6 @@ __device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, fl
 }
 
 // ---- building blocks (each a warp's share) --------------------------------------------------------------------------
-__device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * BR + row) * 8 + (unit & 7); }
 // A fragments (16 units x 16 rows) of Hp^T [unit][row] of m-tile mt from a CTA-local [NB/8][32][8] fp16 tile: ah[kb]
 __device__ __forceinline__ void load_hpT(u32 (&ah)[2][4], u32 hp, int mt, int lane) {
     const int j4 = lane >> 3, r = lane & 7;
@@ -269,11 +268,6 @@ __device__ __forceinline__ void dgrad_ks(const u32 (&a)[2][4], const float (&w)[
         mma16816(acc[0][j], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
         mma16816(acc[1][j], a[1][0], a[1][1], a[1][2], a[1][3], b0, b1);
     }
-}
-// A fragments of a [32][CU] activation stage for (m-tile mt, k-step kl of the chunk)
-__device__ __forceinline__ void load_act_a(u32 act, int kl, int mt, int lane, u32 (&a)[4]) {
-    const int j4 = lane >> 3, r = lane & 7;
-    ldsm_x4(act + (u32)((((2 * kl + (j4 >> 1)) * BR) + 16 * mt + (j4 & 1) * 8 + r) << 4), a);
 }
 __device__ __forceinline__ void store_red(float* red, int warp, int lane, const float (&acc)[2][NBT][4]) {
     const int g = lane >> 2, t = lane & 3;
@@ -573,16 +567,14 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
     // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order
     auto bias0 = [&](const OptimStep& ob) {
         if (tid < NB) {
-            float sd = 0.f;
-            for (int b = 0; b < BR; ++b) sd += to_f(dZ0p[cg_idx(b, tid)]);
+            const float sd = tile_col_sum(dZ0p, tid);
             upd1(ob, sd, b0s[tid], mb0 + tid);
         }
     };
     // the bias step of this CTA's units of a hidden layer from its dZ in a stage (at unit offset col0 of the chunk)
     auto bias_step = [&](const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
         if (tid < NB) {
-            float sd = 0.f;
-            for (int b = 0; b < BR; ++b) sd += to_f(dz[cg_idx(b, col0 + tid)]);
+            const float sd = tile_col_sum(dz, col0 + tid);
             upd1(o, sd, bs[tid], ms + tid);
         }
     };

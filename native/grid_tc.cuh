@@ -58,6 +58,21 @@ __device__ __forceinline__ u32 mask_pack(float d0, float d1, u32 h) {
 }
 __device__ __forceinline__ bool h_pos(half_t h) { return (short)h > 0; }
 
+// ---- activation tiles ([8-unit tiles][32 rows][8] fp16: the exchange buffers, stages and own tiles) -----------------
+// the element (row, unit) of an activation tile
+__device__ __forceinline__ int cg_idx(int row, int unit) { return ((unit >> 3) * 32 + row) * 8 + (unit & 7); }
+// A fragments of an activation tile (shared memory at act) for (m-tile mt of rows, k-step kl of 16 units)
+__device__ __forceinline__ void load_act_a(u32 act, int kl, int mt, int lane, u32 (&a)[4]) {
+    const int j4 = lane >> 3, r = lane & 7;
+    ldsm_x4(act + (u32)((((2 * kl + (j4 >> 1)) * 32) + 16 * mt + (j4 & 1) * 8 + r) << 4), a);
+}
+// the sum over the 32 rows of unit col of a dZ tile, in row order (a bias gradient: the same bits in every CTA)
+__device__ __forceinline__ float tile_col_sum(const half_t* dz, int col) {
+    float sd = 0.f;
+    for (int b = 0; b < 32; ++b) sd += to_f(dz[cg_idx(b, col)]);
+    return sd;
+}
+
 // ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
 __device__ __noinline__ void grid_stuck(int what, u32 v, u32 target, int s) {
     printf(GRID_KERNEL " watchdog: %s at step %d, block %d, thread %d: %u of %u\n",
