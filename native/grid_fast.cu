@@ -871,12 +871,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
     if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
 #ifdef GRID_PROFILE
-    if (prof_on) {
-        long long* out = reinterpret_cast<long long*>(sync + 32);  // bytes 128..
-        for (int q = 0; q < NPHASE; ++q) out[q] = profs[q];
-        out[NPHASE] = steps;
-        out[NPHASE + 1] = arrived;
-    }
+    if (prof_on) profile_out(sync, profs, NPHASE, steps, arrived);
 #endif
 }
 

@@ -243,3 +243,13 @@ __device__ __forceinline__ void add_history(EpochState* st, u32 epoch_in_fit, do
 #else
 #define MARK(i) do {} while (0)
 #endif
+#ifdef GRID_PROFILE
+// thread 0 of CTA 0 at the end: the nphase phases' cycle sums, the steps and the rounds arrived at into sync's bytes
+// 128.. (the engine reads them back)
+__device__ __forceinline__ void profile_out(u32* sync, const long long* profs, int nphase, int steps, u32 arrived) {
+    long long* out = reinterpret_cast<long long*>(sync + 32);  // bytes 128..
+    for (int q = 0; q < nphase; ++q) out[q] = profs[q];
+    out[nphase] = steps;
+    out[nphase + 1] = arrived;
+}
+#endif
