@@ -530,17 +530,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                     for (int h2 = 0; h2 < 2; ++h2) {
                         const int pix = 16 * kk + 8 * h2 + g;
                         u32 bx[2][2];
-#pragma unroll
-                        for (int kb = 0; kb < 2; ++kb) {
-                            const int r = 16 * kb + 2 * t;
-                            if constexpr (XF) {
-                                bx[kb][0] = prmt(hp[r * D + pix], hp[(r + 1) * D + pix], 0x5410u);
-                                bx[kb][1] = prmt(hp[(r + 8) * D + pix], hp[(r + 9) * D + pix], 0x5410u);
-                            } else {
-                                bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
-                                bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
-                            }
-                        }
+                        if constexpr (XF) rows_b_frags<D>(hp, pix, t, bx);
+                        else rows_b_frags<D>(xp, pix, t, bx);
                         float cc[4] = {0.f, 0.f, 0.f, 0.f};
                         mma16816(cc, ahz[0][0], ahz[0][1], ahz[0][2], ahz[0][3], bx[0][0], bx[0][1]);
                         mma16816(cc, ahz[1][0], ahz[1][1], ahz[1][2], ahz[1][3], bx[1][0], bx[1][1]);
@@ -558,20 +549,10 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         const int r0 = 16 * mt + g, c0 = 16 * kk + 2 * t;
-                        u32 a0, a1, a2, a3;
-                        if constexpr (XF) {  // fp16 pairs (features c0, c0 + 1) as they are
-                            a0 = *reinterpret_cast<const u32*>(hc + r0 * D + c0);
-                            a1 = *reinterpret_cast<const u32*>(hc + (r0 + 8) * D + c0);
-                            a2 = *reinterpret_cast<const u32*>(hc + r0 * D + c0 + 8);
-                            a3 = *reinterpret_cast<const u32*>(hc + (r0 + 8) * D + c0 + 8);
-                        } else {  // two uint8 pixels into two fp16 subnormals
-                            a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
-                            a1 = prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
-                            a2 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
-                            a3 = prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u,
-                                      0x4140u);
-                        }
-                        mma16816(acc[mt], a0, a1, a2, a3, bw0, bw1);
+                        uint4 a;
+                        if constexpr (XF) a = rows_a_frags<D>(hc + c0, r0);
+                        else a = rows_a_frags<D>(xc + c0, r0);
+                        mma16816(acc[mt], a.x, a.y, a.z, a.w, bw0, bw1);
                     }
                 }
             }

@@ -519,12 +519,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     for (int h2 = 0; h2 < 2; ++h2) {
                         const int pix = 16 * kk + 8 * h2 + g;
                         u32 bx[2][2];
-#pragma unroll
-                        for (int kb = 0; kb < 2; ++kb) {
-                            const int r = 16 * kb + 2 * t;
-                            bx[kb][0] = prmt(xp[r * D + pix], xp[(r + 1) * D + pix], 0x5410u);
-                            bx[kb][1] = prmt(xp[(r + 8) * D + pix], xp[(r + 9) * D + pix], 0x5410u);
-                        }
+                        rows_b_frags<D>(xp, pix, t, bx);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             u32 al[2][4];
@@ -549,16 +544,11 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         const int r0 = 16 * mt + g, c0 = 16 * kk + 2 * t;
-                        const u32 a0 = prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0), 0u, 0x4140u);
-                        const u32 a1 =
-                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0), 0u, 0x4140u);
-                        const u32 a2 =
-                            prmt(*reinterpret_cast<const unsigned short*>(xc + r0 * D + c0 + 8), 0u, 0x4140u);
-                        const u32 a3 =
-                            prmt(*reinterpret_cast<const unsigned short*>(xc + (r0 + 8) * D + c0 + 8), 0u, 0x4140u);
+                        const uint4 a = rows_a_frags<D>(xc + c0, r0);
 #pragma unroll
                         for (int j = 0; j < NBT; ++j)
-                            mma16816(acc[mt][j], a0, a1, a2, a3, pack_h2(w[j][0], w[j][1]), pack_h2(w[j][2], w[j][3]));
+                            mma16816(acc[mt][j], a.x, a.y, a.z, a.w, pack_h2(w[j][0], w[j][1]),
+                                     pack_h2(w[j][2], w[j][3]));
                     }
                 }
             }

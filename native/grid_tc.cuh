@@ -1,8 +1,11 @@
 // grid_tc.cuh: what the grid engine's two tensor-core kernels (grid_fast.cu, grid_stream.cu) share beyond grid.cuh:
 // the inline PTX of their bulk copies, ldmatrix / movmatrix / prmt operands and L2-only loads, the ReLU mask of an
-// fp16 pair, the waits with watchdogs (round counter, mbarrier), the head (logits, softmax cross-entropy, operands and
-// W3 copies), the history and the phase-profile mark. The including kernel defines GRID_KERNEL, its file name, for the
-// watchdog's message.
+// fp16 pair, the activation tiles' layout (index, A fragments, column sums), the staged rows' fragments of W0's
+// products, the waits with watchdogs (round counter, mbarrier), the head (logits, softmax cross-entropy, the in-place
+// dZ2, operands and W3 copies), the history and the phase profile. The including kernel defines GRID_KERNEL, its file
+// name, for the watchdog's message. The kernels' SASS was kept byte-identical when these left them: where a function
+// takes an argument in an unusual form (sums by value, arrays of the caller's, a pointer already at the lane's
+// column), that form is what keeps it so.
 #pragma once
 #include "grid.cuh"
 
@@ -71,6 +74,41 @@ __device__ __forceinline__ float tile_col_sum(const half_t* dz, int col) {
     float sd = 0.f;
     for (int b = 0; b < 32; ++b) sd += to_f(dz[cg_idx(b, col)]);
     return sd;
+}
+
+// ---- the batch's staged rows ([32][D] elements: uint8 pixels, or the bits of fp16 operands) -----------------------
+// B fragments (k = rows) of W0's weight gradient at feature pix: bx[kb] = rows (16kb + 2t, +1), (+8, +9), each pair's
+// elements in the low and high halves (uint8 pixels: the fp16 subnormals x * 2^-24)
+template <int D, typename T>
+__device__ __forceinline__ void rows_b_frags(const T* x, int pix, int t, u32 (&bx)[2][2]) {
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+        const int r = 16 * kb + 2 * t;
+        bx[kb][0] = prmt(x[r * D + pix], x[(r + 1) * D + pix], 0x5410u);
+        bx[kb][1] = prmt(x[(r + 8) * D + pix], x[(r + 9) * D + pix], 0x5410u);
+    }
+}
+
+// A fragments (rows r0, r0 + 8 x features c0, c0 + 1 and c0 + 8, c0 + 9) of W0's forward, x at the rows' feature
+// c0 (the caller adds c0: the compiler then forms the addresses as it did inline): uint8 pixel pairs as two fp16
+// subnormals each, or fp16 pairs as they are
+template <int D>
+__device__ __forceinline__ uint4 rows_a_frags(const u8* x, int r0) {
+    uint4 a;
+    a.x = prmt(*reinterpret_cast<const unsigned short*>(x + r0 * D), 0u, 0x4140u);
+    a.y = prmt(*reinterpret_cast<const unsigned short*>(x + (r0 + 8) * D), 0u, 0x4140u);
+    a.z = prmt(*reinterpret_cast<const unsigned short*>(x + r0 * D + 8), 0u, 0x4140u);
+    a.w = prmt(*reinterpret_cast<const unsigned short*>(x + (r0 + 8) * D + 8), 0u, 0x4140u);
+    return a;
+}
+template <int D>
+__device__ __forceinline__ uint4 rows_a_frags(const unsigned short* x, int r0) {
+    uint4 a;
+    a.x = *reinterpret_cast<const u32*>(x + r0 * D);
+    a.y = *reinterpret_cast<const u32*>(x + (r0 + 8) * D);
+    a.z = *reinterpret_cast<const u32*>(x + r0 * D + 8);
+    a.w = *reinterpret_cast<const u32*>(x + (r0 + 8) * D + 8);
+    return a;
 }
 
 // ---- waits with watchdogs: a lost arrival traps within seconds, naming where --------------------------------------
