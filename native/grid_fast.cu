@@ -693,13 +693,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
-#pragma unroll
-                for (int ntp = 0; ntp < 4; ntp += 2) {
-                    u32 b[4];
-                    ldsm_x4(act0 + (u32)((((2 * kl + (j4 & 1)) * 32) + 8 * (ntp + (j4 >> 1)) + r) << 4), b);
-                    mma16816(accL[ntp], af[i].x, af[i].y, af[i].z, af[i].w, b[0], b[1]);
-                    mma16816(accL[ntp + 1], af[i].x, af[i].y, af[i].z, af[i].w, b[2], b[3]);
-                }
+                head_kstep(act0, kl, af[i], j4, r, accL);
             }
             head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
             if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
@@ -719,17 +713,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             // owners' side of the head: b3 (replicated, the same order everywhere), W3[:, U_p] (fp32 slice) and its
             // fp16 copies for step s+1
             if (tid < C) {
-                float sd = 0.f;
-                for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
-                upd1(oc, sd, b3s[tid], mb3 + tid);
+                upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
             }
             if (tid < 16 * NB) {
                 const int c = tid / NB, u = tid % NB;
                 float wv = w3s[tid];
                 if (c < C) {
-                    float sw = 0.f;
-                    for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
-                    upd1(oc, sw, wv, mw3 + tid);
+                    upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
                     w3s[tid] = wv;
                 }
                 put_w3(par ^ 1, c, u, wv);

@@ -722,13 +722,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 for (int i = 0; i < KPW; ++i) {
                     const int kl = warp * KPW + i;
                     const uint4 af = *reinterpret_cast<const uint4*>(wst + (kl * 32 + lane) * 8);
-#pragma unroll
-                    for (int ntp = 0; ntp < 4; ntp += 2) {
-                        u32 b[4];
-                        ldsm_x4(a_st + (u32)((((2 * kl + (j4 & 1)) * BR) + 8 * (ntp + (j4 >> 1)) + r) << 4), b);
-                        mma16816(accL[ntp], af.x, af.y, af.z, af.w, b[0], b[1]);
-                        mma16816(accL[ntp + 1], af.x, af.y, af.z, af.w, b[2], b[3]);
-                    }
+                    head_kstep(a_st, kl, af, j4, r, accL);
                 }
                 __syncthreads();  // the stage is free
                 if (c + NST < 2 * NCH) issue_head(c + NST, par);
@@ -789,17 +783,13 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         {  // the owners' side of the head, off the critical path: b3 (replicated, the same order everywhere) and
            // W3[:, U_p] (fp32 slice) with its fp16 copies for step s+1
             if (tid < C) {
-                float sd = 0.f;
-                for (int b = 0; b < BR; ++b) sd += dl[b * 16 + tid];
-                upd1(oc, sd, b3s[tid], mb3 + tid);
+                upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
             }
             for (int e = tid; e < 16 * NB; e += NT) {
                 const int c = e / NB, u = e % NB;
                 float wv = w3s[e];
                 if (c < C) {
-                    float sw = 0.f;
-                    for (int b = 0; b < BR; ++b) sw += dl[b * 16 + c] * to_f(Hp2[cg_idx(b, u)]);
-                    upd1(oc, sw, wv, mw3 + e);
+                    upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + e);
                     w3s[e] = wv;
                 }
                 put_w3(par ^ 1, c, u, wv);

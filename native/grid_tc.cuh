@@ -167,6 +167,17 @@ __device__ __forceinline__ void store_w3(half_t* W3A, half_t* W3B, int par, int 
     W3B[((long long)(par * (H / 8) + (nn >> 3)) * 32 + (nn & 7) * 4 + ((c & 7) >> 1)) * 4 + ((c >= 8) ? 2 : 0) +
         (c & 1)] = hv;
 }
+// logits^T of k-step kl: W3's A fragment af (16 classes x 16 units) x the activation tile's B fragments (ldmatrix
+// .trans: units x rows 8nt.., the tile at act) into accL[nt] (j4 = lane >> 3, r = lane & 7)
+__device__ __forceinline__ void head_kstep(u32 act, int kl, uint4 af, int j4, int r, float (&accL)[4][4]) {
+#pragma unroll
+    for (int ntp = 0; ntp < 4; ntp += 2) {
+        u32 b[4];
+        ldsm_x4(act + (u32)((((2 * kl + (j4 & 1)) * 32) + 8 * (ntp + (j4 >> 1)) + r) << 4), b);
+        mma16816(accL[ntp], af.x, af.y, af.z, af.w, b[0], b[1]);
+        mma16816(accL[ntp + 1], af.x, af.y, af.z, af.w, b[2], b[3]);
+    }
+}
 // dZ2 of k-step kl (n-tiles 2kl, 2kl + 1 of 8 units) in place: dlogits (A fragments adl) x W3's B fragments (w3b: this
 // lane's uint2 of n-tile 0, 32 a tile; CG: in global memory, read past L1), ReLU-masked by the H2 it overwrites in the
 // activation tile ([n-tiles][32 rows][8] fp16; apt: at this lane's unit pair 2t of row 0), and as the A fragments
@@ -252,6 +263,18 @@ __device__ __forceinline__ double2 softmax_row(const float* lg, float* dl, int b
         ok_acc += am == yl ? 1.0 : 0.0;
     }
     return make_double2(loss_acc, ok_acc);
+}
+// the gradients of the head's owned parameters from dl [32][16], each summed over the rows in row order (the same bits
+// in every CTA): b3's of class c; W3's of (class c, unit u) with H2 from the CTA's own tile hp2
+__device__ __forceinline__ float b3_grad(const float* dl, int c) {
+    float sd = 0.f;
+    for (int b = 0; b < 32; ++b) sd += dl[b * 16 + c];
+    return sd;
+}
+__device__ __forceinline__ float w3_grad(const float* dl, const half_t* hp2, int c, int u) {
+    float sw = 0.f;
+    for (int b = 0; b < 32; ++b) sw += dl[b * 16 + c] * to_f(hp2[cg_idx(b, u)]);
+    return sw;
 }
 // warp 0 of CTA 0: the epoch's loss sum and correct count (each lane's rows) into st->hist[2 * epoch_in_fit + {0, 1}]
 __device__ __forceinline__ void add_history(EpochState* st, u32 epoch_in_fit, double loss_acc, double ok_acc) {
