@@ -122,17 +122,46 @@ def bind(schedule: Schedule | None, base_lr: float) -> Schedule:
 
 def lr_table(schedule: Schedule, first_step: int, steps: int) -> np.ndarray:
     """float32 rates for global steps first_step .. first_step+steps-1; each must be >= 0 and finite as the
-    float32 stored (1e300 is finite in Python and inf in the table)."""
-    table = np.empty(steps, dtype=np.float32)
-    for i in range(steps):
-        try:
-            lr = float(schedule(first_step + i))
-        except Exception as exc:  # a user's callable: report which step broke it
-            raise ConfigError(f"schedule({first_step + i}) raised {exc!r}") from exc
-        with np.errstate(over="ignore"):
-            table[i] = lr
-        if not (math.isfinite(table[i]) and lr >= 0):
-            raise ConfigError(
-                f"schedule({first_step + i}) returned lr={lr!r}; it must be >= 0 and finite in float32 (the lr table)"
-            )
+    float32 stored (1e300 is finite in Python and inf in the table).
+
+    The table is built before the fit's first step, serially with the GPU: evaluated one step at a time with a
+    float32 store each it cost ~1.4 us a step, 7 ms of a 5,000-step fit whose steps take 12-19 us on the grid engine
+    (H100). The built-in Constant and StepDecay fill it in whole arrays, every value still the float64 their
+    `__call__` returns; any other callable is called once a step, stored and checked in one pass."""
+    values = _rates(schedule, first_step, steps)
+    with np.errstate(over="ignore"):
+        table = values.astype(np.float32)
+    _check_rates(values, table, first_step)
     return table
+
+
+def _rates(schedule: Schedule, first_step: int, steps: int) -> np.ndarray:
+    """float64 schedule(first_step + i) for i < steps, equal to calling it step by step."""
+    if type(schedule) is Constant and schedule.lr is not None:
+        return np.full(steps, float(schedule.lr), dtype=np.float64)  # type: ignore[arg-type]
+    if type(schedule) is StepDecay and schedule.lr is not None:
+        periods = (np.arange(steps, dtype=np.int64) + first_step) // schedule.step_size
+        if steps and periods[-1] - periods[0] < steps // 8:  # few periods: each rate computed once, by __call__
+            each = [schedule(int(k) * schedule.step_size) for k in range(periods[0], periods[-1] + 1)]
+            return np.asarray(each, dtype=np.float64)[periods - periods[0]]
+    values = np.empty(steps, dtype=np.float64)
+    i = 0
+    try:
+        for i in range(steps):
+            values[i] = float(schedule(first_step + i))
+    except Exception as exc:  # a user's callable: report which step broke it (or an earlier bad rate)
+        with np.errstate(over="ignore"):
+            _check_rates(values[:i], values[:i].astype(np.float32), first_step)
+        raise ConfigError(f"schedule({first_step + i}) raised {exc!r}") from exc
+    return values
+
+
+def _check_rates(values: np.ndarray, table: np.ndarray, first_step: int) -> None:
+    """Raise ConfigError naming the first step whose rate is negative, NaN or not finite in float32."""
+    bad = ~(np.isfinite(table) & (values >= 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(
+            f"schedule({first_step + i}) returned lr={float(values[i])!r}; it must be >= 0 and finite in float32 "
+            f"(the lr table)"
+        )

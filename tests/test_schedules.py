@@ -1,0 +1,69 @@
+"""lr_table: the whole-array paths give the very rates the schedule gives step by step, and refuse the same steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastnn import ConfigError
+from fastnn.schedules import Constant, Cosine, StepDecay, lr_table
+
+
+def step_by_step(schedule, first_step: int, steps: int) -> np.ndarray:
+    """The definition: each step's float(schedule(step)) stored as float32."""
+    return np.array([float(schedule(first_step + i)) for i in range(steps)], dtype=np.float64).astype(np.float32)
+
+
+class Subclassed(Constant):
+    def __call__(self, step: int) -> float:  # a subclass is called, never filled as its base would be
+        return 0.5 * step
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Constant(0.003),
+        Constant(0.1 + 0.2),  # a float64 whose float32 rounding is visible
+        StepDecay(step_size=7, gamma=0.3, lr=0.1),
+        StepDecay(step_size=1000, gamma=0.5, lr=1.0),
+        StepDecay(step_size=1, gamma=0.999, lr=0.1),  # a period a step: called step by step
+        StepDecay(step_size=3, gamma=1e-9, lr=1e-3),  # underflows to 0 in float32: allowed (>= 0)
+        Cosine(total_steps=500, warmup_steps=40, min_lr=1e-4, lr=0.01),
+        Subclassed(1.0),
+        lambda step: 1e-3 / math.sqrt(1 + step),
+    ],
+    ids=["constant", "constant-rounded", "stepdecay-7", "stepdecay-1000", "stepdecay-1", "stepdecay-underflow",
+         "cosine", "subclass", "callable"],  # fmt: skip
+)
+@pytest.mark.parametrize("first_step,steps", [(0, 1), (0, 2500), (6, 999), (123_457, 3000), (2**40, 64), (5, 0)])
+def test_table_equals_the_step_by_step_rates(schedule, first_step: int, steps: int) -> None:
+    got = lr_table(schedule, first_step, steps)
+    want = step_by_step(schedule, first_step, steps)
+    assert got.dtype == np.float32 and got.shape == (steps,)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_stepdecay_overflowing_float32_names_the_first_such_step() -> None:
+    schedule = StepDecay(step_size=10, gamma=1e10, lr=1.0)  # 1e40 in period 4: inf in float32
+    with pytest.raises(ConfigError, match=r"schedule\(40\) returned lr=1e\+40; .*float32"):
+        lr_table(schedule, 3, 200)
+
+
+@pytest.mark.parametrize(
+    "schedule,first_step,words",
+    [
+        (lambda s: 0.1 if s < 5 else 1e300, 0, "schedule(5) returned lr=1e+300"),
+        (lambda s: -0.1 if s == 9 else 0.1, 2, "schedule(9) returned lr=-0.1"),
+        (lambda s: float("nan") if s >= 3 else 0.1, 0, "schedule(3) returned lr=nan"),
+        (lambda s: 0.1 if s != 7 else 1 / 0, 0, "schedule(7) raised ZeroDivisionError"),
+        (lambda s: -1.0 if s == 4 else (0.1 if s < 6 else 1 / 0), 0, "schedule(4) returned lr=-1.0"),  # first wins
+        (lambda s: "fast", 11, "schedule(11) raised ValueError"),
+        (Constant(), 0, "schedule(0) raised TypeError"),  # unbound: no optimizer lr filled in
+    ],
+)
+def test_the_first_bad_step_is_named(schedule, first_step: int, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        lr_table(schedule, first_step, 20)
+    assert words in str(info.value)
