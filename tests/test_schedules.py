@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastnn import ConfigError
-from fastnn.schedules import Constant, Cosine, StepDecay, lr_table
+from fastnn.schedules import Constant, Cosine, StepDecay, _rates, lr_table
 
 
 def step_by_step(schedule, first_step: int, steps: int) -> np.ndarray:
@@ -31,11 +31,13 @@ class Subclassed(Constant):
         StepDecay(step_size=1, gamma=0.999, lr=0.1),  # a period a step: called step by step
         StepDecay(step_size=3, gamma=1e-9, lr=1e-3),  # underflows to 0 in float32: allowed (>= 0)
         Cosine(total_steps=500, warmup_steps=40, min_lr=1e-4, lr=0.01),
+        Cosine(total_steps=3000, lr=0.1),  # no warm-up
+        Cosine(total_steps=10**6, warmup_steps=130_000, min_lr=1e-5, lr=3e-4),  # ranges inside warm-up and decay
         Subclassed(1.0),
         lambda step: 1e-3 / math.sqrt(1 + step),
     ],
     ids=["constant", "constant-rounded", "stepdecay-7", "stepdecay-1000", "stepdecay-1", "stepdecay-underflow",
-         "cosine", "subclass", "callable"],  # fmt: skip
+         "cosine", "cosine-nowarmup", "cosine-long", "subclass", "callable"],  # fmt: skip
 )
 @pytest.mark.parametrize("first_step,steps", [(0, 1), (0, 2500), (6, 999), (123_457, 3000), (2**40, 64), (5, 0)])
 def test_table_equals_the_step_by_step_rates(schedule, first_step: int, steps: int) -> None:
@@ -43,6 +45,30 @@ def test_table_equals_the_step_by_step_rates(schedule, first_step: int, steps: i
     want = step_by_step(schedule, first_step, steps)
     assert got.dtype == np.float32 and got.shape == (steps,)
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Constant(0.1 + 0.2),
+        StepDecay(step_size=7, gamma=0.3, lr=0.1),
+        Cosine(total_steps=500, warmup_steps=40, min_lr=1e-4, lr=0.01),
+        Cosine(total_steps=10**6, warmup_steps=130_000, min_lr=1e-5, lr=3e-4),
+    ],
+)
+@pytest.mark.parametrize("first_step,steps", [(0, 2500), (123_457, 3000), (2**53 - 10, 20)])
+def test_builtin_rates_are_their_call_in_float64(schedule, first_step: int, steps: int) -> None:
+    """Before the float32 store too: the whole-array paths do __call__'s operations in its order."""
+    want = np.array([float(schedule(first_step + i)) for i in range(steps)], dtype=np.float64)
+    assert _rates(schedule, first_step, steps).tobytes() == want.tobytes()
+
+
+def test_cosine_past_float64_integers_is_still_its_call() -> None:
+    """total_steps - warmup_steps = 2**53 + 1 rounds to 2**53 in float64: step 2**52's t would be 0.5 exactly,
+    where __call__'s is the double below it, and cos(pi * t) near 0 makes 1 + cos differ in the last bit."""
+    schedule = Cosine(total_steps=2**53 + 1, lr=0.1)
+    want = np.array([float(schedule(2**52 + i)) for i in range(4)], dtype=np.float64)
+    assert _rates(schedule, 2**52, 4).tobytes() == want.tobytes()
 
 
 def test_stepdecay_overflowing_float32_names_the_first_such_step() -> None:
