@@ -129,8 +129,6 @@ static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0
 static_assert((OPT == OPTIM_SGD && NS <= 1) || (OPT == OPTIM_ADAMW && NS == 2),
               "the fast path's optimizers: SGD with or without momentum, AdamW");
 
-__host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
-
 // ---- global scratch (bytes) ----------------------------------------------------------------------------------------
 struct Scratch { long long w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, mom, total; };
 __host__ __device__ constexpr Scratch make_scratch() {

@@ -113,6 +113,7 @@ constexpr int NBR = NB + 8;    // row stride (floats) of the cross-warp sums (ba
 constexpr int OPT = GRID_OPT, NS = GRID_NS;
 static_assert(SZ[2] == H && SZ[3] == H && H == NB * P && (NB == 16 || NB == 32 || NB == 64), "NB = 16, 32 or 64");
 static_assert(H % CU == 0 && CKS % NW == 0, "whole chunks, whole k-steps per warp");
+static_assert(NCH >= NST, "at least NST chunks: every pass issues NST of them before its first wait");
 static_assert(D % 16 == 0 && D >= 16 && K0W <= 8, "inputs in k-steps of 16, at most 1024");
 static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
@@ -126,8 +127,6 @@ constexpr int B0U = NBT == 8 ? (MOM ? 1 : 2) : MOM ? (NBT <= 2 ? 3 : 2) : K0W;
 // the momentum of the next chunk prefetched with its masters where the registers allow (NB = 16); at NB = 32 (255
 // registers otherwise spill) a k-step's momentum is loaded as the k-step begins, its latency under its dgrad
 constexpr bool MPRE = MOM && NBT <= 2;
-
-__host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
 
 // ---- global scratch (bytes) ----------------------------------------------------------------------------------------
 struct Scratch { long long w0f, w1f, w2f, w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, m0f, m1f, m2f, total; };
@@ -498,6 +497,20 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         if constexpr (MOM) *ms = m;
     };
 
+    // one k-step's fragments (all NBT tiles) of a master or its momentum
+    auto load_ks = [&](const float4* base, int kk, float (&w)[NBT][4]) {
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) ldcg_f(base + (kk * NBT + j) * 32 + lane, w[j]);
+    };
+    // and back: one k-step of a master and (with momentum) its buffer, in the same order
+    auto store_ks = [&](float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            stcg_f(wb + (kk * NBT + j) * 32 + lane, w[j]);
+            if constexpr (MOM) stcg_f(mb + (kk * NBT + j) * 32 + lane, m[j]);
+        }
+    };
+
     // B0 of step s-1 (weight gradient of W0, SGD in the master fragments, streamed) fused with F0 of step s
     auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
         const u8* xc = Xs + (s & 1) * XB;        // X(s)
@@ -534,11 +547,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                             upd(prm, ob, cc[3] * zs, w[2 * mt + 1][2 * h2 + 1], mo[2 * mt + 1][2 * h2 + 1]);
                         }
                     }
-#pragma unroll
-                    for (int j = 0; j < NBT; ++j) {
-                        stcg_f(W0F + (kk * NBT + j) * 32 + lane, w[j]);
-                        if constexpr (MOM) stcg_f(M0F + (kk * NBT + j) * 32 + lane, mo[j]);
-                    }
+                    store_ks(W0F, M0F, kk, w, mo);
                 }
                 if (do_f0) {
 #pragma unroll
@@ -595,7 +604,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         const half_t* wbase = w16f + (long long)cta * KS * NBT * 128;
         if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
-        for (int c = 0; c < (NST < NCH ? NST : NCH); ++c)
+        for (int c = 0; c < NST; ++c)
             issue_act(src + (long long)c * CU * BR, wbase + (long long)c * CKS * NBT * 128, (u32)WB);
 #pragma unroll 1
         for (int c = 0; c < NCH; ++c) {
@@ -634,16 +643,9 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
     // a warp's master fragments of chunk c (this warp's KPW k-steps) from HBM
     auto load_masters = [&](const float4* base, int c, float (&w)[KPW][NBT][4]) {
 #pragma unroll
-        for (int i = 0; i < KPW; ++i)
-#pragma unroll
-            for (int j = 0; j < NBT; ++j) ldcg_f(base + ((c * CKS + warp * KPW + i) * NBT + j) * 32 + lane, w[i][j]);
+        for (int i = 0; i < KPW; ++i) load_ks(base, c * CKS + warp * KPW + i, w[i]);
     };
-    // one k-step's fragments (all NBT tiles) of a master or its momentum
-    auto load_ks = [&](const float4* base, int kk, float (&w)[NBT][4]) {
-#pragma unroll
-        for (int j = 0; j < NBT; ++j) ldcg_f(base + (kk * NBT + j) * 32 + lane, w[j]);
-    };
-    // the masters and momentum of chunk c into w, m; and back (the fp32 ones; the fp16 copy by store_w16)
+    // the masters and momentum of chunk c into w, m (back a k-step at a time by store_ks; the fp16 copy by store_w16)
     auto load_chunk = [&](const float4* wb, const float4* mb, int c, float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4]) {
         load_masters(wb, c, w);
         if constexpr (MPRE) load_masters(mb, c, m);
@@ -662,22 +664,15 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     if constexpr (MPRE) m[i][j][q] = mn[i][j][q];
                 }
     };
-    auto store_ks = [&](float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
-#pragma unroll
-        for (int j = 0; j < NBT; ++j) {
-            stcg_f(wb + (kk * NBT + j) * 32 + lane, w[j]);
-            if constexpr (MOM) stcg_f(mb + (kk * NBT + j) * 32 + lane, m[j]);
-        }
-    };
 
     // s = steps runs only the last step's W0 and b0 update (one call site of the pass: code size)
 #pragma unroll 1
     for (int s = 0; s <= steps; ++s) {
-        const int xs = s & 1, par = s & 1;
+        const int par = s & 1;
         const bool last = s == steps;
         const u64 k = (u64)epoch_in_fit * steps + s;
         const OptimStep oc = last ? o_prev : optim_step<OPT>(prm, lr_table[k], step0 + k + 1);
-        if (!last) mbar_wait(xs ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);
+        if (!last) mbar_wait(par ? xfull1 : xfull0, (u32)((s >> 1) & 1), s);
         MARK(0);
         // ================= B0(s-1) + F0(s)
         {
@@ -732,7 +727,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 const int m = min(batch, (int)n - s * batch);
                 float l[C], ex[C];  // the row's logits and exponentials
                 const double2 sums =
-                    softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+                    softmax_row<C>(lg, dl, lane, lab[par * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
                 loss_acc = sums.x;
                 ok_acc = sums.y;
             }

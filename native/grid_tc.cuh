@@ -10,8 +10,11 @@
 #include "grid.cuh"
 
 #ifndef GRID_KERNEL
-#define GRID_KERNEL "grid"
+#error "define GRID_KERNEL (the kernel's file name, for the watchdog's message) before grid_tc.cuh"
 #endif
+
+// the scratch layouts' alignment: 128 bytes, a whole L2 line, for every buffer
+__host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
 
 // ---- PTX helpers ----------------------------------------------------------------------------------------------------
 __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
@@ -301,10 +304,6 @@ __device__ __forceinline__ void add_history(EpochState* st, u32 epoch_in_fit, do
             profs[15] = t_;                          \
         }                                            \
     } while (0)
-#else
-#define MARK(i) do {} while (0)
-#endif
-#ifdef GRID_PROFILE
 // thread 0 of CTA 0 at the end: the nphase phases' cycle sums, the steps and the rounds arrived at into sync's bytes
 // 128.. (the engine reads them back)
 __device__ __forceinline__ void profile_out(u32* sync, const long long* profs, int nphase, int steps, u32 arrived) {
@@ -313,4 +312,6 @@ __device__ __forceinline__ void profile_out(u32* sync, const long long* profs, i
     out[nphase] = steps;
     out[nphase + 1] = arrived;
 }
+#else
+#define MARK(i) do {} while (0)
 #endif
