@@ -263,7 +263,8 @@ def test_the_plan_picks_the_fast_kernel_exactly_where_it_serves(sizes, optimizer
         assert plan.scratch_bytes == gp.fast_scratch_bytes(h, sizes[0], n_state, momg)
     elif source == "grid_stream.cu":
         h = sizes[1]
-        nb = next(n for n in gp.STREAM_UNITS if h % gp.stream_chunk(n) == 0 and h // n <= gp.HOPPER_SMS)
+        nb = next(n for n in gp.STREAM_UNITS if h % gp.stream_chunk(n) == 0 and h // n <= gp.HOPPER_SMS
+                  and h // gp.stream_chunk(n) >= gp.STREAM_STAGES)  # fmt: skip
         assert (plan.function, plan.ctas, plan.units, plan.rounds) == ("grid_stream_kernel", h // nb, (nb,) * 3, 4)
         assert plan.phases == gp.STREAM_PHASES and plan.why.startswith("grid_stream.cu: ")
         n_state = len(optimizer.state_names)
@@ -317,9 +318,12 @@ H4 = [784, 4096, 4096, 4096, 10]
         ("2 hidden layers (it trains three)", ([784, 4096, 4096, 10],), {}),
         ("hidden widths [4096, 2048, 4096] (it takes three equal ones)", ([784, 4096, 2048, 4096, 10],), {}),
         ("a hidden width of 2112 (it takes h / NB CTAs within the 132 SMs at NB = 16, 32 or 64 units a CTA, h a "
-         "multiple of 256, or of 128 at 64)", ([784, 2112, 2112, 2112, 10],), {}),
+         "multiple of 256, or of 128 at 64, in at least 3 such chunks)", ([784, 2112, 2112, 2112, 10],), {}),
         ("a hidden width of 8192 (it takes h / NB CTAs within the 114 SMs at NB = 16, 32 or 64 units a CTA, h a "
-         "multiple of 256, or of 128 at 64)", ([784, 8192, 8192, 8192, 10],), {"sms": 114}),
+         "multiple of 256, or of 128 at 64, in at least 3 such chunks)", ([784, 8192, 8192, 8192, 10],), {"sms": 114}),
+        # 256 on a 16-SM slice (MIG): 16 CTAs of 16 would stream 1 chunk of 256, 4 of 64 two of 128, the ring needs 3
+        ("a hidden width of 256 (it takes h / NB CTAs within the 16 SMs at NB = 16, 32 or 64 units a CTA, h a "
+         "multiple of 256, or of 128 at 64, in at least 3 such chunks)", ([784, 256, 256, 256, 10],), {"sms": 16}),
         ("SGD momentum at 8192 (64 units a CTA: its buffers' registers would spill)", ([784, 8192, 8192, 8192, 10],
          MOMENTUM), {}),
         ("precision 'fp16' (it trains \"mixed\": fp32 masters, fp16 tensor-core operands)", (H4,),
@@ -350,6 +354,19 @@ def test_the_stream_plan_takes_the_fewest_units_a_cta_that_fit_the_sms():
     assert _stream([784, 4096, 4096, 4096, 10], sms=114).units == (64, 64, 64)  # an H100 PCIe: 64 CTAs
     plan = _stream([784, 1152, 1152, 1152, 10])  # 256-unit chunks do not divide 1152: 64 units on 18 CTAs
     assert (plan.units, plan.ctas) == ((64, 64, 64), 18)
+    # 512 on a 32-SM slice: 32 CTAs of 16 would stream 2 chunks of 256, fewer than the ring's 3 stages (the kernel's
+    # static_assert): 8 CTAs of 64 stream 4 of 128
+    assert _stream([784, 512, 512, 512, 10], sms=32).units == (64, 64, 64)
+
+
+@pytest.mark.parametrize("sms", [16, 32, 64, 114, 132])
+def test_every_stream_plan_has_a_chunk_for_each_ring_stage(sms):
+    """native/grid_stream.cu issues STREAM_STAGES chunks before its first wait (static_assert NCH >= NST): no plan on
+    any SM count gives it fewer."""
+    for h in range(128, 8193, 128):
+        plan = _stream([784, h, h, h, 10], sms=sms)
+        if isinstance(plan, gp.GridPlan):
+            assert h // gp.stream_chunk(plan.units[0]) >= gp.STREAM_STAGES, (h, sms, plan.units)
 
 
 def test_the_stream_byte_mirrors_count_every_buffer():
@@ -411,6 +428,19 @@ def test_an_undercounted_tensor_core_plan_fails_to_compile(name, message, source
     options = [o if not o.startswith(f"-D{name}=") else f"-D{name}={value - 1}" for o in plan.options]
     with pytest.raises(Exception, match=message):
         nvrtc.compile_native(source, "sm_90", options)
+
+
+@pytest.mark.bindings
+def test_the_stream_kernel_refuses_to_compile_fewer_chunks_than_ring_stages(monkeypatch, tmp_path):
+    """h = 512 on 32 SMs: the plan's 8 CTAs of 64 units (4 chunks of 128) compile; the same model on 32 CTAs of 16
+    (2 chunks of 256, which the plan no longer gives) is refused by the kernel's static_assert."""
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(tmp_path))
+    plan = _stream([784, 512, 512, 512, 10], sms=32)
+    assert plan.ctas == 8 and nvrtc.compile_native("grid_stream.cu", "sm_90", plan.options)[:4] == b"\x7fELF"
+    forced = {"GRID_P": 32, "GRID_SMEM": gp.stream_smem_bytes(784, 512, 16)}
+    options = [next((f"-D{k}={v}" for k, v in forced.items() if o.startswith(f"-D{k}=")), o) for o in plan.options]
+    with pytest.raises(Exception, match="at least NST chunks"):
+        nvrtc.compile_native("grid_stream.cu", "sm_90", options)
 
 
 @pytest.mark.bindings

@@ -25,10 +25,10 @@ from ..plan import param_layout
 
 __all__ = [
     "FAST_MAX_BATCH", "FAST_MAX_CLASSES", "FAST_PHASES", "FAST_UNIT_STEP", "HOPPER_SMS", "HOPPER_SMEM", "MAX_BATCH",
-    "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "STREAM_CHUNK", "STREAM_MAX_FEATURES", "STREAM_PHASES", "STREAM_UNITS",
-    "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan", "fast_scratch_bytes", "fast_smem_bytes",
-    "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats", "stream_plan", "stream_scratch_bytes",
-    "stream_smem_bytes",
+    "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "STREAM_CHUNK", "STREAM_MAX_FEATURES", "STREAM_PHASES", "STREAM_STAGES",
+    "STREAM_UNITS", "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan", "fast_scratch_bytes",
+    "fast_smem_bytes", "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats", "stream_plan",
+    "stream_scratch_bytes", "stream_smem_bytes",
 ]  # fmt: skip
 
 #: Threads per CTA (8 warps).
@@ -69,9 +69,12 @@ STREAM_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "d
 #: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest whose chunk divides h and whose
 #: h / NB CTAs fit the SMs, so odd multiples of 128 take 64 units; momentum up to 32), units of an activation chunk
 #: (the ring's stage: 256, or 128 at 64 units a CTA, whose weight stages and cross-warp sums would not fit shared
-#: memory beside 256-unit ones), the most input features (8 k-steps of 16 a warp, unrolled).
+#: memory beside 256-unit ones), the ring's stages (every pass issues that many chunks before its first wait, so an
+#: activation has at least as many: the kernel's static_assert), the most input features (8 k-steps of 16 a warp,
+#: unrolled).
 STREAM_UNITS = (16, 32, 64)
 STREAM_CHUNK = 256
+STREAM_STAGES = 3
 STREAM_MAX_FEATURES = 1024
 
 
@@ -322,10 +325,12 @@ def stream_plan(
     if reason is not None:
         return reason
     hidden = sizes[1]
-    fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count]
+    fits = [nb for nb in STREAM_UNITS if hidden % stream_chunk(nb) == 0 and hidden // nb <= sm_count
+            and hidden // stream_chunk(nb) >= STREAM_STAGES]  # fmt: skip
     if not fits:
         return (f"a hidden width of {hidden} (it takes h / NB CTAs within the {sm_count} SMs at NB = 16, 32 or 64 "
-                f"units a CTA, h a multiple of {STREAM_CHUNK}, or of {stream_chunk(64)} at 64)")  # fmt: skip
+                f"units a CTA, h a multiple of {STREAM_CHUNK}, or of {stream_chunk(64)} at 64, in at least "
+                f"{STREAM_STAGES} such chunks)")  # fmt: skip
     reason = _tensor_core_math(config)
     if reason is not None:
         return reason
