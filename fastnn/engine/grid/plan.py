@@ -66,12 +66,12 @@ FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2
 #: masters) all before R5, and the window after R5's arrival holds W3's update.
 STREAM_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2", "W3 update", "R5 wait",
                  "B1")  # fmt: skip
-#: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest whose chunk divides h and whose
-#: h / NB CTAs fit the SMs, so odd multiples of 128 take 64 units; momentum up to 32), units of an activation chunk
-#: (the ring's stage: 256, or 128 at 64 units a CTA, whose weight stages and cross-warp sums would not fit shared
-#: memory beside 256-unit ones), the ring's stages (every pass issues that many chunks before its first wait, so an
-#: activation has at least as many: the kernel's static_assert), the most input features (8 k-steps of 16 a warp,
-#: unrolled).
+#: The streaming kernel (native/grid_stream.cu): hidden units a CTA owns (the fewest whose chunk divides h into at
+#: least STREAM_STAGES chunks and whose h / NB CTAs fit the SMs, so odd multiples of 128 take 64 units; momentum up
+#: to 32), units of an activation chunk (the ring's stage: 256, or 128 at 64 units a CTA, whose weight stages and
+#: cross-warp sums would not fit shared memory beside 256-unit ones), the ring's stages (every pass issues that many
+#: chunks before its first wait, so an activation has at least as many: the kernel's static_assert), the most input
+#: features (8 k-steps of 16 a warp, unrolled).
 STREAM_UNITS = (16, 32, 64)
 STREAM_CHUNK = 256
 STREAM_STAGES = 3
