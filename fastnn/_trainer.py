@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import reprlib
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,6 +167,7 @@ class Trainer:
         self._distributed = distributed
         self._closed = False
         self._fitting = False  # a fit is running: its callbacks may not fit, close or replace the weights
+        self._fit_lock = threading.Lock()  # makes fit's check-and-set of _fitting one step: two threads can't pass
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
@@ -259,11 +261,32 @@ class Trainer:
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became
                 non-finite; the weights and optimizer state of the last finite epoch are kept.
-            FastnnError: the trainer is closed, or this fit is called while one of its own runs (from a callback).
+            FastnnError: the trainer is closed, or this fit is called while one of its own runs (from a callback or
+                another thread: the second call is refused before it checks anything).
         """
         self._check_open()
-        self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the counters "
-                                "and history would go backwards")  # fmt: skip
+        with self._fit_lock:  # checked and claimed at once, before validation: a second thread is refused by name
+            self._check_not_fitting("fit", "a nested fit would train over the running one's epochs, and the "
+                                    "counters and history would go backwards")  # fmt: skip
+            self._fitting = True
+        try:
+            return self._fit(x, y, epochs, eval_data, eval_every, progress, validation_split, early_stopping, callbacks)
+        finally:
+            self._fitting = False
+
+    def _fit(
+        self,
+        x: Any,
+        y: Any,
+        epochs: int,
+        eval_data: tuple[Any, Any] | None,
+        eval_every: int,
+        progress: bool | str,
+        validation_split: float | None,
+        early_stopping: bool | int | EarlyStopping | None,
+        callbacks: Sequence[Callback] | None,
+    ) -> History:
+        """`fit`'s work, run while `fit` holds the trainer (`_fitting`): validation, then training."""
         cfg = self._config
         x = self._inputs(x, "x")
         y = self._targets(y, x.shape[0], "y")
@@ -361,7 +384,6 @@ class Trainer:
         self._engine.set_train_data(x, y)
         on_step = display.step if display is not None and display.per_step else None
         stoppable = stopper is not None or bool(hooks)
-        self._fitting = True
         try:
             for first in range(0, epochs, chunk):
                 n = min(chunk, epochs - first)
@@ -382,7 +404,6 @@ class Trainer:
                     commit(done)
             raise
         finally:
-            self._fitting = False
             if display is not None:
                 display.close()
         rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
@@ -664,8 +685,8 @@ class Trainer:
     def _check_not_fitting(self, method: str, why: str) -> None:
         """Refuse `method` while a fit of this trainer runs (called from one of its callbacks, or a thread)."""
         if self._fitting:
-            raise FastnnError(f"Trainer.{method} was called while this trainer's fit is running (from a callback?): "
-                              f"{why}; call it after fit returns")  # fmt: skip
+            raise FastnnError(f"Trainer.{method} was called while this trainer's fit is running (from a callback or "
+                              f"another thread?): {why}; call it after fit returns")  # fmt: skip
 
 
 def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:

@@ -85,3 +85,41 @@ def test_a_callback_cannot_refit_close_or_replace_the_weights_on_the_gpu(engine:
         _assert_close(_state(t), _state(_reference(2)))
         t.fit(*TRAIN, epochs=1)  # still usable
         assert t.epoch == 3
+
+
+def test_a_second_threads_fit_is_refused_while_the_first_validates() -> None:
+    """The "already fitting" check and its flag are one step: a thread whose fit starts while another thread's
+    fit of the same trainer is still validating (here: building its learning-rate table) is refused by name,
+    and the first fit trains as if alone."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    first = []
+
+    def schedule(step: int) -> float:  # holds the first thread inside fit's validation until released
+        if threading.current_thread() is not threading.main_thread() and not first:
+            first.append(step)
+            entered.set()
+            release.wait(10)
+        return 0.1
+
+    t = _trainer(schedule=schedule)
+    errors: list[BaseException] = []
+
+    def fit_in_thread() -> None:
+        try:
+            t.fit(*TRAIN, epochs=2)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=fit_in_thread)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        with pytest.raises(FastnnError, match=r"Trainer\.fit was called while this trainer's fit is running"):
+            t.fit(*TRAIN, epochs=1)
+    finally:
+        release.set()
+        worker.join(30)
+    assert not errors and (t.epoch, len(t.history)) == (2, 2)  # the first fit alone trained and recorded
+    t.close()
