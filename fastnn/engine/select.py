@@ -111,9 +111,14 @@ def graph_engine_class() -> type[Engine]:
 
 
 def _gpu_engine(
-    graph_class: type[Engine], config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinal: int = 0
+    graph_class: type[Engine], config: EngineConfig, state: dict[str, np.ndarray], engine: str, ordinal: int = 0,
+    stacklevel: int = 1,
 ) -> Engine:
-    """The GPU engine `engine` resolves to (see `choose_gpu_engine`) on GPU `ordinal`, from `config` and `state`."""
+    """The GPU engine `engine` resolves to (see `choose_gpu_engine`) on GPU `ordinal`, from `config` and `state`.
+
+    A kernel engine whose module fails to import is an incomplete installation, not a choice: engine="auto" goes on
+    without it and warns once (at `stacklevel` above the caller) naming the module; a forced one is refused.
+    """
     if engine == "graph":
         return graph_class(config, state, ordinal)
     engines: dict[str, tuple[type[Engine], Callable]] = {}
@@ -124,6 +129,9 @@ def _gpu_engine(
             except ImportError as exc:
                 if engine == name:
                     raise EngineRefused(f"engine={name!r} is unavailable: {exc}") from exc
+                _warn_once(f"fastnn.engine.{name} failed to import ({exc}): this fastnn installation is incomplete, "
+                           f"so engine='auto' trains without the {name} engine (slower where it would be chosen); "
+                           f"reinstall fastnn. `fastnn info` lists the engines that import", stacklevel + 1)
     if not engines:
         return graph_class(config, state, ordinal)
     from ..cuda import driver
@@ -280,9 +288,9 @@ def create_engine(
             engine_class = graph_engine_class()
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(f"device='cuda': {exc}") from exc
-        return _gpu_engine(engine_class, config, state, engine)
+        return _gpu_engine(engine_class, config, state, engine, stacklevel=stacklevel + 1)
     try:
-        return _gpu_engine(graph_engine_class(), config, state, engine)
+        return _gpu_engine(graph_engine_class(), config, state, engine, stacklevel=stacklevel + 1)
     except DeviceUnavailable as exc:
         _warn_once(f"device='auto': {exc}; training on the CPU (NumPy engine) instead", stacklevel + 1)
     from .numpy_engine import NumpyEngine
