@@ -421,7 +421,8 @@ def test_a_communicator_ends_only_after_the_graphs_holding_its_collectives(monke
     comm.hold(_HeldGraph("c", events))
     comm.abort()
     comm.abort()
-    assert events == ["close c", "abort 2"] and comm.closed and comm.async_error() is None
+    # The abort runs beside the graphs' destroys (test_an_abort_ends_a_collective_that_a_graph_destroy_waits_for)
+    assert sorted(events) == ["abort 2", "close c"] and comm.closed and comm.async_error() is None
     late = _HeldGraph("d", events)
     with pytest.raises(nccl.CommAborted, match="rank 0 of 2: the communicator was closed or aborted"):
         comm.hold(late)  # captured after the abort: destroyed at once
@@ -433,6 +434,37 @@ def test_a_communicator_ends_only_after_the_graphs_holding_its_collectives(monke
     del comm  # a trainer and its group left to the garbage collector
     gc.collect()
     assert events == ["close e", "destroy 3"]
+
+
+class _GraphWaitingForTheAbort(_HeldGraph):
+    """A graph whose destroy waits for a collective kernel that only NCCL's abort ends: a peer that died leaves the
+    kernel spinning, and a graph destroy synchronizes the device (seen on 2 x H200: the surviving rank hung here)."""
+
+    def __init__(self, name: str, events: list, aborted) -> None:
+        super().__init__(name, events)
+        self.aborted = aborted
+
+    def close(self) -> None:
+        if not self.aborted.wait(5):
+            self.events.append(f"close {self.name} hung")
+        super().close()
+
+
+def test_an_abort_ends_a_collective_that_a_graph_destroy_waits_for(monkeypatch):
+    """A rank whose peer died aborts its communicator: NCCL's abort must run while the graphs are destroyed, not
+    after them, since a destroy waits for the spinning collective and the abort waits for the destroys."""
+    import threading
+
+    events: list = []
+    aborted = threading.Event()
+    nccl, make = _fake_comm(monkeypatch, events)
+    lib = nccl._lib()
+    real_abort = lib.ncclCommAbort
+    lib.ncclCommAbort = lambda ptr: (real_abort(ptr), aborted.set())
+    comm = make(4)
+    comm.hold(_GraphWaitingForTheAbort("spinning", events, aborted))
+    comm.abort()
+    assert sorted(events) == ["abort 4", "close spinning"] and comm.closed, events
 
 
 @pytest.mark.parametrize("end", ["close", "abort"])

@@ -250,8 +250,9 @@ class Comm(LibraryObject):
     (its persistent plans; with several ranks in a process, the last rank's destroy or abort waits for every
     rank's graphs). So the graphs are handed to `hold`, and every way of ending the communicator destroys them
     first: otherwise ending it while a trainer still holds its epoch graph (after an error, or a trainer left to
-    the garbage collector) would never return. A one-rank communicator makes no persistent plans, so one GPU
-    cannot show this."""
+    the garbage collector) would never return. An abort runs NCCL's abort beside those destroys instead
+    (_abort_beside): a peer that died leaves a collective kernel spinning that only the abort ends, and a destroy
+    waits for it. A one-rank communicator makes no persistent plans, so one GPU cannot show this."""
 
     def __init__(self, world: int, uid: bytes, rank: int, timeout: float | None = None) -> None:
         if not isinstance(uid, (bytes, bytearray)) or len(uid) != UNIQUE_ID_BYTES:
@@ -364,12 +365,12 @@ class Comm(LibraryObject):
 
     def abort(self) -> None:
         """Tear the communicator down without waiting for peers (ncclCommAbort): after an error, so that no rank
-        hangs in a collective its peers will never join. Its graphs are destroyed first (one still running is
-        freed when it ends: the abort makes its collectives return)."""
+        hangs in a collective its peers will never join. Its graphs are destroyed while NCCL aborts, on a thread of
+        its own (_abort_beside): the abort makes the spinning collectives return, which the destroys wait for."""
         if self._end() is not None:
             # Through _capture, like the graphs' own destroys: on a thread that defers them, NCCL's abort would
             # otherwise wait for graphs destroyed only after it returns.
-            _capture.release(_destroy_after, self._graphs, _lib().ncclCommAbort, self.ptr)
+            _capture.release(_abort_beside, self._graphs, _lib().ncclCommAbort, self.ptr)
 
     def _end(self) -> tuple | None:
         """Mark the communicator ended, under the lock (async_error no longer reads it, hold refuses): its
@@ -394,6 +395,30 @@ def _destroy_after(graphs: list[Any], end: Callable[[int], Any], ptr: int) -> No
             graph.close()
     graphs.clear()
     end(ptr)
+
+
+#: How long an abort waits for NCCL's ncclCommAbort once the graphs are gone; past it the communicator is left to
+#: the process's exit (a warning says so) rather than hanging the rank that is reporting the failure.
+ABORT_JOIN_S = 60.0
+
+
+def _abort_beside(graphs: list[Any], abort: Callable[[int], Any], ptr: int) -> None:
+    """ncclCommAbort on a thread of its own while `graphs` are destroyed here. Neither order works on one thread
+    (seen on 2 x H200, NCCL 2.28: a dead peer hung the surviving rank in the first graph destroy): a graph's
+    destroy synchronizes the device, so it waits for the collective kernel spinning for the dead peer, which only
+    the abort's flag ends; and NCCL's abort waits for the graphs holding its collectives to be destroyed."""
+    aborting = threading.Thread(target=abort, args=(ptr,), name="fastnn-nccl-abort", daemon=True)
+    aborting.start()
+    for graph in graphs:
+        with contextlib.suppress(Exception):  # one graph's failure must not keep the communicator alive
+            graph.close()
+    graphs.clear()
+    aborting.join(ABORT_JOIN_S)
+    if aborting.is_alive():
+        import warnings
+
+        warnings.warn(f"ncclCommAbort did not return within {ABORT_JOIN_S:g} s; the communicator is left to the "
+                      "process's exit", RuntimeWarning, stacklevel=2)  # fmt: skip
 
 
 def all_reduce(comm: Comm, send: int, recv: int, count: int, dtype: Any, stream: Any, op: RedOp = RedOp.SUM) -> None:
