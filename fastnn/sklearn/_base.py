@@ -21,19 +21,23 @@ from sklearn.utils.validation import validate_data
 
 from .._checks import number
 from .._control import split_indices
-from .._errors import DeviceUnavailable
+from .._errors import ConfigError, DeviceUnavailable
 from .._model import MLP
 from .._optim import SGD, AdamW
+from .._state import MAX_EPOCH
 from .._trainer import Trainer
 from ..engine.base import steps_per_epoch
 
-__all__ = ["FastnnEstimator", "Plateau", "Rate", "keep_params", "unchanged_on_error"]
+__all__ = ["FastnnEstimator", "Guard", "Plateau", "Rate", "keep_params", "unchanged_on_error"]
 
 _SOLVERS = ("adam", "sgd")
 _ACTIVATIONS = ("relu", "gelu")
 _LEARNING_RATES = ("constant", "invscaling", "adaptive")
 #: "adaptive" stops at a plateau once the rate is at most this, as scikit-learn's SGD optimizer does.
 _ADAPTIVE_MIN_LR = 1e-6
+#: The optimizers' names for the estimators' parameters: a refusal of the optimizer's checks names the latter.
+_OPTIMIZER_NAMES = {"lr": "learning_rate_init", "weight_decay": "alpha", "betas[0]": "beta_1",
+                    "betas[1]": "beta_2", "eps": "epsilon", "momentum": "momentum"}  # fmt: skip
 
 
 def _auto_batch(batch_size: Any, n: int) -> int:
@@ -60,7 +64,10 @@ class Rate:
         if self.kind != "invscaling":
             return self.lr
         seen = self.seen0 + (step - self.step0) // self.steps * self.rows
-        return self.lr / (seen + 1) ** self.power_t
+        try:
+            return self.lr / (seen + 1) ** self.power_t
+        except OverflowError:  # (seen + 1) ** power_t beyond a float: scikit-learn's NumPy power gives inf, rate 0
+            return 0.0
 
 
 class Plateau:
@@ -99,20 +106,44 @@ def keep_params(est: BaseEstimator, params: dict[str, Any]) -> None:
             setattr(est, name, value)
 
 
+class Guard:
+    """What `unchanged_on_error` yields: `trained` turns True once the block's fitting has trained an epoch (see
+    `FastnnEstimator._train`); from then on a failure keeps what training did instead of undoing the block."""
+
+    trained = False
+
+
 @contextlib.contextmanager
-def unchanged_on_error(est: BaseEstimator) -> Iterator[None]:
-    """Run the block; if it raises, give `est` back every attribute it had before (a trainer made in the block is
-    closed), so a failed first `partial_fit` leaves nothing half set and the corrected call works."""
+def unchanged_on_error(est: BaseEstimator) -> Iterator[Guard]:
+    """Run the block; if it raises before an epoch was trained (a bad argument, or a refusal of `Trainer.fit`'s
+    own checks), give `est` back exactly as it was: every attribute, its rate rule's and stopping count's state,
+    the trainer it had (still open); a trainer made in the block is closed. A refused first fit leaves it
+    unfitted. The trainer the block replaced is closed only once the block ends without being undone."""
     before = dict(est.__dict__)
+    inner = {k: dict(vars(before[k])) for k in ("_rate_", "_plateau_") if k in before}
+    guard = Guard()
     try:
-        yield
+        yield guard
     except BaseException:
-        made = est.__dict__.get("trainer_")
-        if made is not None and made is not before.get("trainer_"):
-            made.close()
-        est.__dict__.clear()
-        est.__dict__.update(before)
+        if not guard.trained:
+            made = est.__dict__.get("trainer_")
+            if made is not None and made is not before.get("trainer_"):
+                made.close()
+            est.__dict__.clear()
+            est.__dict__.update(before)
+            for k, attrs in inner.items():
+                vars(before[k]).clear()
+                vars(before[k]).update(attrs)
+            raise
+        _close_replaced(est, before)
         raise
+    _close_replaced(est, before)
+
+
+def _close_replaced(est: BaseEstimator, before: dict[str, Any]) -> None:
+    old = before.get("trainer_")
+    if old is not None and old is not est.__dict__.get("trainer_"):
+        old.close()
 
 
 class FastnnEstimator(BaseEstimator):
@@ -172,6 +203,9 @@ class FastnnEstimator(BaseEstimator):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.max_iter > MAX_EPOCH:
+            raise ValueError(f"max_iter must be at most 2**32, got {self.max_iter!r}: a fastnn trainer counts at "
+                             f"most 2**32 epochs (the GPU's epoch counter and the shuffle key are 32-bit)")  # fmt: skip
         v = self.n_iter_no_change
         if v != math.inf and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
             raise ValueError(f"n_iter_no_change must be an integer >= 1 or numpy.inf, got {v!r}")
@@ -186,21 +220,30 @@ class FastnnEstimator(BaseEstimator):
         for name in ("warm_start", "nesterovs_momentum", "early_stopping"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._optimizer(1)  # the optimizer's own checks (float32 ranges), before any data is read
 
     def _optimizer(self, n_samples: int) -> SGD | AdamW:
-        if self.solver == "sgd":
-            return SGD(
+        """The optimizer for a fit on `n_samples` rows; its refusals name the estimator's parameters."""
+        try:
+            if self.solver == "sgd":
+                return SGD(
+                    lr=float(self.learning_rate_init),
+                    momentum=float(self.momentum),
+                    nesterov=bool(self.nesterovs_momentum) and self.momentum > 0,
+                    weight_decay=self._decay(n_samples),
+                )
+            return AdamW(
                 lr=float(self.learning_rate_init),
-                momentum=float(self.momentum),
-                nesterov=bool(self.nesterovs_momentum) and self.momentum > 0,
+                betas=(self.beta_1, self.beta_2),
+                eps=self.epsilon,
                 weight_decay=self._decay(n_samples),
             )
-        return AdamW(
-            lr=float(self.learning_rate_init),
-            betas=(self.beta_1, self.beta_2),
-            eps=self.epsilon,
-            weight_decay=self._decay(n_samples),
-        )
+        except ConfigError as exc:
+            message = str(exc)
+            for theirs, ours in _OPTIMIZER_NAMES.items():
+                if message.startswith(f"{theirs} must"):
+                    raise ConfigError(ours + message[len(theirs):]) from None
+            raise
 
     def _seed(self) -> int:
         return int(check_random_state(self.random_state).randint(0, 2**31 - 1))
@@ -259,9 +302,9 @@ class FastnnEstimator(BaseEstimator):
         )
 
     def _start(self, X: np.ndarray) -> None:
-        """A new trainer for a fit (or a first partial_fit) on X, replacing (and closing) the fitted one; with
-        warm_start, it starts from the fitted weights (scikit-learn keeps them and starts a new optimizer, as
-        this does)."""
+        """A new trainer for a fit (or a first partial_fit) on X, replacing the fitted one (which
+        `unchanged_on_error` closes once the fit is not undone); with warm_start, it starts from the fitted
+        weights (scikit-learn keeps them and starts a new optimizer, as this does)."""
         rate = Rate(self.learning_rate, float(self.learning_rate_init), float(self.power_t))
         old = getattr(self, "trainer_", None)
         warm = old is not None and self.warm_start
@@ -274,8 +317,6 @@ class FastnnEstimator(BaseEstimator):
                     f"and data now make {list(trainer.model.sizes)}: pass warm_start=False to start afresh"
                 )
             trainer.load_state_dict(old.state_dict())
-        if old is not None:
-            old.close()
         self.trainer_, self._rate_ = trainer, rate
         if not warm or not hasattr(self, "loss_curve_"):
             self.loss_curve_: list[float] = []
@@ -284,7 +325,7 @@ class FastnnEstimator(BaseEstimator):
         self._plateau_ = Plateau(float(self.tol), self.n_iter_no_change)
 
     def _rebatched(self, n_samples: int) -> None:
-        """partial_fit with batch_size="auto" takes min(200, n) of each call's rows, as scikit-learn does: the
+        """partial_fit with batch_size="auto" takes min(200, n) of each call's rows, as scikit-learn does: a new
         trainer continues (weights, optimizer state, counters) at the new batch size when it changes."""
         batch = _auto_batch(self.batch_size, n_samples)
         trainer = self.trainer_
@@ -295,10 +336,18 @@ class FastnnEstimator(BaseEstimator):
             trainer.save(path)
             engine = trainer.engine if trainer.device == "cuda" else "auto"  # the engine that trained: the same
             self.trainer_ = Trainer.load(path, device=trainer.device, engine=engine, schedule=self._rate_,
-                                         batch_size=batch)  # fmt: skip
-        trainer.close()
+                                         batch_size=batch)  # fmt: skip (unchanged_on_error closes the old one)
 
-    def _fit_new(self, X: np.ndarray, y: np.ndarray) -> None:
+    def _train(self, guard: Guard, X: np.ndarray, y: np.ndarray, **kwargs: Any) -> Any:
+        """`trainer_.fit(X, y, **kwargs)`; `guard.trained` once it has trained an epoch, even if it then raises."""
+        trainer = self.trainer_
+        epoch0 = trainer.epoch
+        try:
+            return trainer.fit(X, y, **kwargs)
+        finally:
+            guard.trained = guard.trained or trainer.epoch != epoch0
+
+    def _fit_new(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
         """`fit`'s training: up to max_iter epochs, stopping as scikit-learn does (tol, n_iter_no_change; with
         early_stopping on a held-out score, ending with the best epoch's weights); "adaptive" divides the rate
         by 5 at each plateau instead of stopping, until it is at most 1e-6."""
@@ -313,7 +362,7 @@ class FastnnEstimator(BaseEstimator):
         try:
             while left > 0:
                 rate.begin(trainer.step, self.t_, X.shape[0], steps)
-                history = trainer.fit(X, y, epochs=left, eval_data=eval_data, callbacks=[plateau],
+                history = self._train(guard, X, y, epochs=left, eval_data=eval_data, callbacks=[plateau],
                                       progress=bool(self.verbose))  # fmt: skip
                 self._record(history, X.shape[0])
                 left -= len(history)
@@ -344,12 +393,12 @@ class FastnnEstimator(BaseEstimator):
                 stacklevel=3,
             )
 
-    def _fit_one_epoch(self, X: np.ndarray, y: np.ndarray) -> None:
+    def _fit_one_epoch(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
         """`partial_fit`'s training: one epoch; the stopping count goes on across calls, and with "adaptive" a
         plateau divides the rate by 5 (scikit-learn's partial_fit does neither early stopping nor stopping)."""
         trainer, plateau, rate = self.trainer_, self._plateau_, self._rate_
         rate.begin(trainer.step, self.t_, X.shape[0], steps_per_epoch(X.shape[0], trainer.config.batch_size, False))
-        history = trainer.fit(X, y, epochs=1, progress=bool(self.verbose))
+        history = self._train(guard, X, y, epochs=1, progress=bool(self.verbose))
         self._record(history, X.shape[0])
         for record in history:
             plateau(record)

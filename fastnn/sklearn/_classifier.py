@@ -57,8 +57,9 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
 
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> FastnnClassifier:
         """Train for up to `max_iter` epochs on (X, y) (from the fitted weights with warm_start); labels may be
-        any hashable values. Bad arguments leave the estimator as it was."""
-        with unchanged_on_error(self):
+        any hashable values. A fit refused before it trains (bad arguments, data `Trainer.fit` refuses) leaves the
+        estimator as it was: the fitted model, or none."""
+        with unchanged_on_error(self) as guard:
             self._check_params()
             warm = self.warm_start and hasattr(self, "trainer_")
             X, y = self._validate_xy(X, y, sample_weight, reset=not warm)
@@ -71,21 +72,22 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
             self.classes_ = classes
             y = self._encode(y)
             self._start(X)
-        self._fit_new(X, y)
+            self._fit_new(X, y, guard)
         return self
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> FastnnClassifier:
-        """One more epoch on (X, y); the first call needs `classes` (every label that will ever appear). A first
-        call that fails leaves the estimator as it was (no classes_, no trainer)."""
+        """One more epoch on (X, y); the first call needs `classes` (every label that will ever appear). A call
+        refused before it trains leaves the estimator as it was (a first one: no classes_, no trainer)."""
         if hasattr(self, "trainer_"):
-            X, y = self._validate_xy(X, y, sample_weight, reset=False)
-            if classes is not None and not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
-                raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
-            y = self._encode(y)
-            self._rebatched(X.shape[0])
-            self._fit_one_epoch(X, y)
+            with unchanged_on_error(self) as guard:
+                X, y = self._validate_xy(X, y, sample_weight, reset=False)
+                if classes is not None and not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
+                    raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
+                y = self._encode(y)
+                self._rebatched(X.shape[0])
+                self._fit_one_epoch(X, y, guard)
             return self
-        with unchanged_on_error(self):
+        with unchanged_on_error(self) as guard:
             self._check_params()
             if classes is None:
                 raise ValueError("classes must be passed on the first call to partial_fit")
@@ -93,7 +95,7 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
             self.classes_ = self._classes(classes, "classes")
             y = self._encode(y)
             self._start(X)
-            self._fit_one_epoch(X, y)
+            self._fit_one_epoch(X, y, guard)
         return self
 
     # ---- inference ----------------------------------------------------------------------------------------

@@ -103,9 +103,9 @@ class MLPRegressor(RegressorMixin, FastnnEstimator):
             raise ValueError(f"y has {y.shape[1]} target(s) per row; this regressor was fitted on {self.n_outputs_}")
 
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
-        """Train for up to `max_iter` epochs on (X, y) (from the fitted weights with warm_start). Bad arguments
-        leave the estimator as it was."""
-        with unchanged_on_error(self):
+        """Train for up to `max_iter` epochs on (X, y) (from the fitted weights with warm_start). A fit refused
+        before it trains (bad arguments, data `Trainer.fit` refuses) leaves the estimator as it was."""
+        with unchanged_on_error(self) as guard:
             self._check_params()
             warm = self.warm_start and hasattr(self, "trainer_")
             X, y = self._validate_xy(X, y, sample_weight, reset=not warm)
@@ -113,23 +113,24 @@ class MLPRegressor(RegressorMixin, FastnnEstimator):
                 self._check_outputs(y)
             self.n_outputs_ = y.shape[1]
             self._start(X)
-        self._fit_new(X, y)
+            self._fit_new(X, y, guard)
         return self
 
     def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
-        """One more epoch on (X, y). A first call that fails leaves the estimator as it was."""
+        """One more epoch on (X, y). A call refused before it trains leaves the estimator as it was."""
         if hasattr(self, "trainer_"):
-            X, y = self._validate_xy(X, y, sample_weight, reset=False)
-            self._check_outputs(y)
-            self._rebatched(X.shape[0])
-            self._fit_one_epoch(X, y)
+            with unchanged_on_error(self) as guard:
+                X, y = self._validate_xy(X, y, sample_weight, reset=False)
+                self._check_outputs(y)
+                self._rebatched(X.shape[0])
+                self._fit_one_epoch(X, y, guard)
             return self
-        with unchanged_on_error(self):
+        with unchanged_on_error(self) as guard:
             self._check_params()
             X, y = self._validate_xy(X, y, sample_weight, reset=True)
             self.n_outputs_ = y.shape[1]
             self._start(X)
-            self._fit_one_epoch(X, y)
+            self._fit_one_epoch(X, y, guard)
         return self
 
     def __sklearn_tags__(self):  # noqa: D105

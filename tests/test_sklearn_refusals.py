@@ -1,0 +1,147 @@
+"""fastnn.sklearn's refusals: a fit refused before it trains leaves the estimator exactly as it was, and every
+refusal names the estimator's own arguments (issue 36)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from sklearn.exceptions import NotFittedError  # noqa: E402
+from sklearn.utils.validation import check_is_fitted  # noqa: E402
+
+from fastnn import DataError  # noqa: E402
+from fastnn.sklearn import LogisticRegression, MLPClassifier, MLPRegressor  # noqa: E402
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(60, 4)).astype(np.float32)
+Y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0)
+Y_REG = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1
+
+
+def _snapshot(est) -> dict:
+    """Everything a refused call could change: the attributes (by identity and value), the trainer's weights,
+    counters and history, the rate rule's and stopping count's state."""
+    snap = {"attrs": {k: (v, copy.deepcopy(v) if k not in ("trainer_",) else None) for k, v in vars(est).items()}}
+    if hasattr(est, "trainer_"):
+        t = est.trainer_
+        snap["trainer"] = (t.state_dict(), t.epoch, t.step, list(t.history), t.config.batch_size)
+        snap["rate"] = dict(vars(est._rate_))
+        snap["plateau"] = dict(vars(est._plateau_))
+    return snap
+
+
+def _assert_unchanged(est, snap: dict, X_pred: np.ndarray, pred: np.ndarray) -> None:
+    now = vars(est)
+    assert set(now) == set(snap["attrs"])
+    for k, (obj, value) in snap["attrs"].items():
+        assert now[k] is obj, k  # the same objects: nothing replaced
+        if k not in ("trainer_", "_rate_", "_plateau_"):
+            np.testing.assert_equal(now[k], value, err_msg=k)
+    t = est.trainer_
+    state, epoch, step, history, batch = snap["trainer"]
+    assert (t.epoch, t.step, list(t.history), t.config.batch_size) == (epoch, step, history, batch)
+    for name, w in state.items():
+        np.testing.assert_array_equal(t.state_dict()[name], w, err_msg=name)
+    assert dict(vars(est._rate_)) == snap["rate"] and dict(vars(est._plateau_)).keys() == snap["plateau"].keys()
+    np.testing.assert_array_equal(est.predict(X_pred), pred)  # still open, still the fitted model
+
+
+def _fitted(make):
+    est = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, Y_REG if isinstance(est, MLPRegressor) else Y)
+    return est
+
+
+# (estimator, what the refit changes, the error, its message): each refused by Trainer.fit's own checks.
+REFUSED_REFITS = {
+    "input beyond float16 under mixed": (
+        lambda: MLPClassifier((8,), device="cpu", max_iter=3),
+        lambda est: est.fit(X * 1e5, Y), DataError, "65504",
+    ),
+    "y beyond float32": (
+        lambda: MLPRegressor((8,), device="cpu", max_iter=3),
+        lambda est: est.fit(X, Y_REG * 1e39), DataError, "y holds",
+    ),
+    "max_iter beyond 2**32": (
+        lambda: MLPClassifier((8,), device="cpu", max_iter=3),
+        lambda est: est.set_params(max_iter=2**32 + 1).fit(X, Y), ValueError, "max_iter",
+    ),
+    "warm start, input beyond float16": (
+        lambda: MLPClassifier((8,), device="cpu", max_iter=3, warm_start=True),
+        lambda est: est.fit(X * 1e5, Y), DataError, "65504",
+    ),
+    "partial_fit at another batch size, input beyond float16": (
+        lambda: LogisticRegression(device="cpu", max_iter=3),
+        lambda est: est.partial_fit(X[:30] * 1e5, Y[:30]), DataError, "65504",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_REFITS))
+def test_a_refused_refit_leaves_the_estimator_exactly_as_it_was(case) -> None:
+    make, refit, error, match = REFUSED_REFITS[case]
+    est = _fitted(make)
+    snap, pred = _snapshot(est), est.predict(X)
+    with pytest.raises(error, match=match):
+        refit(est)
+    if "max_iter" in case:
+        est.set_params(max_iter=3)  # the parameter the user set stays set, as scikit-learn's set_params does
+        snap["attrs"]["max_iter"] = (est.max_iter, 3)
+    _assert_unchanged(est, snap, X, pred)
+
+
+@pytest.mark.parametrize(
+    "make, fit",
+    [
+        (lambda: MLPClassifier((8,), device="cpu"), lambda est: est.fit(X * 1e5, Y)),
+        (lambda: MLPRegressor((8,), device="cpu"), lambda est: est.fit(X, Y_REG * 1e39)),
+        (lambda: MLPClassifier((8,), device="cpu"), lambda est: est.partial_fit(X * 1e5, Y, classes=[0, 1, 2])),
+    ],
+)
+def test_a_refused_first_fit_leaves_the_estimator_unfitted(make, fit) -> None:
+    est = make()
+    with pytest.raises(DataError):
+        fit(est)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    assert not [k for k in vars(est) if k.endswith("_")]
+
+
+# The estimator's parameter, a value Trainer or its optimizer refuses, and the Trainer's name for it.
+NAMED = [
+    ("max_iter", 2**32 + 1, "epochs", {}),
+    ("learning_rate_init", 1e300, "lr", {}),
+    ("learning_rate_init", 1e-60, "lr", {}),
+    ("alpha", 1e300, "weight_decay", {}),
+    ("beta_1", 1.5, "betas[0]", {}),
+    ("beta_2", 1.0, "betas[1]", {}),
+    ("epsilon", 1e-60, "eps", {}),
+]
+
+
+@pytest.mark.parametrize("make", [MLPClassifier, MLPRegressor])
+@pytest.mark.parametrize("param, value, theirs, extra", NAMED)
+def test_refusals_name_the_estimators_arguments(make, param, value, theirs, extra) -> None:
+    est = make((8,), device="cpu", **{param: value, **extra})
+    with pytest.raises(ValueError) as info:
+        est.fit(X * 1e5, Y)  # the parameter is named before the data is read (X is refused under "mixed")
+    message = str(info.value)
+    assert message.startswith(f"{param} must") and repr(value) in message, message
+    assert not message.startswith(theirs + " "), message
+
+
+def test_an_overflowing_invscaling_power_is_a_rate_of_zero_not_a_refusal() -> None:
+    """(samples seen + 1) ** power_t beyond a float: scikit-learn's rate is learning_rate_init / inf = 0; the
+    Trainer used to refuse the schedule by its own name ("schedule(1) raised OverflowError")."""
+    est = MLPClassifier((8,), device="cpu", learning_rate="invscaling", power_t=1e300, max_iter=3, batch_size=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, Y)
+    assert est.n_iter_ == 3 and est._rate_(0) == est.learning_rate_init and est._rate_(3) == 0.0
