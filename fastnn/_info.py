@@ -6,16 +6,24 @@ import importlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from typing import TextIO
 
 from ._install import DISTRIBUTION, OTHER_PROJECT, installed_version, other_project_version, pip_install
 
-__all__ = ["format_version", "info_lines", "run_info"]
+__all__ = ["ENGINES", "engine_status", "format_version", "info_lines", "run_info"]
 
 # (label, pathfinder name, fastnn.cuda module whose version() reads the library's own version number)
 _LIBRARIES = (("cuBLASLt", "cublasLt", "cublaslt"), ("cuDNN", "cudnn", "cudnn"))
+#: Every engine (engine/select.py's names, and the CPU's): its package or module and the class that imports its code.
+ENGINES = (
+    ("numpy", "fastnn.engine.numpy_engine", "NumpyEngine"),
+    ("graph", "fastnn.engine.graph", "GraphEngine"),
+    ("fused", "fastnn.engine.fused", "FusedEngine"),
+    ("grid", "fastnn.engine.grid", "GridEngine"),
+)
 
 
 def format_version(number: int) -> str:
@@ -87,6 +95,28 @@ def _installed() -> str:
     return line
 
 
+def engine_status() -> tuple[str, bool]:
+    """Each engine and whether it imports, in one line, and whether fastnn's own files are all there: an engine
+    module missing from the installation (a wheel without fastnn/engine/grid/) is a broken install, while one that
+    needs the CUDA packages (not installed: a CPU-only install) is not."""
+    parts, complete = [], True
+    for name, module, cls in ENGINES:
+        try:
+            getattr(importlib.import_module(module), cls)  # the packages import their engine on first use
+            parts.append(f"{name} ok")
+        except ImportError as exc:
+            found = re.search(r"named '([^']+)'", str(exc))
+            missing = exc.name or (found.group(1) if found else "")
+            if missing.split(".")[0] in ("cuda", "nvidia"):
+                parts.append(f"{name} needs the CUDA packages ({missing} is not installed)")
+            else:  # fastnn's own module, or one it cannot name
+                complete = False
+                parts.append(f"{name} MISSING ({exc}; reinstall fastnn)")
+        except Exception as exc:
+            parts.append(f"{name} failed to import ({type(exc).__name__}: {exc})")
+    return ", ".join(parts), complete
+
+
 def _cuda_installed() -> bool:
     """Whether any CUDA package is installed: cuda-bindings importable, or a CUDA wheel in the metadata."""
     from ._environment import cuda_packages
@@ -114,7 +144,8 @@ def _gpu(usable: bool, reason: str) -> str:
 
 
 def info_lines() -> tuple[list[str], int]:
-    """The report's lines and the exit code: 0 when it could report, 1 when the GPU self-test failed."""
+    """The report's lines and the exit code: 0 when it could report, 1 when an engine's module is missing from the
+    installation or the GPU self-test failed."""
     import numpy
 
     from . import __version__
@@ -127,11 +158,14 @@ def info_lines() -> tuple[list[str], int]:
         ("Python", f"{platform.python_version()} ({sys.executable})"),
         ("numpy", numpy.__version__),
     ]
+    engines, complete = engine_status()
+    rows.append(("Engines", engines))
+    code = 0 if complete else 1
     if not _cuda_installed():  # one line, not a "No module named 'cuda'" per library probed
         rows.append(("CUDA", f"no CUDA packages installed: CPU only (the NumPy engine). For a GPU: "
                              f"{pip_install('cu12')}, or cu13 for a CUDA 13 driver"))  # fmt: skip
         rows.append(("GPU", "none (no CUDA packages)"))
-        return _format(rows), 0
+        return _format(rows), code
     rows += [
         ("cuda-bindings", _safe(lambda: _package_version("cuda.bindings"), "not importable")),
         ("cuda-pathfinder", _safe(lambda: _package_version("cuda.pathfinder"), "not importable")),
@@ -144,7 +178,6 @@ def info_lines() -> tuple[list[str], int]:
     rows.append(("Driver", _safe(_driver, "none")))
     usable, reason = cuda_status()
     rows.append(("GPU", _safe(lambda: _gpu(usable, reason), "none")))
-    code = 0
     if usable and importlib.util.find_spec("fastnn.cuda.selftest") is not None:
         try:
             from .cuda.selftest import run_selftest

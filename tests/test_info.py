@@ -188,6 +188,7 @@ def test_info_without_cuda_packages_says_so_in_one_line():
     assert rows["CUDA"].startswith("no CUDA packages installed: CPU only")
     assert 'pip install "fastnn-cuda[cu12]"' in rows["CUDA"]
     assert rows["GPU"] == "none (no CUDA packages)"
+    assert rows["Engines"].startswith("numpy ok, graph needs the CUDA packages"), rows["Engines"]  # not MISSING
     assert "cuBLASLt" not in rows and "Driver" not in rows
 
 
@@ -205,7 +206,21 @@ def test_info_with_its_reader_gone_prints_no_traceback():
 def test_info_says_which_distribution_and_where(monkeypatch):
     lines, _ = info.info_lines()
     row = _lines("\n".join(lines))["Installed"]
-    assert "fastnn-cuda" in row and str(REPO / "fastnn") in row
+    assert "fastnn-cuda" in row and str(Path(fastnn.__file__).parent) in row  # the checkout, or the installed wheel
     monkeypatch.setattr(info, "other_project_version", lambda: "0.4.0")
     row = _lines("\n".join(info.info_lines()[0]))["Installed"]
     assert "'fastnn' 0.4.0 is installed too, another project" in row and "pip uninstall fastnn" in row
+
+
+def test_info_lists_each_engine_and_calls_a_missing_one_a_broken_install(monkeypatch, capsys):
+    """A wheel without fastnn/engine/grid/ trained without its grid engine and said nothing: `fastnn info` names
+    each engine, whether it imports, and exits 1 when fastnn's own module is missing (reinstall)."""
+    lines, code = info.info_lines()
+    row = _lines("\n".join(lines))["Engines"]
+    assert [part.split()[0] for part in row.strip().split(", ")] == ["numpy", "graph", "fused", "grid"], row
+    assert "numpy ok" in row and "MISSING" not in row and code in (0, 1)  # 1: only a failed GPU self-test
+    monkeypatch.setitem(sys.modules, "fastnn.engine.grid", None)  # its import raises ImportError naming it
+    assert main(["info"]) == 1
+    row = _lines(capsys.readouterr().out)["Engines"]
+    assert "grid MISSING (" in row and "fastnn.engine.grid" in row and "reinstall fastnn" in row, row
+    assert "numpy ok" in row

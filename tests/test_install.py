@@ -75,6 +75,9 @@ def test_pip_install():
 def test_a_clone_run_from_its_parent_folder_says_what_happened(tmp_path: Path):
     """`python -m fastnn` in the folder holding a clone named fastnn imports the clone's top folder as a namespace
     package: the clone's __main__.py explains, instead of "'fastnn' is a package and cannot be directly executed"."""
+    if "site-packages" in Path(fastnn.__file__).parts:  # CI's run of the installed wheel (.ci/run)
+        pytest.skip("fastnn is installed (not editable): its package wins over a clone's folder, so the case "
+                    "this test is about cannot arise")  # fmt: skip
     clone = tmp_path / "fastnn"
     clone.mkdir()
     shutil.copy(REPO / "__main__.py", clone / "__main__.py")
