@@ -10,6 +10,7 @@ from ._control import EarlyStopping, StopTraining
 from ._errors import ConfigError, DataError, DeviceUnavailable, FastnnError, TrainingDiverged
 from ._history import History
 from ._model import MLP
+from ._multi import MultiTrainer
 from ._optim import SGD, AdamW
 from ._trainer import Trainer
 
@@ -25,6 +26,7 @@ __all__ = [
     "EarlyStopping",
     "FastnnError",
     "History",
+    "MultiTrainer",
     "StopTraining",
     "Trainer",
     "TrainingDiverged",
