@@ -197,6 +197,9 @@ def check_inputs(x: Any, features: int, name: str = "x", gpu: bool = False) -> n
 
 #: The largest finite float32, the type every engine trains in.
 _F32_MAX = float(np.finfo(np.float32).max)
+#: The largest regression target taken: beyond it (~1.84e19) a prediction of 0 has a squared error float32 cannot
+#: hold, so the first epoch's loss would be inf (a TrainingDiverged that blames the learning rate).
+TARGET_MAX = float(np.sqrt(np.float32(_F32_MAX)))
 
 
 def _finite_f32(given: np.ndarray, name: str) -> np.ndarray:
@@ -360,8 +363,9 @@ def check_labels(y: Any, n: int, classes: int, name: str = "y", gpu: bool = Fals
 
 
 def check_targets(y: Any, n: int, outputs: int, name: str = "y", gpu: bool = False) -> np.ndarray:
-    """`y` as a float32 (n, outputs) array of finite regression targets (loss "mse"); (n,) is taken for one
-    output. Raises DataError naming `name`; targets in GPU memory as `_host_y` says."""
+    """`y` as a float32 (n, outputs) array of finite regression targets (loss "mse") of magnitude at most
+    `TARGET_MAX`; (n,) is taken for one output. Raises DataError naming `name`; targets in GPU memory as `_host_y`
+    says."""
     y = _host_y(y, name, f"an array of {n} targets, shape (N,) or (N, {outputs})", gpu)
     if y.dtype.kind == "O":
         try:
@@ -377,7 +381,16 @@ def check_targets(y: Any, n: int, outputs: int, name: str = "y", gpu: bool = Fal
         raise DataError(f"{name} must have shape {want} for a model with {outputs} output(s), got shape {y.shape}")
     if y.shape[0] != n:
         raise DataError(f"{name} has {y.shape[0]} rows of targets but the inputs have {n} rows")
-    return _finite_f32(y, name)
+    y = _finite_f32(y, name)
+    big = np.abs(y) > TARGET_MAX
+    if big.any():
+        row, col = (int(i) for i in np.argwhere(big)[0])
+        raise DataError(
+            f"{name} holds {y[row, col].item():g} in row {row}, column {col}: its squared error overflows float32, in "
+            f"which fastnn computes the loss (|{name}| must be at most {TARGET_MAX:.4g}): scale {name} first (e.g. "
+            f"divide by its standard deviation, or sklearn's StandardScaler / TransformedTargetRegressor)"
+        )
+    return y
 
 
 def prepare_batch(x: np.ndarray, scale: float, shift: float, dtype: type = np.float32) -> np.ndarray:

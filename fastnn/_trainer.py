@@ -256,7 +256,8 @@ class Trainer:
 
         Raises:
             DataError: x, y or eval_data are malformed (the message names which), hold an input beyond float16's
-                range with precision "mixed"/"fp16", or validation_split leaves no row for training or validation.
+                range with precision "mixed"/"fp16" or a regression target whose square float32 cannot hold
+                (|y| > ~1.84e19: scale it), or validation_split leaves no row for training or validation.
             ConfigError: epochs, eval_every, progress, validation_split, early_stopping, callbacks or the
                 schedule are invalid; validation_split with eval_data; early_stopping without either.
             TrainingDiverged: the loss, or the weights or optimizer state an epoch ended with, became

@@ -145,3 +145,32 @@ def test_an_overflowing_invscaling_power_is_a_rate_of_zero_not_a_refusal() -> No
         warnings.simplefilter("ignore")
         est.fit(X, Y)
     assert est.n_iter_ == 3 and est._rate_(0) == est.learning_rate_init and est._rate_(3) == 0.0
+
+
+@pytest.mark.parametrize("scale", [2e19, -1e30])
+def test_targets_whose_square_overflows_float32_are_refused_up_front(scale) -> None:
+    """Above ~1.84e19 the squared error overflows float32: refused naming y and saying to scale it, before the
+    trainer is built (it used to train and end as TrainingDiverged '... (lower lr?)'), by the Trainer too."""
+    from fastnn import MLP, Trainer
+
+    y = Y_REG.copy()
+    y[7] = scale
+    est = MLPRegressor((8,), device="cpu", max_iter=2)
+    with pytest.raises(DataError, match=r"y holds .* row 7, column 0: its squared error overflows float32.*scale y"):
+        est.fit(X, y)
+    assert "trainer_" not in vars(est)
+    t = Trainer(MLP([4, 8, 1]), device="cpu", loss="mse")
+    with pytest.raises(DataError, match="scale y"):
+        t.fit(X, y)
+    assert t.epoch == 0
+    t.fit(X, np.clip(y, -1e3, 1e3))  # the same trainer takes the targets once scaled
+
+
+def test_the_target_bound_is_the_square_root_of_float32s_largest_number() -> None:
+    from fastnn._data import TARGET_MAX, check_targets
+
+    top = np.float32(TARGET_MAX)
+    assert np.isfinite(top * top) and not np.isfinite(np.nextafter(top, np.float32(np.inf)) ** 2)
+    check_targets(np.array([top, -top]), 2, 1)
+    with pytest.raises(DataError, match="squared error overflows"):
+        check_targets(np.array([0.0, np.nextafter(top, np.float32(np.inf))]), 2, 1)

@@ -9,6 +9,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .._data import check_targets
 from ._base import FastnnEstimator, keep_params, unchanged_on_error
 
 __all__ = ["MLPRegressor"]
@@ -93,6 +94,7 @@ class MLPRegressor(RegressorMixin, FastnnEstimator):
                              reset=reset)  # fmt: skip
         y = np.asarray(y, dtype=np.float64)
         y = y.reshape(-1, 1) if y.ndim == 1 else y
+        check_targets(y, X.shape[0], y.shape[1], "y")  # Trainer.fit's check, before the trainer is built
         keep = self._keep_rows(sample_weight, X.shape[0])
         if keep is not None:
             X, y = X[keep], y[keep]
