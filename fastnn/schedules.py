@@ -23,6 +23,11 @@ __all__ = [
 
 Schedule = Callable[[int], float]
 
+#: Step counts of the built-ins (step_size, total_steps, warmup_steps) are below this: a trainer counts at most
+#: 2**63 - 1 optimizer steps (fastnn._state.MAX_STEP), so a larger count means nothing and would overflow the int64
+#: arithmetic of the lr table.
+_STEP_LIMIT = 2**63
+
 
 def steps_per_epoch(rows: int, batch_size: int, drop_last: bool = False) -> int:
     """Optimizer steps in one epoch of `rows` training samples: ceil(rows / batch_size), or rows // batch_size with
@@ -38,6 +43,11 @@ def steps_per_epoch(rows: int, batch_size: int, drop_last: bool = False) -> int:
 
 def _check_lr(lr: object) -> float | None:
     return None if lr is None else number("lr", lr, "None or a finite number >= 0", lambda v: v >= 0)
+
+
+def _step_count(name: str, value: object, lo: int) -> int:
+    """A built-in's step count: an integer in [lo, _STEP_LIMIT), else a ConfigError naming it."""
+    return integer(name, value, lo, _STEP_LIMIT, integral_floats=True)
 
 
 def check_schedule(schedule: object) -> None:
@@ -68,12 +78,16 @@ class StepDecay:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_size", integer("step_size", self.step_size, 1, integral_floats=True))
+        object.__setattr__(self, "step_size", _step_count("step_size", self.step_size, 1))
         object.__setattr__(self, "gamma", number("gamma", self.gamma, "a finite number > 0", lambda v: v > 0))
         object.__setattr__(self, "lr", _check_lr(self.lr))
 
     def __call__(self, step: int) -> float:
-        return float(self.lr) * self.gamma ** (step // self.step_size)  # type: ignore[arg-type]
+        lr = float(self.lr)  # type: ignore[arg-type]
+        try:
+            return lr * self.gamma ** (step // self.step_size)
+        except OverflowError:  # gamma > 1 raised past float64: unbounded, which the lr table refuses by step
+            return math.inf if lr else 0.0
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,8 @@ class Cosine:
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        total = integer("total_steps", self.total_steps, 1, integral_floats=True)
-        warmup = integer("warmup_steps", self.warmup_steps, 0, integral_floats=True)
+        total = _step_count("total_steps", self.total_steps, 1)
+        warmup = _step_count("warmup_steps", self.warmup_steps, 0)
         if warmup >= total:
             raise ConfigError(f"warmup_steps must be an integer in [0, total_steps={total}), got {self.warmup_steps!r}")
         object.__setattr__(self, "total_steps", total)
@@ -128,18 +142,20 @@ def lr_table(schedule: Schedule, first_step: int, steps: int) -> np.ndarray:
     float32 store each it cost ~1.4 us a step, 7 ms of a 5,000-step fit whose steps take 12-19 us on the grid engine
     (H100). The built-in Constant, StepDecay and Cosine fill it in whole arrays, every value still the float64
     their `__call__` returns; any other callable is called once a step, stored and checked in one pass."""
-    return _checked_table(_rates(schedule, first_step, steps), first_step)
+    return _checked_table(_rates(schedule, first_step, steps), first_step, schedule)
 
 
 def _rates(schedule: Schedule, first_step: int, steps: int) -> np.ndarray:
     """float64 schedule(first_step + i) for i < steps, equal to calling it step by step."""
     if type(schedule) is Constant and schedule.lr is not None:
         return np.full(steps, float(schedule.lr), dtype=np.float64)  # type: ignore[arg-type]
-    if type(schedule) is StepDecay and schedule.lr is not None:
-        periods = (np.arange(steps, dtype=np.int64) + first_step) // schedule.step_size
-        if steps and periods[-1] - periods[0] < steps // 8:  # few periods: each rate computed once, by __call__
-            each = [schedule(int(k) * schedule.step_size) for k in range(periods[0], periods[-1] + 1)]
-            return np.asarray(each, dtype=np.float64)[periods - periods[0]]
+    if type(schedule) is StepDecay and schedule.lr is not None and steps:
+        size = schedule.step_size
+        first, last = first_step // size, (first_step + steps - 1) // size  # Python ints: no int64 overflow
+        if last - first < steps // 8:  # few periods: each rate computed once, by __call__
+            each = np.asarray([schedule(k * size) for k in range(first, last + 1)], dtype=np.float64)
+            starts = np.asarray([k * size - first_step for k in range(first + 1, last + 1)], dtype=np.int64)
+            return each[np.searchsorted(starts, np.arange(steps, dtype=np.int64), side="right")]
     if type(schedule) is Cosine and schedule.lr is not None:
         return _cosine_rates(schedule, first_step, steps)
     values = np.empty(steps, dtype=np.float64)
@@ -169,16 +185,17 @@ def _cosine_rates(schedule: Cosine, first_step: int, steps: int) -> np.ndarray:
     return np.concatenate([warm, decay, np.full(end - b, schedule(total))])
 
 
-def _checked_table(values: np.ndarray, first_step: int) -> np.ndarray:
+def _checked_table(values: np.ndarray, first_step: int, schedule: Schedule | None = None) -> np.ndarray:
     """The float32 table of `values` (rates from step `first_step`); ConfigError naming the first step whose rate is
-    negative, NaN or not finite in float32."""
+    negative, NaN or not finite in float32 (and a built-in `schedule`'s arguments)."""
     with np.errstate(over="ignore"):
         table = values.astype(np.float32)
     bad = ~(np.isfinite(table) & (values >= 0))
     if bad.any():
         i = int(np.argmax(bad))
+        built_in = f" by {schedule!r}" if isinstance(schedule, (Constant, StepDecay, Cosine)) else ""
         raise ConfigError(
-            f"schedule({first_step + i}) returned lr={float(values[i])!r}; it must be >= 0 and finite in float32 "
-            f"(the lr table)"
+            f"schedule({first_step + i}) returned lr={float(values[i])!r}{built_in}; it must be >= 0 and finite in "
+            f"float32 (the lr table)"
         )
     return table

@@ -73,7 +73,7 @@ def test_cosine_past_float64_integers_is_still_its_call() -> None:
 
 def test_stepdecay_overflowing_float32_names_the_first_such_step() -> None:
     schedule = StepDecay(step_size=10, gamma=1e10, lr=1.0)  # 1e40 in period 4: inf in float32
-    with pytest.raises(ConfigError, match=r"schedule\(40\) returned lr=1e\+40; .*float32"):
+    with pytest.raises(ConfigError, match=r"schedule\(40\) returned lr=1e\+40 by StepDecay\(step_size=10, .*float32"):
         lr_table(schedule, 3, 200)
 
 
@@ -93,3 +93,34 @@ def test_the_first_bad_step_is_named(schedule, first_step: int, words: str) -> N
     with pytest.raises(ConfigError) as info:
         lr_table(schedule, first_step, 20)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda: StepDecay(step_size=2**63, lr=0.1), "step_size"),  # raw OverflowError in the table before
+        (lambda: Cosine(total_steps=10**400, warmup_steps=10**399, lr=0.1), "total_steps"),
+        (lambda: Cosine(total_steps=2**63 + 5, warmup_steps=2**63, lr=0.1), "total_steps"),
+    ],
+)
+def test_step_counts_beyond_a_trainers_steps_are_refused_by_name(make, name: str) -> None:
+    """A trainer counts at most 2**63 - 1 steps: a longer step count is refused by its constructor, naming it,
+    instead of a raw OverflowError from the lr table at fit time."""
+    with pytest.raises(ConfigError, match=rf"^{name} must be an integer in \[\d, 9223372036854775808\), got"):
+        make()
+
+
+@pytest.mark.parametrize("first_step", [0, 2**63 - 40])
+def test_stepdecay_at_the_largest_step_size_is_its_call(first_step: int) -> None:
+    schedule = StepDecay(step_size=2**63 - 1, gamma=0.5, lr=0.1)
+    assert lr_table(schedule, first_step, 39).tobytes() == step_by_step(schedule, first_step, 39).tobytes()
+
+
+def test_stepdecay_whose_powers_leave_float64_names_the_step_and_the_schedule() -> None:
+    """gamma**k past float64 raised OverflowError from inside the table (few periods: each one called once)."""
+    schedule = StepDecay(step_size=100, gamma=1e300, lr=0.1)
+    assert schedule(199) == 0.1 * 1e300 and schedule(200) == math.inf  # unbounded, not an exception
+    words = r"schedule\(100\) returned lr=1e\+299 by StepDecay\(step_size=100, gamma=1e\+300, lr=0.1\); it must be"
+    with pytest.raises(ConfigError, match=words):
+        lr_table(schedule, 0, 400)
+    assert StepDecay(step_size=1, gamma=1e300, lr=0.0)(5) == 0.0  # a zero rate stays zero
