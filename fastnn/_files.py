@@ -67,7 +67,8 @@ def replacing(
 
     Args:
         mode: the new file's permissions before the umask (0o666: an ordinary file; 0o600: a private one).
-        keep_mode: a file replaced keeps its own permissions (a private checkpoint stays private).
+        keep_mode: a file replaced keeps its own permissions (a private checkpoint stays private); the temporary
+            file has them from its creation.
         fsync: the data reaches the disk before the rename makes it visible (`sync_folder` makes the
             rename itself durable).
         exclusive: do not replace an existing `path` (FileExistsError): the first writer wins. Where the file
@@ -78,6 +79,11 @@ def replacing(
             written (a short write); the temporary file is removed and `path` is unchanged.
     """
     path = Path(path)
+    if keep_mode:
+        # Created with the replaced file's permissions from the start (the umask may only narrow them): content
+        # meant for a 0600 file never sits in a 0644 one that another user could open before the chmod below.
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.stat(path).st_mode & 0o777
     fd, tmp = _create_temp(path, mode)
     try:
         with os.fdopen(fd, "wb") as raw:

@@ -92,3 +92,23 @@ def test_long_names_fit(tmp_path):
     target = tmp_path / ("n" * 250)
     _files.write_bytes(target, b"x")
     assert target.read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("kept", [0o600, 0o640])
+def test_the_temporary_file_has_the_replaced_files_mode_from_its_creation(tmp_path, kept):
+    """Saving over a private checkpoint wrote the new content into a 0644 temporary file and narrowed it only at the
+    end: another user opening it meanwhile kept read access. The content is never more open than the file it
+    replaces."""
+    target = tmp_path / "private.npz"
+    target.write_bytes(b"old")
+    target.chmod(kept)
+    old = os.umask(0o022)
+    try:
+        with _files.replacing(target, keep_mode=True) as f:
+            (tmp,) = [p for p in tmp_path.iterdir() if p.name != target.name]
+            assert stat.S_IMODE(tmp.stat().st_mode) == kept  # before any byte is written
+            f.write(b"secret")
+            assert stat.S_IMODE(tmp.stat().st_mode) == kept
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"secret" and stat.S_IMODE(target.stat().st_mode) == kept
