@@ -252,6 +252,20 @@ def check_devices(device: str, engine: str, devices: object, group: object = Non
     return ordinals
 
 
+def _warn_if_one_gpu_is_faster(config: EngineConfig, world: int, stacklevel: int) -> None:
+    """Warn once when `world` GPUs are estimated to train this model slower than one (engine/scaling.py)."""
+    from .scaling import grad_bytes_of, one_gpu_is_faster
+
+    slower, saved, cost = one_gpu_is_faster(list(config.model.sizes), config.batch_size, world,
+                                            grad_bytes_of(config.precision))  # fmt: skip
+    if slower:
+        _warn_once(f"data parallelism on {world} GPUs will likely train this model slower than one GPU: splitting a "
+                   f"batch of {config.batch_size} saves about {saved * 1e6:.1f} us of GEMMs a step, summing its "
+                   f"gradients costs about {cost * 1e6:.1f} us (fastnn/engine/scaling.py). To use several GPUs for "
+                   "small models, train many models at once (fastnn.MultiTrainer, one per GPU) instead",
+                   stacklevel + 1)  # fmt: skip
+
+
 def create_engine(
     device: str, config: EngineConfig, state: dict[str, np.ndarray], *, engine: str = "auto", stacklevel: int = 2,
     group: object = None, devices: object = 1,
@@ -272,6 +286,9 @@ def create_engine(
     check_engine(device, engine)
     check_distributed(device, engine, group)
     ordinals = check_devices(device, engine, devices, group)
+    world = len(ordinals) if group is None else int(getattr(group, "world", 1))
+    if world > 1:
+        _warn_if_one_gpu_is_faster(config, world, stacklevel + 1)
     if ordinals != [0] or (config.tuning.one_gpu_replica and device != "cpu" and group is None):
         return _on_gpus(config, state, engine, ordinals)
     if group is not None:
