@@ -2,7 +2,8 @@
 
 Arrays are the engine's state as `Engine.get_state` names it (parameters "0.weight", ..., optimizer
 state "opt.<state>.<param>"). Files are written atomically and read without pickle, so loading a
-file never runs code from it.
+file never runs code from it. A binary file object (io.BytesIO) takes the place of a path for a checkpoint kept
+in memory (an estimator's pickle).
 
 Reading trusts nothing in the file before checking it, in this order, so a hostile or damaged file costs
 at most a few kilobytes plus what its config implies: the zip's member list; the marker, version and config
@@ -19,7 +20,7 @@ import os
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -39,36 +40,49 @@ _CONFIG_KEY = "__fastnn_config__"
 #: Largest declared size of the marker and version members (a few hundred bytes in a real file).
 _SMALL_MEMBER_BYTES = 4096
 #: Largest declared size of the config member: JSON stored as UTF-32, mostly the history (~150 characters per
-#: epoch), so ~200,000 epochs; a zip bomb in this member costs at most this much memory.
+#: epoch, at most ~220), so ~200,000 epochs; a zip bomb in this member costs at most this much memory. `save`
+#: refuses a config beyond it (Trainer.save keeps the last _history.SAVED_RECORDS epochs, well within it).
 _CONFIG_MEMBER_BYTES = 128 << 20
+#: Room left for the config member's .npy header when `save` checks its size against _CONFIG_MEMBER_BYTES.
+_CONFIG_HEADER_ROOM = 4096
 #: Largest .npy header read (numpy writes ~128 bytes; numpy itself refuses headers over 10,000 characters).
 _HEADER_BYTES = 1 << 16
 #: dtype kinds an array member may have (the engine writes float32; ints are accepted and checked by the caller).
 _ARRAY_KINDS = "fiu"
 
 
+def _is_file_object(path: Any, method: str) -> bool:
+    """A binary file object (io.BytesIO, an open file) rather than a name: it has `method` ("read" or "write")."""
+    return not isinstance(path, (str, bytes, os.PathLike)) and callable(getattr(path, method, None))
+
+
 def _check_path(path: Any, what: str) -> Path:
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-        raise ConfigError(f"{what} path must be a str or os.PathLike, got {path!r}")
+        raise ConfigError(f"{what} path must be a str, an os.PathLike or a binary file object, got {path!r}")
     try:
         return Path(path)
     except TypeError as exc:  # an os.PathLike whose __fspath__ returns bytes or something else
         raise ConfigError(f"{what} path must be a str or os.PathLike, got {path!r}") from exc
 
 
-def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+def save(path: str | os.PathLike[str] | BinaryIO, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Write `config` (JSON-serialisable) and `arrays` to `path`: a temp file in the same folder, then os.replace.
 
     A crash or error midway leaves any existing file at `path` untouched and no temp file behind. A new file
     gets the umask's permissions (not mkstemp's 0600), like any file the user writes; a file replaced keeps
     its mode (a 0600 checkpoint stays private). After the rename the folder is fsynced, so the new name
-    survives a power loss.
+    survives a power loss. A binary file object is written in place (nothing touches the disk for io.BytesIO).
 
     Raises:
-        ConfigError: `path` is not a str or os.PathLike.
-        DataError: `path`'s folder does not exist, `path` is a folder, or the write fails (disk full,
-            read-only file system, I/O error, name too long); the OSError is the cause, nothing is changed.
+        ConfigError: `path` is not a str, os.PathLike or binary file object.
+        DataError: the config is larger than `load` reads (nothing is written); `path`'s folder does not exist,
+            `path` is a folder, or the write fails (disk full, read-only file system, I/O error, name too long);
+            the OSError is the cause, nothing is changed.
     """
+    payload = _payload(path, config, arrays)
+    if _is_file_object(path, "write"):
+        np.savez(path, **payload)
+        return
     path = _check_path(path, "checkpoint")
     parent = path.parent
     try:
@@ -78,15 +92,6 @@ def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str,
             raise DataError(f"cannot save checkpoint {str(path)!r}: it is a folder")
     except OSError as exc:  # a name too long, a folder we may not search
         raise DataError(f"cannot save checkpoint {str(path)!r}: {_files.reason(exc)}") from exc
-    payload: dict[str, np.ndarray] = {
-        _FORMAT_KEY: np.array(FORMAT),
-        _VERSION_KEY: np.array(VERSION, dtype=np.int64),
-        _CONFIG_KEY: np.array(json.dumps(config, allow_nan=False)),  # strict JSON: any tool reads it
-    }
-    for name, arr in arrays.items():
-        if name.startswith("__fastnn_"):
-            raise ValueError(f"array name {name!r} is reserved for the checkpoint format")
-        payload[name] = np.asarray(arr)
     try:
         # A temp file in the same folder, then a rename: a new file gets the umask's mode, a replaced one keeps its.
         with _files.replacing(path, keep_mode=True, fsync=True) as f:
@@ -103,26 +108,54 @@ def save(path: str | os.PathLike[str], config: dict[str, Any], arrays: dict[str,
         ) from exc
 
 
+def _payload(path: Any, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The members of the .npz; DataError when the config member is larger than `load` reads (save never writes
+    a file load refuses)."""
+    text = np.array(json.dumps(config, allow_nan=False))  # strict JSON: any tool reads it
+    if text.nbytes > _CONFIG_MEMBER_BYTES - _CONFIG_HEADER_ROOM:
+        raise DataError(
+            f"not saving checkpoint {_name(path)}: its config and history take {text.nbytes} bytes, more than the "
+            f"{_CONFIG_MEMBER_BYTES} load reads; nothing was written"
+        )
+    payload: dict[str, np.ndarray] = {
+        _FORMAT_KEY: np.array(FORMAT),
+        _VERSION_KEY: np.array(VERSION, dtype=np.int64),
+        _CONFIG_KEY: text,
+    }
+    for name, arr in arrays.items():
+        if name.startswith("__fastnn_"):
+            raise ValueError(f"array name {name!r} is reserved for the checkpoint format")
+        payload[name] = np.asarray(arr)
+    return payload
+
+
+def _name(path: Any) -> str:
+    """How messages name the checkpoint: its path quoted, or the file object."""
+    return repr(str(path)) if isinstance(path, (str, os.PathLike)) else f"<{type(path).__name__}>"
+
+
 ExpectedShapes = Callable[[dict[str, Any]], Mapping[str, tuple[int, ...]]]
 
 
 def load(
-    path: str | os.PathLike[str], expect: ExpectedShapes | None = None
+    path: str | os.PathLike[str] | BinaryIO, expect: ExpectedShapes | None = None
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(config, arrays) of a checkpoint written by `save`.
 
     Args:
-        path: the .npz file.
+        path: the .npz file, or a seekable binary file object holding it (io.BytesIO).
         expect: config -> {array name: shape}, the arrays that config implies. The file must hold exactly
             these, with these shapes, which is checked from the headers before any array data is read. A
             KeyError/TypeError/ValueError from it means the config is invalid (a DataError naming the file).
             Without it every member is read after its header is checked against its declared size.
 
     Raises:
-        ConfigError: `path` is not a str or os.PathLike.
+        ConfigError: `path` is not a str, os.PathLike or binary file object.
         DataError: the file is missing, not an .npz, not a fastnn checkpoint, from a newer format, or its
             members disagree with its config or with their own headers.
     """
+    if _is_file_object(path, "read"):
+        return _load_from(path, Path(_name(path)), f"checkpoint {_name(path)}", expect)
     path = _check_path(path, "checkpoint")
     where = f"checkpoint {str(path)!r}"
     try:
@@ -133,13 +166,21 @@ def load(
         raise DataError(f"{where} does not exist or is not a file")
     try:
         with open(path, "rb") as raw:
-            if raw.read(6) == b"\x93NUMPY":
-                raise DataError(
-                    f"{str(path)!r} is not a fastnn checkpoint: it holds one .npy array, not an .npz archive"
-                )
-            raw.seek(0)
-            with zipfile.ZipFile(raw) as zf:
-                return _read(zf, path, where, expect)
+            return _load_from(raw, path, where, expect)
+    except OSError as exc:
+        raise DataError(f"cannot read {where}: {_files.reason(exc)}") from exc
+
+
+def _load_from(
+    raw: BinaryIO, path: Path, where: str, expect: ExpectedShapes | None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`load` from an open binary file."""
+    try:
+        if raw.read(6) == b"\x93NUMPY":
+            raise DataError(f"{str(path)!r} is not a fastnn checkpoint: it holds one .npy array, not an .npz archive")
+        raw.seek(0)
+        with zipfile.ZipFile(raw) as zf:
+            return _read(zf, path, where, expect)
     except DataError:
         raise
     except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError) as exc:

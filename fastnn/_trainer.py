@@ -13,10 +13,11 @@ import os
 import reprlib
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from . import _history
 from ._checks import integer
 from ._control import (
     Callback,
@@ -554,8 +555,12 @@ class Trainer:
         shapes = _param_shapes(self._config.model)
         self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str] | BinaryIO) -> None:
         """Write config, epoch/step counters, history, parameters and optimizer state to an .npz, atomically.
+
+        `path` is a file name, or a binary file object to write into (io.BytesIO: a checkpoint in memory). The
+        file keeps the last 100,000 epochs of the history (`fastnn._history.SAVED_RECORDS`): a trainer fitted in
+        many small calls would otherwise write a file without bound; `self.history` keeps them all.
 
         What is written passes the checks `load` applies (the same functions) first: a state `load` would
         refuse is not written, and a file already at `path` is left as it was.
@@ -576,7 +581,7 @@ class Trainer:
             "loss": c.loss,
             "epoch": self.epoch,
             "step": self.step,
-            "history": encode_records(self.history),  # NaN evaluation results as "nan": strict JSON
+            "history": encode_records(self.history[-_history.SAVED_RECORDS :]),  # NaN results as "nan": strict JSON
             "history_epoch_base": 1,  # records number epochs from 1 (files without this key: from 0)
         }
         state = self._engine.get_state()
@@ -595,7 +600,7 @@ class Trainer:
     @classmethod
     def load(
         cls,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | BinaryIO,
         device: str = "auto",
         schedule: Schedule | None = None,
         engine: str = "auto",
@@ -605,7 +610,8 @@ class Trainer:
         tuning: Tuning | None = None,
         batch_size: int | None = None,
     ) -> Trainer:
-        """A trainer restored from `save`'s file, ready to continue exactly where it stopped.
+        """A trainer restored from `save`'s file (or a binary file object holding it), ready to continue exactly
+        where it stopped.
 
         A schedule is code and is not saved: pass the same `schedule` again to continue with it; the same for
         `tuning` (see `Trainer`). `batch_size` (None: the file's) continues with another batch size: the weights,

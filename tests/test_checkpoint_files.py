@@ -187,7 +187,7 @@ def test_good_file_reads_exactly(good: Path) -> None:
 def test_save_and_load_of_none_are_configerrors(good: Path) -> None:
     t = Trainer.load(good, device="cpu")
     for call in (lambda: t.save(None), lambda: Trainer.load(None, device="cpu"), lambda: t.save(5)):
-        with pytest.raises(ConfigError, match="path must be a str or os.PathLike, got (None|5)"):
+        with pytest.raises(ConfigError, match="an os.PathLike or a binary file object, got (None|5)"):
             call()
 
 
@@ -320,3 +320,66 @@ def test_a_fitted_estimator_with_a_nan_evaluation_pickles(tmp_path: Path, monkey
     copy = pickle.loads(pickle.dumps(clf))
     assert copy.trainer_.history == clf.trainer_.history and math.isnan(copy.trainer_.history[-1]["eval_loss"])
     np.testing.assert_array_equal(copy.predict_proba(x), clf.predict_proba(x))
+
+
+def _long_lived(epochs: int) -> Trainer:
+    """A CPU trainer whose history holds `epochs` records, as many small fits leave it (the counters agree)."""
+    from fastnn._history import History
+
+    t = Trainer(MLP([D, 5, C]), batch_size=16, device="cpu")
+    rec = {"train_loss": 0.123456789, "train_accuracy": 0.5, "eval_loss": None, "eval_accuracy": None, "seconds": 0.01}
+    t.history = History({**rec, "epoch": e} for e in range(1, epochs + 1))
+    t.epoch, t.step = epochs, 2 * epochs
+    return t
+
+
+def test_save_never_writes_a_config_that_load_refuses(tmp_path: Path, monkeypatch) -> None:
+    """Past ~220,000 epochs save replaced the last good checkpoint with one whose config member exceeded the reader's
+    cap. A config too large to read back is refused before anything is written; the file at `path` is kept."""
+    path = tmp_path / "m.npz"
+    _long_lived(10).save(path)
+    before = path.read_bytes()
+    monkeypatch.setattr(ckpt, "_CONFIG_MEMBER_BYTES", 300_000)  # ~500 records of ~150 characters as UTF-32
+    with pytest.raises(DataError, match=r"not saving checkpoint .*m\.npz'.*more than the 300000 load reads"):
+        _long_lived(2000).save(path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["m.npz"]
+    Trainer.load(path, device="cpu")
+
+
+def test_a_checkpoint_keeps_the_last_epochs_of_a_long_history(tmp_path: Path, monkeypatch) -> None:
+    """History does not grow without bound in the file: it keeps the last SAVED_RECORDS epochs, and what it keeps
+    loads (counters whole); the trainer in memory keeps all."""
+    from fastnn import _history
+
+    monkeypatch.setattr(_history, "SAVED_RECORDS", 50, raising=False)
+    t = _long_lived(60)
+    t.save(tmp_path / "m.npz")
+    loaded = Trainer.load(tmp_path / "m.npz", device="cpu")
+    assert loaded.history["epoch"] == list(range(11, 61)) and loaded.history == t.history[-50:]
+    assert (loaded.epoch, loaded.step) == (60, 120) and len(t.history) == 60
+
+
+def test_the_kept_history_always_fits_what_load_reads() -> None:
+    """SAVED_RECORDS records of the longest JSON fastnn writes (every number at full precision, epoch 2**32),
+    stored as UTF-32, fit the config member's cap with room for the rest of the config."""
+    from fastnn._history import SAVED_RECORDS, encode_records
+
+    small, large = 1.2345678901234567e-300, 1.2345678901234567e300
+    worst = {"epoch": 2**32, "train_loss": small, "train_accuracy": 0.12345678901234568, "eval_loss": large,
+             "eval_accuracy": 0.12345678901234568, "seconds": large}  # fmt: skip
+    per_record = len(json.dumps(encode_records([worst] * 2))) / 2
+    assert per_record > 200 and SAVED_RECORDS >= 10_000
+    assert SAVED_RECORDS * per_record * 4 < ckpt._CONFIG_MEMBER_BYTES - (16 << 20)  # 16 MiB for the rest
+
+
+def test_a_checkpoint_in_memory(tmp_path: Path) -> None:
+    """save/load take a binary file object: an estimator's pickle goes through no folder."""
+    t = _long_lived(3)
+    buf = io.BytesIO()
+    t.save(buf)
+    t.save(tmp_path / "m.npz")
+    assert buf.getvalue()[:2] == b"PK" and os.listdir(tmp_path) == ["m.npz"]
+    loaded = Trainer.load(io.BytesIO(buf.getvalue()), device="cpu")
+    assert loaded.history == t.history and (loaded.epoch, loaded.step) == (3, 6)
+    with pytest.raises(DataError, match="is not a fastnn checkpoint"):
+        Trainer.load(io.BytesIO(b"not a zip"), device="cpu")
