@@ -383,3 +383,25 @@ def test_a_checkpoint_in_memory(tmp_path: Path) -> None:
     assert loaded.history == t.history and (loaded.epoch, loaded.step) == (3, 6)
     with pytest.raises(DataError, match="is not a fastnn checkpoint"):
         Trainer.load(io.BytesIO(b"not a zip"), device="cpu")
+
+
+def test_an_estimator_pickles_without_a_temporary_folder(tmp_path: Path, monkeypatch) -> None:
+    """Pickling and unpickling wrote the whole model through the temporary folder: with that folder full or
+    read-only, pickle raised a raw OSError. The checkpoint is made in memory (and so is partial_fit's change of
+    batch size)."""
+    pytest.importorskip("sklearn")
+    import tempfile
+
+    from fastnn.sklearn import MLPClassifier
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(48, D)).astype(np.float32), rng.integers(0, C, 48)
+    clf = MLPClassifier(hidden_layer_sizes=(5,), max_iter=2, batch_size="auto", device="cpu")
+    clf.partial_fit(x, y, classes=np.arange(C))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))  # every temporary file fails
+    with pytest.raises(OSError):
+        tempfile.TemporaryDirectory()
+    copy = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(copy.predict_proba(x), clf.predict_proba(x))
+    clf.partial_fit(x[:10], y[:10])  # batch_size="auto": min(200, 10) rows a step, a new trainer from a checkpoint
+    assert clf.trainer_.config.batch_size == 10

@@ -4,13 +4,11 @@ its stopping and learning-rate rules, warm starts, partial fits and pickling."""
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import numbers
-import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -331,12 +329,12 @@ class FastnnEstimator(BaseEstimator):
         trainer = self.trainer_
         if batch == trainer.config.batch_size:
             return
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "trainer.npz")
-            trainer.save(path)
-            engine = trainer.engine if trainer.device == "cuda" else "auto"  # the engine that trained: the same
-            self.trainer_ = Trainer.load(path, device=trainer.device, engine=engine, schedule=self._rate_,
-                                         batch_size=batch)  # fmt: skip (unchanged_on_error closes the old one)
+        buf = io.BytesIO()  # in memory: no temporary folder to be full or read-only
+        trainer.save(buf)
+        buf.seek(0)
+        engine = trainer.engine if trainer.device == "cuda" else "auto"  # the engine that trained: the same
+        self.trainer_ = Trainer.load(buf, device=trainer.device, engine=engine, schedule=self._rate_,
+                                     batch_size=batch)  # fmt: skip (unchanged_on_error closes the old one)
 
     def _train(self, guard: Guard, X: np.ndarray, y: np.ndarray, **kwargs: Any) -> Any:
         """`trainer_.fit(X, y, **kwargs)`; `guard.trained` once it has trained an epoch, even if it then raises."""
@@ -415,16 +413,15 @@ class FastnnEstimator(BaseEstimator):
         if self.loss_curve_:
             self.loss_ = self.loss_curve_[-1]
 
-    # ---- pickling: the Trainer travels as a fastnn checkpoint -----------------------------------------------
+    # ---- pickling: the Trainer travels as a fastnn checkpoint, made in memory ---------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())  # object.__getstate__ returns __dict__ itself: never pop from it
         trainer = state.pop("trainer_", None)
         if trainer is not None:
-            with tempfile.TemporaryDirectory() as d:
-                path = os.path.join(d, "trainer.npz")
-                trainer.save(path)
-                state["_trainer_checkpoint"] = Path(path).read_bytes()
+            buf = io.BytesIO()  # no temporary folder: a full or read-only one must not break pickling
+            trainer.save(buf)
+            state["_trainer_checkpoint"] = buf.getvalue()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -433,14 +430,11 @@ class FastnnEstimator(BaseEstimator):
         if blob is None:
             return
         schedule = state.get("_rate_")
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "trainer.npz")
-            Path(path).write_bytes(blob)
-            try:
-                self.trainer_ = Trainer.load(path, device=self.device, engine=self.engine, schedule=schedule)
-            except DeviceUnavailable as exc:  # fitted on a GPU, unpickled where there is none
-                warnings.warn(f"{exc}; the unpickled estimator runs on the CPU", RuntimeWarning, stacklevel=2)
-                self.trainer_ = Trainer.load(path, device="cpu", schedule=schedule)
+        try:
+            self.trainer_ = Trainer.load(io.BytesIO(blob), device=self.device, engine=self.engine, schedule=schedule)
+        except DeviceUnavailable as exc:  # fitted on a GPU, unpickled where there is none
+            warnings.warn(f"{exc}; the unpickled estimator runs on the CPU", RuntimeWarning, stacklevel=2)
+            self.trainer_ = Trainer.load(io.BytesIO(blob), device="cpu", schedule=schedule)
 
     def __sklearn_tags__(self):  # noqa: D105
         tags = super().__sklearn_tags__()
