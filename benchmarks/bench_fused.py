@@ -37,20 +37,19 @@ SWEEP = [32, 64, 96, 128, 192, 256, 384, 512, 1024]
 
 def tuning_of(engine: str, phases: bool = False) -> Tuning:
     """The Tuning an --engines entry names: "-lean" holds the fused engine to its lean layout, "-fma" computes the
-    products with scalar FMA, "-v1" holds the grid engine to grid.cu; phases: the fused kernel prints its phase
+    products with scalar FMA; phases: the fused kernel prints its phase
     timing (-DFUSED_PROFILE), the grid kernel keeps its own (-DGRID_PROFILE), which `grid_phases` reads back."""
     return Tuning(
         fused_layouts=("lean",) if "-lean" in engine else Tuning().fused_layouts,
         tensor_cores="-fma" not in engine,
         fused_profile=phases,
         grid_profile=phases,
-        grid_fast="-v1" not in engine,
     )
 
 
 def grid_phases(t: fastnn.Trainer) -> dict[str, float] | None:
     """The grid kernel's phase profile of the last epoch (Tuning(grid_profile=True)): CTA 0's cycles per step of
-    each phase of the kernel that ran (grid.cu, grid_fast.cu or grid_stream.cu), or None for another engine or the
+    each phase of the kernel that ran (grid_fast.cu or grid_stream.cu), or None for another engine or the
     graph step."""
     ctx = t._engine.train_context if t.engine == "grid" else None
     if ctx is None or not hasattr(ctx, "phase_cycles"):

@@ -1,6 +1,6 @@
 """SASS of the grid kernels for a fixed set of plans, to prove a source change behaviour-neutral (no GPU needed).
 
-    python benchmarks/sass_compare.py dump NATIVE_DIR OUT_DIR [--repo REPO] [--arch sm_90] [--only fast,stream,grid]
+    python benchmarks/sass_compare.py dump NATIVE_DIR OUT_DIR [--repo REPO] [--arch sm_90] [--only fast,stream]
     python benchmarks/sass_compare.py diff OUT_A OUT_B
 
 A refactor of a kernel that keeps every plan's SASS byte-identical cannot change what it computes or how fast, so it
@@ -103,13 +103,8 @@ def plans(repo: str):
         ("stream_h1152_sgdwd_c10", sz(1152), sgd_wd, u8, 32, {}),
         ("stream_h4096_sgd_c10_prof", sz(4096), SGD(lr=0.05), u8, 32, prof),
     ]
-    grid = [  # grid.cu (v1)
-        ("grid_784_256x3_10_mom", sz(256), mom, u8, 32, {"tuning": Tuning(grid_fast=False)}),
-        ("grid_784_1024x2_10_sgd", [784, 1024, 1024, 10], sgd, u8, 64, {}),
-    ]
     out = []
-    for kind, expect, rows in (("fast", "grid_fast.cu", fast), ("stream", "grid_stream.cu", stream),
-                               ("grid", "grid.cu", grid)):  # fmt: skip
+    for kind, expect, rows in (("fast", "grid_fast.cu", fast), ("stream", "grid_stream.cu", stream)):
         for name, sizes, opt, xd, batch, kw in rows:
             p = gp.grid_plan(cfg(sizes, opt, batch, **kw), xd, SMS, SMEM)
             assert isinstance(p, gp.GridPlan), (name, p)

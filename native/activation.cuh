@@ -1,4 +1,4 @@
-// activation.cuh: the numerics the persistent-kernel engines (fused.cu, grid.cu) share with the other engines:
+// activation.cuh: the numerics the persistent-kernel engines (fused.cu, fused_mlp.cu) share with the other engines:
 // the operand rounding of each precision, and the hidden layers' activation (ReLU, or GELU in its tanh form, as
 // fastnn/engine/numpy_engine.py's activation) with its derivative. Compile-time choices, so each kernel's code
 // has no branch on them.

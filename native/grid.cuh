@@ -1,4 +1,4 @@
-// grid.cuh: what the grid engine's three kernels (grid.cu, grid_fast.cu, grid_stream.cu) share beyond ptx.cuh's
+// grid.cuh: what the grid engine's two kernels (grid_fast.cu, grid_stream.cu) share beyond ptx.cuh's
 // inline PTX: the watchdog of their waits (a lost arrival traps in seconds, not minutes) and fp16 rounding of a
 // float.
 #pragma once

@@ -2,9 +2,9 @@
 // layers of equal width h, ReLU, softmax cross-entropy) on uint8 or float32 inputs in "mixed" precision, in ONE cooperative
 // persistent kernel of P = h/8 CTAs, one per SM. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe_v1.cu (the design and its numbers: ../shared/design/grid.md); grid/plan.py sends here exactly the
-// models it serves and everything else to grid.cu (v1), which has the same kernel signature.
+// models it serves, wider ones to grid_stream.cu (the same kernel signature), and refuses the rest.
 //
-// What it computes: the same epoch as grid.cu, the other engines and the NumPy engine (the definition): for each
+// What it computes: the same epoch as the other engines and the NumPy engine (the definition): for each
 // step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed
 // order (shuffle.cuh), x*scale + shift; Linear + ReLU three times, Linear; softmax cross-entropy averaged over the m
 // rows; the backward pass; the optimizer step of every parameter (optim.cuh's optim_update: plain SGD, SGD with
@@ -63,7 +63,7 @@
 //     before arriving at R5(s-1). Pad classes (C..15) are written as zeros with the real ones. The prologue writes
 //     parity 0 before the CTA's first arrival.
 // Masters and optimizer state come from the engine's flat training state (params, s1 at the parameter layout's
-// offsets) at the start and go back at the end with the fp16 copy w16, as grid.cu and fused.cu write them.
+// offsets) at the start and go back at the end with the fp16 copy w16, as fused.cu writes them.
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
@@ -90,7 +90,7 @@
 #define GRID_MOMG 0
 #endif
 
-static_assert(GRID_NL == 4, "the fast path trains three hidden layers (grid.cu serves other depths)");
+static_assert(GRID_NL == 4, "the fast path trains three hidden layers");
 constexpr int SZ[GRID_NL + 1] = GRID_SIZES;
 constexpr long long OFFS[2 * GRID_NL] = GRID_OFFS;
 // element offsets of W0, b0, W1, b1, W2, b2, W3, b3 in the flat parameter layout (scalars: usable in device code)

@@ -6,7 +6,7 @@
 // a step, the weight gradient fused with the update. Ported from the measured probe ../shared/probes/grid_floor/
 // mlp_grid_probe.cu (its "STREAM" mode, Cfg<4096, 32, false>: 169.5 us/step measured; the design: ../shared/design/
 // grid.md 3.4) on grid_fast.cu's scaffolding (prologue, gather, head, history, masks, optimizer); grid/plan.py's
-// stream_plan sends here exactly the models it serves. Same kernel signature as grid_fast.cu and grid.cu.
+// stream_plan sends here exactly the models it serves. Same kernel signature as grid_fast.cu.
 //
 // What it computes: the same epoch as grid_fast.cu, the other engines and the NumPy engine (the definition): for each
 // step s, the rows of positions [s*batch, s*batch + m) (m = min(batch, n - s*batch), batch <= 32) in the epoch's keyed

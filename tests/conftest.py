@@ -45,9 +45,13 @@ def _replicas(**tuning: Any) -> dict[str, Any]:
 #: 16 classes and 128 rows a step), native/fused_mlp.cu for the MLPs its plan serves (hidden layers up to 128 wide,
 #: batches up to 32, uint8, SGD) and native/fused.cu for the rest. "fused-lean" is engine="fused" on native/fused.cu
 #: alone, held to its lean shared-memory layout (no fp16 weight copy, momentum holding the gradient), which it otherwise
-#: takes only for models the standard one cannot hold. "grid" is the grid engine (one cooperative kernel over up to
-#: every SM: native/grid_fast.cu or native/grid_stream.cu where their plans serve the model, native/grid.cu elsewhere;
-#: it refuses logistic regression by name: test_gpu_engines._refused). "graph-nccl" is the graph engine in a
+#: takes only for models the standard one cannot hold. The grid engine is not an entry: its two kernels
+#: (native/grid_fast.cu, native/grid_stream.cu) train only "mixed" ReLU classifiers of three equal hidden layers of
+#: 128 units or more at up to 32 rows a step, and refuse every other model naming engine='graph' (the generic version
+#: 1, grid.cu, 14-122x slower than the graph engine, left native/), so nearly every case here would be a refusal.
+#: test_gpu_engines.test_the_grid_engine_serves_or_refuses_every_shape runs each case of test_every_shape_matches_numpy
+#: on it (the refusal checked, the served case compared), and tests of its own compare its kernels with the NumPy
+#: engine (test_grid_fast_kernel_matches_numpy and the ones after it). "graph-nccl" is the graph engine in a
 #: data-parallel group of one rank: every step's gradients go through the NCCL all-reduces captured on the side
 #: stream and the history through its epoch-end sum (an identity for one rank, so every tolerance stays), which is
 #: what one GPU can check of the data-parallel path. "graph-replicas" is `devices=`'s engine (engine/replicas.py) on
@@ -60,7 +64,6 @@ GPU_ENGINES: dict[str, Callable[[], dict[str, Any]]] = {
     "fused": lambda: {"engine": "fused"},
     "fused-lean": lambda: {"engine": "fused",
                            "tuning": Tuning(fused_layouts=("lean",), fused_logreg=False, fused_mlp=False)},
-    "grid": lambda: {"engine": "grid"},
     "graph-nccl": _group_of_one,
     "graph-replicas": _replicas,
     "graph-sharded": lambda: _replicas(sharded_update=True),

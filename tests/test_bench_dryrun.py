@@ -901,5 +901,4 @@ def test_bench_fused_reads_the_grid_kernels_phase_profile_per_step():
     grid = types.SimpleNamespace(engine="grid", _engine=types.SimpleNamespace(train_context=ctx))
     assert bench_fused.grid_phases(grid) == {"R1": 100.0, "F1": 200.0}
     assert bench_fused.grid_phases(types.SimpleNamespace(engine="fused", _engine=None)) is None
-    assert bench_fused.tuning_of("grid-v1", phases=True).grid_fast is False
-    assert bench_fused.tuning_of("grid").grid_fast is True
+    assert bench_fused.tuning_of("grid", phases=True).grid_profile is True

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, SGD
+from fastnn._errors import ConfigError
 from fastnn._model import init_parameters
 from fastnn.engine.base import EngineConfig
 
@@ -79,8 +80,9 @@ def loads(monkeypatch):
 
 
 def _build(cls):
-    model = MLP([784, 10] if cls is not GridEngine else [784, 128, 10])  # the grid engine spreads a hidden layer
-    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=128, precision="mixed")
+    grid = cls is GridEngine  # its kernels train three equal hidden layers at up to 32 rows a step
+    model = MLP([784, 128, 128, 128, 10] if grid else [784, 10])
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32 if grid else 128, precision="mixed")
     return cls(cfg, init_parameters(model, 0))
 
 
@@ -108,8 +110,8 @@ def test_the_graph_engine_compiles_update_cu_at_build(loads):
 
 def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_the_rows(loads):
     """engine="auto" chooses the grid engine before it sees the data (prefer_grid); float32 rows at h = 1024 do not fit
-    grid_fast.cu, and grid.cu is slower than the graph engine, so that engine trains them with the graph step. A
-    forced engine="grid" runs grid.cu, and uint8 rows grid_fast.cu, either way."""
+    grid_fast.cu, so that engine trains them with the graph step. A forced engine="grid" refuses them by name before
+    anything is uploaded, and trains uint8 rows on grid_fast.cu."""
     model = MLP([784, 1024, 1024, 1024, 10])
     cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
     forced = GridEngine(cfg, init_parameters(model, 0))
@@ -117,6 +119,9 @@ def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_
     f32, u8 = np.dtype(np.float32), np.dtype(np.uint8)
     assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
     assert not forced.runs_graph_step(f32) and not forced.runs_graph_step(u8)
+    with pytest.raises(ConfigError, match="engine='grid' cannot train float32 rows of this model: grid_fast.cu: it "
+                                          "needs .* bytes of shared memory per CTA.*use engine='graph'"):  # fmt: skip
+        forced.make_train_context(np.zeros((64, 784), np.float32), np.zeros(64, np.int32), None)
     # the streaming kernel (grid_stream.cu) serves uint8 rows only: float32 ones take the graph step too
     from fastnn.engine.grid.plan import grid_plan
 
@@ -124,7 +129,7 @@ def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_
     cfg = EngineConfig(model=wide, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
     auto = GridEngine(cfg, init_parameters(wide, 0), graph_fallback=True)
     assert auto.runs_graph_step(f32) and not auto.runs_graph_step(u8)
-    assert grid_plan(cfg, u8).source == "grid_stream.cu" and grid_plan(cfg, f32).source == "grid.cu"
+    assert grid_plan(cfg, u8).source == "grid_stream.cu" and grid_plan(cfg, f32).endswith("use engine='graph'")
 
 
 def test_auto_grid_falls_back_to_the_graph_step_where_the_fast_kernel_cannot_hold_the_set(loads, monkeypatch):

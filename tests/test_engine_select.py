@@ -434,8 +434,7 @@ def test_load_with_bad_devices_blames_the_argument_not_the_file(fake_gpu, tmp_pa
 @pytest.mark.bindings
 def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> None:
     """prefer_grid reads tuning.GRID_RULE and takes a model only where a fast kernel (grid_fast.cu, or grid_stream.cu
-    above 1024) serves it (for uint8 or float32 rows): the generic grid.cu (measured 5-19x slower than the graph
-    engine) is never auto's choice."""
+    above 1024) serves it (for uint8 or float32 rows)."""
     from fastnn import SGD, AdamW
     from fastnn.engine.base import EngineConfig
     from fastnn.engine.grid import prefer_grid
@@ -459,7 +458,7 @@ def test_the_grid_rule_is_data_and_takes_only_what_the_fast_kernel_serves() -> N
                            GridRule(min_hidden=128, max_hidden=1024, max_batch=32, precisions=("mixed",)))  # fmt: skip
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], batch=64), None)
     assert not prefer_grid(cfg([784, 256, 256, 256, 10], precision="fp32"), None)
-    assert not prefer_grid(cfg([784, 256, 256, 10]), None)  # two hidden layers: grid.cu
+    assert not prefer_grid(cfg([784, 256, 256, 10]), None)  # two hidden layers: refused
     # grid_stream.cu (plain SGD, uint8) ran 2.21x / 1.80x the graph engine at h = 2048 / 4096 (tuning.py)
     assert prefer_grid(cfg([784, 2048, 2048, 2048, 10]), None)
     assert prefer_grid(cfg([784, 4096, 4096, 4096, 10], batch=20, optimizer=SGD(lr=0.1, weight_decay=1e-4)), None)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_gpu_engines import _assert_close, _engine_class, _refused, _rel
 
-from fastnn import MLP, SGD, AdamW, Trainer
+from fastnn import MLP, SGD, AdamW, ConfigError, Trainer
 from fastnn._model import init_parameters
 from fastnn.engine import Tuning
 from fastnn.engine.base import EngineConfig
@@ -136,9 +136,17 @@ def test_the_checkpoint_round_trip(engine: dict, tmp_path: Path) -> None:
             _assert_close(on_cpu, back, 2e-4)
 
 
-@pytest.mark.parametrize("name", ["graph", "fused", "grid"])
+def test_the_grid_engine_refuses_a_regression_naming_the_graph_engine() -> None:
+    """Its two kernels compute softmax cross-entropy only (native/loss.cuh says why MSE is not taken there)."""
+    cfg = EngineConfig(model=MLP([784, 256, 256, 256, 4]), optimizer=SGD(lr=0.05), batch_size=32, precision="mixed",
+                       loss="mse")  # fmt: skip
+    with pytest.raises(ConfigError, match="engine='grid' cannot train this model: grid_fast.cu: loss 'mse'"):
+        _engine_class({"engine": "grid"})(cfg, init_parameters(cfg.model, 0))
+
+
+@pytest.mark.parametrize("name", ["graph", "fused"])
 def test_the_engine_itself_trains_evaluates_and_predicts_a_regression(name: str) -> None:
-    """The graph, fused and grid engines built directly (what the user layer builds on): evaluate's (MSE, R^2) and
+    """The graph and fused engines built directly (what the user layer builds on): evaluate's (MSE, R^2) and
     predict_outputs against the NumPy engine's from the same state; the history's accuracies None; predict_proba
     is a classifier's."""
     model = MLP([7, 16, 3])

@@ -44,18 +44,18 @@ class GridRule:
 #: Measured on an H100 80GB HBM3 (the lead, bench_fused.py --only sweep, 784-h-h-h-10, batch 32, mixed, SGD, the
 #: graph engine in the same call): the grid engine's fast kernel (native/grid_fast.cu) ran 11.34 / 11.98 / 13.34 /
 #: 17.56 us/step at h = 128 / 256 / 512 / 1024 against the graph engine's 45.82 / 48.84 / 53.40 / 64.01 (3.6-4.1x),
-#: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu) ran 237.7 at 256 and 627.5 at 1024
-#: (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves the model: `prefer_grid`
-#: requires this range and an optimizer in `optimizers`, AND grid/plan.py's `fast_plan` (three equal hidden layers, a
-#: multiple of 128 wide, "mixed", batch <= 32, SGD or AdamW) for uint8 or float32 inputs (the engine is chosen before
-#: the data is seen; rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs, then train with the graph
-#: engine's step).
+#: with the same test accuracy to 1e-4; its generic version 1 (native/grid.cu, since removed from native/) ran 237.7
+#: at 256 and 627.5 at 1024 (0.21x, 0.10x). So engine="auto" takes the grid engine only where the fast kernel serves
+#: the model: `prefer_grid` requires this range and an optimizer in `optimizers`, AND grid/plan.py's `fast_plan` (three
+#: equal hidden layers, a multiple of 128 wide, "mixed", batch <= 32, SGD or AdamW) for uint8 or float32 inputs (the
+#: engine is chosen before the data is seen; rows the fast kernel cannot serve, float32 at h >= 768 with 784 inputs,
+#: then train with the graph engine's step).
 #: At h = 128 the fused engine is faster still (fused_mlp.cu, 8.7 us/step) and its rule is asked first, so the grid
 #: engine takes h = 128 where the fused engine cannot, or can only on its generic fused.cu (select.py asks
 #: `fused.fast_kernel_serves`: a normalize shift or AdamW at h = 128, ~39 and 72 us/step on fused.cu against
 #: ~11-12 and (at h = 256) ~38 on grid_fast.cu). A gap remains: fused_mlp.cu serves uint8 rows only, so float32
 #: rows without a shift at h <= 128 still run fused.cu; the rule is decided before the data is seen. Wider than 1024
-#: the fast kernel does not serve (h/8 CTAs > the SMs) and version 1 is slower than the graph engine: see below.
+#: the fast kernel does not serve (h/8 CTAs > the SMs): see below.
 #: AdamW on the fast kernel (bench_fused.py --optimizer adamw --only sweep --engines graph,grid, one H100 call): 37.8 /
 #: 46.7 / 74.5 us/step at h = 256 / 512 / 1024 against the graph engine's 45.2 / 57.2 / 88.5 (1.19-1.23x; AdamW's
 #: step is 3-4x SGD's on this kernel: two moments and a called element step per weight, the moments in L2 above
@@ -119,14 +119,10 @@ class Tuning:
     #: (issue 25: the probe's design, 2.70 us a step at 784-10, batch 128 against fused.cu's 8.4 on an H100). False
     #: keeps fused.cu for every model (to compare the two, or to test fused.cu's logistic regression).
     fused_logreg: bool = True
-    #: Grid engine: compile its kernel (grid.cu, grid_fast.cu or grid_stream.cu) with -DGRID_PROFILE: CTA 0 sums
+    #: Grid engine: compile its kernel (grid_fast.cu or grid_stream.cu) with -DGRID_PROFILE: CTA 0 sums
     #: clock64 cycles per phase into a small device array (GridTrainContext.phase_cycles reads it back). Benchmarks
     #: only.
     grid_profile: bool = False
-    #: Grid engine: the fast kernels (native/grid_fast.cu, native/grid_stream.cu) wherever grid/plan.py's `fast_plan`
-    #: or `stream_plan` serves the model; False keeps every model on the generic native/grid.cu (benchmarks compare
-    #: them; tests force the generic one).
-    grid_fast: bool = True
     #: Fused engine: MLPs on native/fused_mlp.cu wherever fused/plan.py's `mlp_plan` serves them (hidden layers up to
     #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25: 8.7-8.9 us a step at 784-128x3-10 on an H100).
     #: False keeps fused.cu.

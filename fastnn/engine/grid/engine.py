@@ -7,9 +7,9 @@ unchanged. An epoch's graph is a memset of the round counter, one cooperative la
 graph engine's epoch-end nodes (or, for a grid engine engine="auto" chose, the graph engine's step where the fast
 kernel cannot serve the data: `GridEngine.graph_fallback`). The kernel (`native/grid_fast.cu`, the fast path, where
 `plan.fast_plan` serves the model; `native/grid_stream.cu`, the streaming path for wider ones, where
-`plan.stream_plan` does; else the generic `native/grid.cu`; all take the same arguments) is compiled per
-model shape, batch, precision, optimizer, loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each
-serves.
+`plan.stream_plan` does; both take the same arguments) is compiled per model shape, batch, precision, optimizer,
+loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each serves. A model neither serves is refused,
+naming engine='graph' (no slow generic kernel stands behind them).
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
     grid_stream.cu with at most rule.stream_states optimizer states, at rule.stream_units units a CTA on at least
     rule.stream_min_ctas CTAs) serves the model
     on `device` (None: an H100) for uint8 or float32 inputs. The engine is chosen before the data is seen: rows of a
-    type neither fast kernel serves then train with the graph engine's step (GridEngine.graph_fallback), never with
-    grid.cu (version 1), which is slower than the graph engine."""
+    type neither fast kernel serves then train with the graph engine's step (GridEngine.graph_fallback)."""
     hidden = config.model.sizes[1:-1]
     rule = rule_override if rule_override is not None else GRID_RULE
     in_range = (
@@ -98,11 +97,13 @@ class GridEngine(GraphEngine):
 
     @staticmethod
     def unsupported_reason(config: EngineConfig, device) -> str | None:
-        """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None."""
+        """Why this engine cannot train `config` on `device` (a fastnn.cuda.driver.Device), or None. Asked of uint8
+        rows, which every model served with float32 rows is served with too (plan.grid_plan): float32 rows of a model
+        only uint8 ones fit are refused when they arrive (make_train_context)."""
         reason = kernel_engine_limits(config, device, MIN_CC, "cooperative launches and bulk copies")
         if reason is not None:
             return reason
-        plan = grid_plan(config, np.float32, device.sm_count, device.max_shared_memory_optin)
+        plan = grid_plan(config, np.uint8, device.sm_count, device.max_shared_memory_optin)
         return plan if isinstance(plan, str) else None
 
     def __init__(
@@ -114,23 +115,28 @@ class GridEngine(GraphEngine):
         super().__init__(config, state, ordinal)
         #: engine="auto" chose this engine for its fast kernel before it saw the data (prefer_grid). Where the data's
         #: type still keeps grid_fast.cu and grid_stream.cu from serving the model, an epoch is then the graph engine's
-        #: step, not grid.cu's (measured 5-19x slower than the graph engine: tuning.GRID_RULE); so it is where the set
-        #: or the kernel's scratch does not fit in GPU memory. engine="grid" itself never falls back.
+        #: step; so it is where the set or the kernel's scratch does not fit in GPU memory. engine="grid" itself never
+        #: falls back: it refuses such rows by name.
         self.graph_fallback = graph_fallback
 
+    def plan_for(self, x_dtype: np.dtype) -> GridPlan | str:
+        """The kernel's plan for training data of `x_dtype` on this GPU, or why neither kernel serves it."""
+        return grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
+
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
-        """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, and only the
-        generic grid.cu would serve it: neither grid_fast.cu nor grid_stream.cu)."""
-        if not self.graph_fallback:
-            return False
-        plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
-        return not (isinstance(plan, GridPlan) and plan.source != "grid.cu")
+        """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, and neither
+        grid_fast.cu nor grid_stream.cu serves it)."""
+        return self.graph_fallback and not isinstance(self.plan_for(x_dtype), GridPlan)
 
     def grid_kernel(self, x_dtype: np.dtype) -> tuple[object, GridPlan]:
-        """The compiled kernel and its plan for training data of `x_dtype`."""
-        plan = grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
-        if isinstance(plan, str):  # unsupported_reason said yes for this config: cannot happen
-            raise ConfigError(f"engine='grid' cannot train this model: {plan}")
+        """The compiled kernel and its plan for training data of `x_dtype`.
+
+        Raises:
+            ConfigError: neither kernel serves rows of `x_dtype` (float32 rows of a model only uint8 ones fit).
+        """
+        plan = self.plan_for(x_dtype)
+        if isinstance(plan, str):
+            raise ConfigError(f"engine='grid' cannot train {np.dtype(x_dtype)} rows of this model: {plan}")
         kernel = module(self.dev, plan.source, plan.options).function(plan.function)
         if kernel.max_active_blocks(plan.threads, plan.smem_bytes) < 1:
             raise ConfigError(
@@ -140,6 +146,14 @@ class GridEngine(GraphEngine):
         return kernel, plan
 
     def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
+        """The grid kernel's context for this data, or (graph_fallback only) the graph step's.
+
+        Raises:
+            ConfigError: engine="grid" and neither kernel serves rows of x's type: before anything is uploaded.
+        """
+        plan = self.plan_for(x.dtype)
+        if isinstance(plan, str) and not self.graph_fallback:
+            raise ConfigError(f"engine='grid' cannot train {x.dtype} rows of this model: {plan}")
         if not self.runs_graph_step(x.dtype):
             try:
                 return GridTrainContext(self, x, y, key)

@@ -1,13 +1,14 @@
 """The grid engine's plan: pure arithmetic on shapes (no GPU), so the limits are tested on the CPU.
 
-Three kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
+Two kernels train a whole epoch in one cooperative launch of P CTAs (at most one per SM): `native/grid_fast.cu`,
 the fast path (the measured probe's design: masters on chip, fp16 exchange, tensor cores), for the models `fast_plan`
 accepts (three equal hidden layers of 128..8*SMs units in steps of 128, uint8 or float32 inputs, "mixed", ReLU,
-cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW); `native/grid_stream.cu`, the
-streaming path (the same design with every master in HBM, read and written once a step), for the wider models
+cross-entropy with 2..16 classes, batch <= 32, SGD with or without momentum, or AdamW); and `native/grid_stream.cu`,
+the streaming path (the same design with every master in HBM, read and written once a step), for the wider models
 `stream_plan` accepts (three equal hidden layers of 16, 32 or 64 units a CTA: 2048, 4096 and 8192 on an H100; uint8
-inputs, SGD, with momentum up to 32 units a CTA); and the generic `native/grid.cu` (version 1) for every other
-MLP. This module picks the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and
+inputs, SGD, with momentum up to 32 units a CTA). Every other model is refused by name (engine='graph' trains it):
+the generic version 1 that served them (grid.cu) was 14-122x slower than the graph engine, and left native/. This
+module picks the kernel, P and the hidden units each CTA owns, mirrors each kernel's shared-memory and
 global-scratch layouts (the kernels check at compile time that they need no more than the bytes computed here), and
 says why a model cannot be served, naming the limit.
 """
@@ -24,27 +25,20 @@ from ..base import EngineConfig
 from ..plan import param_layout
 
 __all__ = [
-    "FAST_MAX_BATCH", "FAST_MAX_CLASSES", "FAST_PHASES", "FAST_UNIT_STEP", "HOPPER_SMS", "HOPPER_SMEM", "MAX_BATCH",
+    "FAST_MAX_BATCH", "FAST_MAX_CLASSES", "FAST_PHASES", "FAST_UNIT_STEP", "HOPPER_SMS", "HOPPER_SMEM",
     "MAX_SCRATCH", "MAX_WIDTH", "MIN_CC", "STREAM_CHUNK", "STREAM_MAX_FEATURES", "STREAM_PHASES", "STREAM_STAGES",
-    "STREAM_UNITS", "THREADS", "UNITS_PER_CTA", "V1_PHASES", "GridPlan", "fast_plan", "fast_scratch_bytes",
-    "fast_smem_bytes", "grid_plan", "rounds_per_step", "scratch_floats", "smem_floats", "stream_plan",
-    "stream_scratch_bytes", "stream_smem_bytes",
+    "STREAM_UNITS", "THREADS", "UNITS_PER_CTA", "GridPlan", "fast_plan", "fast_scratch_bytes", "fast_smem_bytes",
+    "grid_plan", "rounds_per_step", "stream_plan", "stream_scratch_bytes", "stream_smem_bytes",
 ]  # fmt: skip
 
 #: Threads per CTA (8 warps).
 THREADS = 256
 #: Hidden units of the widest layer a CTA owns, as the probe measured best (grid.md: h/8 CTAs up to h = 1024).
 UNITS_PER_CTA = 8
-#: Rows of a step the kernel's scratch and index tables are compiled for at most: larger batches run near the
-#: GEMM libraries' peak and stay with the graph engine.
-MAX_BATCH = 1024
 #: Widest layer (inputs and classes included) the kernel is written for.
 MAX_WIDTH = 8192
 #: Global scratch (exchange buffers, head copies, per-CTA regions) the engine allocates at most.
 MAX_SCRATCH = 8 << 30
-#: Products' K chunk (grid.cu's KC) and the widest tile pair of a chunk (TM + 4 + TN + 4 floats a k).
-KC = 64
-TILE_WIDTH = 144
 #: Shared memory a CTA may use on sm_90 (227 KiB) and the H100's SM count, when no device is given.
 HOPPER_SMEM = 232448
 HOPPER_SMS = 132
@@ -57,9 +51,7 @@ _PREC = {"fp32": 0, "mixed": 1, "fp16": 2}
 FAST_MAX_BATCH = 32
 FAST_UNIT_STEP = 128
 FAST_MAX_CLASSES = 16
-#: Names of the phases -DGRID_PROFILE times (native/grid.cu's NPHASE, native/grid_fast.cu's).
-V1_PHASES = ("gather", "F0", "forward rounds", "forward l >= 1", "head + loss", "head backward", "backward l >= 1",
-             "backward rounds", "layer 0 update", "epilogue")  # fmt: skip
+#: Names of the phases -DGRID_PROFILE times (native/grid_fast.cu's NPHASE).
 FAST_PHASES = ("batch wait", "B0+F0", "R1", "F1", "R2", "F2", "R3", "head", "dZ2+B2 dgrad", "R5 window", "R5 wait",
                "B1")  # fmt: skip
 #: native/grid_stream.cu's phases: as FAST_PHASES, but B2 (dgrad, weight gradient and update, one pass over W2's
@@ -83,50 +75,10 @@ def stream_chunk(units_per_cta: int) -> int:
     return STREAM_CHUNK // 2 if units_per_cta == 64 else STREAM_CHUNK
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _up4(a: int) -> int:
-    return _cdiv(a, 4) * 4
-
-
-def _up32(a: int) -> int:
-    return _cdiv(a, 32) * 32
-
-
 def rounds_per_step(hidden_layers: int) -> int:
     """Grid-wide rounds a step: one after each hidden layer's forward, one per backward boundary (dZ of layers
     NH-2 .. 1) that cannot be computed redundantly."""
     return hidden_layers + max(0, hidden_layers - 2)
-
-
-def units(sizes: tuple[int, ...], ctas: int) -> tuple[int, ...]:
-    """Units of each hidden layer a CTA owns (the last CTAs may own fewer, or none, of a narrower layer)."""
-    return tuple(_cdiv(w, ctas) for w in sizes[1:-1])
-
-
-def smem_floats(batch: int, classes: int, n_state: int) -> int:
-    """Shared memory of one CTA in 4-byte words, as grid.cu's make_smem(): the product tiles, the step's sample
-    indices and labels, the replicated head bias with its optimizer state and gradient, per-warp loss sums."""
-    return KC * TILE_WIDTH + 2 * _up4(batch) + _up4(classes) * (2 + n_state) + 4 * (THREADS // 32)
-
-
-def scratch_floats(sizes: tuple[int, ...], batch: int, ctas: int) -> int:
-    """Global scratch in 4-byte words, as grid.cu's make_scratch(): H and Z of every hidden layer by step parity,
-    the exchanged dZ of layers 1 .. NH-2, the head's two operand copies, and per CTA its logits, the last hidden
-    layer's whole dZ, its own slice of dZ_0 and the step's inputs as operands."""
-    nh = len(sizes) - 2
-    o = 0
-    for _ in range(2):
-        for layer in range(nh):
-            o += 2 * _up32(batch * sizes[layer + 1])
-    for layer in range(nh):
-        o += _up32(batch * sizes[layer + 1]) if 1 <= layer <= nh - 2 else 0
-    o += 2 * _up32(sizes[-1] * sizes[-2])
-    nb0 = units(sizes, ctas)[0]
-    o += ctas * (_up32(batch * sizes[-1]) + _up32(batch * sizes[-2]) + _up32(batch * nb0) + _up32(batch * sizes[0]))
-    return o
 
 
 @dataclass(frozen=True)
@@ -140,10 +92,10 @@ class GridPlan:
     scratch_bytes: int
     rounds: int  #: grid-wide rounds a step
     options: tuple[str, ...]  #: NVRTC -D options of the kernel
-    source: str = "grid.cu"  #: the kernel's file in native/: "grid_fast.cu" (the fast path) or "grid.cu" (v1)
-    function: str = "grid_epoch_kernel"
+    source: str  #: the kernel's file in native/: "grid_fast.cu" (the fast path) or "grid_stream.cu" (the streaming)
+    function: str  #: its kernel's name
+    phases: tuple[str, ...]  #: the -DGRID_PROFILE phases, in the order the kernel sums them
     why: str = ""  #: which kernel and why, for the curious (and the tests)
-    phases: tuple[str, ...] = V1_PHASES  #: the -DGRID_PROFILE phases, in the order the kernel sums them
 
 
 def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, extra: tuple[str, ...] = ()):
@@ -204,10 +156,8 @@ def fast_scratch_bytes(hidden: int, features: int = 0, n_state: int = 0, state_i
 
 def _tensor_core_shape(config: EngineConfig) -> str | None:
     """Why neither tensor-core kernel (grid_fast.cu, grid_stream.cu) serves the model's depth or widths, or None:
-    switched off, other than three hidden layers, or unequal ones."""
+    other than three hidden layers, or unequal ones."""
     sizes = tuple(config.model.sizes)
-    if not config.tuning.grid_fast:
-        return "it is switched off (Tuning(grid_fast=False))"
     if len(sizes) != 5:
         return f"{len(sizes) - 2} hidden layers (it trains three)"
     if sizes[2] != sizes[1] or sizes[3] != sizes[1]:
@@ -239,7 +189,7 @@ def _tensor_core_head(config: EngineConfig) -> str | None:
 def fast_plan(
     config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
 ) -> GridPlan | str:
-    """native/grid_fast.cu's plan for `config`, or why the fast path does not serve it (grid.cu then does)."""
+    """native/grid_fast.cu's plan for `config`, or why the fast path does not serve it."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
     reason = _tensor_core_shape(config)
@@ -318,7 +268,7 @@ def stream_scratch_bytes(features: int, hidden: int, n_state: int = 0) -> int:
 def stream_plan(
     config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
 ) -> GridPlan | str:
-    """native/grid_stream.cu's plan for `config`, or why the streaming path does not serve it (grid.cu then does)."""
+    """native/grid_stream.cu's plan for `config`, or why the streaming path does not serve it."""
     model, opt = config.model, config.optimizer
     sizes = tuple(model.sizes)
     reason = _tensor_core_shape(config)
@@ -373,41 +323,24 @@ def grid_plan(
     config: EngineConfig, x_dtype: np.dtype | type, sm_count: int = HOPPER_SMS, smem_limit: int = HOPPER_SMEM
 ) -> GridPlan | str:
     """The plan for `config` with inputs of `x_dtype` on a GPU of `sm_count` SMs and `smem_limit` bytes of shared
-    memory per CTA, or a reason (naming the limit) it cannot be served: the fast kernel where `fast_plan` serves the
-    model, else the streaming kernel where `stream_plan` does, else native/grid.cu. Every kernel is written for
-    layers of at most MAX_WIDTH: that limit is checked once, here, before any of them is asked."""
+    memory per CTA: the fast kernel where `fast_plan` serves the model, else the streaming kernel where `stream_plan`
+    does, else why neither does (naming each one's limit, and engine='graph', which trains every model). The generic
+    version 1 (grid.cu) is gone from native/: it was 14-122x slower than the graph engine wherever it ran. Both
+    kernels are written for layers of at most MAX_WIDTH: that limit is checked once, here. Every model served with
+    float32 rows is served with uint8 rows too (the fast kernel stages a float32 feature in 2 bytes, a uint8 one in 1;
+    the streaming kernel takes uint8 rows only)."""
     sizes = tuple(config.model.sizes)
+    if len(sizes) < 3:
+        return "no hidden layer to spread; use engine='fused' or 'graph'"
     widest = max(sizes)
-    if len(sizes) > 2 and widest > MAX_WIDTH:
-        return f"a layer of {widest} is wider than the grid kernel's {MAX_WIDTH}"
+    if widest > MAX_WIDTH:
+        return f"a layer of {widest} is wider than the grid kernels' {MAX_WIDTH}; use engine='graph'"
     fast = fast_plan(config, x_dtype, sm_count, smem_limit)
     if isinstance(fast, GridPlan):
         return fast
     stream = stream_plan(config, x_dtype, sm_count, smem_limit)
     if isinstance(stream, GridPlan):
         return stream
-    opt = config.optimizer
-    nh = len(sizes) - 2
-    if nh < 1:
-        return "no hidden layer to spread; use engine='fused' or 'graph'"
-    batch = config.batch_size
-    if batch > MAX_BATCH:
-        return f"a batch of {batch} rows is over the grid kernel's maximum of {MAX_BATCH}"
-    n_state = len(opt.state_names)
-    need = 4 * smem_floats(batch, sizes[-1], n_state)
-    if need > smem_limit:
-        return (
-            f"a batch of {batch} with {sizes[-1]} classes needs {need:,} bytes of shared memory per CTA, over the "
-            f"GPU's {smem_limit:,}"
-        )
-    ctas = max(1, min(sm_count, _cdiv(max(sizes[1:-1]), UNITS_PER_CTA)))
-    scratch = 4 * scratch_floats(sizes, batch, ctas)
-    if scratch > MAX_SCRATCH:
-        return (
-            f"the model {list(sizes)} at a batch of {batch} needs {scratch:,} bytes of global scratch over {ctas} "
-            f"CTAs, over the grid kernel's {MAX_SCRATCH:,}"
-        )
-    options = _options(config, x_dtype, ctas, need, scratch)
-    why = f"grid.cu (v1), not grid_fast.cu: {fast}; not grid_stream.cu: {stream}"
-    return GridPlan(ctas=ctas, units=units(sizes, ctas), threads=THREADS, smem_bytes=need, scratch_bytes=scratch,
-                    rounds=rounds_per_step(nh), options=options, why=why)  # fmt: skip
+    if fast == stream:  # a limit both share (depth, widths, precision, activation, loss, classes, batch)
+        return f"{fast}; use engine='graph'"
+    return f"grid_fast.cu: {fast}; grid_stream.cu: {stream}; use engine='graph'"
