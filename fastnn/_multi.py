@@ -24,7 +24,6 @@ from ._checks import integer
 from ._control import EarlyStopping, check_early_stopping
 from ._data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
 from ._errors import ConfigError, DataError, FastnnError, TrainingDiverged
-from ._gpu_arrays import CudaArray
 from ._history import History
 from ._many_args import check_masks, model_count, per_model_optimizers, per_model_seeds
 from ._model import MLP, init_parameters, param_names
@@ -250,8 +249,6 @@ class MultiTrainer:
         if stopper is not None and stopper.monitor == "eval_accuracy" and cfg.loss == "mse":
             raise ConfigError("early_stopping monitors 'eval_accuracy', which a regression (loss='mse') does not "
                               "have: use EarlyStopping(monitor='eval_loss')")  # fmt: skip
-        if masks is not None and isinstance(x, CudaArray):
-            raise DataError(f"masks need x in host memory (they select rows), got {x.describe()}")
         group, group_rows = mask_groups(masks, count)
         rows = None if group_rows is None else [group_rows[g] for g in group]
         eval_rows = None
@@ -451,19 +448,18 @@ class MultiTrainer:
 
     # ---- checks and lifetime ----------------------------------------------------------------------------------
 
-    def _inputs(self, x: Any, name: str) -> np.ndarray | CudaArray:
+    def _inputs(self, x: Any, name: str) -> np.ndarray:
         cfg = self._config
-        x = check_inputs(x, cfg.model.in_features, name, gpu=self.device == "cuda")
+        x = check_inputs(x, cfg.model.in_features, name)  # host arrays: the engines upload them (masks select rows)
         if isinstance(x, np.ndarray):  # as Trainer: the same call gives the same answer on every device
             check_operand_range(x, cfg.normalize, precision_spec(cfg.precision).operand, name,
                                 f"precision={cfg.precision!r}")  # fmt: skip
         return x
 
     def _targets(self, y: Any, n: int, name: str) -> np.ndarray:
-        gpu = self.device == "cuda"
         if self._config.loss == "mse":
-            return check_targets(y, n, self._config.model.classes, name, gpu=gpu)
-        return check_labels(y, n, self._config.model.classes, name, gpu=gpu)
+            return check_targets(y, n, self._config.model.classes, name)
+        return check_labels(y, n, self._config.model.classes, name)
 
     def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
         if eval_data is None:

@@ -1,0 +1,406 @@
+"""`ManyGpuEngine`: K models of one MLP trained on one GPU, each epoch one CUDA graph of native/many.cu's kernels.
+
+The device holds every model's parameters, optimizer state and gradients in blocks of one layout (`layout.py`),
+the training set once (each mask group a table of its rows), and per pass the streams (a group at one epoch index)
+with the model -> stream map, so a minibatch shared by models is gathered once. Each epoch: the tables and the
+learning rates are uploaded, the state is snapshotted, the captured epoch replays, and a check kernel flags the
+models whose state is not finite; `fastnn/_state.py` decides for each flagged model, and a diverged model alone goes
+back to its snapshot. Everything is fp32 whatever the precision (docs/design/many-models.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...._data import input_affine
+from ...._errors import TrainingDiverged
+from ...._shuffle import split_u64
+from ...._state import state_problem
+from ....cuda import driver, nvrtc
+from ...base import EpochStats
+from ...graph.buffers import Owner
+from ...numpy_engine import r2_score, softmax
+from ..base import ManyConfig, ManyEngine, ManyEpoch
+from ..plan import Streams, streams
+from . import kernels, layout
+from .layout import StreamTables, rows_at, stream_tables
+
+__all__ = ["ManyGpuEngine"]
+
+
+class _DataSet:
+    """A data set on the device: x as given (uint8 or float32), y as 32-bit words, and its groups' row tables."""
+
+    def __init__(self, eng: ManyGpuEngine, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> None:
+        self.source = (x, y, rows)  # kept: the identity that says the set is already here
+        self.group, groups = layout.row_groups(rows, eng.config.count, x.shape[0])
+        self.groups = groups
+        self.tables = layout.group_tables(groups)
+        self.dtype = x.dtype
+        self.n = x.shape[0]
+        self._res = Owner()
+        own = self._res.own
+        try:
+            words = np.ascontiguousarray(y).view(np.uint32).reshape(x.shape[0], -1)
+            self.x = own(driver.DeviceBuffer(x.nbytes))
+            self.y = own(driver.DeviceBuffer(words.nbytes))
+            self.rows = own(driver.DeviceBuffer(self.tables.rows.nbytes))
+            self.offsets = own(driver.DeviceBuffer(self.tables.offsets.nbytes))
+            self.group_n = own(driver.DeviceBuffer(self.tables.n.nbytes))
+            self.group_half = own(driver.DeviceBuffer(self.tables.half.nbytes))
+            for buf, arr in ((self.x, x), (self.y, words), (self.rows, self.tables.rows),
+                             (self.offsets, self.tables.offsets), (self.group_n, self.tables.n),
+                             (self.group_half, self.tables.half)):  # fmt: skip
+                buf.upload(np.ascontiguousarray(arr))
+        except BaseException:
+            self._res.release()
+            raise
+
+    def same(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> bool:
+        sx, sy, srows = self.source
+        return sx is x and sy is y and srows is rows
+
+    def close(self) -> None:
+        self._res.release()
+
+
+class ManyGpuEngine(ManyEngine):
+    """device="cuda": K models in one CUDA graph per epoch (fp32 kernels of native/many.cu)."""
+
+    device = "cuda"
+    name = "gpu"
+
+    def __init__(self, config: ManyConfig, states: list[dict[str, np.ndarray]], ordinal: int = 0) -> None:
+        self.config = config
+        model = config.model
+        self.count = config.count
+        self.regression = config.loss == "mse"
+        self.layout = layout.model_layout(model)
+        self.y_words = model.classes if self.regression else 1
+        names = set()
+        for opt in config.optimizers:
+            names.update(opt.state_names)
+        #: The optimizer state arrays on the device, in optim.cuh's order (s1, s2): those any model keeps.
+        self.state_arrays = tuple(n for n in ("momentum", "exp_avg", "exp_avg_sq") if n in names)
+        self._res = Owner()
+        self._graphs: dict[tuple[int, int], driver.GraphExec] = {}
+        self._train: _DataSet | None = None
+        self._eval: _DataSet | None = None
+        self._xb_streams = 0
+        self._lr_steps = 0
+        own = self._res.own
+        try:
+            self.dev = driver.get_device(ordinal)
+            self.dev.make_current()
+            self.stream = own(driver.Stream(self.dev))
+            self.mod = own(driver.Module(nvrtc.compile_native("many.cu", self.dev.arch), self.dev))
+            for name in kernels.KERNELS:  # looked up now: never during a capture
+                self.mod.function(name)
+            k, stride, batch = self.count, self.layout.stride, config.batch_size
+            self.block_bytes = stride * 4
+            self.array_bytes = k * self.block_bytes
+            self.state = own(driver.DeviceBuffer(self.array_bytes * (1 + len(self.state_arrays))))
+            self.snapshot = own(driver.DeviceBuffer(self.state.nbytes))
+            self.grads = own(driver.DeviceBuffer(self.array_bytes))
+            self.state.memset(0)
+            self.grads.memset(0)
+            widths = model.sizes[1:]
+            self.z = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths]
+            self.h = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths[:-1]]
+            self.dz = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths]
+            self.hist = own(driver.DeviceBuffer(k * 16))
+            self.eval_hist = own(driver.DeviceBuffer(k * 16))
+            self.sse = own(driver.DeviceBuffer(k * model.classes * 8))
+            self.bad = own(driver.DeviceBuffer(k * 4))
+            self.opt = own(driver.DeviceBuffer(k * layout.optim_records(config.optimizers).itemsize))
+            self.opt.upload(layout.optim_records(config.optimizers))
+            self.step0 = own(driver.DeviceBuffer(k * 8))
+            self.model_stream = own(driver.DeviceBuffer(k * 4))
+            self.stream_group = own(driver.DeviceBuffer(k * 4))  # at most one stream a model
+            self.stream_epoch = own(driver.DeviceBuffer(k * 4))
+            self.xb = self.yb = self.lr = None
+            self.feature_affine: dict[np.dtype, driver.DeviceBuffer] = {}
+            norm = config.normalize
+            if norm is not None and np.ndim(norm[0]) + np.ndim(norm[1]):
+                for dt in (np.dtype(np.uint8), np.dtype(np.float32)):
+                    scale, shift = input_affine(dt, norm)
+                    table = np.concatenate([np.broadcast_to(v, (model.in_features,)) for v in (scale, shift)])
+                    self.feature_affine[dt] = own(driver.DeviceBuffer(table.size * 4))
+                    self.feature_affine[dt].upload(table.astype(np.float32))
+            self._ensure(1, 1)
+            for j, s in enumerate(states):
+                self.set_state(j, s)
+        except BaseException:
+            self._res.release()
+            raise
+
+    # ---- buffers ------------------------------------------------------------------------------------------------
+
+    def _ensure(self, n_streams: int, steps: int) -> None:
+        """Room for n_streams batches and a (K, steps) lr table; a new buffer drops the captured graphs (they hold
+        the old addresses)."""
+        cfg = self.config
+        if n_streams > self._xb_streams:
+            self._drop_graphs()
+            for buf in (self.xb, self.yb):
+                if buf is not None:
+                    self._res.drop(buf)
+            self.xb = self._res.own(driver.DeviceBuffer(n_streams * cfg.batch_size * cfg.model.in_features * 4))
+            self.yb = self._res.own(driver.DeviceBuffer(n_streams * cfg.batch_size * self.y_words * 4))
+            self._xb_streams = n_streams
+        if steps > self._lr_steps:
+            self._drop_graphs()
+            if self.lr is not None:
+                self._res.drop(self.lr)
+            self.lr = self._res.own(driver.DeviceBuffer(self.count * steps * 4))
+            self._lr_steps = steps
+
+    def _drop_graphs(self) -> None:
+        for g in self._graphs.values():
+            g.close()
+        self._graphs.clear()
+
+    def _net(self) -> kernels.Net:
+        cfg, lay = self.config, self.layout
+        arrays = [self.state.ptr + i * self.array_bytes for i in range(1 + len(self.state_arrays))]
+        s1 = arrays[1] if len(arrays) > 1 else 0  # optim.cuh's s1: momentum, or AdamW's exp_avg
+        s2 = arrays[2] if len(arrays) > 2 else 0  # exp_avg_sq
+        w_off = tuple(lay.offset(n) for n in lay.names[0::2])
+        b_off = tuple(lay.offset(n) for n in lay.names[1::2])
+        return kernels.Net(
+            mod=self.mod, stream=self.stream, sm_count=self.dev.sm_count, models=self.count, batch=cfg.batch_size,
+            sizes=cfg.model.sizes, activation=cfg.model.activation, regression=self.regression, stride=lay.stride,
+            count=lay.count, w_offsets=w_off, b_offsets=b_off, params=arrays[0], s1=s1, s2=s2, grads=self.grads.ptr,
+            z=tuple(b.ptr for b in self.z), h=tuple(b.ptr for b in self.h), dz=tuple(b.ptr for b in self.dz),
+            xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words, seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr,
+            lr=self.lr.ptr, lr_stride=self._lr_steps, step0=self.step0.ptr,
+        )  # fmt: skip
+
+    def _tables(self, data: _DataSet, n_streams: int) -> kernels.StepTables:
+        scale, shift = input_affine(data.dtype, self.config.normalize)
+        table = self.feature_affine.get(np.dtype(data.dtype))
+        if table is not None:
+            scale, shift, fscale, fshift = 1.0, 0.0, table.ptr, table.ptr + 4 * self.config.model.in_features
+        else:
+            fscale = fshift = 0
+        return kernels.StepTables(
+            x=data.x.ptr, y=data.y.ptr, x_u8=data.dtype == np.uint8, scale=float(scale), shift=float(shift),
+            fscale=fscale, fshift=fshift, rows=data.rows.ptr, group_offsets=data.offsets.ptr, group_n=data.group_n.ptr,
+            group_half=data.group_half.ptr, model_stream=self.model_stream.ptr, stream_group=self.stream_group.ptr,
+            stream_epoch=self.stream_epoch.ptr, streams=n_streams,
+        )  # fmt: skip
+
+    def _upload_streams(self, st: StreamTables) -> None:
+        self.model_stream.upload(st.model_stream)
+        self.stream_group.upload(st.stream_group)
+        self.stream_epoch.upload(st.stream_epoch)
+
+    # ---- training -------------------------------------------------------------------------------------------------
+
+    def set_train_data(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> None:
+        if self._train is not None and self._train.same(x, y, rows):
+            return
+        self._drop_graphs()
+        if self._train is not None:
+            self._train.close()
+            self._train = None
+        self._train = _DataSet(self, x, y, rows)
+
+    def _epoch_graph(self, n_streams: int, steps: int) -> driver.GraphExec:
+        key = (n_streams, steps)
+        graph = self._graphs.get(key)
+        if graph is None:
+            net, tables = self._net(), self._tables(self._train, n_streams)  # type: ignore[arg-type]
+            self.stream.begin_capture()
+            try:
+                for s in range(steps):
+                    kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr)
+            finally:
+                captured = self.stream.end_capture()
+            try:
+                graph = self._graphs[key] = captured.instantiate()
+            finally:
+                captured.close()
+        return graph
+
+    def fit_epoch(
+        self,
+        active: np.ndarray,
+        epochs: np.ndarray,
+        steps: np.ndarray,
+        lrs: list[np.ndarray | None],
+        eval_data: tuple[np.ndarray, np.ndarray] | None,
+        eval_rows: list[np.ndarray] | None,
+    ) -> ManyEpoch:
+        if self._train is None:
+            raise RuntimeError("set_train_data must be called before fit_epoch")
+        cfg, k_all, data = self.config, self.count, self._train
+        plan: Streams = streams(data.group, epochs, active)
+        st = stream_tables(plan, data.tables, cfg.batch_size, cfg.drop_last)
+        self._ensure(max(1, st.count), max(1, st.steps))
+        table = layout.lr_rows(lrs, active, self._lr_steps)
+        self._upload_streams(st)
+        self.lr.upload(table)  # type: ignore[union-attr]
+        self.step0.upload(np.asarray(steps, dtype=np.uint64))
+        self.hist.memset(0)
+        self.bad.memset(0)
+        graph = self._epoch_graph(max(1, st.count), max(1, st.steps))
+        start, end = driver.Event(timing=True, device=self.dev), driver.Event(timing=True, device=self.dev)
+        try:
+            driver.copy_dtod(self.snapshot.ptr, self.state.ptr, self.state.nbytes, self.stream)
+            start.record(self.stream)
+            graph.launch(self.stream)
+            end.record(self.stream)
+            kernels.record_check(self._net(), cfg.precision in ("mixed", "fp16"), self.bad.ptr)
+            self.stream.synchronize()
+            seconds = start.elapsed_ms(end) / 1e3
+        finally:
+            start.close()
+            end.close()
+        hist = self.hist.download(np.empty((k_all, 2), dtype=np.float64))
+        bad = self.bad.download(np.empty(k_all, dtype=np.uint32))
+        out = ManyEpoch(stats=[None] * k_all, diverged=[None] * k_all)
+        trained = np.zeros(k_all, dtype=bool)
+        for k in np.flatnonzero(active):
+            k = int(k)
+            n = int(data.tables.n[data.group[k]])
+            seen = layout.samples(n, st.steps, cfg.batch_size, cfg.drop_last)
+            loss = hist[k, 0] / seen
+            problem = None
+            if math.isfinite(loss) and bad[k]:
+                problem = state_problem(self.get_state(k), cfg.precision)
+            if not math.isfinite(loss) or problem is not None:
+                self._restore(k)
+                out.diverged[k] = TrainingDiverged(int(epochs[k]) + 1, loss, problem)
+                continue
+            accuracy = None if self.regression else hist[k, 1] / seen
+            out.stats[k] = EpochStats(epoch=int(epochs[k]), loss=float(loss), accuracy=accuracy, samples=seen,
+                                      seconds=seconds)  # fmt: skip
+            trained[k] = True
+        if eval_data is not None and trained.any():
+            results = self._evaluate(self._eval_set(*eval_data, eval_rows), trained)
+            for k in np.flatnonzero(trained):
+                e_loss, e_score = results[int(k)]
+                stats = out.stats[int(k)]
+                stats.eval_loss = e_loss  # type: ignore[union-attr]
+                stats.eval_accuracy = None if self.regression else e_score  # type: ignore[union-attr]
+        return out
+
+    def _restore(self, k: int) -> None:
+        """Model k's parameters and optimizer state back to the epoch's snapshot."""
+        for i in range(1 + len(self.state_arrays)):
+            at = i * self.array_bytes + k * self.block_bytes
+            driver.copy_dtod(self.state.ptr + at, self.snapshot.ptr + at, self.block_bytes, self.stream)
+        self.stream.synchronize()
+
+    # ---- evaluation and prediction ----------------------------------------------------------------------------
+
+    def _eval_set(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> _DataSet:
+        if self._eval is None or not self._eval.same(x, y, rows):
+            if self._eval is not None:
+                self._eval.close()
+                self._eval = None
+            self._eval = _DataSet(self, x, y, rows)
+        return self._eval
+
+    def _pass_tables(self, data: _DataSet, models: np.ndarray) -> tuple[kernels.StepTables, int]:
+        """Upload a pass in order over `data` for the models in `models` (each group one stream); (tables, steps)."""
+        groups = np.arange(len(data.groups), dtype=np.int64)
+        plan = Streams(group=groups, epoch=np.zeros_like(groups), of_model=np.where(models, data.group, -1))
+        st = stream_tables(plan, data.tables, self.config.batch_size, False)
+        self._ensure(st.count, 1)
+        self._upload_streams(st)
+        return self._tables(data, st.count), st.steps
+
+    def _evaluate(self, data: _DataSet, models: np.ndarray) -> list[tuple[float, float]]:
+        """(loss, accuracy) or (mse, r2) of each model in `models` on its rows of `data` (others: NaN)."""
+        tables, steps = self._pass_tables(data, models)
+        net = self._net()
+        self.eval_hist.memset(0)
+        self.sse.memset(0)
+        for s in range(steps):
+            kernels.record_forward(net, tables, s, False, False)
+            kernels.record_loss(net, tables, s, False, False, self.eval_hist.ptr, 0,
+                                self.sse.ptr if self.regression else 0)  # fmt: skip
+        self.stream.synchronize()
+        hist = self.eval_hist.download(np.empty((self.count, 2), dtype=np.float64))
+        c = self.config.model.classes
+        sse = self.sse.download(np.empty((self.count, c), dtype=np.float64)) if self.regression else None
+        y = data.source[1]
+        out: list[tuple[float, float]] = []
+        for k in range(self.count):
+            if not models[k]:
+                out.append((math.nan, math.nan))
+                continue
+            rows = data.groups[data.group[k]]
+            if self.regression:
+                out.append((float(sse[k].sum() / (rows.size * c)), r2_score(sse[k], y[rows])))  # type: ignore[index]
+            else:
+                out.append((float(hist[k, 0] / rows.size), float(hist[k, 1] / rows.size)))
+        return out
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> list[tuple[float, float]]:
+        data = _DataSet(self, x, y, rows)
+        try:
+            return self._evaluate(data, np.ones(self.count, dtype=bool))
+        finally:
+            data.close()
+
+    def predict_outputs(self, x: np.ndarray) -> np.ndarray:
+        c, batch = self.config.model.classes, self.config.batch_size
+        y = np.zeros((x.shape[0], self.y_words), dtype=np.uint32)
+        data = _DataSet(self, x, y, None)
+        try:
+            tables, steps = self._pass_tables(data, np.ones(self.count, dtype=bool))
+            net = self._net()
+            out = np.empty((self.count, x.shape[0], c), dtype=np.float32)
+            chunk = np.empty((self.count, batch, c), dtype=np.float32)
+            for s in range(steps):
+                kernels.record_forward(net, tables, s, False, False)
+                self.stream.synchronize()
+                self.z[-1].download(chunk)
+                rows = rows_at(x.shape[0], s, batch, False)
+                out[:, s * batch : s * batch + rows] = chunk[:, :rows]
+            return out
+        finally:
+            data.close()
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        logits = self.predict_outputs(x).astype(np.float64)
+        k, n, c = logits.shape
+        with np.errstate(over="ignore", invalid="ignore"):
+            return softmax(logits.reshape(k * n, c)).reshape(k, n, c).astype(np.float32)
+
+    # ---- state ------------------------------------------------------------------------------------------------
+
+    def get_state(self, k: int) -> dict[str, np.ndarray]:
+        block = np.empty(self.layout.stride, dtype=np.float32)
+        state = self.layout.unpack(self.state.download(block, offset=k * self.block_bytes))
+        opt = self.config.optimizers[k]
+        for i, name in enumerate(self.state_arrays):
+            if name in opt.state_names:
+                at = (1 + i) * self.array_bytes + k * self.block_bytes
+                state.update(self.layout.unpack(self.state.download(block, offset=at), prefix=f"opt.{name}."))
+        return state
+
+    def set_state(self, k: int, state: dict[str, np.ndarray]) -> None:
+        for key, value in state.items():
+            array = 0
+            name = key
+            if key.startswith("opt."):
+                s, name = key[4:].split(".", 1)
+                if s not in self.state_arrays:
+                    continue
+                array = 1 + self.state_arrays.index(s)
+            at = array * self.array_bytes + k * self.block_bytes + 4 * self.layout.offset(name)
+            self.state.upload(np.ascontiguousarray(value, dtype=np.float32).reshape(-1), offset=at)
+
+    def close(self) -> None:
+        self._drop_graphs()
+        for data in (self._train, self._eval):
+            if data is not None:
+                data.close()
+        self._train = self._eval = None
+        self._res.release()

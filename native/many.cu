@@ -1,0 +1,360 @@
+// many.cu: the many-model GPU engine's step (fastnn/engine/many/gpu/): K models of one MLP architecture, each with
+// its own parameters, optimizer hyperparameters, learning rate and rows, trained one step at a time in fp32.
+// Every kernel reads the step's shape from a Step record (below): which stream (a mask group at one epoch index,
+// fastnn/engine/many/plan.py) each model reads, and how many rows that stream has at this step.
+//
+// Kernels, in the order of a step (docs/design/many-models.md):
+//   many_gather_{u8,f32}  grid (batch, streams), block 256: stream s's batch rows, gathered once for its models
+//                         through its group's row table in the shared Feistel order (shuffle.cuh), mapped
+//                         x * scale + shift (fastnn/_data.py's input_affine) into xb (streams x batch x d) fp32.
+//   many_forward_{none,relu,gelu}  grid (ceil(out/16), ceil(batch/16), K), block (16, 16): per model a 16 x 16-tiled
+//                         fp32 GEMM Z = A W^T + b (A: its stream's batch for layer 0, its previous activation
+//                         otherwise), stored with the activation applied in h (and z kept for the backward).
+//   many_xent, many_mse   grid K, block 256: per model the loss of its rows as the NumPy engine defines it
+//                         (fastnn/engine/numpy_engine.py's loss_and_grad, mse_loss_and_grad), its sums added to the
+//                         model's history slots (hist[2k], hist[2k+1]: one block a model, no atomics), and the
+//                         gradient of the batch mean into dz.
+//   many_wgrad            grid (ceil((in+1)/16), ceil(out/16), K), block (16, 16): dW = dZ^T A and db = column sums
+//                         of dZ (A with a column of ones), into the model's gradient block.
+//   many_dgrad_{relu,gelu}  grid (ceil(in/16), ceil(batch/16), K), block (16, 16): dZ_prev = (dZ W) * act'(z_prev).
+//   many_update           grid-stride over K x stride elements: optim.cuh's optim_update with model k's
+//                         OptimParams, learning rate lr[k * lr_stride + step] and step counter step0[k] + step + 1.
+//   many_check            grid-stride: per model, bits of what in the state the epoch left is not trusted
+//                         (fastnn/_state.py decides on the host; these bits say which models to ask about).
+// Memory plan: everything in global memory (HBM/L2); the tiles of the GEMMs in shared memory (2 x 16 x 17 floats).
+// Parameters: model k's block starts at k * stride floats and holds the layers' weight (out, in) and bias (out) in
+// torch's order at the offsets the host passes; optimizer states and gradients have the same layout. Activations:
+// (K, batch, width) per layer. A model whose stream has no row at a step (a shorter group, or inactive) does
+// nothing in it.
+#include "activation.cuh"
+#include "common.cuh"
+#include "optim.cuh"
+#include "shuffle.cuh"
+
+#define TILE 16
+
+// The step's shape, one kernel argument (fastnn/engine/many/gpu/kernels.py packs it, field for field).
+struct Step {
+    u64 model_stream;  // const int*: stream of each model, -1 when it does not train (or is not evaluated)
+    u64 stream_group;  // const int*: group of each stream
+    u64 stream_epoch;  // const u32*: epoch index of each stream (keys its order)
+    u64 group_n;       // const u32*: rows of each group
+    u64 group_half;    // const u32*: fastnn/_shuffle.py's feistel_bits(rows) / 2 of each group
+    int step;          // this step's index in the epoch
+    int batch;         // rows a full batch has
+    int drop_last;     // 1: a short last batch has no rows
+    int shuffled;      // 0: positions in order (evaluation, prediction)
+};
+
+// Rows of a stream of n rows at step s.
+__device__ __forceinline__ int rows_at(u32 n, int s, int batch, int drop_last) {
+    const long long left = (long long)n - (long long)s * batch;
+    if (left <= 0) return 0;
+    if (left >= batch) return batch;
+    return drop_last ? 0 : (int)left;
+}
+
+__device__ __forceinline__ int model_stream(const Step& st, int k) { return ((const int*)st.model_stream)[k]; }
+
+__device__ __forceinline__ int stream_rows(const Step& st, int s) {
+    const int g = ((const int*)st.stream_group)[s];
+    return rows_at(((const u32*)st.group_n)[g], st.step, st.batch, st.drop_last);
+}
+
+// Model k's rows at this step (0 when it does not train), and its stream in *s.
+__device__ __forceinline__ int model_rows(const Step& st, int k, int* s) {
+    *s = model_stream(st, k);
+    return *s < 0 ? 0 : stream_rows(st, *s);
+}
+
+// ---- gather ---------------------------------------------------------------------------------------------------
+template <typename TIn>
+__device__ void gather(const TIn* __restrict__ x, const u32* __restrict__ y, int yw, int d, const int* __restrict__ rows,
+                       const u64* __restrict__ group_off, const Step st, u32 seed_lo, u32 seed_hi, float scale,
+                       float shift, const float* __restrict__ fscale, const float* __restrict__ fshift,
+                       float* __restrict__ xb, u32* __restrict__ yb) {
+    const int j = blockIdx.x, s = blockIdx.y;
+    const int g = ((const int*)st.stream_group)[s];
+    const u32 n = ((const u32*)st.group_n)[g];
+    if (j >= rows_at(n, st.step, st.batch, st.drop_last)) return;
+    __shared__ u32 src;
+    if (threadIdx.x == 0) {
+        const u32 pos = (u32)((long long)st.step * st.batch + j);
+        u32 idx = pos;
+        if (st.shuffled) {
+            u32 keys[FEISTEL_ROUNDS];
+            round_keys(seed_lo, seed_hi, ((const u32*)st.stream_epoch)[s], keys);
+            idx = permuted_index(keys, ((const u32*)st.group_half)[g], n, pos);
+        }
+        src = (u32)rows[group_off[g] + idx];
+    }
+    __syncthreads();
+    const u64 out_row = (u64)s * st.batch + j;
+    for (int i = threadIdx.x; i < yw; i += blockDim.x) yb[out_row * yw + i] = y[(u64)src * yw + i];
+    const TIn* row = x + (u64)src * d;
+    float* dst = xb + out_row * d;
+    if (fscale) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = to_f(row[i]) * fscale[i] + fshift[i];
+    } else {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = to_f(row[i]) * scale + shift;
+    }
+}
+
+#define GATHER(name, TIn)                                                                                           \
+    extern "C" __global__ void name(const TIn* x, const u32* y, int yw, int d, const int* rows, const u64* group_off, \
+                                    const Step st, u32 seed_lo, u32 seed_hi, float scale, float shift,               \
+                                    const float* fscale, const float* fshift, float* xb, u32* yb) {                  \
+        gather<TIn>(x, y, yw, d, rows, group_off, st, seed_lo, seed_hi, scale, shift, fscale, fshift, xb, yb);        \
+    }
+GATHER(many_gather_u8, u8)
+GATHER(many_gather_f32, float)
+
+// ---- forward: z = a w^T + b, h = act(z) ----------------------------------------------------------------------
+// a: layer 0 reads its stream's rows of xb (a_model == 0), later layers the model's own activations.
+template <int act>
+__device__ void forward(const float* __restrict__ xb, const float* __restrict__ hin, int in, int out,
+                        const float* __restrict__ params, u64 stride, u64 w_off, u64 b_off, float* __restrict__ z,
+                        float* __restrict__ h, const Step st) {
+    __shared__ float as[TILE][TILE + 1], ws[TILE][TILE + 1];
+    const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    const int r0 = blockIdx.y * TILE, o0 = blockIdx.x * TILE;
+    if (r0 >= rows) return;  // the whole block: no barrier is skipped by part of it
+    const float* a = hin ? hin + (u64)k * st.batch * in : xb + (u64)s * st.batch * in;
+    const float* w = params + (u64)k * stride + w_off;
+    float acc = 0.f;
+    for (int i0 = 0; i0 < in; i0 += TILE) {
+        const int ra = r0 + ty, ia = i0 + tx, ow = o0 + ty;
+        as[ty][tx] = (ra < rows && ia < in) ? a[(u64)ra * in + ia] : 0.f;
+        ws[ty][tx] = (ow < out && ia < in) ? w[(u64)ow * in + ia] : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TILE; ++kk) acc = fmaf(as[ty][kk], ws[tx][kk], acc);
+        __syncthreads();
+    }
+    const int r = r0 + ty, o = o0 + tx;
+    if (r < rows && o < out) {
+        const float v = acc + params[(u64)k * stride + b_off + o];
+        const u64 at = ((u64)k * st.batch + r) * out + o;
+        z[at] = v;
+        if (act >= 0) h[at] = activation<act < 0 ? 0 : act>(v);
+    }
+}
+
+#define FORWARD(name, ACT)                                                                                          \
+    extern "C" __global__ void name(const float* xb, const float* hin, int in, int out, const float* params,        \
+                                    u64 stride, u64 w_off, u64 b_off, float* z, float* h, const Step st) {           \
+        forward<ACT>(xb, hin, in, out, params, stride, w_off, b_off, z, h, st);                                      \
+    }
+FORWARD(many_forward_none, -1)
+FORWARD(many_forward_relu, 0)
+FORWARD(many_forward_gelu, 1)
+
+// ---- losses: one block per model ------------------------------------------------------------------------------
+// Adds a block's per-thread sums: v[0..n) of every thread, summed by thread 0 in warp order (the same sums on every
+// run). Called by every thread.
+__device__ __forceinline__ void block_sums(float* v, int n, double* out) {
+    __shared__ float part[32][2];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int i = 0; i < n; ++i) {
+        const float w = warp_sum(v[i]);
+        if (lane == 0) part[warp][i] = w;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < n; ++i) {
+            double t = 0.0;
+            for (int w = 0; w < warps; ++w) t += part[w][i];
+            out[i] += t;
+        }
+    }
+}
+
+// Cross-entropy from the logits (log-sum-exp after subtracting the row max, as numpy_engine.log_softmax), the
+// correct count (argmax, first maximum and first NaN win, as numpy.argmax), and with dz the gradient of the
+// batch-mean loss (softmax - onehot) / rows. Labels: yb's first word of each row (int32).
+extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __restrict__ yb, int c,
+                                     float* __restrict__ dz, double* __restrict__ hist, const Step st) {
+    const int k = blockIdx.x;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    if (rows == 0) return;
+    const float inv_rows = 1.f / (float)rows;
+    float sums[2] = {0.f, 0.f};
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const float* zr = z + ((u64)k * st.batch + r) * c;
+        const int label = (int)yb[(u64)s * st.batch + r];
+        int best = 0;
+        float zmax = zr[0];
+        for (int j = 1; j < c; ++j)
+            if (argmax_takes(zr[j], zmax)) { zmax = zr[j]; best = j; }
+        float sum = 0.f;
+        for (int j = 0; j < c; ++j) sum += expf(zr[j] - zmax);
+        sums[0] += logf(sum) - (zr[label] - zmax);
+        sums[1] += best == label ? 1.f : 0.f;
+        if (dz) {
+            float* d = dz + ((u64)k * st.batch + r) * c;
+            for (int j = 0; j < c; ++j) d[j] = (expf(zr[j] - zmax) / sum - (j == label ? 1.f : 0.f)) * inv_rows;
+        }
+    }
+    block_sums(sums, 2, hist + 2 * (u64)k);
+}
+
+// Squared error averaged over the k outputs of each row (no factor 1/2), and with dz the gradient of the batch mean
+// over rows and outputs, 2 (z - y) / (rows k). Targets: yb's c float32 words of each row. With sse (evaluation),
+// each output's sum of squared errors into sse[k * c + j].
+extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __restrict__ yb, int c,
+                                    float* __restrict__ dz, double* __restrict__ hist, double* __restrict__ sse,
+                                    const Step st) {
+    const int k = blockIdx.x;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    if (rows == 0) return;
+    const float scale = 2.f / ((float)rows * (float)c);
+    float sums[2] = {0.f, 0.f};
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const float* zr = z + ((u64)k * st.batch + r) * c;
+        const float* yr = (const float*)yb + ((u64)s * st.batch + r) * c;
+        float sq = 0.f;
+        for (int j = 0; j < c; ++j) {
+            const float d = zr[j] - yr[j];
+            sq += d * d;
+            if (dz) dz[((u64)k * st.batch + r) * c + j] = d * scale;
+        }
+        sums[0] += sq / (float)c;
+    }
+    block_sums(sums, 1, hist + 2 * (u64)k);
+    if (sse) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+        for (int j = warp; j < c; j += warps) {
+            float t = 0.f;
+            for (int r = lane; r < rows; r += 32) {
+                const float d = z[((u64)k * st.batch + r) * c + j] - ((const float*)yb)[((u64)s * st.batch + r) * c + j];
+                t += d * d;
+            }
+            t = warp_sum(t);
+            if (lane == 0) sse[(u64)k * c + j] += (double)t;
+        }
+    }
+}
+
+// ---- backward -------------------------------------------------------------------------------------------------
+// dW[o][i] = sum_r dz[r][o] a[r][i]; db[o] = sum_r dz[r][o] (column i == in of a is taken as ones).
+extern "C" __global__ void many_wgrad(const float* __restrict__ xb, const float* __restrict__ hin, int in, int out,
+                                      const float* __restrict__ dz, float* __restrict__ grads, u64 stride, u64 w_off,
+                                      u64 b_off, const Step st) {
+    __shared__ float ds[TILE][TILE + 1], as[TILE][TILE + 1];
+    const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    if (rows == 0) return;
+    const float* a = hin ? hin + (u64)k * st.batch * in : xb + (u64)s * st.batch * in;
+    const float* d = dz + (u64)k * st.batch * out;
+    const int i0 = blockIdx.x * TILE, o0 = blockIdx.y * TILE;
+    float acc = 0.f;
+    for (int r0 = 0; r0 < rows; r0 += TILE) {
+        const int r = r0 + ty, od = o0 + tx, ia = i0 + tx;
+        ds[ty][tx] = (r < rows && od < out) ? d[(u64)r * out + od] : 0.f;
+        as[ty][tx] = r < rows ? (ia < in ? a[(u64)r * in + ia] : (ia == in ? 1.f : 0.f)) : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TILE; ++kk) acc = fmaf(ds[kk][ty], as[kk][tx], acc);
+        __syncthreads();
+    }
+    const int o = o0 + ty, i = i0 + tx;
+    float* g = grads + (u64)k * stride;
+    if (o < out) {
+        if (i < in) g[w_off + (u64)o * in + i] = acc;
+        else if (i == in) g[b_off + o] = acc;
+    }
+}
+
+// dz_prev[r][i] = (sum_o dz[r][o] w[o][i]) * act'(z_prev[r][i]).
+template <int act>
+__device__ void dgrad(const float* __restrict__ dz, int in, int out, const float* __restrict__ params, u64 stride,
+                      u64 w_off, const float* __restrict__ zprev, float* __restrict__ dprev, const Step st) {
+    __shared__ float ds[TILE][TILE + 1], ws[TILE][TILE + 1];
+    const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    const int r0 = blockIdx.y * TILE, i0 = blockIdx.x * TILE;
+    if (r0 >= rows) return;
+    const float* d = dz + (u64)k * st.batch * out;
+    const float* w = params + (u64)k * stride + w_off;
+    float acc = 0.f;
+    for (int o0 = 0; o0 < out; o0 += TILE) {
+        const int r = r0 + ty, od = o0 + tx, ow = o0 + ty, i = i0 + tx;
+        ds[ty][tx] = (r < rows && od < out) ? d[(u64)r * out + od] : 0.f;
+        ws[ty][tx] = (ow < out && i < in) ? w[(u64)ow * in + i] : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TILE; ++kk) acc = fmaf(ds[ty][kk], ws[kk][tx], acc);
+        __syncthreads();
+    }
+    const int r = r0 + ty, i = i0 + tx;
+    if (r < rows && i < in) {
+        const u64 at = ((u64)k * st.batch + r) * in + i;
+        dprev[at] = acc * activation_grad<act>(zprev[at]);
+    }
+}
+
+#define DGRAD(name, ACT)                                                                                            \
+    extern "C" __global__ void name(const float* dz, int in, int out, const float* params, u64 stride, u64 w_off,  \
+                                    const float* zprev, float* dprev, const Step st) {                               \
+        dgrad<ACT>(dz, in, out, params, stride, w_off, zprev, dprev, st);                                            \
+    }
+DGRAD(many_dgrad_relu, 0)
+DGRAD(many_dgrad_gelu, 1)
+
+// ---- update ---------------------------------------------------------------------------------------------------
+// Element i of model k = i / stride (the first `count` of each block are parameters; the rest is padding).
+extern "C" __global__ void many_update(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ s1,
+                                       float* __restrict__ s2, u64 stride, u64 count, int models,
+                                       const OptimParams* __restrict__ opt, const float* __restrict__ lr,
+                                       int lr_stride, const u64* __restrict__ step0, const Step st) {
+    const u64 total = (u64)models * stride;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int k = (int)(i / stride);
+        if (i - (u64)k * stride >= count) continue;
+        int s;
+        if (model_rows(st, k, &s) == 0) continue;
+        const OptimParams p = opt[k];
+        const float rate = lr[(u64)k * lr_stride + st.step];
+        const u64 t = step0[k] + (u64)st.step + 1;
+        float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
+        if (p.kind == OPTIM_ADAMW) {
+            const OptimStep os = optim_step<OPTIM_ADAMW>(p, rate, t);
+            optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
+        } else {
+            const OptimStep os = optim_step<OPTIM_SGD>(p, rate, t);
+            optim_update<OPTIM_SGD>(p, os, optim_states<OPTIM_SGD>(p), g[i], wv, m, v);
+        }
+        w[i] = wv;
+        if (s1) s1[i] = m;
+        if (s2) s2[i] = v;
+    }
+}
+
+// ---- the state an epoch left ---------------------------------------------------------------------------------
+// bad[k] |= 1: a parameter is not finite, or (half != 0) beyond float16's range; 2: an optimizer state is not
+// finite; 4: a second moment (s2) is negative. The host asks fastnn/_state.py about flagged models only.
+extern "C" __global__ void many_check(const float* __restrict__ w, const float* __restrict__ s1,
+                                      const float* __restrict__ s2, u64 stride, u64 count, int models, int half,
+                                      u32* __restrict__ bad) {
+    const u64 total = (u64)models * stride;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int k = (int)(i / stride);
+        if (i - (u64)k * stride >= count) continue;
+        u32 flags = 0;
+        const float wv = w[i];
+        if (!(fabsf(wv) <= (half ? 65504.f : 3.402823466e38f))) flags |= 1u;
+        if (s1 && !(fabsf(s1[i]) <= 3.402823466e38f)) flags |= 2u;
+        if (s2) {
+            const float v = s2[i];
+            if (!(fabsf(v) <= 3.402823466e38f)) flags |= 2u;
+            if (v < 0.f) flags |= 4u;
+        }
+        if (flags) atomicOr(bad + k, flags);
+    }
+}

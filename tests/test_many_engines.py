@@ -1,0 +1,139 @@
+"""The many-model engines against the NumPy engine (the definition of correct), model by model: folds (masks),
+per-model optimizer hyperparameters, one model diverging alone, early stopping, regression, evaluation and
+prediction. Each test runs on every entry of BACKENDS: "emulated" is the GPU engine's host side (buffers, layout
+offsets, tables, packed arguments, the captured epoch) on the CPU with tests/_many_emulator.py's NumPy kernels
+(bindings: no GPU); "device" is the GPU engine on a GPU (marked gpu:
+`PYTHONPATH=$PWD python -m pytest -q -m gpu tests/test_many_engines.py`). A new many-model engine joins BACKENDS."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import fastnn
+from fastnn import MLP, SGD, AdamW, EarlyStopping, MultiTrainer
+
+#: (name, marks, tolerance of the weights (rtol, atol)): the emulation runs the NumPy engine's own functions (fp32,
+#: the same shapes), the device's fp32 kernels sum in other orders.
+BACKENDS = [
+    pytest.param(("emulated", (1e-5, 1e-6)), marks=pytest.mark.bindings, id="emulated"),
+    pytest.param(("device", (2e-4, 2e-5)), marks=pytest.mark.gpu, id="device"),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    """The tolerance (rtol, atol) of this backend, with MultiTrainer(engine="gpu") set up to train on it."""
+    name, tol = request.param
+    if name == "emulated":
+        pytest.importorskip("fastnn.cuda.driver", reason="needs the CUDA wheels")
+        from _many_emulator import Heap, make_driver
+
+        from fastnn import _device
+        from fastnn.engine.many.gpu import engine
+
+        monkeypatch.setattr(engine, "driver", make_driver(Heap()))
+        monkeypatch.setattr(engine, "nvrtc", types.SimpleNamespace(compile_native=lambda *a, **k: b"emulated"))
+        monkeypatch.setattr(_device, "cuda_status", lambda: (True, "emulated"))
+    return tol
+
+
+def _data(n=96, d=10, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, d)).astype(np.uint8)
+    y = (x[:, :classes].argmax(axis=1)).astype(np.int64)
+    return x, y
+
+
+def _pair(model, opt, **kwargs):
+    cpu = MultiTrainer(model, opt, device="cpu", **kwargs)
+    gpu = MultiTrainer(model, opt, device="cuda", engine="gpu", **kwargs)
+    assert gpu.engine == "gpu" and cpu.engine == "numpy"
+    return cpu, gpu
+
+
+def _close(a: MultiTrainer, b: MultiTrainer, tol: tuple[float, float]) -> None:
+    rtol, atol = tol
+    for k, (sa, sb) in enumerate(zip(a.state_dicts(), b.state_dicts())):
+        for n in sa:
+            np.testing.assert_allclose(sb[n], sa[n], rtol=rtol, atol=atol, err_msg=f"model {k} {n}")
+    for ha, hb in zip(a.histories, b.histories):
+        assert len(ha) == len(hb)
+        for field in ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy"):
+            va, vb = ha[field], hb[field]
+            assert [v is None for v in va] == [v is None for v in vb], field
+            np.testing.assert_allclose([v for v in vb if v is not None], [v for v in va if v is not None],
+                                       rtol=10 * rtol, err_msg=field)  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [16, 40])
+def test_gpu_engine_equals_numpy_with_folds(backend, batch):
+    x, y = _data()
+    folds = np.arange(96) % 3
+    masks = np.stack([folds != f for f in range(3)] + [folds != 1])
+    cpu, gpu = _pair(MLP([10, 8, 3]), SGD(lr=0.05), lr=[0.05, 0.1, 0.02, 0.05], momentum=[0.0, 0.9, 0.5, 0.9],
+                     weight_decay=[0.0, 1e-3, 0.0, 1e-2], nesterov=[False, True, False, False], seeds=3,
+                     batch_size=batch, shuffle_seed=7)  # fmt: skip
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=2, masks=masks, eval_data=(x, y), eval_masks=~masks)
+    _close(cpu, gpu, backend)
+    rtol, atol = 10 * backend[0], 10 * backend[1]
+    np.testing.assert_allclose(gpu.forward(x), cpu.forward(x), rtol=rtol, atol=atol)
+    assert (gpu.predict(x) == cpu.predict(x)).mean() > 0.99
+    for a, b in zip(gpu.evaluate(x, y, masks=~masks), cpu.evaluate(x, y, masks=~masks)):
+        assert a["loss"] == pytest.approx(b["loss"], rel=rtol)
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=0.02)  # a near tie may fall the other way
+    t = gpu.trainer(1, device="cpu")  # model 1 with its momentum buffer, on the CPU, fit on
+    t.fit(x[masks[1]], y[masks[1]], epochs=1, progress=False)
+    c = cpu.trainer(1)
+    c.fit(x[masks[1]], y[masks[1]], epochs=1, progress=False)
+    np.testing.assert_allclose(t.state_dict()["0.weight"], c.state_dict()["0.weight"], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_gpu_engine_equals_numpy_adamw(backend, activation):
+    x, y = _data(n=70)
+    cpu, gpu = _pair(MLP([10, 6, 5, 3], activation=activation), AdamW(lr=1e-2), lr=[1e-2, 3e-3],
+                     betas=[(0.9, 0.999), (0.8, 0.99)], weight_decay=[0.0, 0.1], seeds=[1, 9], batch_size=16,
+                     drop_last=True)  # fmt: skip
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=2)
+        mt.fit(x, y, epochs=1)  # the step counter goes on: AdamW's bias correction
+    _close(cpu, gpu, (10 * backend[0], backend[1]))
+
+
+def test_gpu_engine_one_model_diverging_alone(backend):
+    x, y = _data()
+    x = x.astype(np.float32) * 100.0
+    cpu, gpu = _pair(MLP([10, 8, 3]), SGD(lr=0.1), lr=[1e-6, 1e20, 2e-6], batch_size=16, precision="fp32")
+    for mt in (cpu, gpu):
+        with pytest.warns(RuntimeWarning, match="1 of 3 models diverged"):
+            mt.fit(x, y, epochs=2)
+    assert gpu.diverged.tolist() == cpu.diverged.tolist() == [False, True, False]
+    assert isinstance(gpu.divergences[1], fastnn.TrainingDiverged)
+    assert gpu.epochs.tolist() == cpu.epochs.tolist()
+    _close(cpu, gpu, backend)  # the diverged model's weights are its last finite epoch's on both
+
+
+def test_gpu_engine_early_stopping_and_regression(backend):
+    x, y = _data(n=80)
+    xe, ye = _data(n=40, seed=1)
+    cpu, gpu = _pair(MLP([10, 3]), SGD(lr=0.1), lr=[0.5, 0.01, 2.0], batch_size=16,
+                     normalize=(np.linspace(0, 1, 10), 2.0))  # fmt: skip
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=6, eval_data=(xe, ye), early_stopping=EarlyStopping(patience=1, min_delta=1e-3))
+    _close(cpu, gpu, backend)
+    assert gpu.epochs.tolist() == cpu.epochs.tolist()
+    rng = np.random.default_rng(0)
+    xr = rng.normal(size=(50, 4)).astype(np.float32)
+    yr = rng.normal(size=(50, 2)).astype(np.float32)
+    cpu, gpu = _pair(MLP([4, 5, 2]), SGD(lr=0.05), models=2, seeds=[0, 1], batch_size=8, loss="mse")
+    for mt in (cpu, gpu):
+        mt.fit(xr, yr, epochs=2, eval_data=(xr, yr))
+    _close(cpu, gpu, backend)
+    for a, b in zip(gpu.evaluate(xr, yr), cpu.evaluate(xr, yr)):
+        assert a["r2"] == pytest.approx(b["r2"], rel=10 * backend[0]) and a["mse"] == pytest.approx(b["mse"],
+                                                                                                 rel=10 * backend[0])
+    np.testing.assert_allclose(gpu.predict(xr), cpu.predict(xr), rtol=10 * backend[0], atol=10 * backend[1])

@@ -1,0 +1,115 @@
+"""The many-model GPU engine's plan on the CPU: layout, tables, rows of each step and optimizer records against the
+NumPy definitions; native/many.cu's Step record against the C struct and every launched kernel in the compiled
+module (NVRTC). The engine itself is compared with the NumPy engine in tests/test_many_engines.py."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from fastnn import MLP, SGD, AdamW
+from fastnn._shuffle import feistel_bits
+from fastnn.engine.base import batch_slices, steps_per_epoch
+from fastnn.engine.many.gpu import layout
+from fastnn.engine.many.plan import mask_groups, streams
+
+
+def test_model_layout_packs_and_unpacks_every_tensor():
+    model = MLP([5, 3, 2])
+    lay = layout.model_layout(model)
+    assert lay.names == ("0.weight", "0.bias", "2.weight", "2.bias")
+    assert lay.offsets == (0, 16, 20, 28) and lay.count == lay.stride == 32  # each tensor on 4 floats
+    rng = np.random.default_rng(0)
+    states = [{n: rng.normal(size=s).astype(np.float32) for n, s in zip(lay.names, lay.shapes)} for _ in range(3)]
+    packed = lay.pack(states)
+    assert packed.shape == (3, 32)
+    for k in range(3):
+        got = lay.unpack(packed[k])
+        for n in lay.names:
+            np.testing.assert_array_equal(got[n], states[k][n])
+    assert (packed[:, 15] == 0).all()  # padding stays zero
+
+
+@pytest.mark.parametrize("n, batch, drop_last", [(10, 4, False), (10, 4, True), (8, 4, True), (3, 5, False)])
+def test_rows_of_each_step_are_the_numpy_engines_batches(n, batch, drop_last):
+    steps = steps_per_epoch(n, batch, drop_last)
+    got = [layout.rows_at(n, s, batch, drop_last) for s in range(steps + 2)]
+    assert got == [hi - lo for lo, hi in batch_slices(n, batch, drop_last)] + [0, 0]
+    assert layout.samples(n, steps + 2, batch, drop_last) == sum(got)
+
+
+def test_group_and_stream_tables():
+    masks = np.array([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 0, 1]], dtype=bool)
+    group, rows = mask_groups(masks, 3)
+    per_model = [rows[g] for g in group]
+    g2, groups = layout.row_groups(per_model, 3, 4)
+    assert g2.tolist() == [0, 1, 0]
+    t = layout.group_tables(groups)
+    assert t.rows.tolist() == [0, 1, 3, 1, 2, 3] and t.offsets.tolist() == [0, 3] and t.n.tolist() == [3, 3]
+    assert t.half.tolist() == [feistel_bits(3) // 2] * 2
+    st = layout.stream_tables(streams(g2, np.array([0, 0, 2**32 + 1]), np.ones(3, bool)), t, 2, False)
+    assert st.model_stream.tolist() == [0, 1, 2] and st.stream_group.tolist() == [0, 1, 0]
+    assert st.stream_epoch.tolist() == [0, 0, 1] and st.steps == 2  # the epoch's low 32 bits key the shuffle
+    same, whole = layout.row_groups(None, 2, 5)
+    assert same.tolist() == [0, 0] and whole[0].tolist() == [0, 1, 2, 3, 4]
+    # equal rows in different arrays are one group too
+    assert layout.row_groups([np.arange(3), np.arange(3)], 2, 3)[0].tolist() == [0, 0]
+
+
+def test_lr_rows_and_its_refusals():
+    table = layout.lr_rows([np.full(2, 0.5, np.float32), None, np.full(3, 0.1, np.float32)],
+                           np.array([True, False, True]), 3)  # fmt: skip
+    np.testing.assert_array_equal(table, np.array([[0.5, 0.5, 0], [0, 0, 0], [0.1, 0.1, 0.1]], np.float32))
+    with pytest.raises(ValueError, match="model 1 is active"):
+        layout.lr_rows([None, None], np.array([False, True]), 3)
+
+
+def test_optim_records_are_optim_cuh_structs():
+    recs = layout.optim_records((SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True), SGD(lr=0.2)))
+    assert recs.itemsize == 28 and recs.dtype.names == ("kind", "momentum", "weight_decay", "nesterov", "beta1",
+                                                          "beta2", "eps")  # fmt: skip
+    assert recs[0]["nesterov"] == 1 and recs[0]["momentum"] == np.float32(0.9) and recs[1]["momentum"] == 0
+    from fastnn.cuda.driver import arg_struct  # the ctypes struct the single-model kernels get: the same bytes
+
+    one = arg_struct(SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True).kernel_params().c_fields())
+    assert bytes(one) == recs[:1].tobytes()
+    adam = layout.optim_records((AdamW(betas=(0.8, 0.99), eps=1e-6),))
+    assert adam[0]["kind"] == 1 and adam[0]["beta1"] == np.float32(0.8) and adam[0]["eps"] == np.float32(1e-6)
+
+
+# ---- native/many.cu itself (NVRTC, no GPU) ------------------------------------------------------------------
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_launched_kernel_is_in_the_module(arch):
+    nvrtc = pytest.importorskip("fastnn.cuda.nvrtc", reason="needs the CUDA wheels")
+    from fastnn.engine.many.gpu import kernels
+
+    cubin = nvrtc.compile_native("many.cu", arch)
+    for name in kernels.KERNELS:
+        assert name.encode() + b"\0" in cubin, name
+
+
+@pytest.mark.bindings
+def test_step_record_matches_the_c_struct():
+    nvrtc = pytest.importorskip("fastnn.cuda.nvrtc", reason="needs the CUDA wheels")
+    from fastnn.engine.many.gpu import kernels
+    from fastnn.engine.many.gpu.kernels import STEP_FIELDS
+
+    arg = kernels.step_arg(kernels.StepTables(*([1] * 2), False, 1.0, 0.0, *([0] * 9), 1), 3, 128, True, False)
+    source = (nvrtc.native_dir() / "many.cu").read_text()
+    c_types = {"u64": "u64", "i32": "int"}
+    values = ", ".join(str(i + 1) for i in range(len(STEP_FIELDS)))
+    lines = [source, "template <typename A, typename B> struct same { static const bool value = false; };",
+             "template <typename A> struct same<A, A> { static const bool value = true; };",
+             f'static_assert(sizeof(Step) == {ctypes.sizeof(arg)}, "size");', f"constexpr Step probe{{{values}}};"]
+    for i, (name, kind) in enumerate(STEP_FIELDS):
+        assert getattr(type(arg), name).offset == ctypes.sizeof(arg) - sum(  # ctypes packs them in this order
+            ctypes.sizeof(t) for n, t in type(arg)._fields_[i:])
+        lines.append(f'static_assert(probe.{name} == {i + 1}, "{name} position");')
+        lines.append(f'static_assert(same<decltype(Step::{name}), {c_types[kind]}>::value, "{name} type");')
+    probe = "\n".join(lines)
+    nvrtc.compile_source(probe, "step_probe.cu", "sm_90", (), include_dirs=(nvrtc.native_dir(),))
