@@ -36,13 +36,14 @@ from ._base import Plateau, Rate
 from ._classifier import MLPClassifier
 from ._logistic import LogisticRegression
 from ._regressor import MLPRegressor
+from ._search import GridSearchCV, RandomizedSearchCV
 
-__all__ = ["LogisticRegression", "MLPClassifier", "MLPRegressor"]
+__all__ = ["GridSearchCV", "LogisticRegression", "MLPClassifier", "MLPRegressor", "RandomizedSearchCV"]
 
 # A pickle (or joblib file) names each class by module and qualified name, and a fitted estimator's holds a Rate
 # and a Plateau too: every one keeps the name it had when fastnn.sklearn was one module, so files written before
 # and after the split load alike, and the private modules stay free to move.
-for _cls in (LogisticRegression, MLPClassifier, MLPRegressor):
+for _cls in (GridSearchCV, LogisticRegression, MLPClassifier, MLPRegressor, RandomizedSearchCV):
     _cls.__module__ = __name__
 _Rate, _Plateau = Rate, Plateau
 for _cls, _name in ((Rate, "_Rate"), (Plateau, "_Plateau")):

@@ -26,7 +26,7 @@ from .._state import MAX_EPOCH
 from .._trainer import Trainer
 from ..engine.base import steps_per_epoch
 
-__all__ = ["FastnnEstimator", "Guard", "Plateau", "Rate", "keep_params", "unchanged_on_error"]
+__all__ = ["FastnnEstimator", "Guard", "Plateau", "Rate", "auto_batch", "keep_params", "unchanged_on_error"]
 
 _SOLVERS = ("adam", "sgd")
 _ACTIVATIONS = ("relu", "gelu")
@@ -38,7 +38,7 @@ _OPTIMIZER_NAMES = {"lr": "learning_rate_init", "weight_decay": "alpha", "betas[
                     "betas[1]": "beta_2", "eps": "epsilon", "momentum": "momentum"}  # fmt: skip
 
 
-def _auto_batch(batch_size: Any, n: int) -> int:
+def auto_batch(batch_size: Any, n: int) -> int:
     """scikit-learn's batch_size: "auto" is min(200, n) for the rows of this call; an integer is used as given."""
     return min(200, n) if batch_size == "auto" else int(batch_size)
 
@@ -290,7 +290,7 @@ class FastnnEstimator(BaseEstimator):
         return Trainer(
             model,
             self._optimizer(n_samples),
-            batch_size=_auto_batch(self.batch_size, n_samples),
+            batch_size=auto_batch(self.batch_size, n_samples),
             precision=self.precision,
             device=self.device,
             seed=self._seed(),
@@ -325,7 +325,7 @@ class FastnnEstimator(BaseEstimator):
     def _rebatched(self, n_samples: int) -> None:
         """partial_fit with batch_size="auto" takes min(200, n) of each call's rows, as scikit-learn does: a new
         trainer continues (weights, optimizer state, counters) at the new batch size when it changes."""
-        batch = _auto_batch(self.batch_size, n_samples)
+        batch = auto_batch(self.batch_size, n_samples)
         trainer = self.trainer_
         if batch == trainer.config.batch_size:
             return

@@ -1,0 +1,103 @@
+"""One group of a search's fits trained as one `MultiTrainer`: each model stops as its own `fit` would
+(scikit-learn's tol / n_iter_no_change on the training loss, or max_iter), and its outputs on the rows it is
+scored on are taken at that epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ._base import Plateau
+from ._plan import Group
+
+__all__ = ["GroupResult", "ModelResult", "train_group"]
+
+#: Outputs are computed in row chunks of at most this many floats over all models (a bound on host memory).
+_FORWARD_FLOATS = 2**26
+
+
+@dataclasses.dataclass
+class ModelResult:
+    """What scoring needs of one trained model."""
+
+    pair: int
+    outputs: np.ndarray | None  #: (rows asked for, outputs) float32: probabilities, or a regression's values
+    error: BaseException | None  #: what its own fit would have raised (TrainingDiverged), or None
+    n_iter: int
+    converged: bool
+
+
+@dataclasses.dataclass
+class GroupResult:
+    models: list[ModelResult]
+    seconds: float  #: the group's training and inference time
+    device: str
+
+
+def train_group(group: Group, X: np.ndarray, y: np.ndarray, score_rows: list[np.ndarray],
+                ordinal: int | None = None) -> GroupResult:  # fmt: skip
+    """Train `group` on (X, y) (X float32, y encoded for the group: class indices or float targets) and return
+    each model's outputs on rows `score_rows[k]` of X. `ordinal`: the GPU of this process to train on (None: the
+    estimator's device as it resolves)."""
+    from .. import MultiTrainer
+
+    start = time.perf_counter()
+    models = group.models
+    count = len(models)
+    if group.own_rows is not None:
+        x, t, masks = X[group.own_rows], y[group.own_rows], None
+    else:
+        x, t = X, y
+        masks = np.zeros((count, X.shape[0]), dtype=bool)
+        for k, m in enumerate(models):
+            masks[k, m.rows] = True
+    hparams = {name: [m.hparams[name] for m in models] for name in models[0].hparams}
+    shuffle = group.shuffle_seed
+    if shuffle is None:  # random_state=None: a fresh draw, as each fit of its own would make
+        shuffle = int(np.random.randint(0, 2**31 - 1))
+    extra = {} if ordinal is None else {"devices": [ordinal]}
+    mt = MultiTrainer(group.model, group.optimizer, seeds=[m.seed for m in models], shuffle_seed=shuffle,
+                      batch_size=group.batch_size, precision=group.precision, device=group.device, loss=group.loss,
+                      **hparams, **extra)  # fmt: skip
+    results: list[ModelResult | None] = [None] * count
+    try:
+        plateaus = [Plateau(m.tol, m.patience) for m in models]
+        active = np.ones(count, dtype=bool)
+        epoch = 0
+        while active.any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # divergence: reported as each fit's error instead
+                mt.fit(x, t, epochs=1, masks=masks)
+            epoch += 1
+            done = []
+            for k in np.flatnonzero(active):
+                k = int(k)
+                if mt.diverged[k]:
+                    results[k] = ModelResult(models[k].pair, None, mt.divergences[k], epoch - 1, False)
+                    active[k] = False
+                    continue
+                stop = plateaus[k](mt.histories[k][-1])
+                if stop or epoch >= models[k].max_iter:
+                    done.append((k, stop))
+                    active[k] = False
+            if done:
+                outputs = _outputs(mt, X, group.loss)
+                for k, converged in done:
+                    results[k] = ModelResult(models[k].pair, outputs[k][score_rows[k]], None, epoch, converged)
+    finally:
+        mt.close()
+    return GroupResult([r for r in results if r is not None], time.perf_counter() - start, mt.device)
+
+
+def _outputs(mt: Any, X: np.ndarray, loss: str) -> np.ndarray:
+    """Every model's outputs on every row of X, (K, N, outputs) float32, computed in chunks of rows."""
+    count, n = mt.models, X.shape[0]
+    width = mt.model.sizes[-1]
+    step = max(1, _FORWARD_FLOATS // max(1, count * width))
+    if step >= n:
+        return mt.forward(X)
+    return np.concatenate([mt.forward(X[i : i + step]) for i in range(0, n, step)], axis=1)

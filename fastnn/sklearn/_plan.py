@@ -1,0 +1,203 @@
+"""How a search's fits become many-model fits: each (candidate, fold) fit of a fastnn estimator is described as
+the `Trainer` its own `fit` would build, split into what one `MultiTrainer` must share (the group key) and what
+may differ per model. Fits that cannot be described so go to scikit-learn's own per-fit path.
+
+What may differ per model (batched): `learning_rate_init` (lr), `alpha` / `C` (weight decay, C with the fold's
+rows), `momentum`, `beta_1`, `beta_2`, `epsilon`, `max_iter`, `tol`, `n_iter_no_change` (each model stops on its
+own, on the host), `penalty`, `warm_start` (a search's clones start afresh), the fold (a mask over one copy of the
+data). What must be the same (group key): the estimator class, `hidden_layer_sizes`, `activation`, `solver`,
+Nesterov or not, the batch size (`batch_size`, "auto" with the fold's rows), `precision`, `device`, the classes of
+the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of a fit,
+and models of one MultiTrainer share one shuffle, so candidates with different seeds train in different groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import numpy as np
+from sklearn.base import clone
+
+from .._model import MLP
+from ._base import auto_batch
+from ._classifier import MLPClassifier
+from ._logistic import LogisticRegression
+from ._regressor import MLPRegressor
+
+__all__ = ["BATCHED_PARAMS", "GROUP_PARAMS", "Group", "ModelSpec", "Plan", "make_plan"]
+
+#: The estimator classes whose fits batch (exactly these: a subclass may train differently).
+BATCHABLE = (MLPClassifier, MLPRegressor, LogisticRegression)
+#: Parameters that may differ between the models of one many-model fit.
+BATCHED_PARAMS = ("learning_rate_init", "alpha", "C", "penalty", "momentum", "beta_1", "beta_2", "epsilon",
+                  "max_iter", "tol", "n_iter_no_change", "warm_start", "max_fun")  # fmt: skip
+#: Parameters whose values split the fits into several many-model fits.
+GROUP_PARAMS = ("hidden_layer_sizes", "activation", "solver", "nesterovs_momentum", "batch_size", "precision",
+                "device", "random_state")  # fmt: skip
+#: Optimizer fields a MultiTrainer takes per model; the others (SGD's nesterov) are part of the group key.
+_PER_MODEL_FIELDS = ("lr", "weight_decay", "momentum", "betas", "eps")
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """One (candidate, fold) fit as one model of a group."""
+
+    pair: int  #: index in the search's candidate-major list of (candidate, fold) fits
+    fold: int
+    rows: np.ndarray  #: the fold's training rows (ascending) in the group's data
+    hparams: dict[str, Any]  #: the optimizer's per-model fields
+    seed: int  #: its initial weights' seed
+    max_iter: int
+    tol: float
+    patience: float  #: n_iter_no_change
+    name: str  #: the estimator's class name (ConvergenceWarning's text)
+
+
+@dataclasses.dataclass
+class Group:
+    """Fits that train as one MultiTrainer: one architecture, optimizer class, batch size, shuffle and data."""
+
+    key: tuple
+    model: MLP
+    loss: str
+    optimizer: Any  #: SGD or AdamW: the group's class and shared fields
+    batch_size: int
+    precision: str
+    device: str
+    shuffle_seed: int | None  #: None: random_state=None, drawn when the group trains
+    own_rows: np.ndarray | None  #: None: a mask over the search's X; else the data is X[own_rows] (one fold)
+    classes: np.ndarray | None  #: a classifier's classes (labels are encoded as indices into them)
+    models: list[ModelSpec] = dataclasses.field(default_factory=list)
+
+    def cost(self) -> float:
+        """Rough work (models x rows x epochs x parameters), to balance groups over devices."""
+        sizes = self.model.sizes
+        params = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+        return float(sum(m.rows.size * m.max_iter for m in self.models)) * params
+
+
+@dataclasses.dataclass
+class Plan:
+    groups: list[Group]
+    fallback: list[int]  #: pairs that take scikit-learn's per-fit path
+    reasons: dict[int, str]  #: why, per fallback pair (for the docs and tests)
+
+
+def _ascending(rows: np.ndarray) -> bool:
+    return rows.ndim == 1 and (rows.size < 2 or bool((np.diff(rows) > 0).all()))
+
+
+def not_batchable(est: Any) -> str | None:
+    """Why this estimator's fits take scikit-learn's per-fit path, or None when they batch."""
+    if type(est) not in BATCHABLE:
+        return f"{type(est).__name__} is not one of fastnn's estimators {[c.__name__ for c in BATCHABLE]}"
+    if est.learning_rate != "constant":
+        return f"learning_rate={est.learning_rate!r} changes each model's rate on its own"
+    if est.early_stopping:
+        return "early_stopping=True holds out rows and keeps each model's best epoch"
+    if est.verbose:
+        return "verbose prints each fit's epochs"
+    if est.engine != "auto":
+        return f"engine={est.engine!r} names a single-model engine"
+    return None
+
+
+def _seed(est: Any) -> int | None:
+    """The seed the fit would use for its weights and shuffle, or None for random_state=None (a fresh draw)."""
+    return None if est.random_state is None else est._seed()
+
+
+def make_plan(
+    base: Any, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]], X: np.ndarray | None,
+    y: Any, fit_params: dict[str, Any],
+) -> Plan:
+    """Group the (candidate, fold) fits (candidate-major, as scikit-learn orders them). `X` is the search's data
+    as float32 (None when it is not usable as such: everything falls back); `y` its targets."""
+    n_splits = len(splits)
+    groups: dict[tuple, Group] = {}
+    fallback: list[int] = []
+    reasons: dict[int, str] = {}
+    classifier = None if X is None else _targets(base, y)
+    folds = [(np.asarray(train), np.asarray(test)) for train, test in splits]
+    for c, params in enumerate(candidates):
+        for f, (train, _) in enumerate(folds):
+            pair = c * n_splits + f
+            why, spec = _describe(base, params, train, f, X, y, classifier, fit_params)
+            if why is not None:
+                fallback.append(pair)
+                reasons[pair] = why
+                continue
+            group, model = spec
+            group = groups.setdefault(group.key, group)
+            model.pair = pair
+            group.models.append(model)
+    return Plan(list(groups.values()), fallback, reasons)
+
+
+def _targets(base: Any, y: Any) -> Any:
+    """For a classifier: y as an array that labels can be taken from (None: unusable, fall back); for a
+    regressor: y float64 (n, k)."""
+    from sklearn.base import is_classifier
+    from sklearn.utils.multiclass import check_classification_targets
+
+    try:
+        if is_classifier(base):
+            y = np.asarray(y)
+            if y.ndim != 1:
+                return None
+            check_classification_targets(y)
+            return y
+        y = np.asarray(y, dtype=np.float64)
+        return y.reshape(-1, 1) if y.ndim == 1 else (y if y.ndim == 2 else None)
+    except (TypeError, ValueError):
+        return None
+
+
+def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X: np.ndarray | None, y: Any,
+              targets: Any, fit_params: dict[str, Any]) -> tuple[str | None, Any]:  # fmt: skip
+    """(reason, None) for a fit that falls back, else (None, (its Group (key and shared values), its ModelSpec))."""
+    if X is None or targets is None:
+        return "the data or targets are not arrays fastnn's estimators take as such", None
+    if fit_params:
+        return f"fit parameters {sorted(fit_params)} are passed to each fit", None
+    est = clone(base).set_params(**clone(params, safe=False))
+    why = not_batchable(est)
+    if why is not None:
+        return why, None
+    try:
+        est._check_params()  # the fit's own checks: a bad value takes the per-fit path, which reports it
+    except ValueError as exc:
+        return f"the fit refuses its parameters ({exc})", None
+    own = None if _ascending(train) else train  # the fit sees X[train] in this order: the fold's own copy
+    n = int(train.size)
+    classes = None
+    if isinstance(est, (MLPClassifier, LogisticRegression)):
+        classes = np.unique(targets[train])
+        if classes.size < 2:
+            return "the fold holds one class", None
+        outputs = int(classes.size)
+    else:
+        outputs = int(targets.shape[1])
+    model = MLP([X.shape[1], *est._hidden_sizes, outputs], activation=est._activation())
+    opt = est._optimizer(n)
+    shared = {f.name: getattr(opt, f.name) for f in dataclasses.fields(opt) if f.name not in _PER_MODEL_FIELDS}
+    hparams = {f.name: getattr(opt, f.name) for f in dataclasses.fields(opt) if f.name in _PER_MODEL_FIELDS}
+    seed = _seed(est)
+    batch = auto_batch(est.batch_size, n)
+    key = (
+        type(est).__name__, model.sizes, model.activation, est._loss, type(opt).__name__, tuple(sorted(shared.items())),
+        batch, est.precision, est.device, seed,
+        None if own is None else ("fold", fold),
+        None if classes is None else tuple(classes.tolist()),
+    )  # fmt: skip
+    group = Group(key=key, model=model, loss=est._loss, optimizer=type(opt)(**{**shared, **hparams}),
+                  batch_size=batch, precision=est.precision, device=est.device, shuffle_seed=seed, own_rows=own,
+                  classes=classes)  # fmt: skip
+    patience = est.n_iter_no_change
+    spec = ModelSpec(pair=-1, fold=fold, rows=np.arange(n) if own is not None else train, hparams=hparams,
+                     seed=est._seed() if seed is None else seed, max_iter=int(est.max_iter), tol=float(est.tol),
+                     patience=patience if isinstance(patience, numbers.Real) else float(patience),
+                     name=type(est).__name__)  # fmt: skip
+    return None, (group, spec)

@@ -1,0 +1,312 @@
+"""fastnn.sklearn's GridSearchCV / RandomizedSearchCV against scikit-learn's own searches over the same fastnn
+estimators on the CPU: the same cv_results_ keys, scores per candidate (to the engines' tolerance), ranks,
+best_params_, refit and error_score; how fits group and fall back; the spread over devices; Dask."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from sklearn import model_selection  # noqa: E402
+from sklearn.datasets import load_digits, make_regression  # noqa: E402
+from sklearn.exceptions import FitFailedWarning  # noqa: E402
+from sklearn.linear_model import Ridge  # noqa: E402
+
+import fastnn.sklearn as fs  # noqa: E402
+from fastnn.sklearn import _spread  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+#: Scores of equal models agree to float32 rounding on the CPU; differently summed (batched) float32 products
+#: could move a borderline row, so allow one test row in a few hundred.
+ATOL = 0.01
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    X, y = load_digits(return_X_y=True)
+    return (X / 16).astype(np.float32)[:540], y[:540]
+
+
+@pytest.fixture(scope="module")
+def regression() -> tuple[np.ndarray, np.ndarray]:
+    X, y = make_regression(n_samples=300, n_features=8, noise=5.0, random_state=0)
+    return X.astype(np.float32), (y / y.std()).astype(np.float64)
+
+
+def mlp(**kw) -> fs.MLPClassifier:
+    return fs.MLPClassifier(**{"hidden_layer_sizes": (16,), "max_iter": 6, "random_state": 0, "device": "cpu", **kw})
+
+
+def both(search, est, grid, X, y, **kw):
+    """(fastnn's search, scikit-learn's search), fitted on the same data with the same arguments."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = getattr(fs, search)(est, grid, **kw).fit(X, y)
+        theirs = getattr(model_selection, search)(est, grid, **kw).fit(X, y)
+    return ours, theirs
+
+
+def assert_same_results(ours, theirs, atol: float = ATOL) -> None:
+    a, b = ours.cv_results_, theirs.cv_results_
+    assert sorted(a) == sorted(b)
+    for key in a:
+        if key.endswith("_time"):
+            continue
+        if "score" in key and not key.startswith("rank"):
+            np.testing.assert_allclose(np.asarray(a[key], float), np.asarray(b[key], float), atol=atol, err_msg=key)
+        elif key.startswith("param"):
+            assert list(a[key]) == list(b[key]), key
+        else:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_classifier_grid_matches_scikit_learn(digits):
+    X, y = digits
+    grid = {"learning_rate_init": [0.03, 0.001], "alpha": [1e-4, 0.3], "momentum": [0.9]}
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=3, return_train_score=True)
+    assert_same_results(ours, theirs)
+    assert ours.best_params_ == theirs.best_params_
+    assert ours.best_score_ == pytest.approx(theirs.best_score_, abs=ATOL)
+    assert len(ours.plan_.groups) == 1 and not ours.plan_.fallback  # 4 candidates x 3 folds: one 12-model fit
+    assert isinstance(ours.best_estimator_, fs.MLPClassifier)
+    np.testing.assert_array_equal(ours.predict(X), theirs.predict(X))  # the refit is the estimator's own fit
+    assert ours.n_splits_ == 3 and ours.multimetric_ is False
+
+
+def test_groups_by_what_must_differ(digits):
+    """Hidden sizes, solvers and seeds split the fits into groups; everything else batches."""
+    X, y = digits
+    grid = {"hidden_layer_sizes": [(8,), (16,)], "random_state": [0, 1], "alpha": [1e-4, 1e-2],
+            "solver": ["adam", "sgd"]}  # fmt: skip
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=2)
+    assert_same_results(ours, theirs)
+    assert len(ours.plan_.groups) == 8 and all(len(g.models) == 4 for g in ours.plan_.groups)
+    assert ours.best_params_ == theirs.best_params_
+
+
+def test_multimetric_and_refit_by_name(digits):
+    X, y = digits
+    grid = {"learning_rate_init": [0.03, 0.003], "alpha": [1e-4, 1.0]}
+    scoring = {"acc": "accuracy", "nll": "neg_log_loss", "f1": "f1_macro"}
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=3, scoring=scoring, refit="nll")
+    assert_same_results(ours, theirs, atol=0.02)
+    assert ours.multimetric_ and ours.best_params_ == theirs.best_params_
+    assert set(ours.scorer_) == {"acc", "nll", "f1"}
+
+
+def test_regressor_randomized_matches_scikit_learn(regression):
+    X, y = regression
+    est = fs.MLPRegressor(hidden_layer_sizes=(16,), max_iter=10, random_state=3, device="cpu")
+    dist = {"learning_rate_init": [0.03, 0.01, 0.001], "alpha": [0.0, 1e-3, 0.5], "beta_1": [0.9, 0.5]}
+    ours, theirs = both("RandomizedSearchCV", est, dist, X, y, n_iter=5, random_state=1,
+                        cv=model_selection.KFold(3, shuffle=True, random_state=0))  # fmt: skip
+    assert_same_results(ours, theirs, atol=1e-3)
+    assert ours.best_params_ == theirs.best_params_
+    assert len(ours.plan_.groups) == 1
+
+
+def test_logistic_regression_c_uses_each_folds_rows(digits):
+    """C is weight decay 1 / (C n) with n the fold's rows: unequal folds still batch, each with its own decay."""
+    X, y = digits
+    est = fs.LogisticRegression(max_iter=5, random_state=0, device="cpu")
+    ours, theirs = both("GridSearchCV", est, {"C": [0.01, 1.0, 100.0]}, X[:500], y[:500], cv=3)
+    assert_same_results(ours, theirs)
+    assert len(ours.plan_.groups) == 1 and ours.best_params_ == theirs.best_params_
+
+
+def test_shuffled_folds_train_on_their_own_copy(digits):
+    """A splitter whose training rows are not ascending (ShuffleSplit): the fit sees them in that order, so each
+    such fold's models train on their own copy of the data; the results are still scikit-learn's."""
+    X, y = digits
+    cv = model_selection.ShuffleSplit(n_splits=2, test_size=0.25, random_state=0)
+    ours, theirs = both("GridSearchCV", mlp(), {"alpha": [1e-4, 0.1]}, X, y, cv=cv)
+    assert_same_results(ours, theirs)
+    assert len(ours.plan_.groups) == 2 and all(g.own_rows is not None for g in ours.plan_.groups)
+
+
+def test_what_falls_back_is_scikit_learns_fit(digits):
+    """An adaptive rate and a refused parameter take the per-fit path (the refusal becoming error_score), next to
+    batched candidates in the same search."""
+    X, y = digits
+    grid = [{"learning_rate": ["constant", "adaptive"]}, {"activation": ["tanh"]}]
+    with pytest.warns(FitFailedWarning):
+        ours = fs.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+    with pytest.warns(FitFailedWarning):
+        theirs = model_selection.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+    assert_same_results(ours, theirs)
+    plan = ours.plan_
+    assert sorted(plan.fallback) == [2, 3, 4, 5]
+    assert "adaptive" in plan.reasons[2] and "tanh" in plan.reasons[4]
+    assert np.isnan(ours.cv_results_["mean_test_score"][2])
+
+
+def test_a_diverged_model_gets_error_score(digits):
+    """A candidate whose training diverges: its own fit raises TrainingDiverged, which the search records as
+    error_score (nan, FitFailedWarning) or raises with error_score="raise", as scikit-learn's search does."""
+    X, y = digits
+    X = X * 1e3  # a rate this large on inputs this large overflows
+    grid = {"learning_rate_init": [1e-3, 1e4], "solver": ["sgd"], "momentum": [0.0]}
+    with pytest.warns(FitFailedWarning, match="TrainingDiverged"):
+        ours = fs.GridSearchCV(mlp(), grid, cv=2, error_score=-1.0).fit(X, y)
+    with pytest.warns(FitFailedWarning, match="TrainingDiverged"):
+        theirs = model_selection.GridSearchCV(mlp(), grid, cv=2, error_score=-1.0).fit(X, y)
+    assert_same_results(ours, theirs)
+    assert ours.cv_results_["mean_test_score"][1] == -1.0
+    from fastnn import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged):
+        fs.GridSearchCV(mlp(), grid, cv=2, error_score="raise").fit(X, y)
+
+
+def test_refit_false_and_callable_refit(digits):
+    X, y = digits
+    grid = {"alpha": [1e-4, 0.5]}
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=2, refit=False)
+    assert not hasattr(ours, "best_estimator_") and ours.best_params_ == theirs.best_params_
+    pick = lambda results: int(np.argmax(results["mean_test_score"]))  # noqa: E731
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=2, refit=pick)
+    assert ours.best_index_ == theirs.best_index_ and not hasattr(ours, "best_score_")
+
+
+def test_other_estimators_are_scikit_learns_search(regression):
+    X, y = regression
+    ours, theirs = both("GridSearchCV", Ridge(), {"alpha": [0.1, 10.0]}, X, y, cv=3)
+    assert_same_results(ours, theirs, atol=0)
+    assert ours.plan_ is None
+
+
+def test_random_state_none_batches_with_fresh_seeds(digits):
+    """random_state=None: each fit's seed is a fresh draw, so no result is reproducible; the models of a group
+    share one (fresh) shuffle and have their own initial weights, and the search's surface is unchanged."""
+    X, y = digits
+    ours = fs.GridSearchCV(mlp(random_state=None), {"alpha": [1e-4, 1e-2]}, cv=2).fit(X, y)
+    assert len(ours.plan_.groups) == 1
+    seeds = [m.seed for m in ours.plan_.groups[0].models]
+    assert len(set(seeds)) == len(seeds)
+    assert np.isfinite(ours.cv_results_["mean_test_score"]).all()
+
+
+def test_the_search_pickles_and_clones(digits):
+    X, y = digits
+    search = fs.GridSearchCV(mlp(), {"alpha": [1e-4, 0.5]}, cv=2).fit(X, y)
+    again = pickle.loads(pickle.dumps(search))
+    np.testing.assert_array_equal(again.predict(X), search.predict(X))
+    from sklearn.base import clone
+
+    assert type(clone(search)) is fs.GridSearchCV and clone(search).get_params()["cv"] == 2
+
+
+def test_nothing_touches_cuda_at_import_or_construction():
+    """Importing fastnn.sklearn and building estimators and searches loads no CUDA library and makes no CUDA call:
+    they pickle to, and start on, a worker that owns a GPU (or none)."""
+    code = (
+        "import sys, pickle\n"
+        "import fastnn.sklearn as fs\n"
+        "s = fs.GridSearchCV(fs.MLPClassifier(), {'alpha': [1e-4, 1e-3]}, n_jobs=-1)\n"
+        "pickle.loads(pickle.dumps(s))\n"
+        "from fastnn import _device\n"
+        "assert _device._cuda_status.cache_info().currsize == 0, 'probed CUDA'\n"
+        "assert not any(m.startswith(('cuda.bindings', 'fastnn.cuda.driver')) for m in sys.modules), 'loaded CUDA'\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+
+# ---- devices: the slots groups train in and how groups are spread over them --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n_jobs", "devices", "gpus", "slots"),
+    [
+        (None, ["auto"], 4, [0]),  # scikit-learn's None: one job, one GPU
+        (-1, ["cuda"], 4, [0, 1, 2, 3]),  # every visible GPU (CUDA_VISIBLE_DEVICES: the driver numbers those)
+        (-2, ["cuda"], 4, [0, 1, 2]),  # all but one
+        (2, ["auto", "cuda"], 4, [0, 1]),
+        (8, ["cuda"], 2, [0, 1]),  # never more slots than GPUs
+        (-1, ["auto"], 0, [None] * 2),  # "auto" without a GPU: the CPU, threads as the machine's cores (2 here)
+        (3, ["cpu"], 4, [None] * 3),  # every group on the CPU: threads
+    ],
+)
+def test_device_slots(n_jobs, devices, gpus, slots, monkeypatch):
+    monkeypatch.setattr("joblib.cpu_count", lambda *a, **k: 2)
+    assert _spread.device_slots(n_jobs, devices, gpus=lambda: gpus) == slots
+
+
+def test_assign_balances_the_longest_first():
+    assert _spread.assign([5, 1, 4, 3, 2], 2) == [[0, 4, 1], [2, 3]]  # 5, 4, then 3 onto 4, 2 onto 5, 1 (tie)
+    assert _spread.assign([1, 1, 1], 3) == [[0], [1], [2]]
+    assert _spread.assign([2, 2], 1) == [[0, 1]]
+    assert _spread.assign([], 2) == [[], []]
+    plan = _spread.assign(list(np.random.default_rng(0).uniform(1, 10, 40)), 4)
+    assert sorted(i for s in plan for i in s) == list(range(40))
+
+
+def test_run_spread_runs_every_job_on_its_slot():
+    seen = []
+    out = _spread.run_spread(["a", "b", "c", "d"], [4, 3, 2, 1], [0, 1], lambda j, s: seen.append((j, s)) or j * 2)
+    assert out == ["aa", "bb", "cc", "dd"]
+    assert sorted(seen) == [("a", 0), ("b", 1), ("c", 1), ("d", 0)]
+
+    def fail(j, s):
+        if j == "c":
+            raise RuntimeError("group c failed")
+        return j
+
+    with pytest.raises(RuntimeError, match="group c"):
+        _spread.run_spread(["a", "b", "c"], [1, 1, 1], [0, 1], fail)
+
+
+def test_search_spreads_groups_over_slots(digits, monkeypatch):
+    """With two slots (as on two GPUs) every group trains once, on the slot `assign` gives it, and the results
+    are the one-slot search's."""
+    X, y = digits
+    used = []
+    real = fs._search.train_group
+
+    def spy(group, X, y, rows, ordinal=None):
+        used.append(ordinal)
+        return real(group, X, y, rows, None)
+
+    monkeypatch.setattr(fs._search, "train_group", spy)
+    monkeypatch.setattr(fs._search, "device_slots", lambda n_jobs, devices: [0, 1])
+    grid = {"hidden_layer_sizes": [(8,), (16,), (24,)], "alpha": [1e-4, 0.1]}
+    ours = fs.GridSearchCV(mlp(), grid, cv=2, n_jobs=2).fit(X, y)
+    assert sorted(used) == [0, 1, 1]  # 24 wide alone on one slot, 16 and 8 on the other
+    monkeypatch.setattr(fs._search, "device_slots", lambda n_jobs, devices: [None])
+    one = fs.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+    assert_same_results(ours, one, atol=0)
+
+
+# ---- Dask: scikit-learn's search and fastnn's, group by group, on a LocalCluster ------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_dask_backend_runs_both_searches(digits):
+    distributed = pytest.importorskip("distributed")
+    import joblib
+
+    X, y = digits
+    grid = {"alpha": [1e-4, 0.3], "hidden_layer_sizes": [(8,), (16,)]}
+    local = fs.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+    # processes=False: workers are threads of this process, so the test cannot hang on spawning processes
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \
+            distributed.Client(c) as client, joblib.parallel_backend("dask"):  # fmt: skip
+        assert _spread.remote_backend()
+        ours = fs.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = model_selection.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
+        ran = client.run(lambda: True)
+    assert len(ran) == 2
+    assert_same_results(ours, local, atol=0)
+    assert_same_results(ours, theirs)
+    assert not _spread.remote_backend()
