@@ -92,6 +92,18 @@ def test_groups_by_what_must_differ(digits):
     assert ours.best_params_ == theirs.best_params_
 
 
+def test_optimizer_constants_batch(digits):
+    """SGD's momentum and Nesterov (which momentum 0 turns off), AdamW's betas and eps: per model, one group."""
+    X, y = digits
+    grid = [{"solver": ["sgd"], "momentum": [0.0, 0.9], "nesterovs_momentum": [True, False],
+             "learning_rate_init": [0.05]},
+            {"beta_1": [0.9, 0.5], "epsilon": [1e-8, 1e-3]}]  # fmt: skip
+    ours, theirs = both("GridSearchCV", mlp(), grid, X, y, cv=2)
+    assert_same_results(ours, theirs)
+    assert [len(g.models) for g in ours.plan_.groups] == [8, 8]  # one group per solver
+    assert ours.best_params_ == theirs.best_params_
+
+
 def test_multimetric_and_refit_by_name(digits):
     X, y = digits
     grid = {"learning_rate_init": [0.03, 0.003], "alpha": [1e-4, 1.0]}
@@ -310,3 +322,23 @@ def test_dask_backend_runs_both_searches(digits):
     assert_same_results(ours, local, atol=0)
     assert_same_results(ours, theirs)
     assert not _spread.remote_backend()
+
+
+# ---- the guide's Optuna recipe, run as written --------------------------------------------------------------
+
+
+def test_the_optuna_recipe_runs(digits):
+    """docs/guide/search.md's ask-and-tell recipe, executed from the page on small data (where optuna is
+    installed: it is not a fastnn dependency)."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    page = (REPO / "docs" / "guide" / "search.md").read_text()
+    blocks = page.split("```python\n")
+    recipe = next(b for b in blocks if b.startswith("import optuna")).split("```")[0]
+    namespace: dict = {}
+    exec(compile(recipe, "search.md", "exec"), namespace)
+    X, y = digits
+    study = namespace["tune"](X[:400], y[:400], X[400:], y[400:], rounds=2, per_round=4, epochs=2, hidden=8,
+                              device="cpu")  # fmt: skip
+    assert len(study.trials) == 8 and all(t.state.name == "COMPLETE" for t in study.trials)
+    assert set(study.best_params) == {"lr", "weight_decay"} and np.isfinite(study.best_value)

@@ -3,12 +3,13 @@ the `Trainer` its own `fit` would build, split into what one `MultiTrainer` must
 may differ per model. Fits that cannot be described so go to scikit-learn's own per-fit path.
 
 What may differ per model (batched): `learning_rate_init` (lr), `alpha` / `C` (weight decay, C with the fold's
-rows), `momentum`, `beta_1`, `beta_2`, `epsilon`, `max_iter`, `tol`, `n_iter_no_change` (each model stops on its
-own, on the host), `penalty`, `warm_start` (a search's clones start afresh), the fold (a mask over one copy of the
-data). What must be the same (group key): the estimator class, `hidden_layer_sizes`, `activation`, `solver`,
-Nesterov or not, the batch size (`batch_size`, "auto" with the fold's rows), `precision`, `device`, the classes of
-the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of a fit,
-and models of one MultiTrainer share one shuffle, so candidates with different seeds train in different groups.
+rows), `momentum`, `nesterovs_momentum`, `beta_1`, `beta_2`, `epsilon`, `max_iter`, `tol`, `n_iter_no_change`
+(each model stops on its own, on the host), `penalty`, `warm_start` (a search's clones start afresh), the fold (a
+mask over one copy of the data). What must be the same (group key): the estimator class, `hidden_layer_sizes`,
+`activation`, `solver`, the batch size (`batch_size`, "auto" with the fold's rows), `precision`, `device`, the
+classes of the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of
+a fit, and the models of one MultiTrainer share one shuffle, so candidates with different seeds train in
+different groups.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ __all__ = ["BATCHED_PARAMS", "GROUP_PARAMS", "Group", "ModelSpec", "Plan", "make
 BATCHABLE = (MLPClassifier, MLPRegressor, LogisticRegression)
 #: Parameters that may differ between the models of one many-model fit.
 BATCHED_PARAMS = ("learning_rate_init", "alpha", "C", "penalty", "momentum", "beta_1", "beta_2", "epsilon",
-                  "max_iter", "tol", "n_iter_no_change", "warm_start", "max_fun")  # fmt: skip
+                  "nesterovs_momentum", "max_iter", "tol", "n_iter_no_change", "warm_start", "max_fun")  # fmt: skip
 #: Parameters whose values split the fits into several many-model fits.
-GROUP_PARAMS = ("hidden_layer_sizes", "activation", "solver", "nesterovs_momentum", "batch_size", "precision",
-                "device", "random_state")  # fmt: skip
-#: Optimizer fields a MultiTrainer takes per model; the others (SGD's nesterov) are part of the group key.
-_PER_MODEL_FIELDS = ("lr", "weight_decay", "momentum", "betas", "eps")
+GROUP_PARAMS = ("hidden_layer_sizes", "activation", "solver", "batch_size", "precision", "device", "random_state")
+#: Optimizer fields a MultiTrainer takes per model (all of SGD's and AdamW's).
+_PER_MODEL_FIELDS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps")
 
 
 @dataclasses.dataclass
