@@ -137,3 +137,16 @@ def test_gpu_engine_early_stopping_and_regression(backend):
         assert a["r2"] == pytest.approx(b["r2"], rel=10 * backend[0]) and a["mse"] == pytest.approx(b["mse"],
                                                                                                  rel=10 * backend[0])
     np.testing.assert_allclose(gpu.predict(xr), cpu.predict(xr), rtol=10 * backend[0], atol=10 * backend[1])
+
+
+def test_phase_profile_names_every_node_and_leaves_the_state(backend):
+    x, y = _data()
+    mt = MultiTrainer(MLP([10, 8, 3]), SGD(lr=0.1), models=3, batch_size=16, device="cuda", engine="gpu")
+    mt.fit(x, y, epochs=1)
+    before = mt.state_dicts()
+    phases = mt._engine.profile_step(step=2, repeats=3)
+    assert list(phases) == ["gather", "forward0", "forward1", "loss", "wgrad1", "dgrad1", "wgrad0", "update"]
+    assert all(t > 0 for t in phases.values())
+    for a, b in zip(before, mt.state_dicts()):
+        for n in a:
+            np.testing.assert_array_equal(a[n], b[n])

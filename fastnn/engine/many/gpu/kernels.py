@@ -4,15 +4,20 @@ stream, top to bottom: gather, forward per layer, loss, per layer (last first) w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from ....cuda import driver
 from ....cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
 
 __all__ = [
-    "KERNELS", "STEP_FIELDS", "Net", "StepTables", "record_check", "record_forward", "record_loss", "record_step",
-    "step_arg",
+    "KERNELS", "STEP_FIELDS", "Net", "Node", "StepTables", "forward_nodes", "loss_node", "record_check",
+    "record_forward", "record_loss", "record_step", "step_arg", "step_nodes",
 ]  # fmt: skip
+
+#: One operation of a step: its name (the profile reports it) and a call that queues it on the stream.
+Node = tuple[str, Callable[[], None]]
 
 #: Every kernel of native/many.cu this engine launches (a CPU test checks each is in the compiled module).
 KERNELS = (
@@ -96,77 +101,91 @@ def _grid2(cols: int, rows: int, models: int) -> tuple[int, int, int]:
     return (-(-cols // TILE), -(-rows // TILE), models)
 
 
-def record_forward(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> None:
-    """Queue the gather of `step` and every layer's forward."""
+def _gather_node(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> Node:
     st = step_arg(t, step, net.batch, drop_last, shuffled)
-    d = net.sizes[0]
     src = "u8" if t.x_u8 else "f32"
-    net.mod.function(f"many_gather_{src}").launch(
-        (net.batch, t.streams, 1), (GATHER_THREADS, 1, 1),
-        [arg_ptr(t.x), arg_ptr(t.y), arg_i32(net.y_words), arg_i32(d), arg_ptr(t.rows), arg_ptr(t.group_offsets), st,
-         arg_u32(net.seed[0]), arg_u32(net.seed[1]), arg_f32(t.scale), arg_f32(t.shift), arg_ptr(t.fscale),
-         arg_ptr(t.fshift), arg_ptr(net.xb), arg_ptr(net.yb)],
-        net.stream,
-    )  # fmt: skip
+    args = [arg_ptr(t.x), arg_ptr(t.y), arg_i32(net.y_words), arg_i32(net.sizes[0]), arg_ptr(t.rows),
+            arg_ptr(t.group_offsets), st, arg_u32(net.seed[0]), arg_u32(net.seed[1]), arg_f32(t.scale),
+            arg_f32(t.shift), arg_ptr(t.fscale), arg_ptr(t.fshift), arg_ptr(net.xb), arg_ptr(net.yb)]  # fmt: skip
+    return "gather", partial(net.mod.function(f"many_gather_{src}").launch, (net.batch, t.streams, 1),
+                             (GATHER_THREADS, 1, 1), args, net.stream)  # fmt: skip
+
+
+def forward_nodes(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> list[Node]:
+    """The gather of `step` and every layer's forward, named and ready to queue."""
+    st = step_arg(t, step, net.batch, drop_last, shuffled)
+    nodes = [_gather_node(net, t, step, shuffled, drop_last)]
     last = len(net.sizes) - 2
     for i, (fan_in, fan_out) in enumerate(zip(net.sizes[:-1], net.sizes[1:])):
         act = "none" if i == last else net.activation
-        net.mod.function(f"many_forward_{act}").launch(
-            _grid2(fan_out, net.batch, net.models), (TILE, TILE, 1),
-            [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
-             arg_ptr(net.params), arg_u64(net.stride), arg_u64(net.w_offsets[i]), arg_u64(net.b_offsets[i]),
-             arg_ptr(net.z[i]), arg_ptr(0 if i == last else net.h[i]), st],
-            net.stream,
-        )  # fmt: skip
+        args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
+                arg_ptr(net.params), arg_u64(net.stride), arg_u64(net.w_offsets[i]), arg_u64(net.b_offsets[i]),
+                arg_ptr(net.z[i]), arg_ptr(0 if i == last else net.h[i]), st]  # fmt: skip
+        nodes.append((f"forward{i}", partial(net.mod.function(f"many_forward_{act}").launch,
+                                             _grid2(fan_out, net.batch, net.models), (TILE, TILE, 1), args,
+                                             net.stream)))  # fmt: skip
+    return nodes
+
+
+def loss_node(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: bool, hist: int, dz: int,
+              sse: int = 0) -> Node:  # fmt: skip
+    """The loss of every model's rows at `step`: sums into hist (K x 2 doubles), gradients into dz if given."""
+    st = step_arg(t, step, net.batch, drop_last, shuffled)
+    c = net.sizes[-1]
+    if net.regression:
+        name, args = "many_mse", [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist),
+                                  arg_ptr(sse), st]  # fmt: skip
+    else:
+        name, args = "many_xent", [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist), st]
+    return "loss", partial(net.mod.function(name).launch, (net.models, 1, 1), (LOSS_THREADS, 1, 1), args, net.stream)
+
+
+def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int) -> list[Node]:
+    """Training step `step` of every model whose stream has rows at it, top to bottom: gather, forward per layer,
+    loss, per layer (last first) weight and input gradients, update. Named, so the profile can time each."""
+    nodes = forward_nodes(net, t, step, True, drop_last)
+    nodes.append(loss_node(net, t, step, drop_last, True, hist, net.dz[-1]))
+    st = step_arg(t, step, net.batch, drop_last, True)
+    for i in reversed(range(len(net.sizes) - 1)):
+        fan_in, fan_out = net.sizes[i], net.sizes[i + 1]
+        args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
+                arg_ptr(net.dz[i]), arg_ptr(net.grads), arg_u64(net.stride), arg_u64(net.w_offsets[i]),
+                arg_u64(net.b_offsets[i]), st]  # fmt: skip
+        nodes.append((f"wgrad{i}", partial(net.mod.function("many_wgrad").launch,
+                                           _grid2(fan_in + 1, fan_out, net.models), (TILE, TILE, 1), args,
+                                           net.stream)))  # fmt: skip
+        if i > 0:
+            args = [arg_ptr(net.dz[i]), arg_i32(fan_in), arg_i32(fan_out), arg_ptr(net.params), arg_u64(net.stride),
+                    arg_u64(net.w_offsets[i]), arg_ptr(net.z[i - 1]), arg_ptr(net.dz[i - 1]), st]  # fmt: skip
+            nodes.append((f"dgrad{i}", partial(net.mod.function(f"many_dgrad_{net.activation}").launch,
+                                               _grid2(fan_in, net.batch, net.models), (TILE, TILE, 1), args,
+                                               net.stream)))  # fmt: skip
+    total = net.models * net.stride
+    args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_u64(net.stride),
+            arg_u64(net.count), arg_i32(net.models), arg_ptr(net.opt), arg_ptr(net.lr), arg_i32(net.lr_stride),
+            arg_ptr(net.step0), st]  # fmt: skip
+    nodes.append(("update", partial(net.mod.function("many_update").launch,
+                                    (elementwise_blocks(net, total), 1, 1), (ELEMENTWISE_THREADS, 1, 1), args,
+                                    net.stream)))  # fmt: skip
+    return nodes
+
+
+def record_forward(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> None:
+    """Queue the gather of `step` and every layer's forward."""
+    for _, queue in forward_nodes(net, t, step, shuffled, drop_last):
+        queue()
 
 
 def record_loss(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: bool, hist: int, dz: int,
                 sse: int = 0) -> None:  # fmt: skip
-    """Queue the loss of every model's rows at `step`: sums into hist (K x 2 doubles), gradients into dz if given."""
-    st = step_arg(t, step, net.batch, drop_last, shuffled)
-    c = net.sizes[-1]
-    if net.regression:
-        net.mod.function("many_mse").launch(
-            (net.models, 1, 1), (LOSS_THREADS, 1, 1),
-            [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist), arg_ptr(sse), st],
-            net.stream,
-        )  # fmt: skip
-    else:
-        net.mod.function("many_xent").launch(
-            (net.models, 1, 1), (LOSS_THREADS, 1, 1),
-            [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist), st], net.stream,
-        )  # fmt: skip
+    """Queue `loss_node`."""
+    loss_node(net, t, step, drop_last, shuffled, hist, dz, sse)[1]()
 
 
 def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int) -> None:
-    """Queue training step `step` of every model whose stream has rows at it."""
-    record_forward(net, t, step, True, drop_last)
-    record_loss(net, t, step, drop_last, True, hist, net.dz[-1])
-    st = step_arg(t, step, net.batch, drop_last, True)
-    for i in reversed(range(len(net.sizes) - 1)):
-        fan_in, fan_out = net.sizes[i], net.sizes[i + 1]
-        net.mod.function("many_wgrad").launch(
-            _grid2(fan_in + 1, fan_out, net.models), (TILE, TILE, 1),
-            [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
-             arg_ptr(net.dz[i]), arg_ptr(net.grads), arg_u64(net.stride), arg_u64(net.w_offsets[i]),
-             arg_u64(net.b_offsets[i]), st],
-            net.stream,
-        )  # fmt: skip
-        if i > 0:
-            net.mod.function(f"many_dgrad_{net.activation}").launch(
-                _grid2(fan_in, net.batch, net.models), (TILE, TILE, 1),
-                [arg_ptr(net.dz[i]), arg_i32(fan_in), arg_i32(fan_out), arg_ptr(net.params), arg_u64(net.stride),
-                 arg_u64(net.w_offsets[i]), arg_ptr(net.z[i - 1]), arg_ptr(net.dz[i - 1]), st],
-                net.stream,
-            )  # fmt: skip
-    total = net.models * net.stride
-    net.mod.function("many_update").launch(
-        (elementwise_blocks(net, total), 1, 1), (ELEMENTWISE_THREADS, 1, 1),
-        [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_u64(net.stride),
-         arg_u64(net.count), arg_i32(net.models), arg_ptr(net.opt), arg_ptr(net.lr), arg_i32(net.lr_stride),
-         arg_ptr(net.step0), st],
-        net.stream,
-    )  # fmt: skip
+    """Queue training step `step` (`step_nodes`)."""
+    for _, queue in step_nodes(net, t, step, drop_last, hist):
+        queue()
 
 
 def record_check(net: Net, half: bool, bad: int) -> None:

@@ -1,0 +1,44 @@
+"""The many-model GPU engine's phase profile: each node of one training step (gather, forward per layer, loss,
+weight and input gradients per layer, update) timed alone between CUDA events, for the budget in
+docs/design/many-models.md. Benchmarks call it (benchmarks/bench_many.py --profile); training never does."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import kernels
+
+if TYPE_CHECKING:
+    from .engine import ManyGpuEngine
+
+__all__ = ["profile_step"]
+
+
+def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[str, float]:
+    """Median microseconds of each node of training step `step` of every model (each group's epoch-0 stream, each
+    model's own lr), over `repeats` runs; the engine's state is put back afterwards. Needs set_train_data first."""
+    if eng._train is None:
+        raise RuntimeError("set_train_data must be called before profile_step")
+    count = eng.count
+    saved = eng.state.download(np.empty(eng.state.nbytes, dtype=np.uint8))
+    active = np.ones(count, dtype=bool)
+    lrs = [np.full(step + 1, opt.lr, dtype=np.float32) for opt in eng.config.optimizers]
+    tables, steps = eng.prepare_epoch(active, np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), lrs)
+    nodes = kernels.step_nodes(eng._net(), tables, min(step, steps - 1), eng.config.drop_last, eng.hist.ptr)
+    events = [eng.timing_event() for _ in range(len(nodes) + 1)]
+    times = np.zeros((repeats, len(nodes)))
+    try:
+        for r in range(repeats):
+            for i, (_, queue) in enumerate(nodes):
+                events[i].record(eng.stream)
+                queue()
+            events[-1].record(eng.stream)
+            eng.stream.synchronize()
+            times[r] = [events[i].elapsed_ms(events[i + 1]) * 1e3 for i in range(len(nodes))]
+    finally:
+        for e in events:
+            e.close()
+        eng.state.upload(saved)
+    return {name: float(t) for (name, _), t in zip(nodes, np.median(times, axis=0))}
