@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ROUNDS", "feistel_bits", "permutation", "permuted_index", "round_keys", "split_u64"]
+__all__ = ["ROUNDS", "feistel", "feistel_bits", "permutation", "permuted_index", "round_keys", "split_u64"]
 
 ROUNDS = 6
 _M32 = 0xFFFFFFFF
@@ -54,21 +54,33 @@ def permuted_index(seed: int, epoch: int, n: int, positions: np.ndarray) -> np.n
     """The sample index at each position (int64 array of values in [0, n)) of epoch `epoch`."""
     if n < 1 or n > 2**31:
         raise ValueError(f"n must be in [1, 2**31], got {n}")
-    keys = round_keys(seed, epoch)
-    half = np.uint32(feistel_bits(n) // 2)
-    mask = np.uint32((1 << int(half)) - 1)
+    keys, bits = round_keys(seed, epoch), feistel_bits(n)
     x = np.asarray(positions, dtype=np.uint32).copy()
     todo = np.ones(x.shape, dtype=bool)
-    with np.errstate(over="ignore"):
-        while todo.any():
-            v = x[todo]
-            left, right = v >> half, v & mask
-            for key in keys:
-                left, right = right, left ^ (_mix32(right ^ key) & mask)
-            v = (left << half) | right
-            x[todo] = v
-            todo[todo] = v >= n
+    # A bijection of [0, 2**bits) brings every position back below n within 2**bits - n + 1 walks (the values it
+    # passes through before are distinct and >= n); more means the rounds no longer permute: fail, never loop.
+    for _ in range((1 << bits) - n + 1):
+        if not todo.any():
+            break
+        v = feistel(x[todo], keys, bits)
+        x[todo] = v
+        todo[todo] = v >= n
+    if todo.any():
+        stuck = int(np.asarray(positions).reshape(-1)[np.argmax(todo)])
+        raise RuntimeError(f"the shuffle's Feistel rounds are not a bijection of [0, 2**{bits}): cycle-walking "
+                           f"position {stuck} of n={n} does not come back below n")  # fmt: skip
     return x.astype(np.int64)
+
+
+def feistel(values: np.ndarray, keys: np.ndarray, bits: int) -> np.ndarray:
+    """One pass of the ROUNDS-round balanced Feistel network: a keyed bijection of [0, 2**bits) (uint32 arrays)."""
+    half = np.uint32(bits // 2)
+    mask = np.uint32((1 << int(half)) - 1)
+    left, right = values >> half, values & mask
+    with np.errstate(over="ignore"):
+        for key in keys:
+            left, right = right, left ^ (_mix32(right ^ key) & mask)
+    return (left << half) | right
 
 
 def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
