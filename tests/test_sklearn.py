@@ -111,6 +111,36 @@ def test_early_stopping_restores_the_best_validation_epoch():
     assert clf.score(x[val], y[val]) == clf.best_validation_score_  # the weights are the best epoch's
 
 
+def _noisy_blobs(n, seed=0):
+    """Overlapping clusters with 30% of the labels redrawn: a classifier overfits them, and its validation accuracy
+    falls after a few epochs."""
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(99).normal(size=(3, 8)) * 0.7
+    k = rng.integers(0, 3, n)
+    x = centers[k] + rng.normal(size=(n, 8))
+    k = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), k)
+    return x, np.array(["cat", "dog", "emu"], dtype=object)[k]
+
+
+def test_classifier_early_stopping_ends_with_the_best_epochs_weights():
+    """The weights after fit are those of a run stopped at the best validation epoch, bit for bit, and the last
+    epoch's were worse (so keeping them would fail)."""
+    x, y = _noisy_blobs(600)
+    kw = dict(hidden_layer_sizes=(64,), learning_rate_init=0.01, random_state=0, device="cpu")
+    clf = MLPClassifier(max_iter=200, early_stopping=True, n_iter_no_change=3, **kw).fit(x, y)
+    scores = clf.validation_scores_
+    best = int(np.argmax(scores)) + 1  # the first best epoch, 1-based
+    assert best < clf.n_iter_ and scores[-1] < clf.best_validation_score_ == scores[best - 1]  # not vacuous
+    train, val = fastnn._control.split_indices(len(x), 0.1, clf.trainer_.config.seed)
+    assert clf.score(x[val], y[val]) == clf.best_validation_score_
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter=best ends it, by design
+        ref = MLPClassifier(max_iter=best, n_iter_no_change=10**6, **kw).fit(x[train], y[train])
+    assert ref.n_iter_ == best and ref.trainer_.config.batch_size == clf.trainer_.config.batch_size
+    for name, value in ref.trainer_.state_dict().items():
+        np.testing.assert_array_equal(clf.trainer_.state_dict()[name], value, err_msg=name)
+
+
 def test_partial_fit_needs_classes_first_and_continues():
     x, y = _blobs()
     clf = MLPClassifier((8,), learning_rate_init=0.05, random_state=0, device="cpu")
