@@ -101,7 +101,17 @@ def cuda_wheels() -> tuple[bool, str]:
     return True, ""
 
 
+#: Seconds a `gpu` test may run before pytest-timeout fails it by name (pyproject.toml's `timeout`, 900, holds the
+#: others: the slowest CPU tests, a Fashion-MNIST fit and a nested pytest run, took ~300 s on a busy 2-core machine):
+#: the first GPU test of a session compiles its kernels with NVRTC (cold cache: minutes), and the multi-GPU ones
+#: start processes. A test that needs more says so with its own `@pytest.mark.timeout(seconds)`.
+GPU_TIMEOUT_S = 1800
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("gpu") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(GPU_TIMEOUT_S))
     binding_items = [item for item in items if "bindings" in item.keywords]
     if binding_items:
         installed, reason = cuda_wheels()
