@@ -15,7 +15,7 @@ import math
 import reprlib
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from .engine.many.base import ManyConfig
 from .engine.many.plan import mask_groups
 from .engine.many.select import check_many_engine, create_many_engine
 from .engine.plan import precision_spec
+from .engine.select import check_devices
 from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["METRICS", "MultiTrainer"]
@@ -63,6 +64,8 @@ class MultiTrainer:
         precision: "mixed", "fp16" or "fp32", as `Trainer`'s.
         device: "cpu", "cuda" or "auto" (the GPU when usable, else the CPU with a warning).
         engine: "auto", "numpy" (the CPU) or "gpu".
+        devices: the GPU of this process to train on: 1 (the first) or [ordinal] (one GPU: a MultiTrainer is one
+            engine; several GPUs train several MultiTrainers, as `fastnn.sklearn.GridSearchCV` spreads its groups).
         normalize: None or (mean, std), as `Trainer`'s.
         drop_last: drop each epoch's last short batch, as `Trainer`'s.
         loss: "cross_entropy" or "mse", as `Trainer`'s.
@@ -95,6 +98,7 @@ class MultiTrainer:
         normalize: tuple[Any, Any] | None = None,
         drop_last: bool = False,
         loss: str = "cross_entropy",
+        devices: int | Sequence[int] = 1,
         **hyperparameters: Any,
     ) -> None:
         if not isinstance(model, MLP):
@@ -111,6 +115,9 @@ class MultiTrainer:
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         check_many_engine(device, engine)
+        ordinals = check_devices(device, "auto", devices)
+        if len(ordinals) != 1:
+            raise ConfigError(f"devices={devices!r}: a MultiTrainer trains on one GPU; pass 1 or [ordinal]")
         check_schedule(schedule)
         if not isinstance(drop_last, (bool, np.bool_)):
             raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
@@ -132,7 +139,8 @@ class MultiTrainer:
         self._schedule = schedule
         self._schedules = [bind(schedule, opt.lr) for opt in optimizers]
         states = [init_parameters(model, s) for s in init_seeds]
-        self._engine = create_many_engine(device, engine, self._config, states, warn=self._warn)
+        self._engine = create_many_engine(device, engine, self._config, states, warn=self._warn,
+                                          ordinal=ordinals[0])  # fmt: skip
         self._closed = False
         self._fitting = False
         self._fit_lock = threading.Lock()
@@ -205,6 +213,7 @@ class MultiTrainer:
         eval_data: tuple[Any, Any] | None = None,
         eval_masks: Any = None,
         early_stopping: bool | int | EarlyStopping | None = None,
+        callbacks: Sequence[Callable[[int, dict[str, Any]], Any]] | None = None,
     ) -> MultiTrainer:
         """Train every model that has not diverged up to `epochs` more epochs on (x, y); returns self.
 
@@ -214,12 +223,15 @@ class MultiTrainer:
         when given: its held-out fold). early_stopping (True, a patience or an `EarlyStopping`, needing eval_data)
         stops and, by default, rewinds each model on its own. A model whose loss or state becomes non-finite stops
         alone: `diverged[k]`, `divergences[k]`, its weights of its last finite epoch, and a RuntimeWarning.
+        callbacks: each is called as `callback(k, record)` with model k's record of each epoch it trains; one that
+        returns True stops model k alone after that epoch (its weights stay those of that epoch): a stopping rule of
+        your own, per model (scikit-learn's `tol` / `n_iter_no_change` in `fastnn.sklearn`'s searches).
 
         Raises:
             DataError: x, y, eval_data, masks or eval_masks are malformed (the message names which), or a mask
                 leaves a model no step.
-            ConfigError: epochs or early_stopping are invalid; early_stopping without eval_data; eval_masks without
-                eval_data.
+            ConfigError: epochs, early_stopping or callbacks are invalid; early_stopping without eval_data;
+                eval_masks without eval_data.
             FastnnError: the trainer is closed, or a fit of it is running.
         """
         self._check_open()
@@ -228,12 +240,12 @@ class MultiTrainer:
                 raise FastnnError("MultiTrainer.fit was called while this trainer's fit is running")
             self._fitting = True
         try:
-            return self._fit(x, y, epochs, masks, eval_data, eval_masks, early_stopping)
+            return self._fit(x, y, epochs, masks, eval_data, eval_masks, early_stopping, callbacks)
         finally:
             self._fitting = False
 
     def _fit(self, x: Any, y: Any, epochs: Any, masks: Any, eval_data: Any, eval_masks: Any,
-             early_stopping: Any) -> MultiTrainer:  # fmt: skip
+             early_stopping: Any, callbacks: Any = None) -> MultiTrainer:  # fmt: skip
         cfg, count = self._config, self._config.count
         x = self._inputs(x, "x")
         y = self._targets(y, x.shape[0], "y")
@@ -244,6 +256,7 @@ class MultiTrainer:
             raise ConfigError("eval_masks needs eval_data: pass eval_data=(x_eval, y_eval)")
         eval_masks = None if eval_set is None else check_masks(eval_masks, count, eval_set[0].shape[0], "eval_masks")
         stopper = check_early_stopping(early_stopping)
+        callbacks = _check_callbacks(callbacks)
         if stopper is not None and eval_set is None:
             raise ConfigError(f"early_stopping={reprlib.repr(early_stopping)} needs validation data: pass eval_data")
         if stopper is not None and stopper.monitor == "eval_accuracy" and cfg.loss == "mse":
@@ -314,6 +327,8 @@ class MultiTrainer:
                         best[k] = self._engine.get_state(k)
                     if stop:
                         active[k] = False
+                if callbacks and any([bool(cb(k, dict(record))) for cb in callbacks]):  # every one sees the epoch
+                    active[k] = False
         for k in range(count):
             s = stoppers[k]
             if s is None or best[k] is None or self.diverged[k] and k in newly_diverged:
@@ -486,6 +501,16 @@ class MultiTrainer:
     def _check_open(self) -> None:
         if self._closed:
             raise FastnnError("this MultiTrainer is closed")
+
+
+def _check_callbacks(callbacks: Any) -> list[Callable[[int, dict[str, Any]], Any]]:
+    """`fit`'s callbacks: None or a list/tuple of callables (k, record) -> True to stop model k."""
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)) or not all(callable(cb) for cb in callbacks):
+        raise ConfigError(f"callbacks must be a list of callables (k, record) -> True to stop model k, got "
+                          f"{reprlib.repr(callbacks)}")  # fmt: skip
+    return list(callbacks)
 
 
 def _pairs(names: list[str]) -> list[tuple[str, str]]:

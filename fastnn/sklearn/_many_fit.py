@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -59,41 +58,35 @@ def train_group(group: Group, X: np.ndarray, y: np.ndarray, score_rows: list[np.
     shuffle = group.shuffle_seed
     if shuffle is None:  # random_state=None: a fresh draw, as each fit of its own would make
         shuffle = int(np.random.randint(0, 2**31 - 1))
-    extra = {} if ordinal is None else {"devices": [ordinal]}
+    devices = 1 if ordinal is None else [ordinal]
     mt = MultiTrainer(group.model, group.optimizer, seeds=[m.seed for m in models], shuffle_seed=shuffle,
                       batch_size=group.batch_size, precision=group.precision, device=group.device, loss=group.loss,
-                      **hparams, **extra)  # fmt: skip
-    results: list[ModelResult | None] = [None] * count
+                      devices=devices, **hparams)  # fmt: skip
+    plateaus = [Plateau(m.tol, m.patience) for m in models]
+    converged = [False] * count
+
+    def stop(k: int, record: dict[str, Any]) -> bool:
+        """The estimator's own rule (`_fit_new`): a plateau of the training loss converges; max_iter ends."""
+        if plateaus[k](record):
+            converged[k] = True
+            return True
+        return record["epoch"] >= models[k].max_iter
+
     try:
-        plateaus = [Plateau(m.tol, m.patience) for m in models]
-        active = np.ones(count, dtype=bool)
-        epoch = 0
-        while active.any():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # divergence: reported as each fit's error instead
-                mt.fit(x, t, epochs=1, masks=masks)
-            epoch += 1
-            done = []
-            for k in np.flatnonzero(active):
-                k = int(k)
-                if mt.diverged[k]:
-                    results[k] = ModelResult(models[k].pair, None, mt.divergences[k], epoch - 1, False)
-                    active[k] = False
-                    continue
-                stop = plateaus[k](mt.histories[k][-1])
-                if stop or epoch >= models[k].max_iter:
-                    done.append((k, stop))
-                    active[k] = False
-            if done:
-                outputs = _outputs(mt, X, group.loss)
-                for k, converged in done:
-                    results[k] = ModelResult(models[k].pair, outputs[k][score_rows[k]], None, epoch, converged)
+        mt.fit(x, t, epochs=max(m.max_iter for m in models), masks=masks, callbacks=[stop])
+        outputs = _outputs(mt, X)  # each model's weights are those of the epoch it stopped after
+        results = [
+            ModelResult(m.pair, None, mt.divergences[k], int(mt.epochs[k]), False) if mt.diverged[k]
+            else ModelResult(m.pair, outputs[k][score_rows[k]], None, int(mt.epochs[k]), converged[k])
+            for k, m in enumerate(models)
+        ]  # fmt: skip
+        device = mt.device
     finally:
         mt.close()
-    return GroupResult([r for r in results if r is not None], time.perf_counter() - start, mt.device)
+    return GroupResult(results, time.perf_counter() - start, device)
 
 
-def _outputs(mt: Any, X: np.ndarray, loss: str) -> np.ndarray:
+def _outputs(mt: Any, X: np.ndarray) -> np.ndarray:
     """Every model's outputs on every row of X, (K, N, outputs) float32, computed in chunks of rows."""
     count, n = mt.models, X.shape[0]
     width = mt.model.sizes[-1]

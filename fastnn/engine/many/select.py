@@ -35,7 +35,7 @@ def check_many_engine(device: object, engine: object) -> str:
     return engine
 
 
-def _gpu_engine(config: ManyConfig, states: list[dict[str, np.ndarray]]) -> ManyEngine:
+def _gpu_engine(config: ManyConfig, states: list[dict[str, np.ndarray]], ordinal: int = 0) -> ManyEngine:
     """The GPU engine, if this machine can run it.
 
     Raises:
@@ -50,14 +50,15 @@ def _gpu_engine(config: ManyConfig, states: list[dict[str, np.ndarray]]) -> Many
         from .gpu import ManyGpuEngine
     except ImportError as exc:
         raise DeviceUnavailable(f"the many-model GPU engine (fastnn.engine.many.gpu) failed to import: {exc}") from exc
-    return ManyGpuEngine(config, states)
+    return ManyGpuEngine(config, states, ordinal)
 
 
 def create_many_engine(
-    device: str, engine: str, config: ManyConfig, states: list[dict[str, np.ndarray]], warn: object = None
+    device: str, engine: str, config: ManyConfig, states: list[dict[str, np.ndarray]], warn: object = None,
+    ordinal: int = 0,
 ) -> ManyEngine:
-    """Build the engine for `device` and `engine`; `warn(message)` is called when device="auto" falls back to the
-    CPU.
+    """Build the engine for `device` and `engine` (on a GPU, the GPU `ordinal` of this process); `warn(message)` is
+    called when device="auto" falls back to the CPU.
 
     Raises:
         DeviceUnavailable: device="cuda" (or engine="gpu") and no usable GPU.
@@ -69,11 +70,11 @@ def create_many_engine(
         return ManyNumpyEngine(config, states)
     if device == "cuda" or engine == "gpu":
         try:
-            return _gpu_engine(config, states)
+            return _gpu_engine(config, states, ordinal)
         except DeviceUnavailable as exc:
             raise DeviceUnavailable(f"device={device!r}, engine={engine!r}: {exc}") from exc
     try:
-        return _gpu_engine(config, states)
+        return _gpu_engine(config, states, ordinal)
     except DeviceUnavailable as exc:
         if callable(warn):
             warn(f"device='auto': {exc}; training on the CPU (NumPy engine) instead")
