@@ -14,7 +14,7 @@ pytest.importorskip("sklearn")
 from sklearn.exceptions import NotFittedError  # noqa: E402
 from sklearn.utils.validation import check_is_fitted  # noqa: E402
 
-from fastnn import DataError  # noqa: E402
+from fastnn import ConfigError, DataError  # noqa: E402
 from fastnn.sklearn import LogisticRegression, MLPClassifier, MLPRegressor  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -174,3 +174,55 @@ def test_the_target_bound_is_the_square_root_of_float32s_largest_number() -> Non
     check_targets(np.array([top, -top]), 2, 1)
     with pytest.raises(DataError, match="squared error overflows"):
         check_targets(np.array([0.0, np.nextafter(top, np.float32(np.inf))]), 2, 1)
+
+
+def test_logistic_partial_fits_decay_follows_the_samples_seen_for_any_split() -> None:
+    """scikit-learn's penalty ||W||^2 / (2 C) on the summed loss is weight decay 1 / (C n) on the mean loss; for
+    partial_fit n is every row seen so far, so the data split into calls ends at the decay of one call over it
+    (it was fixed by the first call's rows: one row per call decayed by 1 / C for the whole stream)."""
+    sizes, seen = [1, 1, 3, 50, 5], 0
+    est = LogisticRegression(device="cpu", C=2.0, random_state=0)
+    for n in sizes:
+        est.partial_fit(X[seen:seen + n], Y[seen:seen + n], classes=[0, 1, 2])
+        seen += n
+        assert est.t_ == seen and est.trainer_.optimizer.weight_decay == 1.0 / (2.0 * seen)
+    whole = LogisticRegression(device="cpu", C=2.0, random_state=0).partial_fit(X[:seen], Y[:seen], classes=[0, 1, 2])
+    assert whole.trainer_.optimizer.weight_decay == est.trainer_.optimizer.weight_decay
+    assert est.trainer_.epoch == len(sizes) and len(est.trainer_.history) == len(sizes)  # one trainer's life
+
+
+def test_logistic_regression_streamed_one_row_per_call_learns_as_one_call() -> None:
+    from sklearn.datasets import load_digits
+
+    Xd, yd = load_digits(return_X_y=True)
+    Xd = (Xd / 16).astype(np.float32)
+    kw = dict(device="cpu", random_state=0, learning_rate_init=0.05)
+    stream = LogisticRegression(**kw)
+    for i in range(400):
+        stream.partial_fit(Xd[i:i + 1], yd[i:i + 1], classes=np.arange(10))
+    once = LogisticRegression(batch_size=1, **kw).partial_fit(Xd[:400], yd[:400], classes=np.arange(10))
+    # Measured on held-out rows: streamed 0.876, one call 0.849 (0.348 streamed before, at decay 1 / C throughout).
+    assert stream.score(Xd[1000:], yd[1000:]) > once.score(Xd[1000:], yd[1000:]) - 0.05
+
+
+def test_a_continued_trainer_goes_on_exactly_with_its_new_batch_size_and_decay(tmp_path) -> None:
+    """Trainer._continued (partial_fit's rebatching and re-decay, in memory) goes on as save and load would."""
+    import dataclasses
+
+    from fastnn import MLP, SGD, Trainer
+
+    t = Trainer(MLP([4, 8, 3]), SGD(lr=0.1, momentum=0.9, weight_decay=0.01), batch_size=16, device="cpu")
+    t.fit(X, Y, epochs=2)
+    t.save(tmp_path / "t.npz")
+    c = t._continued(None, batch_size=7)
+    loaded = Trainer.load(tmp_path / "t.npz", device="cpu", batch_size=7)
+    assert (c.epoch, c.step, list(c.history)) == (loaded.epoch, loaded.step, list(loaded.history))
+    c.fit(X, Y, epochs=2)
+    loaded.fit(X, Y, epochs=2)
+    for name, w in loaded._engine.get_state().items():
+        np.testing.assert_array_equal(c._engine.get_state()[name], w, err_msg=name)
+    d = t._continued(None, weight_decay=0.5)
+    assert d.optimizer == dataclasses.replace(t.optimizer, weight_decay=0.5) and d.config.batch_size == 16
+    t.state_dict()  # the continued one is left open
+    with pytest.raises(ConfigError, match="weight_decay"):
+        t._continued(None, weight_decay=-1.0)

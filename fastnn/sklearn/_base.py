@@ -160,7 +160,7 @@ class FastnnEstimator(BaseEstimator):
         return "relu"
 
     def _decay(self, n_samples: int) -> float:
-        """The optimizer's weight decay for a fit on `n_samples` rows."""
+        """The optimizer's weight decay for a fit on `n_samples` rows (partial_fit: the rows seen so far)."""
         return float(self.alpha)
 
     def _check_params(self) -> None:
@@ -322,19 +322,16 @@ class FastnnEstimator(BaseEstimator):
         self.n_iter_ = 0
         self._plateau_ = Plateau(float(self.tol), self.n_iter_no_change)
 
-    def _rebatched(self, n_samples: int) -> None:
-        """partial_fit with batch_size="auto" takes min(200, n) of each call's rows, as scikit-learn does: a new
-        trainer continues (weights, optimizer state, counters) at the new batch size when it changes."""
+    def _continued(self, n_samples: int) -> None:
+        """Before a partial_fit on `n_samples` rows: as scikit-learn, batch_size="auto" takes min(200, n) of each
+        call's rows, and the penalty's weight decay (`_decay`) follows the samples seen so far, this call's
+        included; when either changes, a new trainer continues (weights, optimizer state, counters) with it."""
         batch = auto_batch(self.batch_size, n_samples)
+        decay = self._decay(self.t_ + n_samples)
         trainer = self.trainer_
-        if batch == trainer.config.batch_size:
+        if batch == trainer.config.batch_size and decay == trainer.optimizer.weight_decay:
             return
-        buf = io.BytesIO()  # in memory: no temporary folder to be full or read-only
-        trainer.save(buf)
-        buf.seek(0)
-        engine = trainer.engine if trainer.device == "cuda" else "auto"  # the engine that trained: the same
-        self.trainer_ = Trainer.load(buf, device=trainer.device, engine=engine, schedule=self._rate_,
-                                     batch_size=batch)  # fmt: skip (unchanged_on_error closes the old one)
+        self.trainer_ = trainer._continued(self._rate_, batch_size=batch, weight_decay=decay)  # the guard closes it
 
     def _train(self, guard: Guard, X: np.ndarray, y: np.ndarray, **kwargs: Any) -> Any:
         """`trainer_.fit(X, y, **kwargs)`; `guard.trained` once it has trained an epoch, even if it then raises."""

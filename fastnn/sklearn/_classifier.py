@@ -84,7 +84,7 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
                 if classes is not None and not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
                     raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
                 y = self._encode(y)
-                self._rebatched(X.shape[0])
+                self._continued(X.shape[0])
                 self._fit_one_epoch(X, y, guard)
             return self
         with unchanged_on_error(self) as guard:

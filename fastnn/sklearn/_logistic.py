@@ -25,6 +25,10 @@ class LogisticRegression(FastnnClassifier):
     different regulariser of the same strength. scikit-learn's solvers ("lbfgs", "newton-cg", "liblinear",
     "sag", "saga", ...) are refused: fastnn trains by minibatch gradient steps.
 
+    `partial_fit` takes n_samples as the samples seen so far, this call's included (`t_`: every row given counts,
+    as in "invscaling"): the penalty is ||W||^2 / (2 C) on the summed loss of all the data seen, however it was
+    split into calls, and the decay follows it call by call (a new trainer continues the old one when it changes).
+
     Args:
         penalty: "l2" or None (no penalty, as C=numpy.inf).
         C: the inverse of the penalty's strength, > 0.
@@ -88,7 +92,8 @@ class LogisticRegression(FastnnClassifier):
         super()._check_params()
 
     def _decay(self, n_samples: int) -> float:
-        """The L2 penalty ||W||^2 / (2 C) on the summed loss, as weight decay on the mean loss."""
+        """The L2 penalty ||W||^2 / (2 C) on the summed loss of `n_samples` rows (a fit's; for partial_fit, all
+        the rows seen), as weight decay on the mean loss."""
         if self.penalty is None or math.isinf(self.C):
             return 0.0
         return min(1.0 / (float(self.C) * n_samples), 1e6)  # fastnn's optimizers take weight decay up to 1e6

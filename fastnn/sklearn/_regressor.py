@@ -124,7 +124,7 @@ class MLPRegressor(RegressorMixin, FastnnEstimator):
             with unchanged_on_error(self) as guard:
                 X, y = self._validate_xy(X, y, sample_weight, reset=False)
                 self._check_outputs(y)
-                self._rebatched(X.shape[0])
+                self._continued(X.shape[0])
                 self._fit_one_epoch(X, y, guard)
             return self
         with unchanged_on_error(self) as guard:
