@@ -192,12 +192,30 @@ _primary_contexts: dict[int, Any] = {}  # ordinal -> retained primary CUcontext,
 _thread_state = threading.local()  # .device: the Device this thread made current last
 
 
+#: Why a GPU that is visible cannot open a context, by the driver's status name (the rest: see nvidia-smi).
+_NO_CONTEXT = {
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": "the GPU is in exclusive-process (or prohibited) compute mode and another "
+    "process holds it",
+    "CUDA_ERROR_DEVICE_BUSY": "the GPU is busy: another process holds it in exclusive-process compute mode",
+    "CUDA_ERROR_OUT_OF_MEMORY": "its memory is full (other processes' allocations)",
+}
+
+
 def _primary_context(ordinal: int, dev: Any) -> Any:
-    """Retain the primary context of `ordinal` once per process (shared with cuBLASLt/cuDNN/torch)."""
+    """Retain the primary context of `ordinal` once per process (shared with cuBLASLt/cuDNN/torch).
+
+    Raises:
+        DeviceUnavailable: the driver cannot open it (exclusive-process mode held by another job, no free memory):
+            the GPU is there but unusable by this process, as for no GPU at all (device="auto" trains on the CPU).
+    """
     with _primary_lock:
         ctx = _primary_contexts.get(ordinal)
         if ctx is None:
-            ctx = _check(cu.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain(device {ordinal})")
+            try:
+                ctx = _check(cu.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain(device {ordinal})")
+            except CudaDriverError as exc:
+                why = _NO_CONTEXT.get(exc.status_name, "see nvidia-smi for its state and the processes using it")
+                raise DeviceUnavailable(f"cannot open a CUDA context on GPU {ordinal}: {exc}: {why}") from exc
             _primary_contexts[ordinal] = ctx
         return ctx
 
