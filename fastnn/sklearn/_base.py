@@ -25,6 +25,7 @@ from .._optim import SGD, AdamW
 from .._state import MAX_EPOCH
 from .._trainer import Trainer
 from ..engine.base import steps_per_epoch
+from ..engine.select import EngineRefused
 
 __all__ = ["FastnnEstimator", "Guard", "Plateau", "Rate", "auto_batch", "keep_params", "unchanged_on_error"]
 
@@ -432,6 +433,11 @@ class FastnnEstimator(BaseEstimator):
         except DeviceUnavailable as exc:  # fitted on a GPU, unpickled where there is none
             warnings.warn(f"{exc}; the unpickled estimator runs on the CPU", RuntimeWarning, stacklevel=2)
             self.trainer_ = Trainer.load(io.BytesIO(blob), device="cpu", schedule=schedule)
+        except EngineRefused as exc:  # engine="grid"/"fused" on a GPU that cannot run it (older than Hopper)
+            again = f"a new fit asks for engine={self.engine!r} again"
+            warnings.warn(f"{exc}; the unpickled estimator trains with the engine chosen here (engine='auto'); "
+                          f"{again}", RuntimeWarning, stacklevel=2)  # fmt: skip
+            self.trainer_ = Trainer.load(io.BytesIO(blob), device=self.device, engine="auto", schedule=schedule)
 
     def __sklearn_tags__(self):  # noqa: D105
         tags = super().__sklearn_tags__()
