@@ -1,4 +1,5 @@
-"""The `fastnn` command (also `python -m fastnn`): `fastnn info` reports what fastnn finds on this machine."""
+"""The `fastnn` command (also `python -m fastnn`): `fastnn info` reports what fastnn finds on this machine;
+`fastnn cache` shows the on-disk caches and `fastnn cache clear` empties them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"fastnn {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("info", help="print versions, CUDA libraries, driver and GPU (paste it into bug reports)")
+    cache = commands.add_parser("cache", help="show the on-disk caches (compiled kernels, decoded datasets); "
+                                "`fastnn cache clear` empties them")  # fmt: skip
+    cache.add_argument("action", nargs="?", choices=("info", "clear"), default="info",
+                       help="info (the default): each cache's folder, size and bound; clear: remove their entries")
     args = parser.parse_args(argv)
+    if args.command == "cache":
+        from ._caches import clear_caches, report
+
+        return clear_caches(sys.stdout) if args.action == "clear" else report(sys.stdout)
     if args.command == "info":
         from ._info import run_info
 

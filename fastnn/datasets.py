@@ -3,7 +3,8 @@
 `load("mnist")` / `load("fashion-mnist")` looks for the four standard IDX files (gzipped or raw) in
 `root`, `$FASTNN_DATA`, `$FASTNN_DATA/<name>`, `~/.cache/fastnn/<name>` and `/usr/share/datasets/<name>`
 (where Debian's `dataset-fashion-mnist` puts Fashion-MNIST), in that order; failing that it downloads
-them into `root` or `~/.cache/fastnn/<name>`, checking each file's size and sha256, and writing each
+them into `root` or `~/.cache/fastnn/<name>` ($XDG_CACHE_HOME/fastnn/<name> where that is set: _cachedir.base_dir),
+checking each file's size and sha256, and writing each
 through a temporary file in the same folder and `os.replace`, so an interrupted download leaves nothing
 half-written. Mirrors can be replaced with `mirrors=` or `$FASTNN_DATASET_MIRRORS`.
 
@@ -12,9 +13,10 @@ and sha256 (before decompressing) must be the named dataset's, gzipped or not; t
 which folder was used. `verify=False` reads any MNIST-layout files (your own data) unchecked, with each IDX
 header checked against the expected dims and UNVERIFIED_MAX_ROWS before any data is read.
 
-Verified files are also kept decoded in `$FASTNN_DATASET_CACHE_DIR` (default `~/.cache/fastnn/decoded`): the next
-load of the same unchanged files memory-maps them from there instead of verifying and decompressing them again
-(_decoded.py says when an entry is trusted).
+Verified files are also kept decoded in `$FASTNN_DATASET_CACHE_DIR` (default `~/.cache/fastnn/decoded`), one entry
+per content, bounded by $FASTNN_DATASET_CACHE_MAX_MB: the next load of the same unchanged files memory-maps them
+from there instead of verifying and decompressing them again (_decoded.py says when an entry is trusted);
+`fastnn cache clear` empties it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _decoded
+from . import _cachedir, _decoded
 from ._errors import ConfigError, DataError
 from ._idx import READ_IDX_MAX_BYTES, PathLike, parse_idx, read_idx, write_idx  # noqa: F401  (read_idx's default)
 
@@ -201,7 +203,9 @@ def _spec(name: str) -> DatasetSpec:
 
 
 def _cache_dir(name: str) -> Path:
-    return Path.home() / ".cache" / "fastnn" / name
+    """Where `name` is downloaded by default: $XDG_CACHE_HOME/fastnn/<name>, else ~/.cache/fastnn/<name> (with no
+    home directory, a temporary folder of this process, said in one warning)."""
+    return _cachedir.base_dir() / name
 
 
 def _check_root(root: object, what: str = "root") -> None:
@@ -552,7 +556,9 @@ def _load_found(spec: DatasetSpec, folder: Path, found: list[Path | None], verif
     if not verify:
         arrays = [_read_file(p, rf, spec, None) for p, rf in zip(paths, spec.files)]
         return Loaded((*_split(spec, paths, arrays, 0), *_split(spec, paths, arrays, 1)), folder)
-    keys = [_decoded.entry_key(spec.name, rf.stem, _expected(p, rf)[0] or "", p) for p, rf in zip(paths, spec.files)]
+    # By content: the published checksum of the decoded bytes (else the source's), so copies share an entry.
+    keys = [_decoded.entry_key(spec.name, rf.stem, rf.raw_sha256 or _expected(p, rf)[0] or "")
+            for p, rf in zip(paths, spec.files)]  # fmt: skip
     arrays = [_decoded.lookup(k, p, _dims(rf, True), rf.raw_sha256) for k, p, rf in zip(keys, paths, spec.files)]
     fresh = {}  # index -> (stat before reading, the time then, verified bytes): all verified before any is decoded
     for i, (p, rf) in enumerate(zip(paths, spec.files)):

@@ -378,19 +378,55 @@ def test_key_file_that_others_can_read_is_not_used(kernels, cache, compiles):
 # ---- the key and entries are written whole or not at all; a failing write never fails the compile -------------
 
 
-@pytest.mark.bindings
-def test_damaged_key_is_made_anew(kernels, cache, compiles):
-    """A key of the wrong length (what an interrupted or short write left) disabled the cache for good."""
+def test_a_key_of_another_size_is_never_overwritten(cache):
+    """A .key that fastnn did not write (its keys are written whole: one of another size is some other program's,
+    or a folder of the user's that FASTNN_CACHE_DIR was pointed at) was replaced by 32 random bytes. It is left as
+    it is: one warning, kernels compiled in memory."""
     cache.mkdir(mode=0o700)
     key = cache / ".key"
     key.write_bytes(b"k" * 16)
     key.chmod(0o600)
-    first = nvrtc.compile_native("k.cu", "sm_90")
-    assert nvrtc.compile_native("k.cu", "sm_90") == first
-    assert len(compiles) == 1  # the second came from the cache, signed with the new key
-    assert key.stat().st_size == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
-    assert key.read_bytes() != b"k" * 16
-    assert not any(p.name.endswith(".tmp") for p in cache.iterdir())
+    with pytest.warns(RuntimeWarning, match=r"its key .*\.key holds 16 bytes, not 32: not a key fastnn wrote.*"
+                                            r"compiling kernels in memory instead \(fix: remove"):  # fmt: skip
+        assert nvrtc._cache_secret(cache) is None
+    assert key.read_bytes() == b"k" * 16 and sorted(p.name for p in cache.iterdir()) == [".key"]
+    key.unlink()  # what the warning says to do: the next process makes its own key
+    assert len(nvrtc._cache_secret(cache)) == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+def _lstat_owned_by(monkeypatch, path: Path, uid: int) -> None:
+    """os.lstat reports `path` (a link) as owned by `uid`; every other path as it is."""
+    real = os.lstat
+
+    def lstat(p, *args, **kwargs):
+        st = real(p, *args, **kwargs)
+        if os.fspath(p) != os.fspath(path):
+            return st
+        fields = list(st[:10])
+        fields[4] = uid  # st_uid
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX ownership")
+def test_a_link_at_the_cache_root_owned_by_another_user_is_not_followed(tmp_path, monkeypatch):
+    """A symlink planted in a shared scratch folder at $FASTNN_CACHE_DIR's name led into a folder of the victim's,
+    which passed every check (the victim owns it): the link itself must be the user's."""
+    victim = tmp_path / "victims-folder"
+    victim.mkdir(mode=0o700)
+    (victim / ".key").write_bytes(b"v" * 20)
+    planted = tmp_path / "scratch-cache"
+    planted.symlink_to(victim)
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(planted))
+    _lstat_owned_by(monkeypatch, planted, os.geteuid() + 1)
+    with pytest.warns(RuntimeWarning, match=rf"not using the kernel cache {planted}: it is a symbolic link owned "
+                                            rf"by uid {os.geteuid() + 1}, not by this user"):  # fmt: skip
+        assert nvrtc._trusted_dir() is None
+    assert sorted(p.name for p in victim.iterdir()) == [".key"] and (victim / ".key").read_bytes() == b"v" * 20
+    monkeypatch.undo()  # a link of the user's own (a cache moved to a bigger disk) is followed
+    monkeypatch.setenv("FASTNN_CACHE_DIR", str(planted))
+    assert nvrtc._trusted_dir() == planted
 
 
 _SHORT_WRITE = r"""

@@ -7,6 +7,7 @@ CUBIN (SASS) rather than PTX: the driver loads it without a JIT step, and the ca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import importlib.util
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _files
-from .._cachedir import digest, file_refusal, trusted_dir, warn_once
+from .._cachedir import base_dir, digest, evict, file_refusal, max_bytes, trusted_dir, warn_once
 from .._errors import ConfigError, DeviceUnavailable, FastnnError
 from ._loader import INSTALL_HINT, NvrtcError
 
@@ -41,6 +42,8 @@ _ARCH = re.compile(r"sm_\d{2,3}[af]?")
 _MAGIC = b"FASTNN-CUBIN2\n"  # cache file: magic, HMAC-SHA256 hex of (entry name, cubin), "\n", the cubin
 _KEY_FILE = ".key"  # the per-user HMAC key: 32 random bytes, mode 0600, inside the 0700 cache folder
 _KEY_BYTES = 32
+#: The kernel cache's bound in MiB (compiled kernels and cuBLASLt's choices together; _cachedir.DEFAULT_MAX_MB).
+MAX_MB_ENV = "FASTNN_CACHE_MAX_MB"
 
 
 def _nvrtc() -> Any:
@@ -171,14 +174,15 @@ _lock = threading.Lock()
 
 def cache_dir() -> Path:
     """Where compiled kernels (and cuBLASLt's autotuning choices: autotune_cache.py) are kept: $FASTNN_CACHE_DIR,
-    else ~/.cache/fastnn/kernels; always absolute.
+    else $XDG_CACHE_HOME/fastnn/kernels, else ~/.cache/fastnn/kernels (with no home directory, a temporary folder
+    of this process: `_cachedir.base_dir`); always absolute.
 
     A relative $FASTNN_CACHE_DIR is resolved against the working directory once, at its first use: a later
     os.chdir does not move the cache (nor make a process read kernels from a folder it did not choose).
     """
     override = os.environ.get("FASTNN_CACHE_DIR")
     if not override:
-        return Path.home().absolute() / ".cache" / "fastnn" / "kernels"
+        return base_dir().absolute() / "kernels"
     with _lock:
         if override not in _resolved_dirs:
             _resolved_dirs[override] = Path(override).expanduser().absolute()
@@ -204,7 +208,8 @@ def _trusted_dir() -> Path | None:
 
 def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
     """(key, why not, remake): the key at `path` when it can be trusted, else None, the reason, and whether
-    making a new key is the cure (missing, or our own private file of the wrong size: what a short write left)."""
+    making a new key is the cure (only when it is missing: a file of another size is not one fastnn wrote, since
+    keys are written whole, and is never overwritten)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -219,7 +224,7 @@ def _read_secret(path: Path) -> tuple[bytes | None, str, bool]:
     finally:
         os.close(fd)
     if len(key) != _KEY_BYTES:
-        return None, f"holds {len(key)} bytes, not {_KEY_BYTES}", True
+        return None, f"holds {len(key)} bytes, not {_KEY_BYTES}: not a key fastnn wrote, so it is left alone", False
     return key, "", False
 
 
@@ -276,14 +281,18 @@ def _read_cache(path: Path, secret: bytes) -> bytes | None:
     mac, cubin = data[head : head + 64], data[head + 65 :]
     if not cubin or not hmac.compare_digest(_mac(secret, path.name, cubin), mac):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: the size bound evicts the least recently used entries first
     return cubin
 
 
 def _write_cache(path: Path, cubin: bytes, secret: bytes) -> None:
-    """Store `cubin` atomically, 0600; a failing write (disk full, read-only) warns once and is skipped: the
-    kernel compiled fine, only the next process compiles it again."""
+    """Store `cubin` atomically, 0600, then evict the least recently used entries past $FASTNN_CACHE_MAX_MB; a failing
+    write (disk full, read-only) warns once and is skipped: the kernel compiled fine, only the next process compiles
+    it again."""
     try:
         _files.write_bytes(path, _MAGIC + _mac(secret, path.name, cubin) + b"\n" + cubin, mode=0o600)
+        evict(path.parent, max_bytes(MAX_MB_ENV), keep=path.name.split(".")[0])
     except OSError as exc:
         warn_once(
             path.parent,
