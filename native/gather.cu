@@ -13,7 +13,17 @@
                               fshift, out, out_y, blockIdx.x);                                               \
     }
 
+// Every kernel below is compiled, or with -DONLY_LISTED only those named -DKERNEL_<name>: an engine compiles the
+// ones its precision launches (graph/kernels.py: fewer kernels, a shorter cold NVRTC compile).
+#if !defined(ONLY_LISTED) || defined(KERNEL_gather_u8_f16)
 GATHER(gather_u8_f16, u8, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_gather_u8_f32)
 GATHER(gather_u8_f32, u8, float)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_gather_f32_f16)
 GATHER(gather_f32_f16, float, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_gather_f32_f32)
 GATHER(gather_f32_f32, float, float)
+#endif

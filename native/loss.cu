@@ -71,9 +71,17 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         xent<TP, TG>(logits, probs, labels, rows, c, inv_rows, dlogits, dbias, acc, st);                      \
     }
 
+// Every kernel below is compiled, or with -DONLY_LISTED only those named -DKERNEL_<name>: an engine compiles the
+// ones its precision launches (graph/kernels.py: fewer kernels, a shorter cold NVRTC compile).
+#if !defined(ONLY_LISTED) || defined(KERNEL_xent_f32_f16)
 XENT(xent_f32_f16, float, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_xent_f32_f32)
 XENT(xent_f32_f32, float, float)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_xent_f16_f16)
 XENT(xent_f16_f16, half_t, half_t)
+#endif
 
 // mse: the squared-error step of a regression (loss "mse") on the linear outputs, in ONE block, beside xent (no
 // softmax before it). For each row r of row-major (rows, k) outputs and their float32 targets y: the loss, the mean
@@ -129,6 +137,12 @@ __device__ void mse(const TP* __restrict__ out, const float* __restrict__ y, int
         mse<TP, TG>(out, y, rows, k, scale, dout, dbias, acc, sse, st);                                       \
     }
 
+#if !defined(ONLY_LISTED) || defined(KERNEL_mse_f32_f16)
 MSE(mse_f32_f16, float, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_mse_f32_f32)
 MSE(mse_f32_f32, float, float)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_mse_f16_f16)
 MSE(mse_f16_f16, half_t, half_t)
+#endif

@@ -56,13 +56,10 @@ class _Function:
         self.launched.append((self.filename, self.kernel))
 
 
-@pytest.fixture
-def loads(monkeypatch):
-    """(files kernels.module was asked for, (file, kernel) launched), with no GPU behind either."""
+def fake_device(monkeypatch) -> None:
+    """The CUDA driver's device, streams and buffers, cuBLASLt's and cuDNN's handles: no-ops, no GPU."""
     from fastnn.cuda import cublaslt, cudnn, driver
 
-    files: list[str] = []
-    launched: list[tuple[str, str]] = []
     monkeypatch.setattr(driver, "get_device", lambda ordinal=0: _Device())
     for name in ("Stream", "DeviceBuffer", "PinnedBuffer"):
         monkeypatch.setattr(driver, name, _Closable)
@@ -71,8 +68,22 @@ def loads(monkeypatch):
     monkeypatch.setattr(cublaslt, "Workspace", _Closable)
     monkeypatch.setattr(cudnn, "Handle", _Closable)
 
+
+@pytest.fixture
+def loads(monkeypatch):
+    """(files kernels.module was asked for on the caller's thread, (file, kernel) launched), with no GPU behind
+    either. The files the fused and grid engines' preparation thread (graph/ready.py) asks for are not in it."""
+    import threading
+
+    from fastnn.engine.graph.ready import THREAD_NAME
+
+    fake_device(monkeypatch)
+    files: list[str] = []
+    launched: list[tuple[str, str]] = []
+
     def module(device, filename: str, options: tuple[str, ...] = ()) -> _Module:
-        files.append(filename)
+        if threading.current_thread().name != THREAD_NAME:
+            files.append(filename)
         return _Module(filename, launched)
 
     monkeypatch.setattr(kernels, "module", module)
@@ -94,8 +105,8 @@ def test_the_persistent_engines_never_compile_update_cu(loads, cls):
     assert launched == [("epoch.cu", "cast_f32_f16")]  # "mixed": set_state writes the fp16 copy
     kernels.record_epoch_end(eng)  # what their epoch graphs end with
     assert launched[1:] == [("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]
-    eng.load_step_libraries()  # their first evaluation or prediction
-    assert sorted(files) == ["epoch.cu", "gather.cu", "loss.cu"]
+    eng.load_step_libraries()  # their first evaluation or prediction: made on the preparation thread meanwhile
+    assert files == ["epoch.cu"] and eng.gather_mod is not None and eng.loss_mod is not None
 
 
 def test_the_graph_engine_compiles_update_cu_at_build(loads):

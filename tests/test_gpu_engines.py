@@ -747,7 +747,8 @@ def test_grid_refuses_what_its_kernels_cannot_serve_naming_the_graph_engine(size
 )
 def test_fused_makes_the_graph_steps_libraries_only_when_it_evaluates(engine_name, sizes, batch, precision):
     """engine="fused" (and "grid") trains without cuBLASLt's and cuDNN's handles, the cuBLASLt workspace and the
-    gather and loss kernels (issue 26: set-up time); its first evaluation makes them, and evaluates as the CPU does."""
+    gather and loss kernels (issue 26: set-up time); a thread makes them meanwhile, its first evaluation takes them
+    (issue 41), and evaluates as the CPU does."""
     model = MLP(sizes)
     x, y = _data(400, sizes[0], sizes[-1])
     kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), batch_size=batch, precision=precision, seed=7)
@@ -769,6 +770,40 @@ def test_fused_makes_the_graph_steps_libraries_only_when_it_evaluates(engine_nam
     hist = fused.fit(x, y, epochs=1, eval_data=(x, y))  # the evaluation inside fit reuses them
     assert eng.lt is lt and np.isfinite(hist["eval_loss"]).all()
     fused.close()
+
+
+@pytest.mark.parametrize(
+    "engine_name,sizes,batch,precision",
+    [("fused", [24, 16, 4], 40, "fp32"), ("grid", [784, 128, 128, 128, 10], 32, "mixed")],  # grid: its fast kernel's
+)
+def test_the_first_evaluation_after_a_fit_compiles_nothing_on_the_callers_thread(engine_name, sizes, batch, precision,
+                                                                                  monkeypatch):  # fmt: skip
+    """Issue 41: the gather and loss kernels that evaluation needs are compiled (or read from the kernel cache) on
+    the preparation thread (graph/ready.py) while the fit trains; the evaluation's own thread compiles nothing."""
+    import threading
+
+    from fastnn.cuda import nvrtc
+    from fastnn.engine.graph import kernels, ready
+
+    calls: list[tuple[str, str]] = []
+    real = nvrtc.compile_native
+
+    def counting(filename, arch, options=()):
+        calls.append((filename, threading.current_thread().name))
+        return real(filename, arch, options)
+
+    monkeypatch.setattr(nvrtc, "compile_native", counting)
+    monkeypatch.setattr(kernels, "_modules", {})  # earlier tests of this process loaded them
+    model = MLP(sizes)
+    x, y = _data(400, sizes[0], sizes[-1])
+    trainer = Trainer(model, device="cuda", engine=engine_name, optimizer=SGD(lr=0.05), batch_size=batch,
+                      precision=precision, seed=7)  # fmt: skip
+    trainer.fit(x, y, epochs=1)
+    fitted = len(calls)
+    assert np.isfinite(trainer.evaluate(x, y)["loss"])
+    assert [c for c in calls[fitted:] if c[1] != ready.THREAD_NAME] == []
+    assert sorted(f for f, thread in calls if thread == ready.THREAD_NAME) == ["gather.cu", "loss.cu"]
+    trainer.close()
 
 
 # ---- the state an epoch leaves, interrupts, the u32 epoch field --------------------------------------------------

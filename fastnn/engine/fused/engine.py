@@ -61,7 +61,7 @@ class FusedEngine(GraphEngine):
 
     name = "fused"
     #: The epoch is one kernel of its own: cuBLASLt's and cuDNN's handles, the workspace and the gather and loss
-    #: kernels are made at the first evaluation or prediction (GraphEngine.load_step_libraries), not at build.
+    #: kernels are made on a thread while the first fit trains, for the first evaluation or prediction (graph/ready.py).
     step_libraries_at_build = False
 
     @staticmethod

@@ -11,6 +11,7 @@ autotuning, kernel loading) happens before capture.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from . import kernels, profile
 from .buffers import Owner, itemsize, round256
 from .contexts import EvalContext, TrainContext
 from .parallel import DataParallel
+from .ready import Preparation
 from .upload import DataKey, data_key, upload
 
 __all__ = ["GraphEngine"]
@@ -40,8 +42,9 @@ class GraphEngine(Engine):
     name = "graph"
     #: Whether the engine trains with the graph step: its constructor then makes what the step's plans and kernels
     #: need (load_step_libraries, and native/update.cu's optimizer step), so that a failure is reported before any
-    #: work. The fused and grid engines' epoch needs none of it: their evaluation makes the plans, gather and loss
-    #: kernels when first asked, and update.cu (about a second of NVRTC on a cold cache) is never compiled.
+    #: work. The fused and grid engines' epoch needs none of it: a thread started when they are built makes what
+    #: their evaluation needs while the first fit trains (ready.py), and update.cu (about a second of NVRTC on a cold
+    #: cache) is never compiled.
     step_libraries_at_build = True
 
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
@@ -64,6 +67,7 @@ class GraphEngine(Engine):
         self._eval: EvalContext | None = None
         self._closed = False
         self._state_set = False
+        self._prep: Preparation | None = None  # the step libraries being made on a thread (ready.py)
         own = self._res.own
         try:
             self.dev = driver.get_device(ordinal)
@@ -104,31 +108,55 @@ class GraphEngine(Engine):
                     self.feature_affine[dt] = own(driver.DeviceBuffer(table.size * 4))
                     self.upload(self.feature_affine[dt], table.astype(np.float32))
             self.set_state(state)
+            if not self.step_libraries_at_build:  # last: a constructor that fails leaves no thread behind
+                self._prep = Preparation(self._step_library_steps(), self.dev.make_current)
         except BaseException:
             self._res.release()
             raise
 
+    def _step_library_steps(self) -> list[tuple[str, object]]:
+        """What load_step_libraries makes, as (attribute, make) in the order the thread makes them: the compiles
+        first (the long part on a cold kernel cache, CPU work beside the fit's), then the libraries' handles."""
+        return [
+            ("gather_mod", partial(kernels.module, self.dev, *kernels.gather_file(self.spec))),
+            ("loss_mod", partial(kernels.module, self.dev, *kernels.loss_file(self.spec, self.regression))),
+            ("lt", cublaslt.Handle),
+            ("workspace", partial(cublaslt.Workspace, WORKSPACE_BYTES)),
+            ("dnn", partial(cudnn.Handle, self.stream)),
+        ]
+
     def load_step_libraries(self) -> None:
         """Make, once, what the graph step's and the evaluation's plans and kernels use: the cuBLASLt handle and
         workspace, the cuDNN handle, the gather and loss kernels. Before any capture (they allocate and load)."""
-        if self.loss_mod is not None:  # the last one made: all there
+        if self.loss_mod is not None and self.dnn is not None:  # all there
             return
         own = self._res.own
         self.dev.make_current()
+        if self._prep is not None:  # what the thread made while the fit trained; it makes the rest below
+            made, self._prep = self._prep.take(), None
+            for name, obj in made.items():
+                setattr(self, name, obj if name.endswith("_mod") else own(obj))  # modules: the process's (kernels)
         if self.lt is None:  # one by one: after a failure the next call makes only what is missing
             self.lt = own(cublaslt.Handle())
         if self.workspace is None:
             self.workspace = own(cublaslt.Workspace(WORKSPACE_BYTES))
         if self.dnn is None:
             self.dnn = own(cudnn.Handle(self.stream))
-        self.gather_mod = kernels.module(self.dev, "gather.cu")
-        self.loss_mod = kernels.module(self.dev, "loss.cu")
+        if self.gather_mod is None:
+            self.gather_mod = kernels.module(self.dev, *kernels.gather_file(self.spec))
+        if self.loss_mod is None:
+            self.loss_mod = kernels.module(self.dev, *kernels.loss_file(self.spec, self.regression))
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._prep is not None:  # skip what it has not begun; release what it made with the rest
+            for name, obj in self._prep.cancel().items():
+                if not name.endswith("_mod"):
+                    self._res.own(obj)
+            self._prep = None
         try:
             self.dev.make_current()
             if self.group is not None and not self.group.comm.closed:

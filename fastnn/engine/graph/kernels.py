@@ -2,7 +2,8 @@
 (native/gather.cu), the loss (loss.cu), the update fused with the next batch's gather (update.cu), and the
 epoch-end check, snapshot and advance every GPU engine records (epoch.cu). Each file is compiled (NVRTC,
 disk-cached) and loaded once per process and GPU, when an engine is built (the gather and loss of the fused and
-grid engines at their first evaluation), never during capture."""
+grid engines on a thread while their first fit trains: ready.py), never during capture. Of gather.cu and loss.cu
+only the kernels the engine's precision launches are compiled (gather_file, loss_file)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u
 from .buffers import itemsize
 
 if TYPE_CHECKING:
+    from ..plan import PrecisionSpec
     from .contexts import TrainContext
     from .engine import GraphEngine
 
 __all__ = [
-    "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "launch_elementwise", "module",
-    "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss", "record_mse", "record_update",
-    "record_zero_grads", "refresh_half_copy",
+    "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "gather_file", "launch_elementwise",
+    "loss_file", "module", "only", "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss",
+    "record_mse", "record_update", "record_zero_grads", "refresh_half_copy",
 ]  # fmt: skip
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
@@ -32,15 +34,50 @@ UPDATE_THREADS = 256  # the block of update.cu's and epoch.cu's grid-stride kern
 
 _modules_lock = threading.Lock()
 _modules: dict[tuple[int, str, tuple[str, ...]], driver.Module] = {}  # (device, file, options) -> loaded module
+_making: dict[tuple[int, str, tuple[str, ...]], threading.Event] = {}  # the keys a thread compiles now: set when done
 
 
 def module(device: driver.Device, filename: str, options: tuple[str, ...] = ()) -> driver.Module:
-    """native/<filename> compiled with NVRTC `options` (disk-cached) and loaded on `device`, once per process."""
-    key = (device.ordinal, filename, options)
-    with _modules_lock:
-        if key not in _modules:
-            _modules[key] = driver.Module(nvrtc.compile_native(filename, device.arch, options))
-        return _modules[key]
+    """native/<filename> compiled with NVRTC `options` (disk-cached) and loaded on `device`, once per process.
+
+    Compiled outside the lock: a thread compiling one file (the evaluation's, prepared in the background: ready.py)
+    does not hold up another thread's different file; a second caller of the same file waits for the first."""
+    key = (device.ordinal, filename, tuple(options))
+    while True:
+        with _modules_lock:
+            if key in _modules:
+                return _modules[key]
+            making = _making.get(key)
+            if making is None:
+                making = _making[key] = threading.Event()
+                break
+        making.wait()  # made meanwhile (or failed: then this caller tries, and meets the error itself)
+    try:
+        made = driver.Module(nvrtc.compile_native(filename, device.arch, tuple(options)))
+        with _modules_lock:
+            _modules[key] = made
+        return made
+    finally:
+        with _modules_lock:
+            del _making[key]
+        making.set()
+
+
+def only(names) -> tuple[str, ...]:
+    """NVRTC options that compile only the kernels `names` of a file that lists its kernels (gather.cu, loss.cu): an
+    engine launches one precision's, and NVRTC's time grows with the kernels it compiles (loss.cu: one of six costs
+    about a sixth of all six)."""
+    return ("-DONLY_LISTED", *(f"-DKERNEL_{n}" for n in sorted(names)))
+
+
+def gather_file(spec: PrecisionSpec) -> tuple[str, tuple[str, ...]]:
+    """(file, options) of the gathers a `spec` engine launches: uint8 and float32 rows into its operand type."""
+    return "gather.cu", only(f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32"))
+
+
+def loss_file(spec: PrecisionSpec, regression: bool) -> tuple[str, tuple[str, ...]]:
+    """(file, options) of the one loss kernel a `spec` engine launches: cross-entropy, or a regression's mse."""
+    return "loss.cu", only([spec.mse_kernel if regression else spec.loss_kernel])
 
 
 def elementwise_blocks(eng: GraphEngine, n: int) -> int:

@@ -92,7 +92,8 @@ class GridEngine(GraphEngine):
     """engine="grid": one cooperative persistent kernel per epoch over up to every SM; the graph engine's math."""
 
     name = "grid"
-    #: The epoch is one kernel of its own: the graph step's libraries are made at the first evaluation or prediction.
+    #: The epoch is one kernel of its own: the graph step's libraries are made on a thread while the first fit trains,
+    #: for the first evaluation or prediction (graph/ready.py).
     step_libraries_at_build = False
 
     @staticmethod
