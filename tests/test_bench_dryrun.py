@@ -902,3 +902,34 @@ def test_bench_fused_reads_the_grid_kernels_phase_profile_per_step():
     assert bench_fused.grid_phases(grid) == {"R1": 100.0, "F1": 200.0}
     assert bench_fused.grid_phases(types.SimpleNamespace(engine="fused", _engine=None)) is None
     assert bench_fused.tuning_of("grid", phases=True).grid_profile is True
+
+
+def test_first_and_second_fit_evaluate_dry_run(tmp_path):
+    """bench_setup.py --fit-evaluate (issue 41) on the CPU: one fresh process per mode, cold from emptied caches,
+    each timing two rounds of Trainer, fit, evaluate and close; the table gives the first over the second."""
+    stale = tmp_path / "cache" / "numpy-cpu" / "logreg" / "fastnn" / "stale"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("from an earlier run")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = tmp_path / "fe.md"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_setup.py"), "--dry-run", "--fit-evaluate", "--only",
+         "numpy-cpu,fastnn-fused,torch-graph-amp", "--workloads", "logreg", "--out", str(out), "--cache-dir",
+         str(tmp_path / "cache")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not stale.exists()
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert [(r["contender"], r["mode"]) for r in ok] == [("numpy-cpu", "cold"), ("numpy-cpu", "warm")]
+    for r in ok:
+        assert r["engine"] == "numpy" and len(r["rounds"]) == 2
+        for rnd in r["rounds"]:
+            assert all(rnd[k] > 0 for k in ("trainer", "fit", "evaluate", "close")) and 0 <= rnd["accuracy"] <= 1
+    skipped = {r["contender"]: r["error"] for r in rows if r["status"] == "skipped"}
+    assert skipped == {"fastnn-fused": "not run: the dry run has no GPU",
+                       "torch-graph-amp": "not run: fastnn's engines only"}  # fmt: skip
+    md = out.read_text()
+    assert "| logreg | numpy-cpu | cold | numpy |" in md and "1st / 2nd fit + evaluate" in md
