@@ -7,25 +7,27 @@
 //   many_gather_{u8,f32}  grid (batch, streams), block 256: stream s's batch rows, gathered once for its models
 //                         through its group's row table in the shared Feistel order (shuffle.cuh), mapped
 //                         x * scale + shift (fastnn/_data.py's input_affine) into xb (streams x batch x d) fp32.
-//   many_forward_{none,relu,gelu}  grid (ceil(out/16), ceil(batch/16), K), block (16, 16): per model a 16 x 16-tiled
-//                         fp32 GEMM Z = A W^T + b (A: its stream's batch for layer 0, its previous activation
-//                         otherwise), stored with the activation applied in h (and z kept for the backward).
+//   many_forward_{x,relu,gelu}  grid (ceil(out/16), ceil(batch/16), K), block (16, 16): per model a 16 x 16-tiled
+//                         fp32 GEMM z = a w^T + b; a is its stream's batch (x, layer 0) or the previous layer's z
+//                         with the activation applied on load. (With one stream, the engine runs layer 0 of all
+//                         models as one cuBLASLt GEMM instead: engine.py's fast path.)
 //   many_xent, many_mse   grid K, block 256: per model the loss of its rows as the NumPy engine defines it
 //                         (fastnn/engine/numpy_engine.py's loss_and_grad, mse_loss_and_grad), its sums added to the
 //                         model's history slots (hist[2k], hist[2k+1]: one block a model, no atomics), and the
 //                         gradient of the batch mean into dz.
-//   many_wgrad            grid (ceil((in+1)/16), ceil(out/16), K), block (16, 16): dW = dZ^T A and db = column sums
-//                         of dZ (A with a column of ones), into the model's gradient block.
+//   many_wgrad_{x,relu,gelu}  grid (ceil((in+1)/16), ceil(out/16), K), block (16, 16): dW = dZ^T A and db = the
+//                         column sums of dZ (A with a column of ones), into the model's gradients.
 //   many_dgrad_{relu,gelu}  grid (ceil(in/16), ceil(batch/16), K), block (16, 16): dZ_prev = (dZ W) * act'(z_prev).
-//   many_update           grid-stride over K x stride elements: optim.cuh's optim_update with model k's
-//                         OptimParams, learning rate lr[k * lr_stride + step] and step counter step0[k] + step + 1.
+//   many_update           grid-stride over the state: optim.cuh's optim_update with model k's OptimParams, learning
+//                         rate lr[k * lr_stride + step] and step counter step0[k] + step + 1.
 //   many_check            grid-stride: per model, bits of what in the state the epoch left is not trusted
 //                         (fastnn/_state.py decides on the host; these bits say which models to ask about).
-// Memory plan: everything in global memory (HBM/L2); the tiles of the GEMMs in shared memory (2 x 16 x 17 floats).
-// Parameters: model k's block starts at k * stride floats and holds the layers' weight (out, in) and bias (out) in
-// torch's order at the offsets the host passes; optimizer states and gradients have the same layout. Activations:
-// (K, batch, width) per layer. A model whose stream has no row at a step (a shorter group, or inactive) does
-// nothing in it.
+// Memory plan: everything in global memory (HBM/L2); the GEMMs' tiles in shared memory (2 x 16 x 17 floats).
+// Parameters, gradients and optimizer states are tensor-major: tensor t (layer i's weight (out, in) or bias (out),
+// torch's layout) of every model in one block, model k's at block + k * size, so layer 0's weights of all K models
+// are one (K * out, in) matrix. Activations are (batch, K, width): row r of every model together, so layer 0's
+// outputs of all models are one (batch, K * out) matrix. A model whose stream has no row at a step (a shorter
+// group, or not training) does nothing in it.
 #include "activation.cuh"
 #include "common.cuh"
 #include "optim.cuh"
@@ -109,24 +111,30 @@ __device__ void gather(const TIn* __restrict__ x, const u32* __restrict__ y, int
 GATHER(many_gather_u8, u8)
 GATHER(many_gather_f32, float)
 
-// ---- forward: z = a w^T + b, h = act(z) ----------------------------------------------------------------------
-// a: layer 0 reads its stream's rows of xb (a_model == 0), later layers the model's own activations.
-template <int act>
-__device__ void forward(const float* __restrict__ xb, const float* __restrict__ hin, int in, int out,
-                        const float* __restrict__ params, u64 stride, u64 w_off, u64 b_off, float* __restrict__ z,
-                        float* __restrict__ h, const Step st) {
+// ---- forward: z = a w^T + b -------------------------------------------------------------------------------
+// The layer's input a: layer 0 (act_in < 0) reads its stream's rows of xb; a later layer reads the previous layer's
+// pre-activations zin and applies the activation on load (no activation buffer is kept).
+template <int act_in>
+__device__ __forceinline__ float input_at(const float* __restrict__ xb, const float* __restrict__ zin, int s, int k,
+                                          int r, int i, int in, int models, int batch) {
+    if (act_in < 0) return xb[((u64)s * batch + r) * in + i];
+    return activation<act_in < 0 ? 0 : act_in>(zin[((u64)r * models + k) * in + i]);
+}
+
+template <int act_in>
+__device__ void forward(const float* __restrict__ xb, const float* __restrict__ zin, int in, int out, int models,
+                        const float* __restrict__ params, u64 w_off, u64 b_off, float* __restrict__ z, const Step st) {
     __shared__ float as[TILE][TILE + 1], ws[TILE][TILE + 1];
     const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
     int s;
     const int rows = model_rows(st, k, &s);
     const int r0 = blockIdx.y * TILE, o0 = blockIdx.x * TILE;
     if (r0 >= rows) return;  // the whole block: no barrier is skipped by part of it
-    const float* a = hin ? hin + (u64)k * st.batch * in : xb + (u64)s * st.batch * in;
-    const float* w = params + (u64)k * stride + w_off;
+    const float* w = params + w_off + (u64)k * out * in;
     float acc = 0.f;
     for (int i0 = 0; i0 < in; i0 += TILE) {
         const int ra = r0 + ty, ia = i0 + tx, ow = o0 + ty;
-        as[ty][tx] = (ra < rows && ia < in) ? a[(u64)ra * in + ia] : 0.f;
+        as[ty][tx] = (ra < rows && ia < in) ? input_at<act_in>(xb, zin, s, k, ra, ia, in, models, st.batch) : 0.f;
         ws[ty][tx] = (ow < out && ia < in) ? w[(u64)ow * in + ia] : 0.f;
         __syncthreads();
 #pragma unroll
@@ -134,20 +142,15 @@ __device__ void forward(const float* __restrict__ xb, const float* __restrict__ 
         __syncthreads();
     }
     const int r = r0 + ty, o = o0 + tx;
-    if (r < rows && o < out) {
-        const float v = acc + params[(u64)k * stride + b_off + o];
-        const u64 at = ((u64)k * st.batch + r) * out + o;
-        z[at] = v;
-        if (act >= 0) h[at] = activation<act < 0 ? 0 : act>(v);
-    }
+    if (r < rows && o < out) z[((u64)r * models + k) * out + o] = acc + params[b_off + (u64)k * out + o];
 }
 
 #define FORWARD(name, ACT)                                                                                          \
-    extern "C" __global__ void name(const float* xb, const float* hin, int in, int out, const float* params,        \
-                                    u64 stride, u64 w_off, u64 b_off, float* z, float* h, const Step st) {           \
-        forward<ACT>(xb, hin, in, out, params, stride, w_off, b_off, z, h, st);                                      \
+    extern "C" __global__ void name(const float* xb, const float* zin, int in, int out, int models,                \
+                                    const float* params, u64 w_off, u64 b_off, float* z, const Step st) {            \
+        forward<ACT>(xb, zin, in, out, models, params, w_off, b_off, z, st);                                         \
     }
-FORWARD(many_forward_none, -1)
+FORWARD(many_forward_x, -1)
 FORWARD(many_forward_relu, 0)
 FORWARD(many_forward_gelu, 1)
 
@@ -174,7 +177,7 @@ __device__ __forceinline__ void block_sums(float* v, int n, double* out) {
 // Cross-entropy from the logits (log-sum-exp after subtracting the row max, as numpy_engine.log_softmax), the
 // correct count (argmax, first maximum and first NaN win, as numpy.argmax), and with dz the gradient of the
 // batch-mean loss (softmax - onehot) / rows. Labels: yb's first word of each row (int32).
-extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __restrict__ yb, int c,
+extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __restrict__ yb, int c, int models,
                                      float* __restrict__ dz, double* __restrict__ hist, const Step st) {
     const int k = blockIdx.x;
     int s;
@@ -183,7 +186,7 @@ extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __r
     const float inv_rows = 1.f / (float)rows;
     float sums[2] = {0.f, 0.f};
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const float* zr = z + ((u64)k * st.batch + r) * c;
+        const float* zr = z + ((u64)r * models + k) * c;
         const int label = (int)yb[(u64)s * st.batch + r];
         int best = 0;
         float zmax = zr[0];
@@ -194,7 +197,7 @@ extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __r
         sums[0] += logf(sum) - (zr[label] - zmax);
         sums[1] += best == label ? 1.f : 0.f;
         if (dz) {
-            float* d = dz + ((u64)k * st.batch + r) * c;
+            float* d = dz + ((u64)r * models + k) * c;
             for (int j = 0; j < c; ++j) d[j] = (expf(zr[j] - zmax) / sum - (j == label ? 1.f : 0.f)) * inv_rows;
         }
     }
@@ -204,7 +207,7 @@ extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __r
 // Squared error averaged over the k outputs of each row (no factor 1/2), and with dz the gradient of the batch mean
 // over rows and outputs, 2 (z - y) / (rows k). Targets: yb's c float32 words of each row. With sse (evaluation),
 // each output's sum of squared errors into sse[k * c + j].
-extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __restrict__ yb, int c,
+extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __restrict__ yb, int c, int models,
                                     float* __restrict__ dz, double* __restrict__ hist, double* __restrict__ sse,
                                     const Step st) {
     const int k = blockIdx.x;
@@ -214,13 +217,13 @@ extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __re
     const float scale = 2.f / ((float)rows * (float)c);
     float sums[2] = {0.f, 0.f};
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const float* zr = z + ((u64)k * st.batch + r) * c;
+        const float* zr = z + ((u64)r * models + k) * c;
         const float* yr = (const float*)yb + ((u64)s * st.batch + r) * c;
         float sq = 0.f;
         for (int j = 0; j < c; ++j) {
             const float d = zr[j] - yr[j];
             sq += d * d;
-            if (dz) dz[((u64)k * st.batch + r) * c + j] = d * scale;
+            if (dz) dz[((u64)r * models + k) * c + j] = d * scale;
         }
         sums[0] += sq / (float)c;
     }
@@ -230,7 +233,7 @@ extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __re
         for (int j = warp; j < c; j += warps) {
             float t = 0.f;
             for (int r = lane; r < rows; r += 32) {
-                const float d = z[((u64)k * st.batch + r) * c + j] - ((const float*)yb)[((u64)s * st.batch + r) * c + j];
+                const float d = z[((u64)r * models + k) * c + j] - ((const float*)yb)[((u64)s * st.batch + r) * c + j];
                 t += d * d;
             }
             t = warp_sum(t);
@@ -241,38 +244,46 @@ extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __re
 
 // ---- backward -------------------------------------------------------------------------------------------------
 // dW[o][i] = sum_r dz[r][o] a[r][i]; db[o] = sum_r dz[r][o] (column i == in of a is taken as ones).
-extern "C" __global__ void many_wgrad(const float* __restrict__ xb, const float* __restrict__ hin, int in, int out,
-                                      const float* __restrict__ dz, float* __restrict__ grads, u64 stride, u64 w_off,
-                                      u64 b_off, const Step st) {
+template <int act_in>
+__device__ void wgrad(const float* __restrict__ xb, const float* __restrict__ zin, int in, int out, int models,
+                      const float* __restrict__ dz, float* __restrict__ grads, u64 w_off, u64 b_off, const Step st) {
     __shared__ float ds[TILE][TILE + 1], as[TILE][TILE + 1];
     const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
     int s;
     const int rows = model_rows(st, k, &s);
     if (rows == 0) return;
-    const float* a = hin ? hin + (u64)k * st.batch * in : xb + (u64)s * st.batch * in;
-    const float* d = dz + (u64)k * st.batch * out;
     const int i0 = blockIdx.x * TILE, o0 = blockIdx.y * TILE;
     float acc = 0.f;
     for (int r0 = 0; r0 < rows; r0 += TILE) {
         const int r = r0 + ty, od = o0 + tx, ia = i0 + tx;
-        ds[ty][tx] = (r < rows && od < out) ? d[(u64)r * out + od] : 0.f;
-        as[ty][tx] = r < rows ? (ia < in ? a[(u64)r * in + ia] : (ia == in ? 1.f : 0.f)) : 0.f;
+        ds[ty][tx] = (r < rows && od < out) ? dz[((u64)r * models + k) * out + od] : 0.f;
+        as[ty][tx] = r < rows ? (ia < in ? input_at<act_in>(xb, zin, s, k, r, ia, in, models, st.batch)
+                                         : (ia == in ? 1.f : 0.f))
+                              : 0.f;
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TILE; ++kk) acc = fmaf(ds[kk][ty], as[kk][tx], acc);
         __syncthreads();
     }
     const int o = o0 + ty, i = i0 + tx;
-    float* g = grads + (u64)k * stride;
     if (o < out) {
-        if (i < in) g[w_off + (u64)o * in + i] = acc;
-        else if (i == in) g[b_off + o] = acc;
+        if (i < in) grads[w_off + (u64)k * out * in + (u64)o * in + i] = acc;
+        else if (i == in) grads[b_off + (u64)k * out + o] = acc;
     }
 }
 
+#define WGRAD(name, ACT)                                                                                            \
+    extern "C" __global__ void name(const float* xb, const float* zin, int in, int out, int models, const float* dz, \
+                                    float* grads, u64 w_off, u64 b_off, const Step st) {                            \
+        wgrad<ACT>(xb, zin, in, out, models, dz, grads, w_off, b_off, st);                                           \
+    }
+WGRAD(many_wgrad_x, -1)
+WGRAD(many_wgrad_relu, 0)
+WGRAD(many_wgrad_gelu, 1)
+
 // dz_prev[r][i] = (sum_o dz[r][o] w[o][i]) * act'(z_prev[r][i]).
 template <int act>
-__device__ void dgrad(const float* __restrict__ dz, int in, int out, const float* __restrict__ params, u64 stride,
+__device__ void dgrad(const float* __restrict__ dz, int in, int out, int models, const float* __restrict__ params,
                       u64 w_off, const float* __restrict__ zprev, float* __restrict__ dprev, const Step st) {
     __shared__ float ds[TILE][TILE + 1], ws[TILE][TILE + 1];
     const int k = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
@@ -280,12 +291,11 @@ __device__ void dgrad(const float* __restrict__ dz, int in, int out, const float
     const int rows = model_rows(st, k, &s);
     const int r0 = blockIdx.y * TILE, i0 = blockIdx.x * TILE;
     if (r0 >= rows) return;
-    const float* d = dz + (u64)k * st.batch * out;
-    const float* w = params + (u64)k * stride + w_off;
+    const float* w = params + w_off + (u64)k * out * in;
     float acc = 0.f;
     for (int o0 = 0; o0 < out; o0 += TILE) {
         const int r = r0 + ty, od = o0 + tx, ow = o0 + ty, i = i0 + tx;
-        ds[ty][tx] = (r < rows && od < out) ? d[(u64)r * out + od] : 0.f;
+        ds[ty][tx] = (r < rows && od < out) ? dz[((u64)r * models + k) * out + od] : 0.f;
         ws[ty][tx] = (ow < out && i < in) ? w[(u64)ow * in + i] : 0.f;
         __syncthreads();
 #pragma unroll
@@ -294,29 +304,41 @@ __device__ void dgrad(const float* __restrict__ dz, int in, int out, const float
     }
     const int r = r0 + ty, i = i0 + tx;
     if (r < rows && i < in) {
-        const u64 at = ((u64)k * st.batch + r) * in + i;
+        const u64 at = ((u64)r * models + k) * in + i;
         dprev[at] = acc * activation_grad<act>(zprev[at]);
     }
 }
 
 #define DGRAD(name, ACT)                                                                                            \
-    extern "C" __global__ void name(const float* dz, int in, int out, const float* params, u64 stride, u64 w_off,  \
+    extern "C" __global__ void name(const float* dz, int in, int out, int models, const float* params, u64 w_off,  \
                                     const float* zprev, float* dprev, const Step st) {                               \
-        dgrad<ACT>(dz, in, out, params, stride, w_off, zprev, dprev, st);                                            \
+        dgrad<ACT>(dz, in, out, models, params, w_off, zprev, dprev, st);                                            \
     }
 DGRAD(many_dgrad_relu, 0)
 DGRAD(many_dgrad_gelu, 1)
 
 // ---- update ---------------------------------------------------------------------------------------------------
-// Element i of model k = i / stride (the first `count` of each block are parameters; the rest is padding).
+// The training state is tensor-major (fastnn/engine/many/gpu/layout.py): tensor t of every model in one block,
+// model k's copy at starts[t] + k * sizes[t]; starts[tensors] ends the last block. Element i's tensor is found by a
+// scan of the few block starts, its model by a division.
+__device__ __forceinline__ int model_of(u64 i, const u64* __restrict__ starts, const u32* __restrict__ sizes,
+                                        int tensors) {
+    int t = 0;
+    while (t < tensors && i >= starts[t + 1]) ++t;
+    if (t == tensors) return -1;  // padding after the last block
+    const u64 k = (i - starts[t]) / sizes[t];  // >= models in the padding that rounds each block up
+    return k < 0x7FFFFFFFull ? (int)k : -1;
+}
+
 extern "C" __global__ void many_update(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ s1,
-                                       float* __restrict__ s2, u64 stride, u64 count, int models,
+                                       float* __restrict__ s2, const u64* __restrict__ starts,
+                                       const u32* __restrict__ sizes, int tensors, int models,
                                        const OptimParams* __restrict__ opt, const float* __restrict__ lr,
                                        int lr_stride, const u64* __restrict__ step0, const Step st) {
-    const u64 total = (u64)models * stride;
+    const u64 total = starts[tensors];
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const int k = (int)(i / stride);
-        if (i - (u64)k * stride >= count) continue;
+        const int k = model_of(i, starts, sizes, tensors);
+        if (k < 0 || k >= models) continue;  // the padding between blocks
         int s;
         if (model_rows(st, k, &s) == 0) continue;
         const OptimParams p = opt[k];
@@ -340,12 +362,13 @@ extern "C" __global__ void many_update(float* __restrict__ w, const float* __res
 // bad[k] |= 1: a parameter is not finite, or (half != 0) beyond float16's range; 2: an optimizer state is not
 // finite; 4: a second moment (s2) is negative. The host asks fastnn/_state.py about flagged models only.
 extern "C" __global__ void many_check(const float* __restrict__ w, const float* __restrict__ s1,
-                                      const float* __restrict__ s2, u64 stride, u64 count, int models, int half,
+                                      const float* __restrict__ s2, const u64* __restrict__ starts,
+                                      const u32* __restrict__ sizes, int tensors, int models, int half,
                                       u32* __restrict__ bad) {
-    const u64 total = (u64)models * stride;
+    const u64 total = starts[tensors];
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const int k = (int)(i / stride);
-        if (i - (u64)k * stride >= count) continue;
+        const int k = model_of(i, starts, sizes, tensors);
+        if (k < 0 || k >= models) continue;
         u32 flags = 0;
         const float wv = w[i];
         if (!(fabsf(wv) <= (half ? 65504.f : 3.402823466e38f))) flags |= 1u;

@@ -91,7 +91,10 @@ def make_driver(heap: Heap) -> types.SimpleNamespace:
         def launch(self, stream) -> None:
             for kernel, grid, args in self.launches:
                 with np.errstate(all="ignore"):  # a diverging model overflows, as on the device
-                    KERNELS[kernel](heap, grid, args)
+                    if grid is None:  # a cuBLASLt call (make_cublaslt)
+                        kernel.run(*args)
+                    else:
+                        KERNELS[kernel](heap, grid, args)
 
         def close(self) -> None:
             pass
@@ -158,6 +161,59 @@ def make_driver(heap: Heap) -> types.SimpleNamespace:
     return types.SimpleNamespace(get_device=lambda ordinal=0: Device(), Stream=Stream, Module=Module,
                                  DeviceBuffer=DeviceBuffer, Event=Event, copy_dtod=copy_dtod,
                                  GraphExec=GraphExec)  # fmt: skip
+
+
+def make_cublaslt(heap: Heap) -> types.SimpleNamespace:
+    """A module with the names the engine uses from fastnn.cuda.cublaslt: Matmul computes column-major
+    D (m x n) = op(A) op(B) (+ bias over m, or BGRADB: bias = sums of op(B) over k) in NumPy on the heap."""
+    from fastnn.cuda import cublaslt as real
+
+    class Matmul:
+        def __init__(self, handle, m, n, k, *, transa, transb, ab_type, cd_type, compute, lda=None, ldb=None,
+                     ldc=None, epilogue=real.Epilogue.DEFAULT, workspace=None, **kw) -> None:  # fmt: skip
+            self.m, self.n, self.k, self.transa, self.transb = m, n, k, transa, transb
+            self.lda = lda or (k if transa else m)
+            self.ldb = ldb or (n if transb else k)
+            self.ldc = ldc or m
+            self.epilogue = epilogue
+
+        def _matrix(self, ptr: int, rows: int, cols: int, ld: int) -> np.ndarray:
+            """A column-major (rows, cols) matrix with leading dimension ld."""
+            flat = heap.view(ptr, np.float32, ld * (cols - 1) + rows)
+            return np.lib.stride_tricks.as_strided(flat, (rows, cols), (4, 4 * ld))
+
+        def __call__(self, a, b, c, d, stream, *, bias=0, aux=0, alpha=1.0, beta=0.0) -> None:
+            if stream.recording is not None:
+                stream.recording.append((self, None, (a, b, c, d, bias)))
+            else:
+                self.run(a, b, c, d, bias)
+
+        def run(self, a, b, c, d, bias) -> None:
+            m, n, k = self.m, self.n, self.k
+            op_a = self._matrix(a, k, m, self.lda).T if self.transa else self._matrix(a, m, k, self.lda)
+            op_b = self._matrix(b, n, k, self.ldb).T if self.transb else self._matrix(b, k, n, self.ldb)
+            out = op_a @ op_b
+            if self.epilogue == real.Epilogue.BIAS:
+                out = out + heap.view(bias, np.float32, m)[:, None]
+            elif self.epilogue == real.Epilogue.BGRADB:
+                heap.view(bias, np.float32, n)[:] = op_b.sum(axis=0)
+            else:
+                assert self.epilogue == real.Epilogue.DEFAULT, self.epilogue
+            self._matrix(d, m, n, self.ldc)[:] = out
+
+        def close(self) -> None:
+            pass
+
+    class Plain:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return types.SimpleNamespace(Matmul=Matmul, Handle=Plain, Workspace=Plain, ComputeType=real.ComputeType,
+                                 DataType=real.DataType, Epilogue=real.Epilogue,
+                                 CublasError=real.CublasError)  # fmt: skip
 
 
 # ---- the kernels ------------------------------------------------------------------------------------------------
@@ -231,42 +287,46 @@ def _gather(src_dtype):
     return run
 
 
-def _input(heap: Heap, xb: int, hin: int, k: int, s: int, batch: int, fan_in: int, rows: int) -> np.ndarray:
-    base = hin + 4 * k * batch * fan_in if hin else xb + 4 * s * batch * fan_in
-    return heap.view(base, np.float32, rows * fan_in).reshape(rows, fan_in)
+def _input(heap: Heap, xb: int, zin: int, act: str | None, k: int, s: int, batch: int, models: int, fan_in: int,
+           rows: int) -> np.ndarray:
+    """A layer's input rows of model k: its stream's rows of xb (layer 0), or the previous layer's z activated."""
+    if not zin:
+        return heap.view(xb + 4 * s * batch * fan_in, np.float32, rows * fan_in).reshape(rows, fan_in)
+    z = heap.view(zin, np.float32, rows * models * fan_in).reshape(rows, models, fan_in)[:, k, :]
+    return activation(z, act)
+
+
+def _rows_of(heap: Heap, ptr: int, k: int, models: int, width: int, rows: int) -> np.ndarray:
+    """Model k's rows of a (batch, K, width) activation array, as a writable view."""
+    return heap.view(ptr, np.float32, rows * models * width).reshape(rows, models, width)[:, k, :]
 
 
 def _forward(act: str | None):
     def run(heap: Heap, grid, args) -> None:
-        xb, hin, fan_in, fan_out, params, stride, w_off, b_off, z, h, st = args
-        fan_in, fan_out, stride, w_off, b_off, st = (_v(fan_in), _v(fan_out), _v(stride), _v(w_off), _v(b_off),
+        xb, zin, fan_in, fan_out, models, params, w_off, b_off, z, st = args
+        fan_in, fan_out, models, w_off, b_off, st = (_v(fan_in), _v(fan_out), _v(models), _v(w_off), _v(b_off),
                                                      _step(st))  # fmt: skip
-        batch = st["batch"]
         for k in range(grid[2]):
             rows, s = _model_rows(heap, st, k)
             if rows == 0:
                 continue
-            a = _input(heap, _v(xb), _v(hin), k, s, batch, fan_in, rows)
-            base = _v(params) + 4 * k * stride
-            w = heap.view(base + 4 * w_off, np.float32, fan_out * fan_in).reshape(fan_out, fan_in)
-            b = heap.view(base + 4 * b_off, np.float32, fan_out)
-            out = a @ w.T + b
-            heap.view(_v(z) + 4 * k * batch * fan_out, np.float32, rows * fan_out)[:] = out.ravel()
-            if act is not None:
-                heap.view(_v(h) + 4 * k * batch * fan_out, np.float32, rows * fan_out)[:] = activation(out, act).ravel()
+            a = _input(heap, _v(xb), _v(zin), act, k, s, st["batch"], models, fan_in, rows)
+            w = heap.view(_v(params) + 4 * (w_off + k * fan_out * fan_in), np.float32, fan_out * fan_in)
+            b = heap.view(_v(params) + 4 * (b_off + k * fan_out), np.float32, fan_out)
+            _rows_of(heap, _v(z), k, models, fan_out, rows)[:] = a @ w.reshape(fan_out, fan_in).T + b
 
     return run
 
 
 def _xent(heap: Heap, grid, args) -> None:
-    z, yb, c, dz, hist, st = args
-    c, st = _v(c), _step(st)
+    z, yb, c, models, dz, hist, st = args
+    c, models, st = _v(c), _v(models), _step(st)
     batch = st["batch"]
     for k in range(grid[0]):
         rows, s = _model_rows(heap, st, k)
         if rows == 0:
             continue
-        logits = heap.view(_v(z) + 4 * k * batch * c, np.float32, rows * c).reshape(rows, c)
+        logits = _rows_of(heap, _v(z), k, models, c, rows)
         labels = heap.view(_v(yb) + 4 * s * batch, np.int32, rows)
         logp = log_softmax(logits)
         h = heap.view(_v(hist) + 16 * k, np.float64, 2)
@@ -275,57 +335,58 @@ def _xent(heap: Heap, grid, args) -> None:
         if _v(dz):
             g = np.exp(logp)
             g[np.arange(rows), labels] -= 1.0
-            heap.view(_v(dz) + 4 * k * batch * c, np.float32, rows * c)[:] = (g / np.float32(rows)).ravel()
+            _rows_of(heap, _v(dz), k, models, c, rows)[:] = g / np.float32(rows)
 
 
 def _mse(heap: Heap, grid, args) -> None:
-    z, yb, c, dz, hist, sse, st = args
-    c, st = _v(c), _step(st)
+    z, yb, c, models, dz, hist, sse, st = args
+    c, models, st = _v(c), _v(models), _step(st)
     batch = st["batch"]
     for k in range(grid[0]):
         rows, s = _model_rows(heap, st, k)
         if rows == 0:
             continue
-        out = heap.view(_v(z) + 4 * k * batch * c, np.float32, rows * c).reshape(rows, c)
+        out = _rows_of(heap, _v(z), k, models, c, rows)
         y = heap.view(_v(yb) + 4 * s * batch * c, np.float32, rows * c).reshape(rows, c)
         d = out - y
         heap.view(_v(hist) + 16 * k, np.float64, 2)[0] += float((d * d).mean(axis=1).sum(dtype=np.float64))
         if _v(dz):
-            heap.view(_v(dz) + 4 * k * batch * c, np.float32, rows * c)[:] = (d * np.float32(2.0 / (rows * c))).ravel()
+            _rows_of(heap, _v(dz), k, models, c, rows)[:] = d * np.float32(2.0 / (rows * c))
         if _v(sse):
             heap.view(_v(sse) + 8 * k * c, np.float64, c)[:] += (d.astype(np.float64) ** 2).sum(axis=0)
 
 
-def _wgrad(heap: Heap, grid, args) -> None:
-    xb, hin, fan_in, fan_out, dz, grads, stride, w_off, b_off, st = args
-    fan_in, fan_out, stride, w_off, b_off, st = (_v(fan_in), _v(fan_out), _v(stride), _v(w_off), _v(b_off),
-                                                 _step(st))  # fmt: skip
-    batch = st["batch"]
-    for k in range(grid[2]):
-        rows, s = _model_rows(heap, st, k)
-        if rows == 0:
-            continue
-        a = _input(heap, _v(xb), _v(hin), k, s, batch, fan_in, rows)
-        d = heap.view(_v(dz) + 4 * k * batch * fan_out, np.float32, rows * fan_out).reshape(rows, fan_out)
-        base = _v(grads) + 4 * k * stride
-        heap.view(base + 4 * w_off, np.float32, fan_out * fan_in)[:] = (d.T @ a).ravel()
-        heap.view(base + 4 * b_off, np.float32, fan_out)[:] = d.sum(axis=0)
+def _wgrad(act: str | None):
+    def run(heap: Heap, grid, args) -> None:
+        xb, zin, fan_in, fan_out, models, dz, grads, w_off, b_off, st = args
+        fan_in, fan_out, models, w_off, b_off, st = (_v(fan_in), _v(fan_out), _v(models), _v(w_off), _v(b_off),
+                                                     _step(st))  # fmt: skip
+        for k in range(grid[2]):
+            rows, s = _model_rows(heap, st, k)
+            if rows == 0:
+                continue
+            a = _input(heap, _v(xb), _v(zin), act, k, s, st["batch"], models, fan_in, rows)
+            d = _rows_of(heap, _v(dz), k, models, fan_out, rows)
+            at = _v(grads) + 4 * (w_off + k * fan_out * fan_in)
+            heap.view(at, np.float32, fan_out * fan_in)[:] = (d.T @ a).ravel()
+            heap.view(_v(grads) + 4 * (b_off + k * fan_out), np.float32, fan_out)[:] = d.sum(axis=0)
+
+    return run
 
 
 def _dgrad(act: str):
     def run(heap: Heap, grid, args) -> None:
-        dz, fan_in, fan_out, params, stride, w_off, zprev, dprev, st = args
-        fan_in, fan_out, stride, w_off, st = _v(fan_in), _v(fan_out), _v(stride), _v(w_off), _step(st)
-        batch = st["batch"]
+        dz, fan_in, fan_out, models, params, w_off, zprev, dprev, st = args
+        fan_in, fan_out, models, w_off, st = _v(fan_in), _v(fan_out), _v(models), _v(w_off), _step(st)
         for k in range(grid[2]):
             rows, _ = _model_rows(heap, st, k)
             if rows == 0:
                 continue
-            d = heap.view(_v(dz) + 4 * k * batch * fan_out, np.float32, rows * fan_out).reshape(rows, fan_out)
-            w = heap.view(_v(params) + 4 * (k * stride + w_off), np.float32, fan_out * fan_in).reshape(fan_out, fan_in)
-            zp = heap.view(_v(zprev) + 4 * k * batch * fan_in, np.float32, rows * fan_in).reshape(rows, fan_in)
-            heap.view(_v(dprev) + 4 * k * batch * fan_in, np.float32, rows * fan_in)[:] = (
-                (d @ w) * activation_grad(zp, act)).ravel()
+            d = _rows_of(heap, _v(dz), k, models, fan_out, rows)
+            w = heap.view(_v(params) + 4 * (w_off + k * fan_out * fan_in), np.float32, fan_out * fan_in)
+            zp = _rows_of(heap, _v(zprev), k, models, fan_in, rows)
+            _rows_of(heap, _v(dprev), k, models, fan_in, rows)[:] = (d @ w.reshape(fan_out, fan_in)) * activation_grad(
+                zp, act)
 
     return run
 
@@ -334,10 +395,18 @@ _OPT_FIELDS = [("kind", np.int32), ("momentum", np.float32), ("weight_decay", np
                ("beta1", np.float32), ("beta2", np.float32), ("eps", np.float32)]  # fmt: skip
 
 
+def _blocks(heap: Heap, starts: int, sizes: int, tensors: int, models: int) -> list[tuple[int, int]]:
+    """(first float, floats) of each tensor's block of K models."""
+    st = heap.view(starts, np.uint64, tensors + 1)
+    sz = heap.view(sizes, np.uint32, tensors)
+    return [(int(st[t]), int(sz[t])) for t in range(tensors)]
+
+
 def _update(heap: Heap, grid, args) -> None:
-    w, g, s1, s2, stride, count, models, opt, lr, lr_stride, step0, st = args
-    stride, count, models, lr_stride, st = _v(stride), _v(count), _v(models), _v(lr_stride), _step(st)
+    w, g, s1, s2, starts, sizes, tensors, models, opt, lr, lr_stride, step0, st = args
+    tensors, models, lr_stride, st = _v(tensors), _v(models), _v(lr_stride), _step(st)
     records = heap.view(_v(opt), np.dtype(_OPT_FIELDS), models)
+    blocks = _blocks(heap, _v(starts), _v(sizes), tensors, models)
     for k in range(models):
         rows, _ = _model_rows(heap, st, k)
         if rows == 0:
@@ -345,42 +414,48 @@ def _update(heap: Heap, grid, args) -> None:
         p = records[k]
         rate = float(heap.view(_v(lr) + 4 * (k * lr_stride + st["step"]), np.float32, 1)[0])
         t = int(heap.view(_v(step0) + 8 * k, np.uint64, 1)[0]) + st["step"] + 1
-        wk = heap.view(_v(w) + 4 * k * stride, np.float32, count)
-        gk = heap.view(_v(g) + 4 * k * stride, np.float32, count)
-        if p["kind"] == 1:
-            o = AdamW(lr=rate, betas=(float(p["beta1"]), float(p["beta2"])), eps=float(p["eps"]),
-                      weight_decay=float(p["weight_decay"]))  # fmt: skip
-            state = {"exp_avg": heap.view(_v(s1) + 4 * k * stride, np.float32, count),
-                     "exp_avg_sq": heap.view(_v(s2) + 4 * k * stride, np.float32, count)}  # fmt: skip
-            adamw_step(o, wk, gk, state, rate, t)
-        else:
-            o = SGD(lr=rate, momentum=float(p["momentum"]), weight_decay=float(p["weight_decay"]),
-                    nesterov=bool(p["nesterov"]))  # fmt: skip
-            state = {"momentum": heap.view(_v(s1) + 4 * k * stride, np.float32, count)} if o.momentum else {}
-            sgd_step(o, wk, gk, state, rate)
+        for first, size in blocks:
+            at = 4 * (first + k * size)
+            wk = heap.view(_v(w) + at, np.float32, size)
+            gk = heap.view(_v(g) + at, np.float32, size)
+            if p["kind"] == 1:
+                o = AdamW(lr=rate, betas=(float(p["beta1"]), float(p["beta2"])), eps=float(p["eps"]),
+                          weight_decay=float(p["weight_decay"]))  # fmt: skip
+                state = {"exp_avg": heap.view(_v(s1) + at, np.float32, size),
+                         "exp_avg_sq": heap.view(_v(s2) + at, np.float32, size)}  # fmt: skip
+                adamw_step(o, wk, gk, state, rate, t)
+            else:
+                o = SGD(lr=rate, momentum=float(p["momentum"]), weight_decay=float(p["weight_decay"]),
+                        nesterov=bool(p["nesterov"]))  # fmt: skip
+                state = {"momentum": heap.view(_v(s1) + at, np.float32, size)} if o.momentum else {}
+                sgd_step(o, wk, gk, state, rate)
 
 
 def _check(heap: Heap, grid, args) -> None:
-    w, s1, s2, stride, count, models, half, bad = args
-    stride, count, models, half = _v(stride), _v(count), _v(models), _v(half)
+    w, s1, s2, starts, sizes, tensors, models, half, bad = args
+    tensors, models, half = _v(tensors), _v(models), _v(half)
     flags = heap.view(_v(bad), np.uint32, models)
+    blocks = _blocks(heap, _v(starts), _v(sizes), tensors, models)
     with np.errstate(invalid="ignore"):
         for k in range(models):
-            wk = heap.view(_v(w) + 4 * k * stride, np.float32, count)
-            if not (np.abs(wk) <= (65504.0 if half else np.finfo(np.float32).max)).all():
-                flags[k] |= 1
-            for ptr in (_v(s1), _v(s2)):
-                if ptr and not np.isfinite(heap.view(ptr + 4 * k * stride, np.float32, count)).all():
-                    flags[k] |= 2
-            if _v(s2) and (heap.view(_v(s2) + 4 * k * stride, np.float32, count) < 0).any():
-                flags[k] |= 4
+            for first, size in blocks:
+                at = 4 * (first + k * size)
+                if not (np.abs(heap.view(_v(w) + at, np.float32, size)) <= (65504.0 if half else
+                                                                            np.finfo(np.float32).max)).all():
+                    flags[k] |= 1
+                for ptr in (_v(s1), _v(s2)):
+                    if ptr and not np.isfinite(heap.view(ptr + at, np.float32, size)).all():
+                        flags[k] |= 2
+                if _v(s2) and (heap.view(_v(s2) + at, np.float32, size) < 0).any():
+                    flags[k] |= 4
 
 
 KERNELS = {
     "many_gather_u8": _gather(np.uint8), "many_gather_f32": _gather(np.float32),
-    "many_forward_none": _forward(None), "many_forward_relu": _forward("relu"), "many_forward_gelu": _forward("gelu"),
-    "many_xent": _xent, "many_mse": _mse, "many_wgrad": _wgrad, "many_dgrad_relu": _dgrad("relu"),
-    "many_dgrad_gelu": _dgrad("gelu"), "many_update": _update, "many_check": _check,
+    "many_forward_x": _forward(None), "many_forward_relu": _forward("relu"), "many_forward_gelu": _forward("gelu"),
+    "many_xent": _xent, "many_mse": _mse, "many_wgrad_x": _wgrad(None), "many_wgrad_relu": _wgrad("relu"),
+    "many_wgrad_gelu": _wgrad("gelu"), "many_dgrad_relu": _dgrad("relu"), "many_dgrad_gelu": _dgrad("gelu"),
+    "many_update": _update, "many_check": _check,
 }  # fmt: skip
 
 assert ctypes  # the arguments are ctypes values (fastnn.cuda.driver's arg_*): read with .value / struct fields

@@ -29,12 +29,14 @@ def backend(request, monkeypatch):
     name, tol = request.param
     if name == "emulated":
         pytest.importorskip("fastnn.cuda.driver", reason="needs the CUDA wheels")
-        from _many_emulator import Heap, make_driver
+        from _many_emulator import Heap, make_cublaslt, make_driver
 
         from fastnn import _device
         from fastnn.engine.many.gpu import engine
 
-        monkeypatch.setattr(engine, "driver", make_driver(Heap()))
+        heap = Heap()
+        monkeypatch.setattr(engine, "driver", make_driver(heap))
+        monkeypatch.setattr(engine, "cublaslt", make_cublaslt(heap))
         monkeypatch.setattr(engine, "nvrtc", types.SimpleNamespace(compile_native=lambda *a, **k: b"emulated"))
         monkeypatch.setattr(_device, "cuda_status", lambda: (True, "emulated"))
     return tol
@@ -48,6 +50,9 @@ def _data(n=96, d=10, classes=3, seed=0):
 
 
 def _pair(model, opt, **kwargs):
+    """The NumPy engine and the GPU engine on the same configuration (precision "fp32" unless given: "mixed" runs
+    layer 0's GEMMs on TF32 tensor cores, compared in test_mixed_precision_is_close)."""
+    kwargs.setdefault("precision", "fp32")
     cpu = MultiTrainer(model, opt, device="cpu", **kwargs)
     gpu = MultiTrainer(model, opt, device="cuda", engine="gpu", **kwargs)
     assert gpu.engine == "gpu" and cpu.engine == "numpy"
@@ -92,16 +97,19 @@ def test_gpu_engine_equals_numpy_with_folds(backend, batch):
     np.testing.assert_allclose(t.state_dict()["0.weight"], c.state_dict()["0.weight"], rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["layer0-gemm", "kernels"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_gpu_engine_equals_numpy_adamw(backend, activation):
+def test_gpu_engine_equals_numpy_adamw(backend, activation, fast):
     x, y = _data(n=70)
     cpu, gpu = _pair(MLP([10, 6, 5, 3], activation=activation), AdamW(lr=1e-2), lr=[1e-2, 3e-3],
                      betas=[(0.9, 0.999), (0.8, 0.99)], weight_decay=[0.0, 0.1], seeds=[1, 9], batch_size=16,
-                     drop_last=True)  # fmt: skip
+                     drop_last=True, precision="fp32")  # fmt: skip
+    gpu._engine.fast_layer0 = fast  # one stream: layer 0 as one cuBLASLt GEMM, or the per-model kernels
     for mt in (cpu, gpu):
         mt.fit(x, y, epochs=2)
         mt.fit(x, y, epochs=1)  # the step counter goes on: AdamW's bias correction
     _close(cpu, gpu, (10 * backend[0], backend[1]))
+    assert bool(gpu._engine._fast["forward"]) == fast
 
 
 def test_gpu_engine_one_model_diverging_alone(backend):
@@ -150,3 +158,16 @@ def test_phase_profile_names_every_node_and_leaves_the_state(backend):
     for a, b in zip(before, mt.state_dicts()):
         for n in a:
             np.testing.assert_array_equal(a[n], b[n])
+
+
+def test_mixed_precision_is_close(backend):
+    """precision="mixed": layer 0's GEMMs of a one-stream epoch on TF32 tensor cores (10-bit mantissas), the rest
+    fp32: close to the NumPy engine's fp32, at a TF32 tolerance."""
+    x, y = _data(n=120)
+    cpu, gpu = _pair(MLP([10, 16, 3]), SGD(lr=0.1, momentum=0.9), models=4, lr=[0.02, 0.05, 0.1, 0.2], seeds=5,
+                     batch_size=32, precision="mixed")  # fmt: skip
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=2)
+    for sa, sb in zip(cpu.state_dicts(), gpu.state_dicts()):
+        for n in sa:
+            np.testing.assert_allclose(sb[n], sa[n], rtol=2e-2, atol=2e-3, err_msg=n)

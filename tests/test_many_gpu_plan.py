@@ -16,20 +16,23 @@ from fastnn.engine.many.gpu import layout
 from fastnn.engine.many.plan import mask_groups, streams
 
 
-def test_model_layout_packs_and_unpacks_every_tensor():
+def test_model_layout_is_tensor_major():
     model = MLP([5, 3, 2])
-    lay = layout.model_layout(model)
-    assert lay.names == ("0.weight", "0.bias", "2.weight", "2.bias")
-    assert lay.offsets == (0, 16, 20, 28) and lay.count == lay.stride == 32  # each tensor on 4 floats
+    lay = layout.model_layout(model, 3)
+    assert lay.names == ("0.weight", "0.bias", "2.weight", "2.bias") and lay.sizes == (15, 3, 6, 2)
+    assert lay.starts == (0, 64, 128, 192, 256)  # each block of 3 models rounded up to 64 floats (256 bytes)
+    assert lay.at("0.weight", 2) == 30 and lay.at("2.bias", 1) == 194
     rng = np.random.default_rng(0)
     states = [{n: rng.normal(size=s).astype(np.float32) for n, s in zip(lay.names, lay.shapes)} for _ in range(3)]
     packed = lay.pack(states)
-    assert packed.shape == (3, 32)
+    assert packed.shape == (256,)
+    # layer 0's weights of all models are one (K * out, in) matrix, model k's rows k * out ..
+    np.testing.assert_array_equal(packed[:45].reshape(9, 5)[3:6], states[1]["0.weight"])
     for k in range(3):
-        got = lay.unpack(packed[k])
+        got = lay.unpack(packed, k)
         for n in lay.names:
             np.testing.assert_array_equal(got[n], states[k][n])
-    assert (packed[:, 15] == 0).all()  # padding stays zero
+    assert (packed[45:64] == 0).all()  # padding stays zero
 
 
 @pytest.mark.parametrize("n, batch, drop_last", [(10, 4, False), (10, 4, True), (8, 4, True), (3, 5, False)])

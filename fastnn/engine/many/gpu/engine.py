@@ -18,7 +18,7 @@ from ...._data import input_affine
 from ...._errors import TrainingDiverged
 from ...._shuffle import split_u64
 from ...._state import state_problem
-from ....cuda import driver, nvrtc
+from ....cuda import cublaslt, driver, nvrtc
 from ...base import EpochStats
 from ...graph.buffers import Owner
 from ...numpy_engine import r2_score, softmax
@@ -77,7 +77,7 @@ class ManyGpuEngine(ManyEngine):
         model = config.model
         self.count = config.count
         self.regression = config.loss == "mse"
-        self.layout = layout.model_layout(model)
+        self.layout = layout.model_layout(model, config.count)
         self.y_words = model.classes if self.regression else 1
         names = set()
         for opt in config.optimizers:
@@ -90,6 +90,12 @@ class ManyGpuEngine(ManyEngine):
         self._eval: _DataSet | None = None
         self._xb_streams = 0
         self._lr_steps = 0
+        #: Layer 0 of all models as one cuBLASLt GEMM in epochs of one stream (forward, and weight gradient with
+        #: BGRADB); False: the per-model kernels everywhere. Turned off for good if cuBLASLt refuses the plans.
+        self.fast_layer0 = True
+        self._lt: cublaslt.Handle | None = None
+        self._workspace: cublaslt.Workspace | None = None
+        self._fast: dict[str, dict[int, cublaslt.Matmul]] = {"forward": {}, "wgrad": {}}
         own = self._res.own
         try:
             self.dev = driver.get_device(ordinal)
@@ -98,17 +104,19 @@ class ManyGpuEngine(ManyEngine):
             self.mod = own(driver.Module(nvrtc.compile_native("many.cu", self.dev.arch), self.dev))
             for name in kernels.KERNELS:  # looked up now: never during a capture
                 self.mod.function(name)
-            k, stride, batch = self.count, self.layout.stride, config.batch_size
-            self.block_bytes = stride * 4
-            self.array_bytes = k * self.block_bytes
+            k, batch, lay = self.count, config.batch_size, self.layout
+            self.array_bytes = lay.total * 4  # one state array: parameters, gradients, or one optimizer state
             self.state = own(driver.DeviceBuffer(self.array_bytes * (1 + len(self.state_arrays))))
             self.snapshot = own(driver.DeviceBuffer(self.state.nbytes))
             self.grads = own(driver.DeviceBuffer(self.array_bytes))
             self.state.memset(0)
             self.grads.memset(0)
+            self.starts = own(driver.DeviceBuffer(8 * len(lay.starts)))
+            self.starts.upload(np.array(lay.starts, dtype=np.uint64))
+            self.block_sizes = own(driver.DeviceBuffer(4 * len(lay.sizes)))
+            self.block_sizes.upload(np.array(lay.sizes, dtype=np.uint32))
             widths = model.sizes[1:]
             self.z = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths]
-            self.h = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths[:-1]]
             self.dz = [own(driver.DeviceBuffer(k * batch * w * 4)) for w in widths]
             self.hist = own(driver.DeviceBuffer(k * 16))
             self.eval_hist = own(driver.DeviceBuffer(k * 16))
@@ -167,16 +175,54 @@ class ManyGpuEngine(ManyEngine):
         arrays = [self.state.ptr + i * self.array_bytes for i in range(1 + len(self.state_arrays))]
         s1 = arrays[1] if len(arrays) > 1 else 0  # optim.cuh's s1: momentum, or AdamW's exp_avg
         s2 = arrays[2] if len(arrays) > 2 else 0  # exp_avg_sq
-        w_off = tuple(lay.offset(n) for n in lay.names[0::2])
-        b_off = tuple(lay.offset(n) for n in lay.names[1::2])
         return kernels.Net(
             mod=self.mod, stream=self.stream, sm_count=self.dev.sm_count, models=self.count, batch=cfg.batch_size,
-            sizes=cfg.model.sizes, activation=cfg.model.activation, regression=self.regression, stride=lay.stride,
-            count=lay.count, w_offsets=w_off, b_offsets=b_off, params=arrays[0], s1=s1, s2=s2, grads=self.grads.ptr,
-            z=tuple(b.ptr for b in self.z), h=tuple(b.ptr for b in self.h), dz=tuple(b.ptr for b in self.dz),
+            sizes=cfg.model.sizes, activation=cfg.model.activation, regression=self.regression,
+            w_offsets=tuple(lay.starts[0:-1:2]), b_offsets=tuple(lay.starts[1:-1:2]), starts=self.starts.ptr,
+            block_sizes=self.block_sizes.ptr, tensors=len(lay.sizes), total=lay.total, params=arrays[0], s1=s1,
+            s2=s2, grads=self.grads.ptr, z=tuple(b.ptr for b in self.z), dz=tuple(b.ptr for b in self.dz),
             xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words, seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr,
-            lr=self.lr.ptr, lr_stride=self._lr_steps, step0=self.step0.ptr,
+            lr=self.lr.ptr, lr_stride=self._lr_steps, step0=self.step0.ptr, fast=self._fast,
         )  # fmt: skip
+
+    def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int) -> list[int]:
+        """Rows of each step for layer 0's cuBLASLt GEMMs (all 0: the per-model kernels), their plans made now
+        (before any capture): a pass of one stream only, while `fast_layer0` holds."""
+        if tables.streams != 1 or not self.fast_layer0:
+            return [0] * steps
+        cfg = self.config
+        rows = [layout.rows_at(group_n, s, cfg.batch_size, cfg.drop_last) for s in range(steps)]
+        try:
+            for r in set(rows) - {0}:
+                self._fast_plans(r)
+        except cublaslt.CublasError:
+            self.fast_layer0 = False  # cuBLASLt has no algorithm for these shapes here: the kernels serve
+            return [0] * steps
+        return rows
+
+    def _fast_plans(self, rows: int) -> None:
+        """The cuBLASLt plans of layer 0 for `rows` rows: Z (rows, K * out) = X W0^T + b0 (column-major: Z^T =
+        W0cat X^T, W0cat read transposed), and dW0cat = X^T dZ read as D (in, K * out) with db0 = dZ's column
+        sums (BGRADB). fp32 data; TF32 tensor cores unless precision="fp32"."""
+        if rows in self._fast["forward"]:
+            return
+        lt = cublaslt
+        if self._lt is None:
+            self._lt = self._res.own(lt.Handle(self.dev))
+            self._workspace = self._res.own(lt.Workspace(32 << 20, self.dev))
+        d, out = self.config.model.sizes[0], self.config.model.sizes[1]
+        m = self.count * out
+        tf32 = self.config.precision != "fp32"
+        compute = lt.ComputeType.COMPUTE_32F_FAST_TF32 if tf32 else lt.ComputeType.COMPUTE_32F
+        f32 = lt.DataType.R_32F
+        fwd = lt.Matmul(self._lt, m, rows, d, transa=True, transb=False, ab_type=f32, cd_type=f32, compute=compute,
+                        lda=d, ldb=d, ldc=m, epilogue=lt.Epilogue.BIAS, workspace=self._workspace)  # fmt: skip
+        self._res.own(fwd)
+        wgrad = lt.Matmul(self._lt, d, m, rows, transa=False, transb=True, ab_type=f32, cd_type=f32, compute=compute,
+                          lda=d, ldb=m, ldc=d, epilogue=lt.Epilogue.BGRADB, workspace=self._workspace)  # fmt: skip
+        self._res.own(wgrad)
+        self._fast["forward"][rows] = fwd
+        self._fast["wgrad"][rows] = wgrad
 
     def _tables(self, data: _DataSet, n_streams: int) -> kernels.StepTables:
         scale, shift = input_affine(data.dtype, self.config.normalize)
@@ -234,16 +280,17 @@ class ManyGpuEngine(ManyEngine):
 
         return profile_step(self, step, repeats)
 
-    def _epoch_graph(self, n_streams: int, steps: int) -> driver.GraphExec:
-        key = (n_streams, steps)
+    def _epoch_graph(self, tables: kernels.StepTables, steps: int, group_n: int) -> driver.GraphExec:
+        fast = self._fast_rows(tables, group_n, steps)
+        key = (tables.streams, steps, tuple(fast))
         graph = self._graphs.get(key)
         if graph is None:
-            net, tables = self._net(), self._tables(self._train, n_streams)  # type: ignore[arg-type]
-            # (the tables' contents change from epoch to epoch; their addresses, which the graph holds, do not)
+            # The tables' contents change from epoch to epoch; their addresses, which the graph holds, do not.
+            net = self._net()
             self.stream.begin_capture()
             try:
                 for s in range(steps):
-                    kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr)
+                    kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr, fast[s])
             finally:
                 captured = self.stream.end_capture()
             try:
@@ -265,7 +312,8 @@ class ManyGpuEngine(ManyEngine):
             raise RuntimeError("set_train_data must be called before fit_epoch")
         cfg, k_all, data = self.config, self.count, self._train
         tables, n_steps = self.prepare_epoch(active, epochs, steps, lrs)
-        graph = self._epoch_graph(tables.streams, n_steps)
+        first = int(np.flatnonzero(active)[0]) if active.any() else 0
+        graph = self._epoch_graph(tables, n_steps, int(data.tables.n[data.group[first]]))
         start, end = self.timing_event(), self.timing_event()
         try:
             driver.copy_dtod(self.snapshot.ptr, self.state.ptr, self.state.nbytes, self.stream)
@@ -310,8 +358,9 @@ class ManyGpuEngine(ManyEngine):
     def _restore(self, k: int) -> None:
         """Model k's parameters and optimizer state back to the epoch's snapshot."""
         for i in range(1 + len(self.state_arrays)):
-            at = i * self.array_bytes + k * self.block_bytes
-            driver.copy_dtod(self.state.ptr + at, self.snapshot.ptr + at, self.block_bytes, self.stream)
+            for name, size in zip(self.layout.names, self.layout.sizes):
+                at = i * self.array_bytes + 4 * self.layout.at(name, k)
+                driver.copy_dtod(self.state.ptr + at, self.snapshot.ptr + at, 4 * size, self.stream)
         self.stream.synchronize()
 
     # ---- evaluation and prediction ----------------------------------------------------------------------------
@@ -375,13 +424,13 @@ class ManyGpuEngine(ManyEngine):
             tables, steps = self._pass_tables(data, np.ones(self.count, dtype=bool))
             net = self._net()
             out = np.empty((self.count, x.shape[0], c), dtype=np.float32)
-            chunk = np.empty((self.count, batch, c), dtype=np.float32)
+            chunk = np.empty((batch, self.count, c), dtype=np.float32)  # (batch, K, outputs): the activations' layout
             for s in range(steps):
                 kernels.record_forward(net, tables, s, False, False)
                 self.stream.synchronize()
                 self.z[-1].download(chunk)
                 rows = rows_at(x.shape[0], s, batch, False)
-                out[:, s * batch : s * batch + rows] = chunk[:, :rows]
+                out[:, s * batch : s * batch + rows] = chunk[:rows].transpose(1, 0, 2)
             return out
         finally:
             data.close()
@@ -395,25 +444,25 @@ class ManyGpuEngine(ManyEngine):
     # ---- state ------------------------------------------------------------------------------------------------
 
     def get_state(self, k: int) -> dict[str, np.ndarray]:
-        block = np.empty(self.layout.stride, dtype=np.float32)
-        state = self.layout.unpack(self.state.download(block, offset=k * self.block_bytes))
-        opt = self.config.optimizers[k]
-        for i, name in enumerate(self.state_arrays):
-            if name in opt.state_names:
-                at = (1 + i) * self.array_bytes + k * self.block_bytes
-                state.update(self.layout.unpack(self.state.download(block, offset=at), prefix=f"opt.{name}."))
+        lay, opt = self.layout, self.config.optimizers[k]
+        arrays = [(0, "")] + [(1 + i, f"opt.{n}.") for i, n in enumerate(self.state_arrays) if n in opt.state_names]
+        state: dict[str, np.ndarray] = {}
+        for array, prefix in arrays:
+            for name, shape, size in zip(lay.names, lay.shapes, lay.sizes):
+                value = np.empty(size, dtype=np.float32)
+                self.state.download(value, offset=array * self.array_bytes + 4 * lay.at(name, k))
+                state[prefix + name] = value.reshape(shape)
         return state
 
     def set_state(self, k: int, state: dict[str, np.ndarray]) -> None:
         for key, value in state.items():
-            array = 0
-            name = key
+            array, name = 0, key
             if key.startswith("opt."):
                 s, name = key[4:].split(".", 1)
                 if s not in self.state_arrays:
                     continue
                 array = 1 + self.state_arrays.index(s)
-            at = array * self.array_bytes + k * self.block_bytes + 4 * self.layout.offset(name)
+            at = array * self.array_bytes + 4 * self.layout.at(name, k)
             self.state.upload(np.ascontiguousarray(value, dtype=np.float32).reshape(-1), offset=at)
 
     def close(self) -> None:

@@ -21,8 +21,9 @@ Node = tuple[str, Callable[[], None]]
 
 #: Every kernel of native/many.cu this engine launches (a CPU test checks each is in the compiled module).
 KERNELS = (
-    "many_gather_u8", "many_gather_f32", "many_forward_none", "many_forward_relu", "many_forward_gelu", "many_xent",
-    "many_mse", "many_wgrad", "many_dgrad_relu", "many_dgrad_gelu", "many_update", "many_check",
+    "many_gather_u8", "many_gather_f32", "many_forward_x", "many_forward_relu", "many_forward_gelu", "many_xent",
+    "many_mse", "many_wgrad_x", "many_wgrad_relu", "many_wgrad_gelu", "many_dgrad_relu", "many_dgrad_gelu",
+    "many_update", "many_check",
 )  # fmt: skip
 #: native/many.cu's Step, field for field: (name, type); pointers travel as u64.
 STEP_FIELDS = (
@@ -66,7 +67,7 @@ def step_arg(t: StepTables, step: int, batch: int, drop_last: bool, shuffled: bo
 
 @dataclass
 class Net:
-    """What a step touches: the module, the stream, the model and its layout, the buffers' addresses."""
+    """What a step touches: the module, the stream, the model, the state's layout and the buffers' addresses."""
 
     mod: driver.Module
     stream: driver.Stream
@@ -76,17 +77,18 @@ class Net:
     sizes: tuple[int, ...]
     activation: str  #: "relu" or "gelu"
     regression: bool
-    stride: int  #: floats per model block
-    count: int  #: parameters per model (padding between tensors included)
-    w_offsets: tuple[int, ...]
+    w_offsets: tuple[int, ...]  #: floats: each layer's weight block in the state arrays (layout.ModelLayout)
     b_offsets: tuple[int, ...]
-    params: int  #: W (K x stride)
+    starts: int  #: uint64 (tensors + 1,): the blocks' starts, then the total
+    block_sizes: int  #: uint32 (tensors,): floats of one model's tensor
+    tensors: int
+    total: int  #: floats of one state array
+    params: int
     s1: int  #: optimizer state 1 or 0
     s2: int  #: optimizer state 2 or 0
     grads: int
-    z: tuple[int, ...]  #: per layer (K, batch, out): pre-activations (the last: the outputs)
-    h: tuple[int, ...]  #: per hidden layer (K, batch, out): activations
-    dz: tuple[int, ...]  #: per layer (K, batch, out): gradients of the pre-activations
+    z: tuple[int, ...]  #: per layer (batch, K, out): pre-activations (the last: the outputs)
+    dz: tuple[int, ...]  #: per layer (batch, K, out): gradients of the pre-activations
     xb: int  #: (S, batch, d) fp32
     yb: int  #: (S, batch, y words)
     y_words: int
@@ -95,6 +97,8 @@ class Net:
     lr: int  #: float32 (K, lr_stride)
     lr_stride: int
     step0: int  #: uint64 (K,)
+    #: Layer 0 of every model as one cuBLASLt GEMM (a pass of one stream): {"forward": {rows: plan}, "wgrad": ...}
+    fast: dict | None = None
 
 
 def _grid2(cols: int, rows: int, models: int) -> tuple[int, int, int]:
@@ -111,16 +115,22 @@ def _gather_node(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: 
                              (GATHER_THREADS, 1, 1), args, net.stream)  # fmt: skip
 
 
-def forward_nodes(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> list[Node]:
-    """The gather of `step` and every layer's forward, named and ready to queue."""
+def forward_nodes(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool,
+                  fast_rows: int = 0) -> list[Node]:  # fmt: skip
+    """The gather of `step` and every layer's forward, named and ready to queue. fast_rows > 0 (one stream with that
+    many rows at this step): layer 0 of all models is one cuBLASLt GEMM, Z (rows, K * out) = X W0^T + b0."""
     st = step_arg(t, step, net.batch, drop_last, shuffled)
     nodes = [_gather_node(net, t, step, shuffled, drop_last)]
-    last = len(net.sizes) - 2
     for i, (fan_in, fan_out) in enumerate(zip(net.sizes[:-1], net.sizes[1:])):
-        act = "none" if i == last else net.activation
-        args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
-                arg_ptr(net.params), arg_u64(net.stride), arg_u64(net.w_offsets[i]), arg_u64(net.b_offsets[i]),
-                arg_ptr(net.z[i]), arg_ptr(0 if i == last else net.h[i]), st]  # fmt: skip
+        if i == 0 and fast_rows:
+            plan = net.fast["forward"][fast_rows]  # type: ignore[index]
+            nodes.append(("forward0", partial(plan, 4 * net.w_offsets[0] + net.params, net.xb, 0, net.z[0],
+                                              net.stream, bias=4 * net.b_offsets[0] + net.params)))  # fmt: skip
+            continue
+        act = "x" if i == 0 else net.activation
+        args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.z[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
+                arg_i32(net.models), arg_ptr(net.params), arg_u64(net.w_offsets[i]), arg_u64(net.b_offsets[i]),
+                arg_ptr(net.z[i]), st]  # fmt: skip
         nodes.append((f"forward{i}", partial(net.mod.function(f"many_forward_{act}").launch,
                                              _grid2(fan_out, net.batch, net.models), (TILE, TILE, 1), args,
                                              net.stream)))  # fmt: skip
@@ -131,41 +141,47 @@ def loss_node(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: boo
               sse: int = 0) -> Node:  # fmt: skip
     """The loss of every model's rows at `step`: sums into hist (K x 2 doubles), gradients into dz if given."""
     st = step_arg(t, step, net.batch, drop_last, shuffled)
-    c = net.sizes[-1]
+    c, k = arg_i32(net.sizes[-1]), arg_i32(net.models)
     if net.regression:
-        name, args = "many_mse", [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist),
+        name, args = "many_mse", [arg_ptr(net.z[-1]), arg_ptr(net.yb), c, k, arg_ptr(dz), arg_ptr(hist),
                                   arg_ptr(sse), st]  # fmt: skip
     else:
-        name, args = "many_xent", [arg_ptr(net.z[-1]), arg_ptr(net.yb), arg_i32(c), arg_ptr(dz), arg_ptr(hist), st]
+        name, args = "many_xent", [arg_ptr(net.z[-1]), arg_ptr(net.yb), c, k, arg_ptr(dz), arg_ptr(hist), st]
     return "loss", partial(net.mod.function(name).launch, (net.models, 1, 1), (LOSS_THREADS, 1, 1), args, net.stream)
 
 
-def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int) -> list[Node]:
+def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0) -> list[Node]:
     """Training step `step` of every model whose stream has rows at it, top to bottom: gather, forward per layer,
-    loss, per layer (last first) weight and input gradients, update. Named, so the profile can time each."""
-    nodes = forward_nodes(net, t, step, True, drop_last)
+    loss, per layer (last first) weight and input gradients, update. Named, so the profile can time each.
+    fast_rows > 0: layer 0's forward and weight gradient as one cuBLASLt GEMM each (see forward_nodes)."""
+    nodes = forward_nodes(net, t, step, True, drop_last, fast_rows)
     nodes.append(loss_node(net, t, step, drop_last, True, hist, net.dz[-1]))
     st = step_arg(t, step, net.batch, drop_last, True)
     for i in reversed(range(len(net.sizes) - 1)):
         fan_in, fan_out = net.sizes[i], net.sizes[i + 1]
-        args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.h[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
-                arg_ptr(net.dz[i]), arg_ptr(net.grads), arg_u64(net.stride), arg_u64(net.w_offsets[i]),
-                arg_u64(net.b_offsets[i]), st]  # fmt: skip
-        nodes.append((f"wgrad{i}", partial(net.mod.function("many_wgrad").launch,
-                                           _grid2(fan_in + 1, fan_out, net.models), (TILE, TILE, 1), args,
-                                           net.stream)))  # fmt: skip
+        if i == 0 and fast_rows:  # dW0 (K * out, in) = dZ^T X and db0 = dZ's column sums (BGRADB)
+            plan = net.fast["wgrad"][fast_rows]  # type: ignore[index]
+            nodes.append(("wgrad0", partial(plan, net.xb, net.dz[0], 0, 4 * net.w_offsets[0] + net.grads, net.stream,
+                                            bias=4 * net.b_offsets[0] + net.grads)))  # fmt: skip
+        else:
+            act = "x" if i == 0 else net.activation
+            args = [arg_ptr(net.xb), arg_ptr(0 if i == 0 else net.z[i - 1]), arg_i32(fan_in), arg_i32(fan_out),
+                    arg_i32(net.models), arg_ptr(net.dz[i]), arg_ptr(net.grads), arg_u64(net.w_offsets[i]),
+                    arg_u64(net.b_offsets[i]), st]  # fmt: skip
+            nodes.append((f"wgrad{i}", partial(net.mod.function(f"many_wgrad_{act}").launch,
+                                               _grid2(fan_in + 1, fan_out, net.models), (TILE, TILE, 1), args,
+                                               net.stream)))  # fmt: skip
         if i > 0:
-            args = [arg_ptr(net.dz[i]), arg_i32(fan_in), arg_i32(fan_out), arg_ptr(net.params), arg_u64(net.stride),
+            args = [arg_ptr(net.dz[i]), arg_i32(fan_in), arg_i32(fan_out), arg_i32(net.models), arg_ptr(net.params),
                     arg_u64(net.w_offsets[i]), arg_ptr(net.z[i - 1]), arg_ptr(net.dz[i - 1]), st]  # fmt: skip
             nodes.append((f"dgrad{i}", partial(net.mod.function(f"many_dgrad_{net.activation}").launch,
                                                _grid2(fan_in, net.batch, net.models), (TILE, TILE, 1), args,
                                                net.stream)))  # fmt: skip
-    total = net.models * net.stride
-    args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_u64(net.stride),
-            arg_u64(net.count), arg_i32(net.models), arg_ptr(net.opt), arg_ptr(net.lr), arg_i32(net.lr_stride),
-            arg_ptr(net.step0), st]  # fmt: skip
+    args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts),
+            arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_i32(net.models), arg_ptr(net.opt), arg_ptr(net.lr),
+            arg_i32(net.lr_stride), arg_ptr(net.step0), st]  # fmt: skip
     nodes.append(("update", partial(net.mod.function("many_update").launch,
-                                    (elementwise_blocks(net, total), 1, 1), (ELEMENTWISE_THREADS, 1, 1), args,
+                                    (elementwise_blocks(net, net.total), 1, 1), (ELEMENTWISE_THREADS, 1, 1), args,
                                     net.stream)))  # fmt: skip
     return nodes
 
@@ -182,19 +198,18 @@ def record_loss(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: b
     loss_node(net, t, step, drop_last, shuffled, hist, dz, sse)[1]()
 
 
-def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int) -> None:
+def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0) -> None:
     """Queue training step `step` (`step_nodes`)."""
-    for _, queue in step_nodes(net, t, step, drop_last, hist):
+    for _, queue in step_nodes(net, t, step, drop_last, hist, fast_rows):
         queue()
 
 
 def record_check(net: Net, half: bool, bad: int) -> None:
     """Queue the per-model check of the state (bits into bad (K,) uint32, zeroed by the caller)."""
-    total = net.models * net.stride
     net.mod.function("many_check").launch(
-        (elementwise_blocks(net, total), 1, 1), (ELEMENTWISE_THREADS, 1, 1),
-        [arg_ptr(net.params), arg_ptr(net.s1), arg_ptr(net.s2), arg_u64(net.stride), arg_u64(net.count),
-         arg_i32(net.models), arg_i32(int(half)), arg_ptr(bad)],
+        (elementwise_blocks(net, net.total), 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+        [arg_ptr(net.params), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts), arg_ptr(net.block_sizes),
+         arg_i32(net.tensors), arg_i32(net.models), arg_i32(int(half)), arg_ptr(bad)],
         net.stream,
     )  # fmt: skip
 

@@ -19,50 +19,60 @@ __all__ = [
     "row_groups", "rows_at", "samples", "stream_tables",
 ]  # fmt: skip
 
-#: Floats each model's parameter block is padded to: 16 bytes, so every model's block starts aligned.
-BLOCK_ALIGN = 4
+#: Floats each tensor's block (of all K models) is rounded up to: 256 bytes, the alignment cuBLASLt's plans promise.
+BLOCK_ALIGN = 64
 
 
 @dataclass(frozen=True)
 class ModelLayout:
-    """Model k's tensor `names[i]` (torch's name and layout) is floats [k * stride + offsets[i], + sizes[i])."""
+    """The training state of K models, tensor-major: tensor `names[t]` (torch's name and layout) of model k is the
+    floats [starts[t] + k * sizes[t], + sizes[t]) of a (total,) array; the blocks follow param_names' order, each
+    starting on BLOCK_ALIGN floats. So a layer's weights of all K models are one (K * out, in) matrix."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
-    offsets: tuple[int, ...]
-    count: int  #: parameters of one model
-    stride: int  #: floats from one model's block to the next (count, padded)
+    sizes: tuple[int, ...]  #: floats of one model's tensor
+    starts: tuple[int, ...]  #: each block's first float, then the total
+    models: int
 
-    def offset(self, name: str) -> int:
-        return self.offsets[self.names.index(name)]
+    @property
+    def total(self) -> int:
+        return self.starts[-1]
+
+    def at(self, name: str, k: int) -> int:
+        """The first float of model k's tensor `name`."""
+        t = self.names.index(name)
+        return self.starts[t] + k * self.sizes[t]
 
     def pack(self, states: list[dict[str, np.ndarray]], prefix: str = "") -> np.ndarray:
-        """(K, stride) float32: each model's tensors `prefix + name` at their offsets (absent ones zero)."""
-        out = np.zeros((len(states), self.stride), dtype=np.float32)
+        """(total,) float32: each model's tensors `prefix + name` in place (absent ones, and padding, zero)."""
+        out = np.zeros(self.total, dtype=np.float32)
         for k, state in enumerate(states):
-            for name, shape, off in zip(self.names, self.shapes, self.offsets):
+            for name in self.names:
                 value = state.get(prefix + name)
                 if value is not None:
-                    out[k, off : off + int(np.prod(shape))] = np.asarray(value, np.float32).reshape(-1)
+                    at = self.at(name, k)
+                    out[at : at + self.sizes[self.names.index(name)]] = np.asarray(value, np.float32).reshape(-1)
         return out
 
-    def unpack(self, block: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
-        """One model's block (stride,) as tensors keyed `prefix + name` (copies)."""
-        return {prefix + n: block[off : off + int(np.prod(shape))].reshape(shape).copy()
-                for n, shape, off in zip(self.names, self.shapes, self.offsets)}  # fmt: skip
+    def unpack(self, flat: np.ndarray, k: int, prefix: str = "") -> dict[str, np.ndarray]:
+        """Model k's tensors of a (total,) array, keyed `prefix + name` (copies)."""
+        return {prefix + n: flat[self.at(n, k) : self.at(n, k) + size].reshape(shape).copy()
+                for n, shape, size in zip(self.names, self.shapes, self.sizes)}  # fmt: skip
 
 
-def model_layout(model: MLP) -> ModelLayout:
-    """Tensors back to back in param_names order (weight (out, in), then bias), each starting on 4 floats."""
+def model_layout(model: MLP, models: int) -> ModelLayout:
+    """The tensor-major layout of `models` copies of `model`'s parameters (param_names order)."""
     names = param_names(model)
     shapes: list[tuple[int, ...]] = []
     for fan_in, fan_out in model.layers:
         shapes += [(fan_out, fan_in), (fan_out,)]
-    offsets, at = [], 0
-    for shape in shapes:
-        offsets.append(at)
-        at += -(-int(np.prod(shape)) // BLOCK_ALIGN) * BLOCK_ALIGN
-    return ModelLayout(tuple(names), tuple(shapes), tuple(offsets), at, at)
+    sizes = tuple(int(np.prod(s)) for s in shapes)
+    starts, at = [], 0
+    for size in sizes:
+        starts.append(at)
+        at += -(-(models * size) // BLOCK_ALIGN) * BLOCK_ALIGN
+    return ModelLayout(tuple(names), tuple(shapes), sizes, (*starts, at), models)
 
 
 def rows_at(n: int, step: int, batch: int, drop_last: bool) -> int:

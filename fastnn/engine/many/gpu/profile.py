@@ -26,7 +26,9 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[s
     active = np.ones(count, dtype=bool)
     lrs = [np.full(step + 1, opt.lr, dtype=np.float32) for opt in eng.config.optimizers]
     tables, steps = eng.prepare_epoch(active, np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), lrs)
-    nodes = kernels.step_nodes(eng._net(), tables, min(step, steps - 1), eng.config.drop_last, eng.hist.ptr)
+    step = min(step, steps - 1)
+    fast = eng._fast_rows(tables, int(eng._train.tables.n[eng._train.group[0]]), steps)  # as the epoch's graph
+    nodes = kernels.step_nodes(eng._net(), tables, step, eng.config.drop_last, eng.hist.ptr, fast[step])
     events = [eng.timing_event() for _ in range(len(nodes) + 1)]
     times = np.zeros((repeats, len(nodes)))
     try:
