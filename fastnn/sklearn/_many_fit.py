@@ -15,7 +15,8 @@ from ._plan import Group
 
 __all__ = ["GroupResult", "ModelResult", "train_group"]
 
-#: Outputs are computed in row chunks of at most this many floats over all models (a bound on host memory).
+#: Outputs are computed in chunks of rows whose widest layer holds at most this many floats over all models (a
+#: bound on the memory inference takes: 256 MiB).
 _FORWARD_FLOATS = 2**26
 
 
@@ -89,7 +90,7 @@ def train_group(group: Group, X: np.ndarray, y: np.ndarray, score_rows: list[np.
 def _outputs(mt: Any, X: np.ndarray) -> np.ndarray:
     """Every model's outputs on every row of X, (K, N, outputs) float32, computed in chunks of rows."""
     count, n = mt.models, X.shape[0]
-    width = mt.model.sizes[-1]
+    width = max(mt.model.sizes[1:])  # the widest activations every model holds for a chunk of rows
     step = max(1, _FORWARD_FLOATS // max(1, count * width))
     if step >= n:
         return mt.forward(X)
