@@ -6,9 +6,7 @@ the engine owns the parameters and optimizer state. A call that fails validation
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import reprlib
 import threading
@@ -17,40 +15,27 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import _history
 from ._checks import integer
-from ._control import (
-    Callback,
-    EarlyStopping,
-    StopTraining,
-    check_callbacks,
-    check_early_stopping,
-    check_validation_split,
-    run_callbacks,
-    split_indices,
-)
-from ._data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
+from ._control import Callback, EarlyStopping
+from ._data import check_normalize
 from ._errors import ConfigError, DataError, FastnnError
+from ._fit import FitRun, check_fit, plan_run, take_part
 from ._gpu_arrays import CudaArray
-from ._history import History, check_records, encode_records
+from ._history import History
+from ._inputs import inputs, targets
 from ._model import MLP, init_parameters, param_names
 from ._optim import OPTIMIZERS, SGD, Optimizer
-from ._progress import check_progress, reporter
-from ._state import MAX_EPOCH, MAX_STEP, check_counters, checked_state
-from .engine.base import LOSSES, PRECISIONS, EngineConfig, EpochStats, steps_per_epoch
+from ._saved import check_loadable, checked_progress, param_shapes, saved_config, saved_model, state_shapes
+from ._state import checked_state
+from ._torch import to_torch
+from .engine.base import LOSSES, PRECISIONS, EngineConfig
 from .engine.placement import check_placement
-from .engine.plan import precision_spec
 from .engine.select import DEVICES, EngineRefused, check_devices, check_distributed, check_engine, create_engine
 from .engine.tuning import Tuning, check_tuning
 from .engine.warmup import overlapped
-from .schedules import Schedule, bind, check_schedule, lr_table
+from .schedules import Schedule, bind, check_schedule
 
 __all__ = ["Trainer"]
-
-#: `fit` builds the per-step learning-rate table (and trains) in chunks of whole epochs of at most this many
-#: steps (one epoch when an epoch is longer): a fit of any length starts at once and holds a 4 MiB table.
-LR_CHUNK_STEPS = 2**20
-
 
 def _check_device(device: Any) -> str:
     if not isinstance(device, str) or device not in DEVICES:
@@ -248,7 +233,7 @@ class Trainer:
         pipe) turns the display off with one RuntimeWarning; training goes on.
 
         Everything is validated before any training; the schedule is evaluated for every step of a chunk
-        of epochs (up to LR_CHUNK_STEPS steps) before that chunk trains, so a fit of 10**7 epochs starts
+        of epochs (up to `_fit.LR_CHUNK_STEPS` steps) before that chunk trains, so a fit of 10**7 epochs starts
         at once, and a schedule failing in a later chunk raises after the chunks before it were recorded.
         A trainer counts at most 2**32 epochs.
 
@@ -288,195 +273,26 @@ class Trainer:
         early_stopping: bool | int | EarlyStopping | None,
         callbacks: Sequence[Callback] | None,
     ) -> History:
-        """`fit`'s work, run while `fit` holds the trainer (`_fitting`): validation, then training."""
-        cfg = self._config
-        x = self._inputs(x, "x")
-        y = self._targets(y, x.shape[0], "y")
-        epochs = integer("epochs", epochs, 0)
-        eval_set = self._check_eval_data(eval_data)
-        eval_every = integer("eval_every", eval_every, 1)
-        show = check_progress(progress)
-        fraction = check_validation_split(validation_split)
-        stopper = check_early_stopping(early_stopping)
-        hooks = check_callbacks(callbacks)
-        if stopper is not None and stopper.monitor == "eval_accuracy" and cfg.loss == "mse":
-            raise ConfigError(
-                "early_stopping monitors 'eval_accuracy', which a regression (loss='mse') does not have: "
-                "use EarlyStopping(monitor='eval_loss')"
-            )
-        if fraction is not None and eval_set is not None:
-            raise ConfigError(
-                f"validation_split={fraction} and eval_data are both given: pass one of them "
-                f"(validation_split holds out part of x as the eval data)"
-            )
-        if stopper is not None and eval_set is None and fraction is None:
-            raise ConfigError(
-                f"early_stopping={reprlib.repr(early_stopping)} needs validation data: pass eval_data or "
-                f"validation_split"
-            )
-        if fraction is not None:
-            if isinstance(x, CudaArray):
-                raise DataError(
-                    f"validation_split={fraction} needs x in host memory (it selects rows), got {x.describe()}: "
-                    f"split it yourself on the GPU and pass eval_data=(x_val, y_val)"
-                )
-            x, y, eval_set = self._split(x, y, fraction)
-        spe = steps_per_epoch(x.shape[0], cfg.batch_size, cfg.drop_last)
-        if spe == 0:
-            raise DataError(
-                f"x has {x.shape[0]} rows{' for training' if fraction else ''}, fewer than "
-                f"batch_size={cfg.batch_size} with drop_last=True: an epoch would have no steps"
-            )
-        if self.epoch + epochs > MAX_EPOCH:
-            raise ConfigError(
-                f"epochs must be an integer in [0, {MAX_EPOCH - self.epoch}], got {epochs}: this trainer has done "
-                f"{self.epoch} epochs and counts at most 2**32 (the GPU's epoch counter and the shuffle key are 32-bit)"
-            )
-        if self.step + epochs * spe > MAX_STEP:
-            raise ConfigError(f"epochs={epochs} of {spe} steps take the step counter ({self.step}) past 2**63 - 1")
-        chunk = max(1, LR_CHUNK_STEPS // spe)  # epochs per lr table: at most LR_CHUNK_STEPS steps, or one epoch
-        lrs = lr_table(self._schedule, self.step, min(chunk, epochs) * spe)
-        call_history = History()
-        if epochs == 0:
+        """`fit`'s work, run while `fit` holds the trainer (`_fitting`): check, plan the run, drive the epochs (each
+        committed to the counters and history as it ends), settle the call's history (`_fit.py`)."""
+        args = check_fit(self._config, self.device == "cuda", x, y, epochs, eval_data, eval_every, progress,
+                         validation_split, early_stopping, callbacks)  # fmt: skip
+        plan = plan_run(args, self._config, self, self._schedule)
+        if args.epochs == 0:
             if self._distributed is not None:
-                # The other ranks compare their fit with this one before training: take part (trains nothing),
-                # so that a rank asking for other epochs is refused by name rather than left waiting.
-                self._engine.set_train_data(x, y)
-                self._engine.fit_epochs(self.epoch, self.step, lrs, None, frozenset(), lambda stats: None,
-                                        end_epoch=self.epoch)  # fmt: skip
-            return call_history
-        epoch0, step0, hist0 = self.epoch, self.step, len(self.history)
-        if stopper is not None:
-            stopper.reset()
-        display = reporter(epoch0 + 1, epoch0 + epochs, spe, self._engine.device == "cpu") if show else None
-        handled = [0]  # epochs of this call shown and judged: each once, even when commit runs again
-        best: list[dict[str, np.ndarray] | None] = [None]
-
-        def commit(stats: EpochStats) -> None:
-            """Record epoch stats.epoch, idempotently: run again after an interrupt, it completes what is missing.
-            Then show it and run early stopping and the callbacks (once per epoch); StopTraining stops."""
-            k = stats.epoch - epoch0
-            record = {
-                "epoch": stats.epoch + 1,  # people's number: stats.epoch is the 0-based index keying the shuffle
-                "train_loss": float(stats.loss),
-                "train_accuracy": None if stats.accuracy is None else float(stats.accuracy),
-                "eval_loss": None if stats.eval_loss is None else float(stats.eval_loss),
-                "eval_accuracy": None if stats.eval_accuracy is None else float(stats.eval_accuracy),
-                "seconds": float(stats.seconds),
-            }
-            if len(call_history) == k:
-                call_history.append(record)
-            if len(self.history) == hist0 + k:
-                self.history.append(record)
-            self.epoch = stats.epoch + 1
-            self.step = step0 + (k + 1) * spe
-            if handled[0] > k:
-                return
-            handled[0] = k + 1
-            if display is not None:
-                display.epoch(record)
-            stop = False
-            if stopper is not None:
-                improved, stop = stopper.update(record)
-                if improved and stopper.restore_best:
-                    best[0] = self._engine.get_state()  # only when it improves: a host copy of the state
-            if run_callbacks(hooks, record) or stop:
-                raise StopTraining(f"stopped after epoch {record['epoch']}")
-
-        self._engine.set_train_data(x, y)
-        on_step = display.step if display is not None and display.per_step else None
-        stoppable = stopper is not None or bool(hooks)
-        try:
-            for first in range(0, epochs, chunk):
-                n = min(chunk, epochs - first)
-                if first:
-                    lrs = lr_table(self._schedule, self.step, n * spe)
-                ks = range(first, first + n)
-                eval_after = frozenset(k - first for k in ks if (k + 1) % eval_every == 0 or k == epochs - 1)
-                self._engine.fit_epochs(self.epoch, self.step, lrs, eval_set, eval_after if eval_set else frozenset(),
-                                        commit, stoppable=stoppable, on_step=on_step,
-                                        end_epoch=epoch0 + epochs)  # fmt: skip
-        except StopTraining:
-            pass  # commit recorded the epoch that asked to stop; the engine trained none after it
-        except BaseException:
-            # An interrupt may land after the engine counted an epoch as reported and before commit recorded it.
-            done = self._engine.last_reported
-            if done is not None and done.epoch >= epoch0:
-                with contextlib.suppress(Exception):  # the interrupt is the error to report
-                    commit(done)
-            raise
-        finally:
-            if display is not None:
-                display.close()
-        rewound = stopper is not None and best[0] is not None and stopper.best_epoch < self.epoch
-        if rewound:
-            call_history = self._rewind(stopper, best[0], call_history, epoch0, step0, hist0, spe)
-        if display is not None and stopper is not None and stopper.summary(rewound) is not None:
-            display.note(stopper.summary(rewound))
-        return call_history
-
-    def _rewind(
-        self,
-        stopper: EarlyStopping,
-        state: dict[str, np.ndarray],
-        call_history: History,
-        epoch0: int,
-        step0: int,
-        hist0: int,
-        spe: int,
-    ) -> History:
-        """Go back to the end of early stopping's best epoch: state, counters and history; returns the call's."""
-        keep = stopper.best_epoch - epoch0  # epochs of this call up to and including the best
-        self._engine.set_state(state)
-        stopper.discarded = list(call_history[keep:])
-        self.history = self.history[: hist0 + keep]
-        self.epoch, self.step = epoch0 + keep, step0 + keep * spe
-        return call_history[:keep]
-
-    def _split(
-        self, x: np.ndarray, y: np.ndarray, fraction: float
-    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """(x_train, y_train, (x_val, y_val)) of `split_indices`, taken from x as it is now on every call.
-
-        Not cached: a cache keyed by x's identity trained on stale rows after `x[:] = ...`, and a digest of x's
-        bytes costs more than the split itself (sha256 ~1.5 GB/s against a ~5 GB/s gather). The split's arrays are
-        new objects, so the GPU engines load the new training part into the buffers they hold (same shape: no new
-        graph), at bus speed. (An x given whole is known to the GPU engines by its identity: changed in place
-        between fits, it is not uploaded again, as the data guide says.)"""
-        train, val = split_indices(x.shape[0], fraction, self._config.seed)
-        return x[train], y[train], (x[val], y[val])
+                take_part(plan, self._engine)
+            return History()
+        run = FitRun(plan, self._engine, self, self._schedule)
+        run.drive()
+        return run.finish()
 
     def _inputs(self, x: Any, name: str) -> np.ndarray | CudaArray:
         """`x` checked for this model; arrays in GPU memory are used in place only by the GPU engines."""
-        cfg = self._config
-        x = check_inputs(x, cfg.model.in_features, name, gpu=self.device == "cuda")
-        if isinstance(x, np.ndarray):
-            # On the CPU too: the NumPy engine computes in float32 whatever the precision, but the same call must
-            # give the same answer on every device, and precision "mixed"/"fp16" says float16 operands (as the
-            # state checks of fastnn._state hold the weights to float16's range on the CPU as well).
-            operand = precision_spec(cfg.precision).operand
-            check_operand_range(x, cfg.normalize, operand, name, f"precision={cfg.precision!r}")
-        return x
-
-    def _check_eval_data(self, eval_data: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        if eval_data is None:
-            return None
-        if not isinstance(eval_data, (tuple, list)) or len(eval_data) != 2:
-            if isinstance(eval_data, (tuple, list)):
-                got = f"a {type(eval_data).__name__} of {len(eval_data)} items"
-            else:
-                got = reprlib.repr(eval_data)
-            raise DataError(f"eval_data must be a pair (x_eval, y_eval), got {got}")
-        ex = self._inputs(eval_data[0], "eval_data[0]")
-        return ex, self._targets(eval_data[1], ex.shape[0], "eval_data[1]")
+        return inputs(self._config, x, name, gpu=self.device == "cuda")
 
     def _targets(self, y: Any, n: int, name: str) -> np.ndarray:
-        """`y` checked for this model and loss: int32 labels (N,), or float32 regression targets (N, k); in GPU
-        memory they are copied over on a GPU trainer and refused on a CPU one."""
-        gpu = self.device == "cuda"
-        if self._config.loss == "mse":
-            return check_targets(y, n, self._config.model.classes, name, gpu=gpu)
-        return check_labels(y, n, self._config.model.classes, name, gpu=gpu)
+        """`y` checked for this model and loss (labels, or regression targets)."""
+        return targets(self._config, y, n, name, gpu=self.device == "cuda")
 
     # ---- inference --------------------------------------------------------------------------------------------
 
@@ -528,19 +344,7 @@ class Trainer:
         Raises:
             ImportError: PyTorch is not installed.
         """
-        try:
-            import torch
-        except ImportError:
-            raise ImportError("Trainer.to_torch() needs PyTorch: pip install torch") from None
-        model = self._config.model
-        layers: list[Any] = []
-        for i, (fan_in, fan_out) in enumerate(model.layers):
-            if i:
-                layers.append(torch.nn.ReLU() if model.activation == "relu" else torch.nn.GELU(approximate="tanh"))
-            layers.append(torch.nn.Linear(fan_in, fan_out))
-        net = torch.nn.Sequential(*layers)
-        net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self.state_dict().items()})
-        return net
+        return to_torch(self._config.model, self.state_dict())
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the parameters (not the optimizer state) with `state_dict`'s, checked against the model.
@@ -552,7 +356,7 @@ class Trainer:
         """
         self._check_open()
         self._check_not_fitting("load_state_dict", "the running fit would go on from weights it did not train")
-        shapes = _param_shapes(self._config.model)
+        shapes = param_shapes(self._config.model)
         self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
 
     def save(self, path: str | os.PathLike[str] | BinaryIO) -> None:
@@ -570,25 +374,10 @@ class Trainer:
         """
         self._check_open()
         c = self._config
-        config = {
-            "model": {"sizes": list(c.model.sizes), "activation": c.model.activation},
-            "optimizer": {"class": type(c.optimizer).__name__, **dataclasses.asdict(c.optimizer)},
-            "batch_size": c.batch_size,
-            "precision": c.precision,
-            "seed": c.seed,
-            "normalize": None if c.normalize is None else list(c.normalize),
-            "drop_last": c.drop_last,
-            "loss": c.loss,
-            "epoch": self.epoch,
-            "step": self.step,
-            "history": encode_records(self.history[-_history.SAVED_RECORDS :]),  # NaN results as "nan": strict JSON
-            "history_epoch_base": 1,  # records number epochs from 1 (files without this key: from 0)
-        }
+        config = saved_config(c, self.epoch, self.step, self.history)
         state = self._engine.get_state()
         try:
-            _checked_progress(json.loads(json.dumps(config)))  # what load will read back, NaN and all
-            json.dumps(config, allow_nan=False)  # and nothing else non-finite: the file holds strict JSON
-            checked_state(state, _state_shapes(c.model, c.optimizer), c.precision, "state")
+            check_loadable(config, state, c)
         except (DataError, ValueError) as exc:
             raise DataError(
                 f"not saving checkpoint {str(path)!r}: {exc}; load would refuse it (nothing was written)"
@@ -623,7 +412,7 @@ class Trainer:
         from . import _checkpoint
 
         # The arrays' names and shapes follow from the config: checked from the headers before any data is read.
-        config, arrays = _checkpoint.load(path, expect=lambda cfg: _state_shapes(*_saved_model(cfg)))
+        config, arrays = _checkpoint.load(path, expect=lambda cfg: state_shapes(*saved_model(cfg)))
         where = f"checkpoint {str(path)!r}"
         _check_device(device)  # the caller's arguments, not the file's: these stay ConfigErrors
         check_engine(device, engine)
@@ -635,16 +424,16 @@ class Trainer:
         if batch_size is not None:
             batch_size = integer("batch_size", batch_size, 1)
         try:
-            model, optimizer = _saved_model(config)
+            model, optimizer = saved_model(config)
             kwargs = {k: config[k] for k in ("batch_size", "precision", "seed", "normalize", "drop_last")}
             if batch_size is not None:
                 kwargs["batch_size"] = batch_size
             kwargs["loss"] = config.get("loss", "cross_entropy")  # files written before regression: classifiers
             if not isinstance(kwargs["precision"], str) or kwargs["precision"] not in PRECISIONS:
                 raise ConfigError(f"precision must be one of {PRECISIONS}, got {kwargs['precision']!r}")
-            epoch, step, history = _checked_progress(config)
+            epoch, step, history = checked_progress(config)
             # Before the engine is built: no work on a bad file. The same checks as `save`'s.
-            state = checked_state(arrays, _state_shapes(model, optimizer), kwargs["precision"], where)
+            state = checked_state(arrays, state_shapes(model, optimizer), kwargs["precision"], where)
             trainer = cls(
                 model, optimizer, device=device, schedule=schedule, engine=engine, data_placement=data_placement,
                 distributed=distributed, devices=devices, tuning=tuning, **kwargs
@@ -724,41 +513,4 @@ class Trainer:
         if self._fitting:
             raise FastnnError(f"Trainer.{method} was called while this trainer's fit is running (from a callback or "
                               f"another thread?): {why}; call it after fit returns")  # fmt: skip
-
-
-def _checked_progress(config: Mapping[str, Any]) -> tuple[int, int, History]:
-    """(epoch, step, history) of a checkpoint's config; ValueError names what is wrong. `save` checks with it too."""
-    epoch, step = check_counters(config["epoch"], config["step"])
-    base = config.get("history_epoch_base", 0)  # files written before records numbered epochs from 1 lack it
-    if isinstance(base, bool) or base not in (0, 1):
-        raise ValueError(f"history_epoch_base must be 0 or 1, got {base!r}")
-    records = check_records(config.get("history", []), first=base)
-    return epoch, step, History({**r, "epoch": r["epoch"] + 1 - base} for r in records)
-
-
-def _saved_model(config: Mapping[str, Any]) -> tuple[MLP, Optimizer]:
-    """The model and optimizer a checkpoint's config describes (KeyError, TypeError or ValueError if invalid)."""
-    model = MLP(**config["model"])
-    opt_fields = dict(config["optimizer"])
-    opt_class = {c.__name__: c for c in OPTIMIZERS}[opt_fields.pop("class")]
-    return model, opt_class(**opt_fields)  # each class takes its fields as JSON gives them (lists for tuples)
-
-
-def _state_shapes(model: MLP, optimizer: Optimizer) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every array of the training state: the parameters, then "opt.<state>.<param>"."""
-    shapes = _param_shapes(model)
-    for name, shape in list(shapes.items()):
-        for s in optimizer.state_names:
-            shapes[f"opt.{s}.{name}"] = shape
-    return shapes
-
-
-def _param_shapes(model: MLP) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter, torch's layout: weight (out, in), bias (out,)."""
-    names = iter(param_names(model))
-    shapes: dict[str, tuple[int, ...]] = {}
-    for fan_in, fan_out in model.layers:
-        shapes[next(names)] = (fan_out, fan_in)
-        shapes[next(names)] = (fan_out,)
-    return shapes
 

@@ -1112,7 +1112,7 @@ def _rank_with_callbacks(rank: int, world: int, conn, case: str) -> None:
     refusal, weights) up `conn`."""
     try:
         if case == "epochs":
-            fastnn._trainer.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
+            fastnn._fit.LR_CHUNK_STEPS = 5  # one epoch per fit_epochs call: the totals must be compared first
         with distributed.init(rank, world, uid=_piped_id(rank, conn), device=rank) as group:
             x, y, model, kw = _case()
             with fastnn.Trainer(model, fastnn.SGD(lr=0.05, momentum=0.9), precision="fp32", device="cuda",

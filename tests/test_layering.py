@@ -16,7 +16,9 @@ PACKAGE = REPO / "fastnn"
 MODULES = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py"))
 
 #: What the engines may not import: the user's words live above them.
-USER_LAYER = ("fastnn._trainer", "fastnn._control", "fastnn.distributed", "fastnn.sklearn")
+USER_LAYER = (
+    "fastnn._trainer", "fastnn._fit", "fastnn._saved", "fastnn._control", "fastnn.distributed", "fastnn.sklearn",
+)  # fmt: skip
 
 #: The public modules besides `fastnn` itself, with the names of theirs that are public (None: the module's
 #: `__all__`). `fastnn.engine` is internal but for `Tuning`, an advanced argument of `Trainer`.

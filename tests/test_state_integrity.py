@@ -15,8 +15,8 @@ import pytest
 from _checkpoints import rewrite
 
 from fastnn import MLP, SGD, AdamW, ConfigError, DataError, FastnnError, Trainer, TrainingDiverged
+from fastnn import _fit as fit_module
 from fastnn import _progress as progress_module
-from fastnn import _trainer as trainer_module
 from fastnn._model import init_parameters
 from fastnn._state import MAX_EPOCH
 from fastnn.engine.base import Engine
@@ -417,10 +417,10 @@ def test_fit_of_10_7_epochs_builds_one_chunk_of_lr_table_before_it_starts(monkey
     t = _small()
     x, y = _data()  # 4 steps per epoch: 4 * 10**7 steps in all
     built = []
-    real = trainer_module.lr_table
+    real = fit_module.lr_table
 
     def lr_table(schedule, first_step, steps):
-        assert steps <= trainer_module.LR_CHUNK_STEPS, f"a table of {steps} steps"
+        assert steps <= fit_module.LR_CHUNK_STEPS, f"a table of {steps} steps"
         built.append(steps)
         return real(schedule, first_step, steps)
 
@@ -430,11 +430,11 @@ def test_fit_of_10_7_epochs_builds_one_chunk_of_lr_table_before_it_starts(monkey
     def fit_epochs(first_epoch, first_step, lrs, *rest, **options):
         raise Stop(len(lrs))
 
-    monkeypatch.setattr(trainer_module, "lr_table", lr_table)
+    monkeypatch.setattr(fit_module, "lr_table", lr_table)
     monkeypatch.setattr(t._engine, "fit_epochs", fit_epochs)
     with pytest.raises(Stop) as info:
         t.fit(x, y, epochs=10**7)
-    assert built == [trainer_module.LR_CHUNK_STEPS] == [info.value.args[0]]  # 2**20 steps: 2**18 whole epochs
+    assert built == [fit_module.LR_CHUNK_STEPS] == [info.value.args[0]]  # 2**20 steps: 2**18 whole epochs
 
 
 def test_chunked_fit_equals_one_table_and_stops_cleanly_at_a_bad_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,7 +442,7 @@ def test_chunked_fit_equals_one_table_and_stops_cleanly_at_a_bad_step(monkeypatc
     sched = lambda s: 0.05 * (1 + s % 3)  # noqa: E731
     whole = _small(schedule=sched)
     h_whole = whole.fit(x, y, epochs=7, eval_data=(x, y), eval_every=3)
-    monkeypatch.setattr(trainer_module, "LR_CHUNK_STEPS", 9)  # chunks of 2 epochs of 4 steps
+    monkeypatch.setattr(fit_module, "LR_CHUNK_STEPS", 9)  # chunks of 2 epochs of 4 steps
     chunked = _small(schedule=sched)
     h_chunked = chunked.fit(x, y, epochs=7, eval_data=(x, y), eval_every=3)
     _assert_state(_state(chunked), _state(whole))
