@@ -167,8 +167,10 @@ class Trainer:
 
     @property
     def engine(self) -> str:
-        """ "numpy", "graph", "fused" or "grid": the engine that trains (what device and engine "auto" resolved to).
-        A grid engine "auto" chose trains data its fast kernel cannot serve with the graph engine's step."""
+        """ "numpy", "graph", "fused" or "grid": the engine whose kernels train (what device and engine "auto" resolved
+        to). The engine is chosen once, when the trainer is made (`fastnn/engine/select.py`); a grid engine "auto" chose
+        trains a set its kernels cannot serve (rows of a type they do not take, or too large for GPU memory beside
+        their scratch) with the graph engine's step, and from that set's fit on says "graph"."""
         return self._engine.name
 
     @property

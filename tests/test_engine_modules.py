@@ -166,3 +166,56 @@ def test_auto_grid_falls_back_to_the_graph_step_where_the_fast_kernel_cannot_hol
     assert "update.cu" in files and auto.update_mod is not None and auto.lt is not None
     with pytest.raises(DataError, match="scratch"):
         GridEngine(cfg, init_parameters(model, 0)).make_train_context(x, y, None)
+
+
+def test_the_grid_engine_names_the_engine_whose_step_trains_each_set(loads, monkeypatch):
+    """Trainer.engine is the engine's name: a grid engine engine="auto" chose says "grid" until a training set its
+    kernels cannot serve arrives (float32 rows at h = 1024, or a set too large for GPU memory), "graph" while that
+    set trains with the graph step, and "grid" again for a set its kernel trains. engine="grid" never says "graph"."""
+    from fastnn._errors import DataError
+    from fastnn.engine.graph import engine as graph_engine
+    from fastnn.engine.grid import engine as grid_engine
+
+    built: list[str] = []
+
+    class Context:  # a training context of either kind, remembering the set it holds
+        def __init__(self, eng, x, y, key) -> None:
+            self.key, self.n, self.dtype = key, x.shape[0], x.dtype
+            built.append(type(self).__name__)
+
+        def release(self) -> None:
+            pass
+
+    class Grid(Context):
+        pass
+
+    class Graph(Context):
+        pass
+
+    monkeypatch.setattr(grid_engine, "module", kernels.module)  # the fixture's: update.cu for the graph step
+    monkeypatch.setattr(grid_engine, "GridTrainContext", Grid)
+    monkeypatch.setattr(graph_engine, "TrainContext", Graph)
+    model = MLP([784, 1024, 1024, 1024, 10])
+    cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
+    y = np.zeros(64, np.int32)
+    auto = GridEngine(cfg, init_parameters(model, 0), graph_fallback=True)
+    assert auto.name == "grid"  # before any data: the engine chosen for the model
+    auto.set_train_data(np.zeros((64, 784), np.float32), y)
+    assert auto.name == "graph" and built == ["Graph"]  # grid_fast.cu takes no float32 rows at h = 1024
+    auto.set_train_data(np.zeros((64, 784), np.uint8), y)
+    assert auto.name == "grid" and built == ["Graph", "Grid"]
+
+    class TooLarge(Grid):
+        def __init__(self, *args) -> None:
+            raise DataError("the grid kernel's global scratch does not fit")
+
+    monkeypatch.setattr(grid_engine, "GridTrainContext", TooLarge)
+    auto.set_train_data(np.zeros((32, 784), np.uint8), y[:32])
+    assert auto.name == "graph" and built[-1] == "Graph"
+    monkeypatch.setattr(grid_engine, "GridTrainContext", Grid)
+    forced = GridEngine(cfg, init_parameters(model, 0))
+    forced.set_train_data(np.zeros((64, 784), np.uint8), y)
+    assert forced.name == "grid"
+    with pytest.raises(ConfigError, match="engine='grid' cannot train float32 rows"):
+        forced.set_train_data(np.zeros((64, 784), np.float32), y)
+    assert forced.name == "grid"

@@ -8,7 +8,10 @@ to every SM) trains MLPs with hidden layers and is meant for mid and wide ones a
 fused engine where it holds the model and its measured rule (`fused.prefer_fused`) says it is faster (where the
 grid engine's rule holds too, only on a fast fused kernel: `fused.fast_kernel_serves`), else the
 grid engine where it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else
-the graph engine. Several GPUs of one process get the replica engine (`replicas.py`). The GPU modules are
+the graph engine. The engine is chosen here, once, when the trainer is made, before any data is seen; the one
+choice data makes later is the auto-chosen grid engine's, per training set (`GridEngine.step_for`: the graph engine's
+step for a set its kernels cannot serve), and the engine's `name` (`Trainer.engine`) then says "graph". Several GPUs
+of one process get the replica engine (`replicas.py`). The GPU modules are
 imported only when a GPU is asked for, so CPU training never needs them. A new engine joins as a package beside
 these, with its name in ENGINES (and KERNEL_ENGINES, with a branch in `_kernel_engine`, if it has an
 `unsupported_reason` and a rule).

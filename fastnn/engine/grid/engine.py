@@ -5,8 +5,9 @@ parameters and optimizer state stay in the graph engine's flat training state (t
 place, in L2), so evaluation, prediction, snapshots, divergence handling, interruption and checkpoints are inherited
 unchanged. An epoch's graph is a memset of the round counter, one cooperative launch of the grid kernel and the
 graph engine's epoch-end nodes (or, for a grid engine engine="auto" chose, the graph engine's step where the fast
-kernel cannot serve the data: `GridEngine.graph_fallback`). The kernel (`native/grid_fast.cu`, the fast path, where
-`plan.fast_plan` serves the model; `native/grid_stream.cu`, the streaming path for wider ones, where
+kernel cannot serve the data: `GridEngine.graph_fallback`, decided once per training set by `GridEngine.step_for`;
+the engine's `name`, which `Trainer.engine` reports, then says "graph"). The kernel (`native/grid_fast.cu`, the fast
+path, where `plan.fast_plan` serves the model; `native/grid_stream.cu`, the streaming path for wider ones, where
 `plan.stream_plan` does; both take the same arguments) is compiled per model shape, batch, precision, optimizer,
 loss and GPU SM count (NVRTC, disk-cached); `plan.py` decides what each serves. A model neither serves is refused,
 naming engine='graph' (no slow generic kernel stands behind them).
@@ -91,7 +92,6 @@ def prefer_grid(config: EngineConfig, device, rule_override: GridRule | None = N
 class GridEngine(GraphEngine):
     """engine="grid": one cooperative persistent kernel per epoch over up to every SM; the graph engine's math."""
 
-    name = "grid"
     #: The epoch is one kernel of its own: the graph step's libraries are made on a thread while the first fit trains,
     #: for the first evaluation or prediction (graph/ready.py).
     step_libraries_at_build = False
@@ -124,10 +124,32 @@ class GridEngine(GraphEngine):
         """The kernel's plan for training data of `x_dtype` on this GPU, or why neither kernel serves it."""
         return grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
 
+    @property
+    def name(self) -> str:
+        """The engine whose kernels train (`Trainer.engine`): "grid", or "graph" while the training set this engine
+        holds trains with the graph engine's step (`step_for`: only on a grid engine engine="auto" chose)."""
+        train = getattr(self, "_train", None)
+        return "graph" if train is not None and not isinstance(train, GridTrainContext) else "grid"
+
+    def step_for(self, x_dtype: np.dtype) -> str:
+        """Whose step trains a training set of `x_dtype` rows, decided once, when the set arrives: "grid" where
+        grid_fast.cu or grid_stream.cu serves them, else "graph" on a grid engine engine="auto" chose
+        (graph_fallback; so too where the set and the kernel's scratch do not fit in GPU memory: make_train_context).
+
+        Raises:
+            ConfigError: engine="grid" and neither kernel serves rows of `x_dtype`.
+        """
+        plan = self.plan_for(x_dtype)
+        if isinstance(plan, GridPlan):
+            return "grid"
+        if not self.graph_fallback:
+            raise ConfigError(f"engine='grid' cannot train {np.dtype(x_dtype)} rows of this model: {plan}")
+        return "graph"
+
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
         """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, and neither
         grid_fast.cu nor grid_stream.cu serves it)."""
-        return self.graph_fallback and not isinstance(self.plan_for(x_dtype), GridPlan)
+        return self.graph_fallback and self.step_for(x_dtype) == "graph"
 
     def grid_kernel(self, x_dtype: np.dtype) -> tuple[object, GridPlan]:
         """The compiled kernel and its plan for training data of `x_dtype`.
@@ -152,10 +174,7 @@ class GridEngine(GraphEngine):
         Raises:
             ConfigError: engine="grid" and neither kernel serves rows of x's type: before anything is uploaded.
         """
-        plan = self.plan_for(x.dtype)
-        if isinstance(plan, str) and not self.graph_fallback:
-            raise ConfigError(f"engine='grid' cannot train {x.dtype} rows of this model: {plan}")
-        if not self.runs_graph_step(x.dtype):
+        if self.step_for(x.dtype) == "grid":
             try:
                 return GridTrainContext(self, x, y, key)
             except DataError:  # the set, or the kernel's scratch beside it, does not fit in GPU memory
