@@ -36,7 +36,7 @@ from report import (
     wrap,
 )
 
-__all__ = ["BLOCKS", "RESULTS", "TARGETS", "blocks", "headline", "main", "publish", "rewrite"]
+__all__ = ["BLOCKS", "RESULTS", "TARGETS", "blocks", "headline", "main", "publish", "rewrite", "summary_block"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -117,6 +117,22 @@ def peers_block(doc: dict[str, Any]) -> str:
                   "only (setup, compilation and capture excluded), fastnn against the fastest PyTorch or JAX "
                   "contender of the same device call:")  # fmt: skip
     return "\n".join([intro, "", *peers_table(doc)])
+
+
+def summary_block(doc: dict[str, Any]) -> str:
+    """The README's first-screen table: per workload, fastnn's time per step beside the fastest peer of its call."""
+    ws = compared_workloads(doc)
+    if not ws:
+        return "No results yet with fastnn and a PyTorch or JAX contender in one device call."
+    intro = wrap(f"Training time per step on one {_device(doc)} (Fashion-MNIST, µs/step, timed epochs only): fastnn "
+                 "against the fastest PyTorch or JAX setup measured in the same device call.")  # fmt: skip
+    lines = [intro, "", "| workload | fastnn | fastest peer | speedup |", "|---|---:|---|---:|"]
+    for w in ws:
+        pair = best_peer(doc["rows"], w)
+        peer, fast = pair
+        lines.append(f"| {w}: {network(doc['workloads'][w])} | {us_per_step(fast)} | {us_per_step(peer)} "
+                     f"`{peer['contender']}` | {ratio(pair):.2f}x |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _version(v: Any) -> str:
@@ -242,6 +258,7 @@ def tta_block(doc: dict[str, Any]) -> str:
 #: Block name -> what makes it.
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "headline": headline,
+    "summary": summary_block,
     "peers": peers_block,
     "setup": setup_block,
     "contenders": contenders_block,

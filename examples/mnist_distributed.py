@@ -8,7 +8,7 @@ The launcher sets each process's rank, world size and local rank (fastnn.distrib
 reaches every rank through --id-file (rank 0 writes it; a path every machine can read) or NCCL_COMM_ID
 (host:port of rank 0's machine, a free port). Every rank loads the same data and builds the same Trainer; rank 0
 prints what it trains first, each epoch as it finishes when run in a terminal, the history at the end, and saves
-the checkpoint. Needs NCCL: pip install "fastnn-cuda[multi-cu12]" (or multi-cu13).
+the checkpoint. Needs NCCL: pip install -e ".[multi-cu12]" in a fastnn checkout (or multi-cu13).
 """
 
 from __future__ import annotations

@@ -2,27 +2,34 @@
 
 The import name is `fastnn`, but the distribution is `fastnn-cuda`: `fastnn` on the package index is another
 project (it pulls in accelerate and auto-gptq), which a hint naming the bare `fastnn` would install.
-Every hint fastnn prints comes from `pip_install`, which gives the package-index command and the one for a
-source checkout. This module imports nothing of fastnn's, so the bindings can use it too.
+Every hint fastnn prints comes from `pip_install`. The name is not on the package index yet (PUBLISHED, the one
+place that says so): until it is, every hint, doc and warning says to install from a checkout. This module imports
+nothing of fastnn's, so the bindings can use it too.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 
-__all__ = ["DISTRIBUTION", "OTHER_PROJECT", "installed_version", "other_project_version", "pip_install"]
+__all__ = ["DISTRIBUTION", "PUBLISHED", "OTHER_PROJECT", "installed_version", "other_project_version", "pip_install"]
 
-#: The distribution name (pyproject.toml's [project] name): `pip install fastnn-cuda` installs this project.
+#: The distribution name (pyproject.toml's [project] name), under which this project will be published.
 DISTRIBUTION = "fastnn-cuda"
 #: The unrelated project that owns the name `fastnn` on the package index.
 OTHER_PROJECT = "fastnn"
+#: Whether DISTRIBUTION is on the package index. It is not (the project is unreleased): installing that name finds
+#: nothing, or someone else's upload, so until a release sets this, hints give the checkout's command only.
+PUBLISHED = False
 
 
 def pip_install(extra: str | None = None) -> str:
-    """The command that installs this project with `extra`, from the package index or from a source checkout:
-    'pip install "fastnn-cuda[cu12]" (from a checkout: pip install -e ".[cu12]")'."""
+    """The command that installs this project with `extra`: from a checkout while unpublished,
+    'pip install -e ".[cu12]" (in a fastnn checkout)'; once PUBLISHED, the package index's command first."""
     tag = f"[{extra}]" if extra else ""
-    return f'pip install "{DISTRIBUTION}{tag}" (from a checkout: pip install -e ".{tag}")'
+    checkout = f'pip install -e ".{tag}"' if tag else "pip install -e ."
+    if not PUBLISHED:
+        return f"{checkout} (in a fastnn checkout)"
+    return f'pip install "{DISTRIBUTION}{tag}" (from a checkout: {checkout})'
 
 
 def installed_version() -> str | None:

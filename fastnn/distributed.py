@@ -17,8 +17,7 @@ made it listens on, so it must come from a rank that stays up (rank 0), not from
   other local user can read the id or hand the ranks one of theirs (which would let them join the run);
 - neither, with NCCL_COMM_ID=host:port set for every rank: NCCL derives the id from that address.
 
-NCCL is optional: `pip install "fastnn-cuda[multi-cu12]"` (or multi-cu13; from a checkout `pip install -e
-".[multi-cu12]"`).
+NCCL is optional: in a fastnn checkout, `pip install -e ".[multi-cu12]"` (or multi-cu13).
 """
 
 from __future__ import annotations

@@ -620,6 +620,13 @@ def test_published_ratios_recompute_from_the_rows_the_tables_show():
     for cells in peers:
         fast, peer, speedup = float(cells[2].split()[0]), float(cells[4]), float(cells[5].rstrip("x"))
         assert peer / fast == pytest.approx(speedup, abs=0.005 + 0.0011 * speedup), cells
+    import publish
+
+    summary = _table_cells(publish.summary_block(doc).splitlines())
+    assert len(summary) == len(peers)  # the README's small table: the same pairs
+    for cells, full in zip(summary, peers):
+        assert cells[0].startswith(full[0] + ": ") and cells[3] == full[5], (cells, full)
+        assert float(cells[2].split()[0]) / float(cells[1]) == pytest.approx(float(cells[3][:-1]), rel=0.003)
     families = _table_cells(report.families_table(doc))
     assert len(families) == len(peers)
     for cells in families:
@@ -690,8 +697,8 @@ def test_published_pages_match_the_committed_results():
     makes from benchmarks/results/bench_summary.json (after a new run: run it and commit the pages)."""
     import publish
 
-    expected = {"README.md": {"headline", "peers"}, "docs/index.md": {"headline"},
-                "docs/benchmarks/index.md": set(publish.BLOCKS) - {"headline"}}  # fmt: skip
+    expected = {"README.md": {"summary"}, "docs/index.md": {"headline"},
+                "docs/benchmarks/index.md": set(publish.BLOCKS) - {"headline", "summary"}}  # fmt: skip
     assert set(expected) == set(publish.TARGETS)
     for rel, names in expected.items():
         assert set(re.findall(r"<!-- bench:([a-z0-9-]+) -->", (REPO / rel).read_text())) == names, rel

@@ -111,7 +111,7 @@ def test_driver_older_than_bindings_is_unavailable_with_the_matching_extra(monke
     monkeypatch.setattr(cu, "cuDriverGetVersion", lambda: (SUCCESS, old))
     with pytest.raises(DeviceUnavailable) as info:
         driver.device_count()
-    assert f'pip install "fastnn-cuda[cu{driver.BINDINGS_MAJOR - 1}]"' in str(info.value)
+    assert f'pip install -e ".[cu{driver.BINDINGS_MAJOR - 1}]"' in str(info.value)
     assert driver.driver_version() == old  # still reported, for `fastnn info`
     assert driver._initialized is False
 

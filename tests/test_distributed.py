@@ -186,7 +186,7 @@ def test_missing_nccl_names_the_extra_to_install(monkeypatch):
     monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", missing)
     with pytest.raises(DeviceUnavailable) as info:
         _loader._load.__wrapped__("nccl")
-    assert 'pip install "fastnn-cuda[multi-cu12]"' in str(info.value) and "multi-cu13" in str(info.value)
+    assert 'pip install -e ".[multi-cu12]"' in str(info.value) and "multi-cu13" in str(info.value)
 
 
 def test_trainer_refuses_distributed_where_it_cannot_run():

@@ -35,7 +35,7 @@ def test_torch_beside_cu12_is_explained():
     problem = cuda_packages(_dists(*pairs)).problem()
     assert problem is not None
     for words in ("mixed CUDA installation", "cuda-bindings 13.0.2 (CUDA 13)", "nvidia-cublas-cu12 12.9.1.4 (CUDA 12)",
-                  'pip install "fastnn-cuda[cu13]"', "pip uninstall nvidia-cublas-cu12"):  # fmt: skip
+                  'pip install -e ".[cu13]"', "pip uninstall nvidia-cublas-cu12"):  # fmt: skip
         assert words in problem, (words, problem)
 
 

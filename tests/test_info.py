@@ -134,7 +134,7 @@ def test_cuda_status_reports_a_missing_library(monkeypatch):
     fastnn._device.cuda_status.cache_clear()
     try:
         usable, reason = fastnn._device.cuda_status()
-        assert usable is False and "cublasLt" in reason and 'pip install "fastnn-cuda[cu12]"' in reason
+        assert usable is False and "cublasLt" in reason and 'pip install -e ".[cu12]"' in reason
     finally:
         fastnn._device.cuda_status.cache_clear()
 
@@ -186,7 +186,7 @@ def test_info_without_cuda_packages_says_so_in_one_line():
     assert proc.stdout.count("No module named") == 0, proc.stdout
     rows = {k: v.strip() for k, v in _lines(proc.stdout).items()}
     assert rows["CUDA"].startswith("no CUDA packages installed: CPU only")
-    assert 'pip install "fastnn-cuda[cu12]"' in rows["CUDA"]
+    assert 'pip install -e ".[cu12]"' in rows["CUDA"]
     assert rows["GPU"] == "none (no CUDA packages)"
     assert rows["Engines"].startswith("numpy ok, graph needs the CUDA packages"), rows["Engines"]  # not MISSING
     assert "cuBLASLt" not in rows and "Driver" not in rows

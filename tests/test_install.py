@@ -62,14 +62,28 @@ def test_no_hint_anywhere_installs_the_other_project():
     ],
     ids=["cuda-libraries", "nccl", "no-cuda-packages", "mixed-cuda"],
 )
-def test_each_hint_gives_the_index_and_the_checkout_command(hint):
-    assert re.search(r'pip install "fastnn-cuda\[(multi-)?cu1[23]\]"', hint), hint
+def test_each_hint_gives_the_checkout_command_while_unpublished(hint):
     assert re.search(r'pip install -e "\.\[(multi-)?cu1[23]\]"', hint), hint
+    assert "fastnn-cuda" not in hint, hint  # the name is not on the package index: no hint may send anyone there
 
 
-def test_pip_install():
+def test_pip_install(monkeypatch):
+    assert install.PUBLISHED is False  # a release flips it, and this test with it
+    assert install.pip_install("cu12") == 'pip install -e ".[cu12]" (in a fastnn checkout)'
+    assert install.pip_install() == 'pip install -e . (in a fastnn checkout)'
+    monkeypatch.setattr(install, "PUBLISHED", True)
     assert install.pip_install("cu12") == 'pip install "fastnn-cuda[cu12]" (from a checkout: pip install -e ".[cu12]")'
-    assert install.pip_install() == 'pip install "fastnn-cuda" (from a checkout: pip install -e ".")'
+
+
+def test_no_doc_or_hint_sends_anyone_to_the_unpublished_name():
+    """Until PUBLISHED, `pip install fastnn-cuda` finds nothing (or someone else's upload): no page or message
+    gives it as a command."""
+    pages = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *_sources()]
+    this = Path(__file__).resolve()
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in pages if p.is_file() and p.resolve() != this
+             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if re.search(r"pip install [\"']?fastnn-cuda", line)]  # fmt: skip
+    assert install.PUBLISHED or not found, "\n".join(found)
 
 
 def test_a_clone_run_from_its_parent_folder_says_what_happened(tmp_path: Path):

@@ -19,7 +19,7 @@ DOCS = REPO / "docs"
 #: Put on its own line right above a ```python block in docs/, it makes this file run the block as written.
 TESTED = "<!-- tested: tests/test_readme.py runs this block as written"
 
-#: Run before a block: make every `cuda` module unimportable, as on `pip install fastnn-cuda` without an extra.
+#: Run before a block: make every `cuda` module unimportable, as on `pip install -e .` without an extra.
 NO_CUDA = """
 import importlib.abc, sys
 class _NoCuda(importlib.abc.MetaPathFinder):
@@ -74,7 +74,7 @@ def test_quick_start_trainer_runs_on_a_cpu_only_install():
     assert out.returncode == 0, out.stderr
     accuracy = float(re.search(r"'accuracy': ([0-9.]+)", out.stdout).group(1))
     assert accuracy > 0.83, out.stdout  # the README says "about 0.85"
-    assert "training on the CPU" in out.stderr and 'pip install "fastnn-cuda[cu12]"' in out.stderr  # what to install
+    assert "training on the CPU" in out.stderr and 'pip install -e ".[cu12]"' in out.stderr  # what to install
 
 
 def test_quick_start_sklearn_runs_on_a_cpu_only_install():

@@ -5,7 +5,7 @@ They follow scikit-learn's conventions (parameters stored as given and checked i
 scikit-learn's parameter names where the meaning carries over, so that
 `fastnn.sklearn.MLPClassifier(**sklearn.neural_network.MLPClassifier().get_params())` works. A value fastnn
 cannot honour is refused at `fit` with the reason (a ValueError), never ignored. Training is `Trainer`'s: the
-same engines, devices, precisions and speed. Needs scikit-learn (`pip install "fastnn-cuda[sklearn]"`).
+same engines, devices, precisions and speed. Needs scikit-learn (in a fastnn checkout: `pip install -e ".[sklearn]"`).
 
 Differences from scikit-learn's estimators, by design:
 
@@ -28,8 +28,10 @@ from __future__ import annotations
 try:  # validate_data is new in scikit-learn 1.6: an older one is refused here with the same message
     from sklearn.utils.validation import validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
+    from .._install import pip_install
+
     raise ImportError(
-        'fastnn.sklearn needs scikit-learn >= 1.6: pip install "fastnn-cuda[sklearn]" (or pip install scikit-learn)'
+        f"fastnn.sklearn needs scikit-learn >= 1.6: {pip_install('sklearn')}, or pip install scikit-learn"
     ) from exc
 
 from ._base import Plateau, Rate
