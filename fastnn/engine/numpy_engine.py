@@ -24,6 +24,7 @@ from .._optim import AdamW, adamw_step, sgd_step
 from .._shuffle import permutation
 from .._state import state_problem
 from .base import Engine, EngineConfig, EpochStats, OnEpoch, batch_slices, steps_per_epoch
+from .cpu_threads import blas_threads, limited_blas
 
 __all__ = [
     "Cache",
@@ -165,6 +166,7 @@ class NumpyEngine(Engine):
         self.set_state({k: v for k, v in state.items() if k.startswith("opt.")})
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
+        self._threads = blas_threads(config.model, max(config.batch_size, _EVAL_ROWS))  # see cpu_threads
 
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
         self._x, self._y = x, y
@@ -199,6 +201,19 @@ class NumpyEngine(Engine):
         stoppable: bool = False,
         on_step: Callable[[], None] | None = None,
         end_epoch: int | None = None,
+    ) -> None:
+        with limited_blas(self._threads):  # one BLAS thread on small products (cpu_threads says why)
+            self._fit_epochs(first_epoch, first_step, lrs, eval_data, eval_after, on_epoch, on_step)
+
+    def _fit_epochs(
+        self,
+        first_epoch: int,
+        first_step: int,
+        lrs: np.ndarray,
+        eval_data: tuple[np.ndarray, np.ndarray] | None,
+        eval_after: frozenset[int],
+        on_epoch: OnEpoch,
+        on_step: Callable[[], None] | None,
     ) -> None:
         # Steps run one by one from here, so no epoch ever runs ahead of the one reported: always stoppable.
         if self._x is None or self._y is None:
@@ -264,8 +279,10 @@ class NumpyEngine(Engine):
         scale, shift = input_affine(x.dtype, self.config.normalize)
         params = {n: p.astype(np.float64) for n, p in self.params.items()}
         for lo in range(0, x.shape[0], _EVAL_ROWS):
-            yield lo, forward(params, prepare_batch(x[lo : lo + _EVAL_ROWS], scale, shift, np.float64),
+            with limited_blas(self._threads):
+                out = forward(params, prepare_batch(x[lo : lo + _EVAL_ROWS], scale, shift, np.float64),
                               self.config.model)[0]  # fmt: skip
+            yield lo, out
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         if self.config.loss == "mse":
