@@ -18,9 +18,9 @@
 //   many_wgrad_{x,relu,gelu}  grid (ceil((in+1)/16), ceil(out/16), K), block (16, 16): dW = dZ^T A and db = the
 //                         column sums of dZ (A with a column of ones), into the model's gradients.
 //   many_dgrad_{relu,gelu}  grid (ceil(in/16), ceil(batch/16), K), block (16, 16): dZ_prev = (dZ W) * act'(z_prev).
-//   many_update           grid-stride over the state: optim.cuh's optim_update with model k's OptimParams, learning
-//                         rate lr[k * lr_stride + step] and step counter step0[k] + step + 1.
-//   many_check            grid-stride: per model, bits of what in the state the epoch left is not trusted
+//   many_update           grid (x, K), block 256: optim.cuh's optim_update over model k's tensors with its
+//                         OptimParams, learning rate lr[k * lr_stride + step] and step counter step0[k] + step + 1.
+//   many_check            grid (x, K), block 256: per model, bits of what in the state the epoch left is not trusted
 //                         (fastnn/_state.py decides on the host; these bits say which models to ask about).
 // Memory plan: everything in global memory (HBM/L2); the GEMMs' tiles in shared memory (2 x 16 x 17 floats).
 // Parameters, gradients and optimizer states are tensor-major: tensor t (layer i's weight (out, in) or bias (out),
@@ -319,65 +319,57 @@ DGRAD(many_dgrad_gelu, 1)
 
 // ---- update ---------------------------------------------------------------------------------------------------
 // The training state is tensor-major (fastnn/engine/many/gpu/layout.py): tensor t of every model in one block,
-// model k's copy at starts[t] + k * sizes[t]; starts[tensors] ends the last block. Element i's tensor is found by a
-// scan of the few block starts, its model by a division.
-__device__ __forceinline__ int model_of(u64 i, const u64* __restrict__ starts, const u32* __restrict__ sizes,
-                                        int tensors) {
-    int t = 0;
-    while (t < tensors && i >= starts[t + 1]) ++t;
-    if (t == tensors) return -1;  // padding after the last block
-    const u64 k = (i - starts[t]) / sizes[t];  // >= models in the padding that rounds each block up
-    return k < 0x7FFFFFFFull ? (int)k : -1;
-}
-
+// model k's copy at starts[t] + k * sizes[t]. Grid (x, K): blockIdx.y is the model, so its rows, optimizer, rate
+// and step constants are read once per thread; the x blocks stride over each of its tensors (contiguous: coalesced).
 extern "C" __global__ void many_update(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ s1,
                                        float* __restrict__ s2, const u64* __restrict__ starts,
-                                       const u32* __restrict__ sizes, int tensors, int models,
-                                       const OptimParams* __restrict__ opt, const float* __restrict__ lr,
-                                       int lr_stride, const u64* __restrict__ step0, const Step st) {
-    const u64 total = starts[tensors];
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const int k = model_of(i, starts, sizes, tensors);
-        if (k < 0 || k >= models) continue;  // the padding between blocks
-        int s;
-        if (model_rows(st, k, &s) == 0) continue;
-        const OptimParams p = opt[k];
-        const float rate = lr[(u64)k * lr_stride + st.step];
-        const u64 t = step0[k] + (u64)st.step + 1;
-        float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
-        if (p.kind == OPTIM_ADAMW) {
-            const OptimStep os = optim_step<OPTIM_ADAMW>(p, rate, t);
-            optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
-        } else {
-            const OptimStep os = optim_step<OPTIM_SGD>(p, rate, t);
-            optim_update<OPTIM_SGD>(p, os, optim_states<OPTIM_SGD>(p), g[i], wv, m, v);
+                                       const u32* __restrict__ sizes, int tensors, const OptimParams* __restrict__ opt,
+                                       const float* __restrict__ lr, int lr_stride, const u64* __restrict__ step0,
+                                       const Step st) {
+    const int k = blockIdx.y;
+    int s;
+    if (model_rows(st, k, &s) == 0) return;
+    const OptimParams p = opt[k];
+    const float rate = lr[(u64)k * lr_stride + st.step];
+    const u64 t = step0[k] + (u64)st.step + 1;
+    const bool adamw = p.kind == OPTIM_ADAMW;
+    const OptimStep os = adamw ? optim_step<OPTIM_ADAMW>(p, rate, t) : optim_step<OPTIM_SGD>(p, rate, t);
+    const int states = adamw ? 2 : optim_states<OPTIM_SGD>(p);
+    for (int ti = 0; ti < tensors; ++ti) {
+        const u64 base = starts[ti] + (u64)k * sizes[ti];
+        for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
+            const u64 i = base + j;
+            float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
+            if (adamw) optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
+            else optim_update<OPTIM_SGD>(p, os, states, g[i], wv, m, v);
+            w[i] = wv;
+            if (s1) s1[i] = m;
+            if (s2) s2[i] = v;
         }
-        w[i] = wv;
-        if (s1) s1[i] = m;
-        if (s2) s2[i] = v;
     }
 }
 
 // ---- the state an epoch left ---------------------------------------------------------------------------------
 // bad[k] |= 1: a parameter is not finite, or (half != 0) beyond float16's range; 2: an optimizer state is not
-// finite; 4: a second moment (s2) is negative. The host asks fastnn/_state.py about flagged models only.
+// finite; 4: a second moment (s2) is negative. Grid (x, K) as many_update. The host asks fastnn/_state.py about
+// flagged models only.
 extern "C" __global__ void many_check(const float* __restrict__ w, const float* __restrict__ s1,
                                       const float* __restrict__ s2, const u64* __restrict__ starts,
-                                      const u32* __restrict__ sizes, int tensors, int models, int half,
-                                      u32* __restrict__ bad) {
-    const u64 total = starts[tensors];
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const int k = model_of(i, starts, sizes, tensors);
-        if (k < 0 || k >= models) continue;
-        u32 flags = 0;
-        const float wv = w[i];
-        if (!(fabsf(wv) <= (half ? 65504.f : 3.402823466e38f))) flags |= 1u;
-        if (s1 && !(fabsf(s1[i]) <= 3.402823466e38f)) flags |= 2u;
-        if (s2) {
-            const float v = s2[i];
-            if (!(fabsf(v) <= 3.402823466e38f)) flags |= 2u;
-            if (v < 0.f) flags |= 4u;
+                                      const u32* __restrict__ sizes, int tensors, int half, u32* __restrict__ bad) {
+    const int k = blockIdx.y;
+    u32 flags = 0;
+    for (int ti = 0; ti < tensors; ++ti) {
+        const u64 base = starts[ti] + (u64)k * sizes[ti];
+        for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
+            const u64 i = base + j;
+            if (!(fabsf(w[i]) <= (half ? 65504.f : 3.402823466e38f))) flags |= 1u;
+            if (s1 && !(fabsf(s1[i]) <= 3.402823466e38f)) flags |= 2u;
+            if (s2) {
+                const float v = s2[i];
+                if (!(fabsf(v) <= 3.402823466e38f)) flags |= 2u;
+                if (v < 0.f) flags |= 4u;
+            }
         }
-        if (flags) atomicOr(bad + k, flags);
     }
+    if (flags) atomicOr(bad + k, flags);
 }

@@ -403,8 +403,8 @@ def _blocks(heap: Heap, starts: int, sizes: int, tensors: int, models: int) -> l
 
 
 def _update(heap: Heap, grid, args) -> None:
-    w, g, s1, s2, starts, sizes, tensors, models, opt, lr, lr_stride, step0, st = args
-    tensors, models, lr_stride, st = _v(tensors), _v(models), _v(lr_stride), _step(st)
+    w, g, s1, s2, starts, sizes, tensors, opt, lr, lr_stride, step0, st = args
+    tensors, models, lr_stride, st = _v(tensors), grid[1], _v(lr_stride), _step(st)
     records = heap.view(_v(opt), np.dtype(_OPT_FIELDS), models)
     blocks = _blocks(heap, _v(starts), _v(sizes), tensors, models)
     for k in range(models):
@@ -432,8 +432,8 @@ def _update(heap: Heap, grid, args) -> None:
 
 
 def _check(heap: Heap, grid, args) -> None:
-    w, s1, s2, starts, sizes, tensors, models, half, bad = args
-    tensors, models, half = _v(tensors), _v(models), _v(half)
+    w, s1, s2, starts, sizes, tensors, half, bad = args
+    tensors, models, half = _v(tensors), grid[1], _v(half)
     flags = heap.view(_v(bad), np.uint32, models)
     blocks = _blocks(heap, _v(starts), _v(sizes), tensors, models)
     with np.errstate(invalid="ignore"):

@@ -171,3 +171,8 @@ def test_mixed_precision_is_close(backend):
     for sa, sb in zip(cpu.state_dicts(), gpu.state_dicts()):
         for n in sa:
             np.testing.assert_allclose(sb[n], sa[n], rtol=2e-2, atol=2e-3, err_msg=n)
+
+
+def test_too_many_models_for_one_gpu_are_refused_by_name(backend):
+    with pytest.raises(fastnn.ConfigError, match="models=65,536: the GPU engine trains at most 65,535 models"):
+        MultiTrainer(MLP([2, 2]), SGD(lr=0.1), models=65_536, device="cuda", engine="gpu")

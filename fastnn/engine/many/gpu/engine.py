@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ...._data import input_affine
-from ...._errors import TrainingDiverged
+from ...._errors import ConfigError, TrainingDiverged
 from ...._shuffle import split_u64
 from ...._state import state_problem
 from ....cuda import cublaslt, driver, nvrtc
@@ -27,7 +27,10 @@ from ..plan import Streams, streams
 from . import kernels, layout
 from .layout import StreamTables, rows_at, stream_tables
 
-__all__ = ["ManyGpuEngine"]
+__all__ = ["MAX_GPU_MODELS", "ManyGpuEngine"]
+
+#: The most models one GPU engine trains: its kernels put the model in a grid dimension of at most 65,535 blocks.
+MAX_GPU_MODELS = 65_535
 
 
 class _DataSet:
@@ -73,6 +76,9 @@ class ManyGpuEngine(ManyEngine):
     name = "gpu"
 
     def __init__(self, config: ManyConfig, states: list[dict[str, np.ndarray]], ordinal: int = 0) -> None:
+        if config.count > MAX_GPU_MODELS:
+            raise ConfigError(f"models={config.count:,}: the GPU engine trains at most {MAX_GPU_MODELS:,} models at "
+                              f"once (a CUDA grid dimension holds the model); split them over several MultiTrainers")
         self.config = config
         model = config.model
         self.count = config.count
@@ -179,10 +185,11 @@ class ManyGpuEngine(ManyEngine):
             mod=self.mod, stream=self.stream, sm_count=self.dev.sm_count, models=self.count, batch=cfg.batch_size,
             sizes=cfg.model.sizes, activation=cfg.model.activation, regression=self.regression,
             w_offsets=tuple(lay.starts[0:-1:2]), b_offsets=tuple(lay.starts[1:-1:2]), starts=self.starts.ptr,
-            block_sizes=self.block_sizes.ptr, tensors=len(lay.sizes), total=lay.total, params=arrays[0], s1=s1,
-            s2=s2, grads=self.grads.ptr, z=tuple(b.ptr for b in self.z), dz=tuple(b.ptr for b in self.dz),
-            xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words, seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr,
-            lr=self.lr.ptr, lr_stride=self._lr_steps, step0=self.step0.ptr, fast=self._fast,
+            block_sizes=self.block_sizes.ptr, per_model_sizes=lay.sizes, tensors=len(lay.sizes), total=lay.total,
+            params=arrays[0], s1=s1, s2=s2, grads=self.grads.ptr, z=tuple(b.ptr for b in self.z),
+            dz=tuple(b.ptr for b in self.dz), xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words,
+            seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr, lr=self.lr.ptr, lr_stride=self._lr_steps,
+            step0=self.step0.ptr, fast=self._fast,
         )  # fmt: skip
 
     def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int) -> list[int]:
@@ -210,7 +217,7 @@ class ManyGpuEngine(ManyEngine):
         if self._lt is None:
             self._lt = self._res.own(lt.Handle(self.dev))
             self._workspace = self._res.own(lt.Workspace(32 << 20, self.dev))
-        d, out = self.config.model.sizes[0], self.config.model.sizes[1]
+        d, out = self.config.model.sizes[0], self.config.model.sizes[1]  # layer 0: (K * out, d) weights
         m = self.count * out
         tf32 = self.config.precision != "fp32"
         compute = lt.ComputeType.COMPUTE_32F_FAST_TF32 if tf32 else lt.ComputeType.COMPUTE_32F

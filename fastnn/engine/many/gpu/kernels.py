@@ -81,6 +81,7 @@ class Net:
     b_offsets: tuple[int, ...]
     starts: int  #: uint64 (tensors + 1,): the blocks' starts, then the total
     block_sizes: int  #: uint32 (tensors,): floats of one model's tensor
+    per_model_sizes: tuple[int, ...]  #: the same on the host
     tensors: int
     total: int  #: floats of one state array
     params: int
@@ -178,11 +179,10 @@ def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, f
                                                _grid2(fan_in, net.batch, net.models), (TILE, TILE, 1), args,
                                                net.stream)))  # fmt: skip
     args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts),
-            arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_i32(net.models), arg_ptr(net.opt), arg_ptr(net.lr),
+            arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_ptr(net.opt), arg_ptr(net.lr),
             arg_i32(net.lr_stride), arg_ptr(net.step0), st]  # fmt: skip
-    nodes.append(("update", partial(net.mod.function("many_update").launch,
-                                    (elementwise_blocks(net, net.total), 1, 1), (ELEMENTWISE_THREADS, 1, 1), args,
-                                    net.stream)))  # fmt: skip
+    nodes.append(("update", partial(net.mod.function("many_update").launch, per_model_grid(net),
+                                    (ELEMENTWISE_THREADS, 1, 1), args, net.stream)))  # fmt: skip
     return nodes
 
 
@@ -207,13 +207,17 @@ def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, 
 def record_check(net: Net, half: bool, bad: int) -> None:
     """Queue the per-model check of the state (bits into bad (K,) uint32, zeroed by the caller)."""
     net.mod.function("many_check").launch(
-        (elementwise_blocks(net, net.total), 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+        per_model_grid(net), (ELEMENTWISE_THREADS, 1, 1),
         [arg_ptr(net.params), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts), arg_ptr(net.block_sizes),
-         arg_i32(net.tensors), arg_i32(net.models), arg_i32(int(half)), arg_ptr(bad)],
+         arg_i32(net.tensors), arg_i32(int(half)), arg_ptr(bad)],
         net.stream,
     )  # fmt: skip
 
 
-def elementwise_blocks(net: Net, n: int) -> int:
-    return max(1, min(-(-n // ELEMENTWISE_THREADS), net.sm_count * 8))
+def per_model_grid(net: Net) -> tuple[int, int, int]:
+    """many_update's and many_check's grid: (x, K), x blocks of ELEMENTWISE_THREADS over a model's largest tensor
+    (4 elements a thread), and at most as many as keep every SM busy 8 times over in all."""
+    largest = max(net.per_model_sizes)
+    want = -(-largest // (4 * ELEMENTWISE_THREADS))
+    return (max(1, min(want, -(-net.sm_count * 8 // net.models))), net.models, 1)
 
