@@ -226,3 +226,20 @@ def test_a_continued_trainer_goes_on_exactly_with_its_new_batch_size_and_decay(t
     t.state_dict()  # the continued one is left open
     with pytest.raises(ConfigError, match="weight_decay"):
         t._continued(None, weight_decay=-1.0)
+
+
+@pytest.mark.gpu
+def test_logistic_partial_fit_continues_on_the_gpu_as_its_decay_changes() -> None:
+    """Each partial_fit of another decay (or batch size) continues on a new GPU trainer: same engine, the counters
+    and history carried, the decay 1 / (C t_), and it learns."""
+    rng = np.random.default_rng(3)
+    centers = rng.normal(size=(3, 16)) * 3
+    labels = rng.integers(0, 3, 600)
+    Xg = (centers[labels] + rng.normal(size=(600, 16))).astype(np.float32)
+    est = LogisticRegression(device="cuda", random_state=0, learning_rate_init=0.05)
+    seen = 0
+    for n in (1, 7, 50, 142, 400):
+        est.partial_fit(Xg[seen:seen + n], labels[seen:seen + n], classes=[0, 1, 2])
+        seen += n
+        assert est.trainer_.device == "cuda" and est.trainer_.optimizer.weight_decay == 1.0 / seen
+    assert est.trainer_.epoch == 5 and len(est.trainer_.history) == 5 and est.score(Xg, labels) > 0.9
