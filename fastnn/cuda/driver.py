@@ -28,8 +28,10 @@ from cuda.bindings import driver as cu
 
 from .._errors import ConfigError, DeviceUnavailable
 from .._install import pip_install
-from . import _capture
+from . import _capture, _exit
 from ._loader import DRIVER_HINT, CudaDriverError, c_int_value
+
+_exit.skip_final_collection()  # this process loaded cuda.bindings: no collector passes over it at exit (_exit.py)
 
 __all__ = [
     "BINDINGS_MAJOR",
