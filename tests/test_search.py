@@ -144,6 +144,25 @@ def test_shuffled_folds_train_on_their_own_copy(digits):
     assert len(ours.plan_.groups) == 2 and all(g.own_rows is not None for g in ours.plan_.groups)
 
 
+def test_a_pipeline_fits_its_other_steps_once_per_fold(digits):
+    """Pipeline(StandardScaler, MLPClassifier): the scaler is fitted on each fold once, as the pipeline's fit would,
+    and the candidates of the final step train on its output, one group per fold; a candidate that changes the
+    scaler takes the per-fit path."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = digits
+    pipe = Pipeline([("scale", StandardScaler()), ("mlp", mlp())])
+    grid = [{"mlp__alpha": [1e-4, 0.3], "mlp__learning_rate_init": [0.03, 0.003]},
+            {"scale__with_std": [False], "mlp__alpha": [1e-4]}]  # fmt: skip
+    ours, theirs = both("GridSearchCV", pipe, grid, X, y, cv=3, return_train_score=True)
+    assert_same_results(ours, theirs)
+    assert ours.best_params_ == theirs.best_params_
+    assert [len(g.models) for g in ours.plan_.groups] == [4, 4, 4]  # one group per fold
+    assert ours.plan_.fallback == [12, 13, 14] and "scale__with_std" in ours.plan_.reasons[12]
+    assert isinstance(ours.best_estimator_, Pipeline)
+
+
 def test_what_falls_back_is_scikit_learns_fit(digits):
     """An adaptive rate and a refused parameter take the per-fit path (the refusal becoming error_score), next to
     batched candidates in the same search."""
@@ -191,6 +210,17 @@ def test_refit_false_and_callable_refit(digits):
 def test_other_estimators_are_scikit_learns_search(regression):
     X, y = regression
     ours, theirs = both("GridSearchCV", Ridge(), {"alpha": [0.1, 10.0]}, X, y, cv=3)
+    assert_same_results(ours, theirs, atol=0)
+    assert ours.plan_ is None
+
+
+def test_a_pipeline_ending_elsewhere_is_scikit_learns_search(regression):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = regression
+    ours, theirs = both("GridSearchCV", make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": [0.1, 10.0]}, X,
+                        y, cv=3)  # fmt: skip
     assert_same_results(ours, theirs, atol=0)
     assert ours.plan_ is None
 
@@ -284,9 +314,9 @@ def test_search_spreads_groups_over_slots(digits, monkeypatch):
     used = []
     real = fs._search.train_group
 
-    def spy(group, X, y, rows, ordinal=None):
+    def spy(group, x, y, x_score, rows, ordinal=None):
         used.append(ordinal)
-        return real(group, X, y, rows, None)
+        return real(group, x, y, x_score, rows, None)
 
     monkeypatch.setattr(fs._search, "train_group", spy)
     monkeypatch.setattr(fs._search, "device_slots", lambda n_jobs, devices: [0, 1])

@@ -38,21 +38,19 @@ class GroupResult:
     device: str
 
 
-def train_group(group: Group, X: np.ndarray, y: np.ndarray, score_rows: list[np.ndarray],
+def train_group(group: Group, x: np.ndarray, y: np.ndarray, x_score: np.ndarray, score_rows: list[np.ndarray],
                 ordinal: int | None = None) -> GroupResult:  # fmt: skip
-    """Train `group` on (X, y) (X float32, y encoded for the group: class indices or float targets) and return
-    each model's outputs on rows `score_rows[k]` of X. `ordinal`: the GPU of this process to train on (None: the
-    estimator's device as it resolves)."""
+    """Train `group` on (x, y) (float32; y encoded for the group: class indices or float targets; model k on rows
+    `models[k].rows` of them) and return each model's outputs on rows `score_rows[k]` of `x_score`. `ordinal`: the
+    GPU of this process to train on (None: the estimator's device as it resolves)."""
     from .. import MultiTrainer
 
     start = time.perf_counter()
     models = group.models
     count = len(models)
-    if group.own_rows is not None:
-        x, t, masks = X[group.own_rows], y[group.own_rows], None
-    else:
-        x, t = X, y
-        masks = np.zeros((count, X.shape[0]), dtype=bool)
+    masks = None
+    if group.masked:
+        masks = np.zeros((count, x.shape[0]), dtype=bool)
         for k, m in enumerate(models):
             masks[k, m.rows] = True
     hparams = {name: [m.hparams[name] for m in models] for name in models[0].hparams}
@@ -74,8 +72,8 @@ def train_group(group: Group, X: np.ndarray, y: np.ndarray, score_rows: list[np.
         return record["epoch"] >= models[k].max_iter
 
     try:
-        mt.fit(x, t, epochs=max(m.max_iter for m in models), masks=masks, callbacks=[stop])
-        outputs = _outputs(mt, X)  # each model's weights are those of the epoch it stopped after
+        mt.fit(x, y, epochs=max(m.max_iter for m in models), masks=masks, callbacks=[stop])
+        outputs = _outputs(mt, x_score)  # each model's weights are those of the epoch it stopped after
         results = [
             ModelResult(m.pair, None, mt.divergences[k], int(mt.epochs[k]), False) if mt.diverged[k]
             else ModelResult(m.pair, outputs[k][score_rows[k]], None, int(mt.epochs[k]), converged[k])

@@ -9,7 +9,8 @@ mask over one copy of the data). What must be the same (group key): the estimato
 `activation`, `solver`, the batch size (`batch_size`, "auto" with the fold's rows), `precision`, `device`, the
 classes of the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of
 a fit, and the models of one MultiTrainer share one shuffle, so candidates with different seeds train in
-different groups.
+different groups. A Pipeline ending in one of fastnn's estimators: its other steps are fitted once per fold, and
+the final step's candidates train on their output, a group (at least) per fold.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Group:
     device: str
     shuffle_seed: int | None  #: None: random_state=None, drawn when the group trains
     own_rows: np.ndarray | None  #: None: a mask over the search's X; else the data is X[own_rows] (one fold)
+    head_fold: int | None  #: a Pipeline's fits: the fold whose transformed rows (its other steps' output) it trains on
     classes: np.ndarray | None  #: a classifier's classes (labels are encoded as indices into them)
     models: list[ModelSpec] = dataclasses.field(default_factory=list)
 
@@ -76,6 +78,12 @@ class Group:
         sizes = self.model.sizes
         params = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
         return float(sum(m.rows.size * m.max_iter for m in self.models)) * params
+
+
+    @property
+    def masked(self) -> bool:
+        """Whether the models train on masks over the search's whole X (else on one fold's own data)."""
+        return self.own_rows is None and self.head_fold is None
 
 
 @dataclasses.dataclass
@@ -87,6 +95,21 @@ class Plan:
 
 def _ascending(rows: np.ndarray) -> bool:
     return rows.ndim == 1 and (rows.size < 2 or bool((np.diff(rows) > 0).all()))
+
+
+def final_step(est: Any) -> str | None:
+    """The name of a Pipeline's last step when that step is one of fastnn's estimators (its fits batch, the other
+    steps fitted once per fold), else None."""
+    from sklearn.pipeline import Pipeline
+
+    if type(est) is Pipeline and est.steps and type(est.steps[-1][1]) in BATCHABLE:
+        return est.steps[-1][0]
+    return None
+
+
+def batches(est: Any) -> bool:
+    """Whether a search over `est` can batch any fit: one of fastnn's estimators, or a Pipeline ending in one."""
+    return type(est) in BATCHABLE or final_step(est) is not None
 
 
 def not_batchable(est: Any) -> str | None:
@@ -111,20 +134,22 @@ def _seed(est: Any) -> int | None:
 
 def make_plan(
     base: Any, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]], X: np.ndarray | None,
-    y: Any, fit_params: dict[str, Any],
+    y: Any, fit_params: dict[str, Any], heads: list[Any] | None = None,
 ) -> Plan:
     """Group the (candidate, fold) fits (candidate-major, as scikit-learn orders them). `X` is the search's data
-    as float32 (None when it is not usable as such: everything falls back); `y` its targets."""
+    as float32 (None when it is not usable as such: its fits fall back); `y` its targets. For a Pipeline, `heads`
+    holds each fold's (training rows, all rows) as its other steps fitted on the fold give them (float32), or None
+    for a fold where they do not give such arrays."""
     n_splits = len(splits)
     groups: dict[tuple, Group] = {}
     fallback: list[int] = []
     reasons: dict[int, str] = {}
-    classifier = None if X is None else _targets(base, y)
+    classifier = _targets(base, y)
     folds = [(np.asarray(train), np.asarray(test)) for train, test in splits]
     for c, params in enumerate(candidates):
         for f, (train, _) in enumerate(folds):
             pair = c * n_splits + f
-            why, spec = _describe(base, params, train, f, X, y, classifier, fit_params)
+            why, spec = _describe(base, params, train, f, X, heads, classifier, fit_params)
             if why is not None:
                 fallback.append(pair)
                 reasons[pair] = why
@@ -155,14 +180,28 @@ def _targets(base: Any, y: Any) -> Any:
         return None
 
 
-def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X: np.ndarray | None, y: Any,
-              targets: Any, fit_params: dict[str, Any]) -> tuple[str | None, Any]:  # fmt: skip
+def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X: np.ndarray | None,
+              heads: list[Any] | None, targets: Any, fit_params: dict[str, Any]) -> tuple[str | None, Any]:  # fmt: skip
     """(reason, None) for a fit that falls back, else (None, (its Group (key and shared values), its ModelSpec))."""
-    if X is None or targets is None:
-        return "the data or targets are not arrays fastnn's estimators take as such", None
+    if targets is None:
+        return "the targets are not an array fastnn's estimators take as such", None
     if fit_params:
         return f"fit parameters {sorted(fit_params)} are passed to each fit", None
-    est = clone(base).set_params(**clone(params, safe=False))
+    final = final_step(base)
+    head_fold = None
+    if final is not None:
+        other = sorted(k for k in params if not k.startswith(final + "__"))
+        if other:
+            return f"the candidate sets {other}: the pipeline's other steps would differ per candidate", None
+        if heads is None or heads[fold] is None:
+            return "the pipeline's other steps do not give a numeric array on this fold", None
+        est = clone(base).set_params(**clone(params, safe=False)).steps[-1][1]
+        width, head_fold = heads[fold][0].shape[1], fold
+    else:
+        if X is None:
+            return "the data is not an array fastnn's estimators take as such", None
+        est = clone(base).set_params(**clone(params, safe=False))
+        width = X.shape[1]
     why = not_batchable(est)
     if why is not None:
         return why, None
@@ -170,7 +209,7 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
         est._check_params()  # the fit's own checks: a bad value takes the per-fit path, which reports it
     except ValueError as exc:
         return f"the fit refuses its parameters ({exc})", None
-    own = None if _ascending(train) else train  # the fit sees X[train] in this order: the fold's own copy
+    own = None if head_fold is not None or _ascending(train) else train  # the fit sees X[train] in this order
     n = int(train.size)
     classes = None
     if isinstance(est, (MLPClassifier, LogisticRegression)):
@@ -180,7 +219,7 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
         outputs = int(classes.size)
     else:
         outputs = int(targets.shape[1])
-    model = MLP([X.shape[1], *est._hidden_sizes, outputs], activation=est._activation())
+    model = MLP([width, *est._hidden_sizes, outputs], activation=est._activation())
     opt = est._optimizer(n)
     shared = {f.name: getattr(opt, f.name) for f in dataclasses.fields(opt) if f.name not in _PER_MODEL_FIELDS}
     hparams = {f.name: getattr(opt, f.name) for f in dataclasses.fields(opt) if f.name in _PER_MODEL_FIELDS}
@@ -189,14 +228,14 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
     key = (
         type(est).__name__, model.sizes, model.activation, est._loss, type(opt).__name__, tuple(sorted(shared.items())),
         batch, est.precision, est.device, seed,
-        None if own is None else ("fold", fold),
+        None if own is None else ("fold", fold), None if head_fold is None else ("pipeline", fold),
         None if classes is None else tuple(classes.tolist()),
     )  # fmt: skip
     group = Group(key=key, model=model, loss=est._loss, optimizer=type(opt)(**{**shared, **hparams}),
                   batch_size=batch, precision=est.precision, device=est.device, shuffle_seed=seed, own_rows=own,
-                  classes=classes)  # fmt: skip
+                  head_fold=head_fold, classes=classes)  # fmt: skip
     patience = est.n_iter_no_change
-    spec = ModelSpec(pair=-1, fold=fold, rows=np.arange(n) if own is not None else train, hparams=hparams,
+    spec = ModelSpec(pair=-1, fold=fold, rows=train if group.masked else np.arange(n), hparams=hparams,
                      seed=est._seed() if seed is None else seed, max_iter=int(est.max_iter), tol=float(est.tol),
                      patience=patience if isinstance(patience, numbers.Real) else float(patience),
                      name=type(est).__name__)  # fmt: skip

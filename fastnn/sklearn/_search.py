@@ -31,7 +31,7 @@ from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import _check_method_params, check_array, indexable
 
 from ._many_fit import GroupResult, train_group
-from ._plan import BATCHABLE, Group, Plan, make_plan
+from ._plan import Group, Plan, batches, final_step, make_plan
 from ._scored import frozen
 from ._spread import device_slots, remote_backend, run_spread
 
@@ -58,7 +58,7 @@ class _ManyModelSearch:
     def fit(self, X: Any, y: Any = None, **params: Any) -> Any:
         """Run fit with every candidate on every fold, as scikit-learn's search does; fits of fastnn's estimators
         train several at once (the fastnn.sklearn guide, "Searches", says which). Returns self."""
-        if type(self.estimator) not in BATCHABLE or getattr(self, "_skl_callbacks", None):
+        if not batches(self.estimator) or getattr(self, "_skl_callbacks", None):
             self.plan_ = None
             return super().fit(X, y, **params)  # type: ignore[misc]
         return self._fit_many(X, y, **params)
@@ -118,7 +118,8 @@ class _ManyModelSearch:
         """scikit-learn's `_fit_and_score` result for every (candidate, fold), candidate-major."""
         n_splits = len(splits)
         fit_params, score_params = routed.estimator.fit, routed.scorer.score
-        plan = make_plan(base, candidates, splits, _float32(X), y, fit_params)
+        heads = _heads(base, X, y, splits, candidates) if final_step(base) is not None else None
+        plan = make_plan(base, candidates, splits, _float32(X), y, fit_params, heads)
         self.plan_ = plan
         out: list[dict[str, Any] | None] = [None] * (len(candidates) * n_splits)
         if plan.fallback:
@@ -138,28 +139,34 @@ class _ManyModelSearch:
                 out[p] = result
         if plan.groups:
             scorer = _Scorer(self, X, y, splits, scorers, score_params)
-            for group, result in zip(plan.groups, self._train(plan, X, y, splits)):
+            for group, result in zip(plan.groups, self._train(plan, X, y, splits, heads)):
                 for model, r in zip(group.models, result.models, strict=True):  # train_group keeps the order
                     out[r.pair] = scorer.result(group, model, r, result.seconds / len(group.models))
         return out  # type: ignore[return-value]
 
-    def _train(self, plan: Plan, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]]) -> list[GroupResult]:
+    def _train(self, plan: Plan, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
+               heads: list[Any] | None) -> list[GroupResult]:  # fmt: skip
         """Train every group: spread over this process's GPUs (or CPU threads), or as joblib tasks under a backend
         that runs them elsewhere (Dask); each group's models report their outputs on their fold's scored rows."""
-        X32 = _float32(X)
-        targets = _encoded_targets(plan.groups, y)
-        rows = [[_scored_rows(splits[m.fold], self.return_train_score) for m in g.models] for g in plan.groups]
+        X32 = None if all(g.head_fold is not None for g in plan.groups) else _float32(X)
+        data = []
+        for g, t in zip(plan.groups, _encoded_targets(plan.groups, y)):
+            rows = [_scored_rows(splits[m.fold], self.return_train_score) for m in g.models]
+            if g.head_fold is not None:  # the fold's rows as the pipeline's other steps give them
+                (x_train, x_score), train = heads[g.head_fold], splits[g.head_fold][0]  # type: ignore[index]
+                data.append((x_train, t[train], x_score, rows))
+            elif g.own_rows is not None:
+                data.append((X32[g.own_rows], t[g.own_rows], X32, rows))
+            else:
+                data.append((X32, t, X32, rows))
         if remote_backend():
-            results = Parallel(n_jobs=self.n_jobs)(
-                delayed(train_group)(g, X32, t, r) for g, t, r in zip(plan.groups, targets, rows)
-            )
+            results = Parallel(n_jobs=self.n_jobs)(delayed(train_group)(g, *d) for g, d in zip(plan.groups, data))
         else:
             slots = device_slots(self.n_jobs, [g.device for g in plan.groups])
             index = {id(g): i for i, g in enumerate(plan.groups)}
 
             def work(g: Group, slot: Any) -> GroupResult:
-                i = index[id(g)]
-                return train_group(g, X32, targets[i], rows[i], slot)
+                return train_group(g, *data[index[id(g)]], slot)
 
             results = run_spread(plan.groups, [g.cost() for g in plan.groups], slots, work)
         for g, result in zip(plan.groups, results):
@@ -227,6 +234,27 @@ def _float32(X: Any) -> np.ndarray | None:
         return check_array(X, dtype=(np.float32, np.float64)).astype(np.float32, copy=False)
     except (TypeError, ValueError):
         return None
+
+
+def _heads(base: Any, X: Any, y: Any, splits: list[Any], candidates: list[dict[str, Any]]) -> list[Any] | None:
+    """A Pipeline's other steps fitted on each fold as its own fit would (`fit_transform` of the fold's rows), with
+    their output on every row of X (`transform`, as its predict does): (training rows, all rows) float32 per fold,
+    None for a fold where they fail or give no numeric array (its fits fall back and report it). None when no
+    candidate leaves the other steps as they are."""
+    final = final_step(base)
+    if all(any(not k.startswith(f"{final}__") for k in c) for c in candidates):
+        return None
+    out = []
+    for train, _ in splits:
+        head = clone(base[:-1])
+        try:
+            y_train = None if y is None else _safe_indexing(y, train)
+            x_train = _float32(head.fit_transform(_safe_indexing(X, train), y_train))
+            x_all = _float32(head.transform(X))
+        except Exception:  # the per-fit path meets the same failure and reports it as scikit-learn does
+            x_train = x_all = None
+        out.append(None if x_train is None or x_all is None else (x_train, x_all))
+    return out
 
 
 def _encoded_targets(groups: list[Group], y: Any) -> list[np.ndarray]:
