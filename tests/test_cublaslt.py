@@ -915,3 +915,12 @@ def test_graph_of_plans_and_softmax_replayed_1000_times(g):
     finally:
         for owned in (layer1, layer2, accumulate, softmax, handle):
             owned.close()
+
+
+@pytest.mark.gpu
+def test_warm_up_makes_and_drops_one_plan(g):
+    """cublaslt.warm_up (issue 41: the fused engine's evaluation thread pays cuBLASLt's first heuristic query) runs
+    on a real handle and workspace without error and leaves the handle usable."""
+    lt.warm_up(g.handle, g.workspace)
+    with build(g, 8, 8, 8) as plan:
+        assert plan.describe().startswith("Matmul m=8")

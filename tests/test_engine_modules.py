@@ -67,6 +67,7 @@ def fake_device(monkeypatch) -> None:
     monkeypatch.setattr(cublaslt, "Handle", _Closable)
     monkeypatch.setattr(cublaslt, "Workspace", _Closable)
     monkeypatch.setattr(cudnn, "Handle", _Closable)
+    monkeypatch.setattr(cublaslt, "warm_up", lambda handle, workspace: None)
 
 
 @pytest.fixture

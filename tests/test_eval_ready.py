@@ -79,7 +79,10 @@ def _fit_kernel(eng) -> object:
 
 
 @pytest.mark.parametrize("cls", [FusedEngine, GridEngine], ids=["fused", "grid"])
-def test_the_first_evaluation_after_a_fit_compiles_nothing_on_the_callers_thread(compiles, cls):
+def test_the_first_evaluation_after_a_fit_compiles_nothing_on_the_callers_thread(compiles, cls, monkeypatch):
+    warmed = []
+    thread = lambda: threading.current_thread().name  # noqa: E731
+    monkeypatch.setattr(graph.cublaslt, "warm_up", lambda lt, ws: warmed.append((lt, ws, thread())))
     eng = cls(_config(cls), init_parameters(_config(cls).model, 0))
     _, plan = _fit_kernel(eng)
     eng.load_step_libraries()  # what evaluate() and predict() call first (GraphEngine.eval_context)
@@ -89,6 +92,7 @@ def test_the_first_evaluation_after_a_fit_compiles_nothing_on_the_callers_thread
     assert background == ["gather.cu", "loss.cu"]
     assert eng.gather_mod.cubin == b"cubin of gather.cu" and eng.loss_mod.cubin == b"cubin of loss.cu"
     assert eng.lt is not None and eng.workspace is not None and eng.dnn is not None
+    assert warmed == [(eng.lt, eng.workspace, ready.THREAD_NAME)]  # cuBLASLt's first heuristic query, on the thread
     eng.load_step_libraries()
     assert len(compiles) == 4
     eng.close()
@@ -185,16 +189,18 @@ def test_preparation_runs_its_steps_in_order_and_stops_at_a_failure():
     order: list[str] = []
 
     def step(name: str, fail: bool = False):
-        def make():
-            order.append(name)
+        def make(made):
+            order.append((name, sorted(made)))
             if fail:
                 raise OSError(name)
             return name.upper()
 
         return make
 
-    prep = ready.Preparation([("a", step("a")), ("b", step("b", fail=True)), ("c", step("c"))], lambda: None)
-    assert prep.take() == {"a": "A"} and order == ["a", "b"]
+    steps = [("a", step("a")), ("a2", step("a2")), ("b", step("b", fail=True)), ("c", step("c"))]
+    prep = ready.Preparation(steps, lambda: None)
+    assert prep.take() == {"a": "A", "a2": "A2"}
+    assert order == [("a", []), ("a2", ["a"]), ("b", ["a", "a2"])]  # each sees what the earlier ones made
     assert prep.take() == {}  # taken once
 
 
@@ -206,10 +212,10 @@ def test_the_interpreter_exits_without_running_the_steps_not_begun(tmp_path):
         from fastnn.engine.graph.ready import Preparation
 
         out = Path({str(tmp_path)!r})
-        def first():
+        def first(made):
             time.sleep(0.5)
             (out / "first").write_text("done")
-        def second():
+        def second(made):
             (out / "second").write_text("begun")
             time.sleep(60)
         keep = Preparation([("first", first), ("second", second)], lambda: None)

@@ -11,7 +11,6 @@ autotuning, kernel loading) happens before capture.
 from __future__ import annotations
 
 import contextlib
-from functools import partial
 
 import numpy as np
 
@@ -115,14 +114,16 @@ class GraphEngine(Engine):
             raise
 
     def _step_library_steps(self) -> list[tuple[str, object]]:
-        """What load_step_libraries makes, as (attribute, make) in the order the thread makes them: the compiles
-        first (the long part on a cold kernel cache, CPU work beside the fit's), then the libraries' handles."""
+        """What load_step_libraries makes, as (attribute, make(made so far)) in the order the thread makes them: the
+        compiles first (the long part on a cold kernel cache, CPU work beside the fit's), then the libraries'
+        handles, then cuBLASLt's first heuristic query (cublaslt.warm_up; "_": no attribute, nothing kept)."""
         return [
-            ("gather_mod", partial(kernels.module, self.dev, *kernels.gather_file(self.spec))),
-            ("loss_mod", partial(kernels.module, self.dev, *kernels.loss_file(self.spec, self.regression))),
-            ("lt", cublaslt.Handle),
-            ("workspace", partial(cublaslt.Workspace, WORKSPACE_BYTES)),
-            ("dnn", partial(cudnn.Handle, self.stream)),
+            ("gather_mod", lambda made: kernels.module(self.dev, *kernels.gather_file(self.spec))),
+            ("loss_mod", lambda made: kernels.module(self.dev, *kernels.loss_file(self.spec, self.regression))),
+            ("lt", lambda made: cublaslt.Handle()),
+            ("workspace", lambda made: cublaslt.Workspace(WORKSPACE_BYTES)),
+            ("dnn", lambda made: cudnn.Handle(self.stream)),
+            ("_heuristic", lambda made: cublaslt.warm_up(made["lt"], made["workspace"])),
         ]
 
     def load_step_libraries(self) -> None:
@@ -135,7 +136,8 @@ class GraphEngine(Engine):
         if self._prep is not None:  # what the thread made while the fit trained; it makes the rest below
             made, self._prep = self._prep.take(), None
             for name, obj in made.items():
-                setattr(self, name, obj if name.endswith("_mod") else own(obj))  # modules: the process's (kernels)
+                if not name.startswith("_"):
+                    setattr(self, name, obj if name.endswith("_mod") else own(obj))  # modules: the process's
         if self.lt is None:  # one by one: after a failure the next call makes only what is missing
             self.lt = own(cublaslt.Handle())
         if self.workspace is None:
@@ -154,7 +156,7 @@ class GraphEngine(Engine):
         self._closed = True
         if self._prep is not None:  # skip what it has not begun; release what it made with the rest
             for name, obj in self._prep.cancel().items():
-                if not name.endswith("_mod"):
+                if not name.endswith("_mod") and not name.startswith("_"):
                     self._res.own(obj)
             self._prep = None
         try:

@@ -3,11 +3,12 @@
 Their epoch is one kernel of their own, so the graph step's libraries (GraphEngine.load_step_libraries: the gather
 and loss kernels, cuBLASLt's and cuDNN's handles) are needed only to evaluate or predict, with the graph engine's
 forward graph. Made at that moment, they cost the first `evaluate()` after a fit 1.9 s on a fresh H100 (NVRTC
-compiling gather.cu and loss.cu 1.6 s, the cuDNN handle 0.16 s) against 0.006 s for a later one. Made at build,
-they would delay every fit, scored or not. So the engine starts this thread when it is built; the thread makes
-them one by one while the fit's own kernel compiles and trains (NVRTC releases the GIL and, after a short
-front-end, compiles two programs at once; the handles are driver work; capture is thread-local: engine.capture),
-and the first evaluation takes what it made, waiting only for a step still under way.
+compiling gather.cu and loss.cu 1.6 s, the cuDNN handle 0.16 s) against 0.006 s for a later one. Made at build, they
+would delay every fit, scored or not. So the engine starts this thread when it is built; the thread makes them one
+by one (and pays cuBLASLt's first heuristic query, 0.08 s, with a throwaway plan: cublaslt.warm_up) while the fit's
+own kernel compiles and trains (NVRTC releases the GIL and, after a short front-end, compiles two programs at once;
+the handles are driver work; capture is thread-local: engine.capture), and the first evaluation takes what it made,
+waiting only for a step still under way.
 
 The alternative, a forward pass of the fused and grid engines' own (a forward-only kernel per engine), would
 need a kernel per engine and model shape that adds up exactly as the graph engine's does (same GEMM rounding,
@@ -38,10 +39,11 @@ _live: weakref.WeakSet[Preparation] = weakref.WeakSet()  # those whose thread ma
 
 
 class Preparation:
-    """Runs `steps`, (name, make) pairs in order, on a daemon thread with `make_current` called first; `take`
-    hands over {name: what make returned} for the steps that succeeded."""
+    """Runs `steps`, (name, make) pairs in order, on a daemon thread with `make_current` called first; each make is
+    given {name: what the earlier steps made}. `take` hands that over for the steps that succeeded."""
 
-    def __init__(self, steps: Sequence[tuple[str, Callable[[], Any]]], make_current: Callable[[], None]) -> None:
+    def __init__(self, steps: Sequence[tuple[str, Callable[[dict[str, Any]], Any]]],
+                 make_current: Callable[[], None]) -> None:  # fmt: skip
         self._steps = list(steps)
         self._made: dict[str, Any] = {}
         self._stop = threading.Event()
@@ -60,7 +62,7 @@ class Preparation:
             if self._stop.is_set():
                 return
             try:
-                self._made[name] = make()
+                self._made[name] = make(dict(self._made))
             except Exception:
                 return  # the evaluation makes this step and the later ones itself, and meets the error
 
