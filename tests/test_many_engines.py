@@ -176,3 +176,18 @@ def test_mixed_precision_is_close(backend):
 def test_too_many_models_for_one_gpu_are_refused_by_name(backend):
     with pytest.raises(fastnn.ConfigError, match="models=65,536: the GPU engine trains at most 65,535 models"):
         MultiTrainer(MLP([2, 2]), SGD(lr=0.1), models=65_536, device="cuda", engine="gpu")
+
+
+@pytest.mark.parametrize("sizes, batch", [((784, 10), 128), ((784, 32, 10), 32)], ids=["logreg", "mlp"])
+def test_fashion_mnist_shapes(backend, sizes, batch):
+    """The benchmark's shapes (784 inputs, 10 classes, its batches) at K = 40, one stream and two folds."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, size=(300, 784), dtype=np.uint8)
+    y = rng.integers(0, 10, size=300)
+    lrs = np.geomspace(0.01, 0.5, 40)
+    cpu, gpu = _pair(MLP(list(sizes)), SGD(lr=0.1), lr=lrs, weight_decay=np.geomspace(1e-5, 1e-3, 40), seeds=0,
+                     batch_size=batch)  # fmt: skip
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=1)
+        mt.fit(x, y, epochs=1, masks=np.stack([np.arange(300) % 2 == k % 2 for k in range(40)]))
+    _close(cpu, gpu, (10 * backend[0], 10 * backend[1]))

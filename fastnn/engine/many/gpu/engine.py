@@ -253,6 +253,7 @@ class ManyGpuEngine(ManyEngine):
     # ---- training -------------------------------------------------------------------------------------------------
 
     def set_train_data(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> None:
+        self.dev.make_current()  # engines are entered from any thread (a search's worker)
         if self._train is not None and self._train.same(x, y, rows):
             return
         self._drop_graphs()
@@ -317,6 +318,7 @@ class ManyGpuEngine(ManyEngine):
     ) -> ManyEpoch:
         if self._train is None:
             raise RuntimeError("set_train_data must be called before fit_epoch")
+        self.dev.make_current()
         cfg, k_all, data = self.config, self.count, self._train
         tables, n_steps = self.prepare_epoch(active, epochs, steps, lrs)
         first = int(np.flatnonzero(active)[0]) if active.any() else 0
@@ -417,6 +419,7 @@ class ManyGpuEngine(ManyEngine):
         return out
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> list[tuple[float, float]]:
+        self.dev.make_current()  # engines are entered from any thread (a search's worker)
         data = _DataSet(self, x, y, rows)
         try:
             return self._evaluate(data, np.ones(self.count, dtype=bool))
@@ -424,6 +427,7 @@ class ManyGpuEngine(ManyEngine):
             data.close()
 
     def predict_outputs(self, x: np.ndarray) -> np.ndarray:
+        self.dev.make_current()  # engines are entered from any thread (a search's worker)
         c, batch = self.config.model.classes, self.config.batch_size
         y = np.zeros((x.shape[0], self.y_words), dtype=np.uint32)
         data = _DataSet(self, x, y, None)
@@ -451,6 +455,7 @@ class ManyGpuEngine(ManyEngine):
     # ---- state ------------------------------------------------------------------------------------------------
 
     def get_state(self, k: int) -> dict[str, np.ndarray]:
+        self.dev.make_current()  # engines are entered from any thread (a search's worker)
         lay, opt = self.layout, self.config.optimizers[k]
         arrays = [(0, "")] + [(1 + i, f"opt.{n}.") for i, n in enumerate(self.state_arrays) if n in opt.state_names]
         state: dict[str, np.ndarray] = {}
@@ -462,6 +467,7 @@ class ManyGpuEngine(ManyEngine):
         return state
 
     def set_state(self, k: int, state: dict[str, np.ndarray]) -> None:
+        self.dev.make_current()  # engines are entered from any thread (a search's worker)
         for key, value in state.items():
             array, name = 0, key
             if key.startswith("opt."):
@@ -473,6 +479,7 @@ class ManyGpuEngine(ManyEngine):
             self.state.upload(np.ascontiguousarray(value, dtype=np.float32).reshape(-1), offset=at)
 
     def close(self) -> None:
+        self.dev.make_current()
         self._drop_graphs()
         for data in (self._train, self._eval):
             if data is not None:
