@@ -71,9 +71,17 @@ __device__ void update(TP* __restrict__ w, const TG* __restrict__ g, float* __re
         update<TP, TG>(w, g, s1, s2, w16, n, st, step, spe, opt, blockIdx.x, gridDim.x);                      \
     }
 
+// Every kernel below is compiled, or with -DONLY_LISTED only those named -DKERNEL_<name>: an engine compiles the
+// ones its precision launches (graph/kernels.py: fewer kernels, a shorter cold NVRTC compile).
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f16)
 UPDATE(update_f32_f16, float, half_t)   // "mixed": fp32 master, fp16 gradients, fp16 copy written
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f32)
 UPDATE(update_f32_f32, float, float)    // "fp32"
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f16_f16)
 UPDATE(update_f16_f16, half_t, half_t)  // "fp16": fp16 weights, fp32 optimizer state
+#endif
 
 // The update of step s fused with the gather of step s+1's batch (they touch disjoint memory: the batch
 // buffers were last read by step s's GEMMs, which precede this kernel): one node fewer per step, about
@@ -93,9 +101,21 @@ UPDATE(update_f16_f16, half_t, half_t)  // "fp16": fp16 weights, fp32 optimizer 
         }                                                                                                      \
     }
 
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f16_gather_u8_f16)
 UPDATE_GATHER(update_f32_f16_gather_u8_f16, float, half_t, u8, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f16_gather_f32_f16)
 UPDATE_GATHER(update_f32_f16_gather_f32_f16, float, half_t, float, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f32_gather_u8_f32)
 UPDATE_GATHER(update_f32_f32_gather_u8_f32, float, float, u8, float)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f32_f32_gather_f32_f32)
 UPDATE_GATHER(update_f32_f32_gather_f32_f32, float, float, float, float)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f16_f16_gather_u8_f16)
 UPDATE_GATHER(update_f16_f16_gather_u8_f16, half_t, half_t, u8, half_t)
+#endif
+#if !defined(ONLY_LISTED) || defined(KERNEL_update_f16_f16_gather_f32_f16)
 UPDATE_GATHER(update_f16_f16_gather_f32_f16, half_t, half_t, float, half_t)
+#endif

@@ -507,17 +507,22 @@ def test_disk_full_writing_an_entry_warns_once(kernels, cache, compiles, disk_fu
 @pytest.mark.bindings
 @pytest.mark.parametrize("precision", ["mixed", "fp16", "fp32"])
 @pytest.mark.parametrize("regression", [False, True], ids=["xent", "mse"])
-def test_an_engine_compiles_only_the_gather_and_loss_kernels_it_launches(precision, regression, cache):
-    """gather_file and loss_file (issue 41): the selected cubin holds what the precision launches and nothing else."""
+def test_an_engine_compiles_only_the_gather_loss_and_update_kernels_it_launches(precision, regression, cache):
+    """gather_file, loss_file and update_file (issue 41): the selected cubin holds what the precision launches and
+    nothing else."""
     from fastnn.engine.graph import kernels
     from fastnn.engine.plan import precision_spec
 
     spec = precision_spec(precision)
     everything = _launched_kernels()
-    for filename, options in (kernels.gather_file(spec), kernels.loss_file(spec, regression)):
+    wanted = {
+        "gather.cu": {f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32")},
+        "loss.cu": {spec.mse_kernel if regression else spec.loss_kernel},
+        "update.cu": {spec.update_kernel} | {spec.update_gather_kernel(src) for src in ("u8", "f32")},
+    }
+    files = [kernels.gather_file(spec), kernels.loss_file(spec, regression)]
+    if not regression:  # the update is the same for either loss
+        files.append(kernels.update_file(spec))
+    for filename, options in files:
         cubin = nvrtc.compile_native(filename, "sm_90", options)
-        present = {n for n in everything[filename] if n.encode() + b"\0" in cubin}
-        if filename == "gather.cu":
-            assert present == {f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32")}
-        else:
-            assert present == {spec.mse_kernel if regression else spec.loss_kernel}
+        assert {n for n in everything[filename] if n.encode() + b"\0" in cubin} == wanted[filename]

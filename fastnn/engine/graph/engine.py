@@ -79,7 +79,7 @@ class GraphEngine(Engine):
             self.update_mod: driver.Module | None = None  # the graph step's optimizer update (update.cu)
             if self.step_libraries_at_build:
                 self.load_step_libraries()
-                self.update_mod = kernels.module(self.dev, "update.cu")
+                self.update_mod = kernels.module(self.dev, *kernels.update_file(self.spec))
             self.epoch_mod = kernels.module(self.dev, "epoch.cu")  # every engine's epoch-end kernels
             self.opt_names = config.optimizer.state_names
             total = self.layout.total

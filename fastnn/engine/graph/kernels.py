@@ -2,8 +2,8 @@
 (native/gather.cu), the loss (loss.cu), the update fused with the next batch's gather (update.cu), and the
 epoch-end check, snapshot and advance every GPU engine records (epoch.cu). Each file is compiled (NVRTC,
 disk-cached) and loaded once per process and GPU, when an engine is built (the gather and loss of the fused and
-grid engines on a thread while their first fit trains: ready.py), never during capture. Of gather.cu and loss.cu
-only the kernels the engine's precision launches are compiled (gather_file, loss_file)."""
+grid engines on a thread while their first fit trains: ready.py), never during capture. Of gather.cu, loss.cu and
+update.cu only the kernels the engine's precision launches are compiled (gather_file, loss_file, update_file)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "gather_file", "launch_elementwise",
     "loss_file", "module", "only", "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss",
-    "record_mse", "record_update", "record_zero_grads", "refresh_half_copy",
+    "record_mse", "record_update", "record_zero_grads", "refresh_half_copy", "update_file",
 ]  # fmt: skip
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
@@ -78,6 +78,13 @@ def gather_file(spec: PrecisionSpec) -> tuple[str, tuple[str, ...]]:
 def loss_file(spec: PrecisionSpec, regression: bool) -> tuple[str, tuple[str, ...]]:
     """(file, options) of the one loss kernel a `spec` engine launches: cross-entropy, or a regression's mse."""
     return "loss.cu", only([spec.mse_kernel if regression else spec.loss_kernel])
+
+
+def update_file(spec: PrecisionSpec) -> tuple[str, tuple[str, ...]]:
+    """(file, options) of the updates a `spec` engine launches: alone, and fused with the next uint8 or float32
+    batch's gather (three of update.cu's nine)."""
+    names = [spec.update_kernel, *(spec.update_gather_kernel(src) for src in ("u8", "f32"))]
+    return "update.cu", only(names)
 
 
 def elementwise_blocks(eng: GraphEngine, n: int) -> int:

@@ -25,7 +25,7 @@ from ...cuda.driver import arg_ptr
 from ..base import EngineConfig, kernel_engine_limits
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext
-from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
+from ..graph.kernels import module, persistent_epoch_args, record_epoch_end, update_file
 from ..graph.upload import DataKey
 from ..tuning import GRID_RULE, GridRule
 from .plan import HOPPER_SMEM, HOPPER_SMS, MIN_CC, GridPlan, grid_plan
@@ -184,7 +184,7 @@ class GridEngine(GraphEngine):
         # host memory where it must); its libraries and update.cu are made once, before any capture
         self.load_step_libraries()
         if self.update_mod is None:
-            self.update_mod = module(self.dev, "update.cu")
+            self.update_mod = module(self.dev, *update_file(self.spec))
         return super().make_train_context(x, y, key)
 
 
