@@ -238,3 +238,13 @@ def test_bad_fit_input_is_refused_before_any_work():
         mt.load_state_dicts(before[:1])
     _same_state(mt.state_dicts()[0], before[0])
     assert mt.epochs.tolist() == [0, 0] and not any(len(h) for h in mt.histories)
+
+
+def test_constant_rate_tables_are_lr_tables():
+    """Without a schedule, each model's rate table is made directly: the table schedules.lr_table makes of it."""
+    from fastnn.schedules import bind, lr_table
+
+    lrs = [0.1, 1e-7, 3.3e-3, 0.7]
+    mt = MultiTrainer(MLP([4, 2]), SGD(lr=0.1), lr=lrs, device="cpu")
+    for k, lr in enumerate(lrs):
+        np.testing.assert_array_equal(mt._lr_table(k, 7), lr_table(bind(None, lr), 0, 7))

@@ -341,8 +341,7 @@ class ManyGpuEngine(ManyEngine):
         trained = np.zeros(k_all, dtype=bool)
         for k in np.flatnonzero(active):
             k = int(k)
-            n = int(data.tables.n[data.group[k]])
-            seen = layout.samples(n, n_steps, cfg.batch_size, cfg.drop_last)
+            seen = layout.samples(int(data.tables.n[data.group[k]]), n_steps, cfg.batch_size, cfg.drop_last)
             loss = hist[k, 0] / seen
             problem = None
             if math.isfinite(loss) and bad[k]:

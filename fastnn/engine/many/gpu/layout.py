@@ -107,8 +107,11 @@ def row_groups(rows: list[np.ndarray] | None, count: int, n: int) -> tuple[np.nd
 
 
 def samples(n: int, steps: int, batch: int, drop_last: bool) -> int:
-    """Rows a stream of n rows trains on in an epoch of `steps` steps (the NumPy engine's `seen`)."""
-    return sum(rows_at(n, s, batch, drop_last) for s in range(steps))
+    """Rows a stream of n rows trains on in its first `steps` steps (the NumPy engine's `seen`): the sum of
+    rows_at over them, in closed form (a loop of steps per model cost ~0.25 ms an epoch at K = 1,024 x 469 steps)."""
+    if drop_last:
+        return min(n // batch, steps) * batch
+    return min(n, steps * batch)
 
 
 def lr_rows(lrs: list[np.ndarray | None], active: np.ndarray, width: int) -> np.ndarray:
