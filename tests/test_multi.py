@@ -241,10 +241,13 @@ def test_bad_fit_input_is_refused_before_any_work():
 
 
 def test_constant_rate_tables_are_lr_tables():
-    """Without a schedule, each model's rate table is made directly: the table schedules.lr_table makes of it."""
+    """Without a schedule, the rate tables are made directly: the tables schedules.lr_table makes."""
     from fastnn.schedules import bind, lr_table
 
     lrs = [0.1, 1e-7, 3.3e-3, 0.7]
     mt = MultiTrainer(MLP([4, 2]), SGD(lr=0.1), lr=lrs, device="cpu")
-    for k, lr in enumerate(lrs):
-        np.testing.assert_array_equal(mt._lr_table(k, 7), lr_table(bind(None, lr), 0, 7))
+    tables = mt._lr_tables(np.array([True, True, False, True]), np.array([7, 5, 7, 6]))
+    assert tables[2] is None
+    for k, steps in ((0, 7), (1, 5), (3, 6)):
+        np.testing.assert_array_equal(tables[k], lr_table(bind(None, lrs[k]), 0, steps))
+        assert tables[k].dtype == np.float32
