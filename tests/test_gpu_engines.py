@@ -976,10 +976,10 @@ def test_u32_epoch_field_at_the_top_of_its_range_matches_numpy(tmp_path, engine)
 
 @pytest.mark.parametrize("optimizer", [SGD(lr=0.01, momentum=0.9), AdamW(lr=1e-4)], ids=["momentum", "adamw"])
 def test_auto_grid_trains_rows_its_fast_kernel_cannot_serve_with_the_graph_step(optimizer):
-    """engine="auto" takes the grid engine for 784-1024x3-10 at batch 32 before it sees the data (AdamW too:
-    tuning.GRID_RULE); float32 rows do not fit grid_fast.cu there, so that trainer runs the graph engine's step and
-    matches NumPy as it does, while uint8 rows run grid_fast.cu; a forced engine="grid" refuses those float32 rows
-    by name before anything is uploaded."""
+    """engine="auto" takes the grid engine for 784-1024x3-10 at batch 32 (AdamW too: tuning.GRID_RULE); float32
+    rows do not fit grid_fast.cu there, so that trainer runs the graph engine's step, matches NumPy as it does and
+    says so (Trainer.engine names the engine whose kernels train), while uint8 rows run grid_fast.cu; a forced
+    engine="grid" refuses those float32 rows by name before anything is uploaded."""
     from fastnn.engine.grid.engine import GridTrainContext
 
     model = MLP([784, 1024, 1024, 1024, 10])
@@ -994,7 +994,7 @@ def test_auto_grid_trains_rows_its_fast_kernel_cannot_serve_with_the_graph_step(
     gpu = Trainer(model, precision="mixed", device="cuda", **kw)
     cpu.fit(x, y, epochs=2)
     gpu.fit(x, y, epochs=2)
-    assert gpu.engine == "grid" and not isinstance(gpu._engine.train_context, GridTrainContext)
+    assert gpu.engine == "graph" and not isinstance(gpu._engine.train_context, GridTrainContext)
     _assert_close(cpu, gpu, TOLERANCES["mixed"][0])
     gpu.close()
     with Trainer(model, precision="mixed", device="cuda", engine="grid", **kw) as forced:

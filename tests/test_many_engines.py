@@ -168,9 +168,10 @@ def test_mixed_precision_is_close(backend):
                      batch_size=32, precision="mixed")  # fmt: skip
     for mt in (cpu, gpu):
         mt.fit(x, y, epochs=2)
-    for sa, sb in zip(cpu.state_dicts(), gpu.state_dicts()):
-        for n in sa:
-            np.testing.assert_allclose(sb[n], sa[n], rtol=2e-2, atol=2e-3, err_msg=n)
+    for k, (sa, sb) in enumerate(zip(cpu.state_dicts(), gpu.state_dicts())):
+        for n in sa:  # the one-model engines' "mixed" bound (test_gpu_engines.TOLERANCES): |gpu - cpu| / |cpu|
+            rel = np.linalg.norm(sb[n] - sa[n]) / np.linalg.norm(sa[n])
+            assert np.isfinite(sb[n]).all() and rel < 2e-2, (k, n, rel)
 
 
 def test_too_many_models_for_one_gpu_are_refused_by_name(backend):
