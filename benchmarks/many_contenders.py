@@ -6,7 +6,8 @@ decay), on the minibatches of one shared order (`fastnn._shuffle.permutation(SEE
 by 1/255 inside the step, the cross-entropy of the batch mean. Each `run_*` runs epoch 0 (warm-up: compilation,
 capture) and epoch 1 (timed, wall clock after a device synchronization), then scores every model on the test set.
 
-- fastnn: `fastnn.MultiTrainer` (engine="gpu" on a GPU; the NumPy engine on the CPU for the dry run);
+- fastnn: `fastnn.MultiTrainer` (engine="gpu" on a GPU; the NumPy engine on the CPU for the dry run), its default
+  precision "mixed": fp32, layer 0's products on TF32 tensor cores (as JAX's default precision below);
 - jax: `jax.vmap` over the parameters, learning rates and penalties, the minibatch shared (in_axes None), the epoch
   one `jax.jit` of a `lax.scan` over its steps (a short last batch one more step in the same function), default
   precision (no precision= argument: TF32 on Hopper);
@@ -96,7 +97,7 @@ def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda",
     x, y, x_test, y_test = data
     lrs, wds, seeds = hyperparameters(wl, models)
     mt = fastnn.MultiTrainer(fastnn.MLP(wl.sizes), fastnn.SGD(lr=float(lrs[0])), lr=lrs, weight_decay=wds,
-                             seeds=seeds, shuffle_seed=SEED, batch_size=wl.batch, precision="fp32", device=device,
+                             seeds=seeds, shuffle_seed=SEED, batch_size=wl.batch, precision="mixed", device=device,
                              engine="gpu" if device == "cuda" else "numpy")  # fmt: skip
     x, y = x[: wl.samples], y[: wl.samples]
     mt.fit(x, y, epochs=1)  # epoch 0: NVRTC, capture
