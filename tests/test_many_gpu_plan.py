@@ -70,6 +70,7 @@ def test_lr_rows_and_its_refusals():
         layout.lr_rows([None, None], np.array([False, True]), 3)
 
 
+@pytest.mark.bindings  # fastnn.cuda.driver imports cuda.bindings: skipped on a CPU-only install, as CI's is
 def test_optim_records_are_optim_cuh_structs():
     recs = layout.optim_records((SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True), SGD(lr=0.2)))
     assert recs.itemsize == 28 and recs.dtype.names == ("kind", "momentum", "weight_decay", "nesterov", "beta1",
