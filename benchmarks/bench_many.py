@@ -35,12 +35,13 @@ WORKLOADS = {
     "logreg": (ManyWorkload("logreg", (784, 10), 128, 60_000, (0.02, 1.0)), (1, 32, 128, 1024)),
     "mlp-128": (ManyWorkload("mlp-128", (784, 128, 128, 128, 10), 32, 60_000, (0.005, 0.2)), (1, 32, 128)),
 }
-CONTENDERS = ("fastnn", "jax", "torch")
+#: "fastnn-fold": the GPU engine with its opt-in fold_sgd (layer 0's SGD update inside its weight-gradient GEMM).
+CONTENDERS = ("fastnn", "fastnn-fold", "jax", "torch")
 
 
 def run(contender: str, wl: ManyWorkload, k: int, data: tuple, device: str, profile: bool) -> Result:
-    if contender == "fastnn":
-        return run_fastnn(wl, k, data, device=device, profile=profile)[0]
+    if contender in ("fastnn", "fastnn-fold"):
+        return run_fastnn(wl, k, data, device=device, profile=profile, fold=contender == "fastnn-fold")[0]
     if contender == "jax":
         return run_jax(wl, k, data)[0]
     return run_torch(wl, k, data, device=device)[0]

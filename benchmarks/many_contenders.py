@@ -91,14 +91,17 @@ def _result(name: str, wl: ManyWorkload, models: int, seconds: float, device: fl
 # ---- fastnn ---------------------------------------------------------------------------------------------------
 
 
-def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda",
-               profile: bool = False) -> tuple[Result, Any]:  # fmt: skip
-    """fastnn.MultiTrainer; returns (result, the trainer) (its engine's phase profile in result when `profile`)."""
+def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda", profile: bool = False,
+               fold: bool = False) -> tuple[Result, Any]:  # fmt: skip
+    """fastnn.MultiTrainer; returns (result, the trainer) (its engine's phase profile in result when `profile`).
+    fold: the GPU engine's opt-in fold_sgd (layer 0's SGD update folded into its weight-gradient GEMM)."""
     x, y, x_test, y_test = data
     lrs, wds, seeds = hyperparameters(wl, models)
     mt = fastnn.MultiTrainer(fastnn.MLP(wl.sizes), fastnn.SGD(lr=float(lrs[0])), lr=lrs, weight_decay=wds,
                              seeds=seeds, shuffle_seed=SEED, batch_size=wl.batch, precision="mixed", device=device,
                              engine="gpu" if device == "cuda" else "numpy")  # fmt: skip
+    if fold and device == "cuda":
+        mt._engine.fold_sgd = True  # an engine switch, not yet an argument (fastnn/engine/many/gpu/engine.py)
     x, y = x[: wl.samples], y[: wl.samples]
     mt.fit(x, y, epochs=1)  # epoch 0: NVRTC, capture
     start = time.perf_counter()
@@ -106,7 +109,7 @@ def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda",
     seconds = time.perf_counter() - start
     device_s = mt.histories[0][-1]["seconds"] if device == "cuda" else None
     acc = np.array([r["accuracy"] for r in mt.evaluate(x_test, y_test)])
-    result = _result("fastnn", wl, models, seconds, device_s, acc)
+    result = _result("fastnn-fold" if fold else "fastnn", wl, models, seconds, device_s, acc)
     if profile and device == "cuda":
         result.profile = mt._engine.profile_step(step=1)  # the GPU engine's phases (fastnn/engine/many/gpu/profile.py)
     return result, mt

@@ -319,13 +319,14 @@ DGRAD(many_dgrad_gelu, 1)
 
 // ---- update ---------------------------------------------------------------------------------------------------
 // The training state is tensor-major (fastnn/engine/many/gpu/layout.py): tensor t of every model in one block,
-// model k's copy at starts[t] + k * sizes[t]. Grid (x, K): blockIdx.y is the model, so its rows, optimizer, rate
+// model k's copy at starts[t] + k * sizes[t]; tensors whose bit is set in `skip` are left alone. Grid (x, K):
+// blockIdx.y is the model, so its rows, optimizer, rate
 // and step constants are read once per thread; the x blocks stride over each of its tensors (contiguous: coalesced).
 extern "C" __global__ void many_update(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ s1,
                                        float* __restrict__ s2, const u64* __restrict__ starts,
-                                       const u32* __restrict__ sizes, int tensors, const OptimParams* __restrict__ opt,
-                                       const float* __restrict__ lr, int lr_stride, const u64* __restrict__ step0,
-                                       const Step st) {
+                                       const u32* __restrict__ sizes, int tensors, u32 skip,
+                                       const OptimParams* __restrict__ opt, const float* __restrict__ lr,
+                                       int lr_stride, const u64* __restrict__ step0, const Step st) {
     const int k = blockIdx.y;
     int s;
     if (model_rows(st, k, &s) == 0) return;
@@ -336,6 +337,7 @@ extern "C" __global__ void many_update(float* __restrict__ w, const float* __res
     const OptimStep os = adamw ? optim_step<OPTIM_ADAMW>(p, rate, t) : optim_step<OPTIM_SGD>(p, rate, t);
     const int states = adamw ? 2 : optim_states<OPTIM_SGD>(p);
     for (int ti = 0; ti < tensors; ++ti) {
+        if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
         const u64 base = starts[ti] + (u64)k * sizes[ti];
         for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
             const u64 i = base + j;
@@ -372,4 +374,63 @@ extern "C" __global__ void many_check(const float* __restrict__ w, const float* 
         }
     }
     if (flags) atomicOr(bad + k, flags);
+}
+
+// ---- folded SGD of layer 0 (engine.py's fold_sgd: plain SGD, every model, one stream) ---------------------------
+// Layer 0's weights of model k are held as wscale[k] * V_k during an epoch. Plain SGD with L2,
+// w' = (1 - lr wd) w - lr g, is then V' = V - (lr / wscale') g with wscale' = (1 - lr wd) wscale: the weight-
+// gradient GEMM adds -(dZ')^T X into V in place (beta = 1), dZ' being dZ with model k's columns scaled by
+// lr_k / wscale'_k, so the weights are read and written once a step and no gradient array is stored. The forward
+// GEMM makes X V^T; many_scale_bias turns it into z = wscale X V^T + b. many_unscale folds wscale back into the
+// weights at the epoch's end, so outside an epoch the state holds the weights themselves.
+
+// z[r][k][o] = wscale[k] * z[r][k][o] + b0[k][o] for the rows of stream 0. Grid (ceil(K out / 256), batch), block 256.
+extern "C" __global__ void many_scale_bias(float* __restrict__ z, const float* __restrict__ params, u64 b_off, int out,
+                                           int models, const float* __restrict__ wscale, const Step st) {
+    const int r = blockIdx.y;
+    if (r >= stream_rows(st, 0)) return;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= models * out) return;
+    const u64 at = (u64)r * models * out + j;
+    z[at] = fmaf(wscale[j / out], z[at], params[b_off + j]);
+}
+
+// Per model (grid K, block 256): the bias gradient (dZ's column sums) and its SGD update with L2, then dZ's columns
+// scaled by lr / wscale' for the accumulating GEMM, and wscale' stored. A model that does not train has its dZ
+// columns zeroed (they may hold anything: a diverged model's NaN), so the GEMM leaves its weights alone.
+extern "C" __global__ void many_fold_sgd(float* __restrict__ dz, int out, int models, float* __restrict__ params,
+                                         u64 b_off, float* __restrict__ wscale, const OptimParams* __restrict__ opt,
+                                         const float* __restrict__ lr, int lr_stride, const Step st) {
+    const int k = blockIdx.x;
+    int s;
+    const int rows = model_rows(st, k, &s);
+    if (rows == 0) {
+        for (int i = threadIdx.x; i < st.batch * out; i += blockDim.x)
+            dz[((u64)(i / out) * models + k) * out + i % out] = 0.f;
+        return;
+    }
+    const OptimParams p = opt[k];
+    const float rate = lr[(u64)k * lr_stride + st.step];
+    const OptimStep os = optim_step<OPTIM_SGD>(p, rate, 1);
+    for (int o = threadIdx.x; o < out; o += blockDim.x) {
+        float g = 0.f;
+        for (int r = 0; r < rows; ++r) g += dz[((u64)r * models + k) * out + o];
+        float b = params[b_off + (u64)k * out + o], m = 0.f, v = 0.f;
+        optim_update<OPTIM_SGD>(p, os, 0, g, b, m, v);
+        params[b_off + (u64)k * out + o] = b;
+    }
+    __syncthreads();  // every column sum read dZ before it is scaled
+    const float scale_new = wscale[k] * __fmaf_rn(-rate, p.weight_decay, 1.f);
+    const float c = rate / scale_new;
+    for (int i = threadIdx.x; i < rows * out; i += blockDim.x) dz[((u64)(i / out) * models + k) * out + i % out] *= c;
+    if (threadIdx.x == 0) wscale[k] = scale_new;
+}
+
+// W0_k *= wscale[k] at the epoch's end (the host sets wscale back to 1 before the next). Grid (x, K), block 256.
+extern "C" __global__ void many_unscale(float* __restrict__ params, u64 w_off, u64 size,
+                                        const float* __restrict__ wscale) {
+    const int k = blockIdx.y;
+    const float sk = wscale[k];
+    float* w = params + w_off + (u64)k * size;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < size; j += (u64)gridDim.x * blockDim.x) w[j] *= sk;
 }

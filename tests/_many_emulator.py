@@ -184,15 +184,17 @@ def make_cublaslt(heap: Heap) -> types.SimpleNamespace:
 
         def __call__(self, a, b, c, d, stream, *, bias=0, aux=0, alpha=1.0, beta=0.0) -> None:
             if stream.recording is not None:
-                stream.recording.append((self, None, (a, b, c, d, bias)))
+                stream.recording.append((self, None, (a, b, c, d, bias, alpha, beta)))
             else:
-                self.run(a, b, c, d, bias)
+                self.run(a, b, c, d, bias, alpha, beta)
 
-        def run(self, a, b, c, d, bias) -> None:
+        def run(self, a, b, c, d, bias, alpha=1.0, beta=0.0) -> None:
             m, n, k = self.m, self.n, self.k
             op_a = self._matrix(a, k, m, self.lda).T if self.transa else self._matrix(a, m, k, self.lda)
             op_b = self._matrix(b, n, k, self.ldb).T if self.transb else self._matrix(b, k, n, self.ldb)
-            out = op_a @ op_b
+            out = np.float32(alpha) * (op_a @ op_b)
+            if beta:
+                out = out + np.float32(beta) * self._matrix(c or d, m, n, self.ldc)
             if self.epilogue == real.Epilogue.BIAS:
                 out = out + heap.view(bias, np.float32, m)[:, None]
             elif self.epilogue == real.Epilogue.BGRADB:
@@ -403,8 +405,8 @@ def _blocks(heap: Heap, starts: int, sizes: int, tensors: int, models: int) -> l
 
 
 def _update(heap: Heap, grid, args) -> None:
-    w, g, s1, s2, starts, sizes, tensors, opt, lr, lr_stride, step0, st = args
-    tensors, models, lr_stride, st = _v(tensors), grid[1], _v(lr_stride), _step(st)
+    w, g, s1, s2, starts, sizes, tensors, skip, opt, lr, lr_stride, step0, st = args
+    tensors, models, lr_stride, st, skip = _v(tensors), grid[1], _v(lr_stride), _step(st), _v(skip)
     records = heap.view(_v(opt), np.dtype(_OPT_FIELDS), models)
     blocks = _blocks(heap, _v(starts), _v(sizes), tensors, models)
     for k in range(models):
@@ -414,7 +416,9 @@ def _update(heap: Heap, grid, args) -> None:
         p = records[k]
         rate = float(heap.view(_v(lr) + 4 * (k * lr_stride + st["step"]), np.float32, 1)[0])
         t = int(heap.view(_v(step0) + 8 * k, np.uint64, 1)[0]) + st["step"] + 1
-        for first, size in blocks:
+        for t_index, (first, size) in enumerate(blocks):
+            if skip >> t_index & 1:
+                continue
             at = 4 * (first + k * size)
             wk = heap.view(_v(w) + at, np.float32, size)
             gk = heap.view(_v(g) + at, np.float32, size)
@@ -450,12 +454,53 @@ def _check(heap: Heap, grid, args) -> None:
                     flags[k] |= 4
 
 
+def _scale_bias(heap: Heap, grid, args) -> None:
+    z, params, b_off, out, models, wscale, st = args
+    b_off, out, models, st = _v(b_off), _v(out), _v(models), _step(st)
+    g = int(heap.view(st["stream_group"], np.int32, 1)[0])
+    rows = rows_at(int(heap.view(st["group_n"] + 4 * g, np.uint32, 1)[0]), st["step"], st["batch"],
+                   bool(st["drop_last"]))  # fmt: skip
+    zz = heap.view(_v(z), np.float32, rows * models * out).reshape(rows, models, out)
+    scale = heap.view(_v(wscale), np.float32, models)
+    bias = heap.view(_v(params) + 4 * b_off, np.float32, models * out).reshape(models, out)
+    zz[:] = scale[None, :, None] * zz + bias[None]
+
+
+def _fold_sgd(heap: Heap, grid, args) -> None:
+    dz, out, models, params, b_off, wscale, opt, lr, lr_stride, st = args
+    out, models, b_off, lr_stride, st = _v(out), _v(models), _v(b_off), _v(lr_stride), _step(st)
+    records = heap.view(_v(opt), np.dtype(_OPT_FIELDS), models)
+    scale = heap.view(_v(wscale), np.float32, models)
+    for k in range(models):
+        rows, _ = _model_rows(heap, st, k)
+        if rows == 0:
+            _rows_of(heap, _v(dz), k, models, out, st["batch"])[:] = 0
+            continue
+        p = records[k]
+        rate = np.float32(heap.view(_v(lr) + 4 * (k * lr_stride + st["step"]), np.float32, 1)[0])
+        d = _rows_of(heap, _v(dz), k, models, out, rows)
+        o = SGD(lr=float(rate), weight_decay=float(p["weight_decay"]))
+        sgd_step(o, heap.view(_v(params) + 4 * (b_off + k * out), np.float32, out), d.sum(axis=0), {}, float(rate))
+        new = scale[k] * (np.float32(1) - rate * p["weight_decay"])
+        d *= rate / new
+        scale[k] = new
+
+
+def _unscale(heap: Heap, grid, args) -> None:
+    params, w_off, size, wscale = args
+    w_off, size = _v(w_off), _v(size)
+    scale = heap.view(_v(wscale), np.float32, grid[1])
+    for k in range(grid[1]):
+        heap.view(_v(params) + 4 * (w_off + k * size), np.float32, size)[:] *= scale[k]
+
+
 KERNELS = {
     "many_gather_u8": _gather(np.uint8), "many_gather_f32": _gather(np.float32),
     "many_forward_x": _forward(None), "many_forward_relu": _forward("relu"), "many_forward_gelu": _forward("gelu"),
     "many_xent": _xent, "many_mse": _mse, "many_wgrad_x": _wgrad(None), "many_wgrad_relu": _wgrad("relu"),
     "many_wgrad_gelu": _wgrad("gelu"), "many_dgrad_relu": _dgrad("relu"), "many_dgrad_gelu": _dgrad("gelu"),
-    "many_update": _update, "many_check": _check,
+    "many_update": _update, "many_check": _check, "many_scale_bias": _scale_bias, "many_fold_sgd": _fold_sgd,
+    "many_unscale": _unscale,
 }  # fmt: skip
 
 assert ctypes  # the arguments are ctypes values (fastnn.cuda.driver's arg_*): read with .value / struct fields

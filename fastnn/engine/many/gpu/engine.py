@@ -16,6 +16,7 @@ import numpy as np
 
 from ...._data import input_affine
 from ...._errors import ConfigError, TrainingDiverged
+from ...._optim import SGD
 from ...._shuffle import split_u64
 from ...._state import state_problem
 from ....cuda import cublaslt, driver, nvrtc
@@ -101,7 +102,12 @@ class ManyGpuEngine(ManyEngine):
         self.fast_layer0 = True
         self._lt: cublaslt.Handle | None = None
         self._workspace: cublaslt.Workspace | None = None
-        self._fast: dict[str, dict[int, cublaslt.Matmul]] = {"forward": {}, "wgrad": {}}
+        self._fast: dict[str, dict[int, cublaslt.Matmul]] = {"forward": {}, "wgrad": {}, "forward_raw": {},
+                                                             "wgrad_acc": {}}  # fmt: skip
+        #: Opt-in (benchmarks/bench_many.py --fold): where layer 0 is one GEMM and every model takes plain SGD (no
+        #: momentum), fold layer 0's update into its weight-gradient GEMM (native/many.cu's many_fold_sgd): the
+        #: weights are read and written once a step and no gradient is stored. Same math, other roundings.
+        self.fold_sgd = False
         own = self._res.own
         try:
             self.dev = driver.get_device(ordinal)
@@ -128,6 +134,7 @@ class ManyGpuEngine(ManyEngine):
             self.eval_hist = own(driver.DeviceBuffer(k * 16))
             self.sse = own(driver.DeviceBuffer(k * model.classes * 8))
             self.bad = own(driver.DeviceBuffer(k * 4))
+            self.wscale = own(driver.DeviceBuffer(k * 4))  # layer 0's weight scales under fold_sgd
             self.opt = own(driver.DeviceBuffer(k * layout.optim_records(config.optimizers).itemsize))
             self.opt.upload(layout.optim_records(config.optimizers))
             self.step0 = own(driver.DeviceBuffer(k * 8))
@@ -189,8 +196,12 @@ class ManyGpuEngine(ManyEngine):
             params=arrays[0], s1=s1, s2=s2, grads=self.grads.ptr, z=tuple(b.ptr for b in self.z),
             dz=tuple(b.ptr for b in self.dz), xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words,
             seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr, lr=self.lr.ptr, lr_stride=self._lr_steps,
-            step0=self.step0.ptr, fast=self._fast,
+            step0=self.step0.ptr, fast=self._fast, wscale=self.wscale.ptr,
         )  # fmt: skip
+
+    def _folding(self) -> bool:
+        """Whether epochs of one stream fold layer 0's update into its GEMM: fold_sgd, and plain SGD for all."""
+        return self.fold_sgd and all(isinstance(o, SGD) and o.momentum == 0 for o in self.config.optimizers)
 
     def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int) -> list[int]:
         """Rows of each step for layer 0's cuBLASLt GEMMs (all 0: the per-model kernels), their plans made now
@@ -211,7 +222,7 @@ class ManyGpuEngine(ManyEngine):
         """The cuBLASLt plans of layer 0 for `rows` rows: Z (rows, K * out) = X W0^T + b0 (column-major: Z^T =
         W0cat X^T, W0cat read transposed), and dW0cat = X^T dZ read as D (in, K * out) with db0 = dZ's column
         sums (BGRADB). fp32 data; TF32 tensor cores unless precision="fp32"."""
-        if rows in self._fast["forward"]:
+        if rows in self._fast["forward"] and (rows in self._fast["forward_raw"] or not self._folding()):
             return
         lt = cublaslt
         if self._lt is None:
@@ -230,6 +241,13 @@ class ManyGpuEngine(ManyEngine):
         self._res.own(wgrad)
         self._fast["forward"][rows] = fwd
         self._fast["wgrad"][rows] = wgrad
+        if self._folding():  # X V^T without the bias (many_scale_bias adds it), and V += -(dZ')^T X in place
+            self._fast["forward_raw"][rows] = self._res.own(lt.Matmul(
+                self._lt, m, rows, d, transa=True, transb=False, ab_type=f32, cd_type=f32, compute=compute, lda=d,
+                ldb=d, ldc=m, workspace=self._workspace))  # fmt: skip
+            self._fast["wgrad_acc"][rows] = self._res.own(lt.Matmul(
+                self._lt, d, m, rows, transa=False, transb=True, ab_type=f32, cd_type=f32, compute=compute, lda=d,
+                ldb=m, ldc=d, workspace=self._workspace))  # fmt: skip
 
     def _tables(self, data: _DataSet, n_streams: int) -> kernels.StepTables:
         scale, shift = input_affine(data.dtype, self.config.normalize)
@@ -276,6 +294,7 @@ class ManyGpuEngine(ManyEngine):
         self.step0.upload(np.asarray(steps, dtype=np.uint64))
         self.hist.memset(0)
         self.bad.memset(0)
+        self.wscale.upload(np.ones(self.count, dtype=np.float32))
         return self._tables(data, n_streams), n_steps
 
     def timing_event(self) -> driver.Event:
@@ -290,7 +309,8 @@ class ManyGpuEngine(ManyEngine):
 
     def _epoch_graph(self, tables: kernels.StepTables, steps: int, group_n: int) -> driver.GraphExec:
         fast = self._fast_rows(tables, group_n, steps)
-        key = (tables.streams, steps, tuple(fast))
+        fold = self._folding() and any(fast)
+        key = (tables.streams, steps, tuple(fast), fold)
         graph = self._graphs.get(key)
         if graph is None:
             # The tables' contents change from epoch to epoch; their addresses, which the graph holds, do not.
@@ -298,7 +318,9 @@ class ManyGpuEngine(ManyEngine):
             self.stream.begin_capture()
             try:
                 for s in range(steps):
-                    kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr, fast[s])
+                    kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr, fast[s], fold)
+                if fold:  # the weights themselves again, before the check, the snapshot's restore, evaluation
+                    kernels.record_unscale(net)
             finally:
                 captured = self.stream.end_capture()
             try:

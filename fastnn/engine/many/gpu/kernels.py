@@ -23,7 +23,7 @@ Node = tuple[str, Callable[[], None]]
 KERNELS = (
     "many_gather_u8", "many_gather_f32", "many_forward_x", "many_forward_relu", "many_forward_gelu", "many_xent",
     "many_mse", "many_wgrad_x", "many_wgrad_relu", "many_wgrad_gelu", "many_dgrad_relu", "many_dgrad_gelu",
-    "many_update", "many_check",
+    "many_update", "many_check", "many_scale_bias", "many_fold_sgd", "many_unscale",
 )  # fmt: skip
 #: native/many.cu's Step, field for field: (name, type); pointers travel as u64.
 STEP_FIELDS = (
@@ -98,8 +98,10 @@ class Net:
     lr: int  #: float32 (K, lr_stride)
     lr_stride: int
     step0: int  #: uint64 (K,)
-    #: Layer 0 of every model as one cuBLASLt GEMM (a pass of one stream): {"forward": {rows: plan}, "wgrad": ...}
+    #: Layer 0 of every model as one cuBLASLt GEMM (a pass of one stream): {"forward": {rows: plan}, "wgrad": ...};
+    #: with fold_sgd also "forward_raw" (no bias) and "wgrad_acc" (accumulating into the weights)
     fast: dict | None = None
+    wscale: int = 0  #: float32 (K,): layer 0's weight scale of each model under fold_sgd
 
 
 def _grid2(cols: int, rows: int, models: int) -> tuple[int, int, int]:
@@ -116,13 +118,24 @@ def _gather_node(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: 
                              (GATHER_THREADS, 1, 1), args, net.stream)  # fmt: skip
 
 
-def forward_nodes(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool,
-                  fast_rows: int = 0) -> list[Node]:  # fmt: skip
+def forward_nodes(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool, fast_rows: int = 0,
+                  fold: bool = False) -> list[Node]:  # fmt: skip
     """The gather of `step` and every layer's forward, named and ready to queue. fast_rows > 0 (one stream with that
-    many rows at this step): layer 0 of all models is one cuBLASLt GEMM, Z (rows, K * out) = X W0^T + b0."""
+    many rows at this step): layer 0 of all models is one cuBLASLt GEMM, Z (rows, K * out) = X W0^T + b0; with
+    `fold` (fold_sgd) the GEMM makes X V^T and many_scale_bias the rest (native/many.cu)."""
     st = step_arg(t, step, net.batch, drop_last, shuffled)
     nodes = [_gather_node(net, t, step, shuffled, drop_last)]
     for i, (fan_in, fan_out) in enumerate(zip(net.sizes[:-1], net.sizes[1:])):
+        if i == 0 and fast_rows and fold:
+            plan = net.fast["forward_raw"][fast_rows]  # type: ignore[index]
+            nodes.append(("forward0", partial(plan, 4 * net.w_offsets[0] + net.params, net.xb, 0, net.z[0],
+                                              net.stream)))  # fmt: skip
+            args = [arg_ptr(net.z[0]), arg_ptr(net.params), arg_u64(net.b_offsets[0]), arg_i32(fan_out),
+                    arg_i32(net.models), arg_ptr(net.wscale), st]  # fmt: skip
+            nodes.append(("scale_bias0", partial(net.mod.function("many_scale_bias").launch,
+                                                 (-(-net.models * fan_out // ELEMENTWISE_THREADS), net.batch, 1),
+                                                 (ELEMENTWISE_THREADS, 1, 1), args, net.stream)))  # fmt: skip
+            continue
         if i == 0 and fast_rows:
             plan = net.fast["forward"][fast_rows]  # type: ignore[index]
             nodes.append(("forward0", partial(plan, 4 * net.w_offsets[0] + net.params, net.xb, 0, net.z[0],
@@ -151,16 +164,27 @@ def loss_node(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: boo
     return "loss", partial(net.mod.function(name).launch, (net.models, 1, 1), (LOSS_THREADS, 1, 1), args, net.stream)
 
 
-def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0) -> list[Node]:
+def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0,
+               fold: bool = False) -> list[Node]:  # fmt: skip
     """Training step `step` of every model whose stream has rows at it, top to bottom: gather, forward per layer,
     loss, per layer (last first) weight and input gradients, update. Named, so the profile can time each.
-    fast_rows > 0: layer 0's forward and weight gradient as one cuBLASLt GEMM each (see forward_nodes)."""
-    nodes = forward_nodes(net, t, step, True, drop_last, fast_rows)
+    fast_rows > 0: layer 0's forward and weight gradient as one cuBLASLt GEMM each (see forward_nodes); with `fold`
+    layer 0's SGD update is folded into its weight-gradient GEMM (many_fold_sgd, then the GEMM accumulates)."""
+    nodes = forward_nodes(net, t, step, True, drop_last, fast_rows, fold)
     nodes.append(loss_node(net, t, step, drop_last, True, hist, net.dz[-1]))
     st = step_arg(t, step, net.batch, drop_last, True)
     for i in reversed(range(len(net.sizes) - 1)):
         fan_in, fan_out = net.sizes[i], net.sizes[i + 1]
-        if i == 0 and fast_rows:  # dW0 (K * out, in) = dZ^T X and db0 = dZ's column sums (BGRADB)
+        if i == 0 and fast_rows and fold:  # bias update and dZ scaled, then V -= dZ'^T X in place (beta = 1)
+            args = [arg_ptr(net.dz[0]), arg_i32(fan_out), arg_i32(net.models), arg_ptr(net.params),
+                    arg_u64(net.b_offsets[0]), arg_ptr(net.wscale), arg_ptr(net.opt), arg_ptr(net.lr),
+                    arg_i32(net.lr_stride), st]  # fmt: skip
+            nodes.append(("fold0", partial(net.mod.function("many_fold_sgd").launch, (net.models, 1, 1),
+                                           (LOSS_THREADS, 1, 1), args, net.stream)))  # fmt: skip
+            v = 4 * net.w_offsets[0] + net.params
+            plan = net.fast["wgrad_acc"][fast_rows]  # type: ignore[index]
+            nodes.append(("wgrad0", partial(plan, net.xb, net.dz[0], v, v, net.stream, alpha=-1.0, beta=1.0)))
+        elif i == 0 and fast_rows:  # dW0 (K * out, in) = dZ^T X and db0 = dZ's column sums (BGRADB)
             plan = net.fast["wgrad"][fast_rows]  # type: ignore[index]
             nodes.append(("wgrad0", partial(plan, net.xb, net.dz[0], 0, 4 * net.w_offsets[0] + net.grads, net.stream,
                                             bias=4 * net.b_offsets[0] + net.grads)))  # fmt: skip
@@ -179,8 +203,8 @@ def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, f
                                                _grid2(fan_in, net.batch, net.models), (TILE, TILE, 1), args,
                                                net.stream)))  # fmt: skip
     args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts),
-            arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_ptr(net.opt), arg_ptr(net.lr),
-            arg_i32(net.lr_stride), arg_ptr(net.step0), st]  # fmt: skip
+            arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_u32(0b11 if fast_rows and fold else 0),
+            arg_ptr(net.opt), arg_ptr(net.lr), arg_i32(net.lr_stride), arg_ptr(net.step0), st]  # fmt: skip
     nodes.append(("update", partial(net.mod.function("many_update").launch, per_model_grid(net),
                                     (ELEMENTWISE_THREADS, 1, 1), args, net.stream)))  # fmt: skip
     return nodes
@@ -198,10 +222,21 @@ def record_loss(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: b
     loss_node(net, t, step, drop_last, shuffled, hist, dz, sse)[1]()
 
 
-def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0) -> None:
+def record_step(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, fast_rows: int = 0,
+                fold: bool = False) -> None:  # fmt: skip
     """Queue training step `step` (`step_nodes`)."""
-    for _, queue in step_nodes(net, t, step, drop_last, hist, fast_rows):
+    for _, queue in step_nodes(net, t, step, drop_last, hist, fast_rows, fold):
         queue()
+
+
+def record_unscale(net: Net) -> None:
+    """Queue the fold of layer 0's weight scales back into its weights (the end of a fold_sgd epoch)."""
+    size = net.per_model_sizes[0]
+    blocks = max(1, min(-(-size // (4 * ELEMENTWISE_THREADS)), -(-net.sm_count * 8 // net.models)))
+    net.mod.function("many_unscale").launch(
+        (blocks, net.models, 1), (ELEMENTWISE_THREADS, 1, 1),
+        [arg_ptr(net.params), arg_u64(net.w_offsets[0]), arg_u64(size), arg_ptr(net.wscale)], net.stream,
+    )  # fmt: skip
 
 
 def record_check(net: Net, half: bool, bad: int) -> None:

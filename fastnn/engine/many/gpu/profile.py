@@ -28,7 +28,8 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[s
     tables, steps = eng.prepare_epoch(active, np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), lrs)
     step = min(step, steps - 1)
     fast = eng._fast_rows(tables, int(eng._train.tables.n[eng._train.group[0]]), steps)  # as the epoch's graph
-    nodes = kernels.step_nodes(eng._net(), tables, step, eng.config.drop_last, eng.hist.ptr, fast[step])
+    fold = eng._folding() and any(fast)
+    nodes = kernels.step_nodes(eng._net(), tables, step, eng.config.drop_last, eng.hist.ptr, fast[step], fold)
     events = [eng.timing_event() for _ in range(len(nodes) + 1)]
     times = np.zeros((repeats, len(nodes)))
     try:
@@ -42,5 +43,5 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[s
     finally:
         for e in events:
             e.close()
-        eng.state.upload(saved)
+        eng.state.upload(saved)  # (and the next epoch sets the weight scales of fold_sgd back to 1)
     return {name: float(t) for (name, _), t in zip(nodes, np.median(times, axis=0))}
