@@ -220,3 +220,22 @@ def test_fold_sgd_equals_numpy(backend, sizes, batch):
         mt.fit(x, y, epochs=1)
     _close(cpu, gpu, (10 * backend[0], 10 * backend[1]))
     assert gpu._engine._fast["wgrad_acc"]  # the folded path trained
+
+
+def test_the_same_training_set_is_not_uploaded_again(backend):
+    """A second fit on the same x (y checked into a new array, masks into new row lists) keeps the uploaded set and
+    the captured epoch; a new x array is uploaded."""
+    x, y = _data()
+    masks = np.stack([np.arange(96) % 2 == k % 2 for k in range(2)])
+    cpu, gpu = _pair(MLP([10, 3]), SGD(lr=0.1), models=2, batch_size=16)
+    for mt in (cpu, gpu):
+        mt.fit(x, y, epochs=1, masks=masks)
+    data, graphs = gpu._engine._train, dict(gpu._engine._graphs)
+    for mt in (cpu, gpu):
+        mt.fit(x, list(y), epochs=1, masks=masks.copy())
+    assert gpu._engine._train is data and all(gpu._engine._graphs[k] is g for k, g in graphs.items())
+    x2 = x[::-1].copy()
+    for mt in (cpu, gpu):
+        mt.fit(x2, y, epochs=1, masks=masks)
+    assert gpu._engine._train is not data
+    _close(cpu, gpu, backend)

@@ -63,8 +63,15 @@ class _DataSet:
             raise
 
     def same(self, x: np.ndarray, y: np.ndarray, rows: list[np.ndarray] | None) -> bool:
+        """Whether (x, y, rows) is the set already here: x the same array (as the GPU engines know a training set:
+        by identity, docs/guide/data.md), y and the rows equal (each fit checks y into a new array, and masks into
+        new row lists)."""
         sx, sy, srows = self.source
-        return sx is x and sy is y and srows is rows
+        if sx is not x or not (sy is y or (sy.shape == y.shape and np.array_equal(sy, y))):
+            return False
+        if srows is None or rows is None:
+            return srows is rows
+        return len(srows) == len(rows) and all(a is b or np.array_equal(a, b) for a, b in zip(srows, rows))
 
     def close(self) -> None:
         self._res.release()
