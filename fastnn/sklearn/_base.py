@@ -354,7 +354,7 @@ class FastnnEstimator(BaseEstimator):
             X, y, eval_data = X[train], y[train], (X[val], y[val])
             plateau.score, plateau.trainer = self._validation_score(eval_data[1]), trainer
         steps = steps_per_epoch(X.shape[0], trainer.config.batch_size, trainer.config.drop_last)
-        left, converged = int(self.max_iter), False
+        left, converged, why = int(self.max_iter), False, f"max_iter={self.max_iter} epochs reached"
         try:
             while left > 0:
                 rate.begin(trainer.step, self.t_, X.shape[0], steps)
@@ -364,8 +364,13 @@ class FastnnEstimator(BaseEstimator):
                 left -= len(history)
                 if not plateau.triggered:
                     break
-                if self.learning_rate != "adaptive" or rate.lr <= _ADAPTIVE_MIN_LR:
+                verdict = self._at_plateau(X, y)  # None: the plateau is the stopping rule
+                if verdict is True:
                     converged = True
+                    break
+                if self.learning_rate != "adaptive" or rate.lr <= _ADAPTIVE_MIN_LR:
+                    converged = verdict is None
+                    why = f"stopped at a plateau of the learning rate {rate.lr:.3g}"
                     break
                 rate.lr /= 5.0
                 plateau.count, plateau.triggered = 0, False
@@ -384,10 +389,18 @@ class FastnnEstimator(BaseEstimator):
             self.best_loss_ = plateau.best_loss
         if not converged:
             warnings.warn(
-                f"{type(self).__name__}: max_iter={self.max_iter} epochs reached without convergence (tol={self.tol})",
+                f"{type(self).__name__}: {why} without convergence (tol={self.tol}){self._unconverged_hint()}",
                 ConvergenceWarning,
                 stacklevel=3,
             )
+
+    def _at_plateau(self, X: np.ndarray, y: np.ndarray) -> bool | None:
+        """At a plateau of the training loss: True if converged, False if not (go on with a smaller rate under
+        "adaptive"), None if the plateau itself is the stopping rule (scikit-learn's MLPs)."""
+        return None
+
+    def _unconverged_hint(self) -> str:
+        return ""
 
     def _fit_one_epoch(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
         """`partial_fit`'s training: one epoch; the stopping count goes on across calls, and with "adaptive" a
