@@ -98,7 +98,10 @@ class History:
 
                 fig = Figure(figsize=(10, 4))
         except ImportError as exc:
-            raise ImportError("History.plot needs matplotlib: pip install matplotlib") from exc
+            from ._install import pip_install
+
+            hint = f"{pip_install('plot')}, or pip install matplotlib"
+            raise ImportError(f"History.plot needs matplotlib: {hint}") from exc
         ax_loss, ax_acc = fig.subplots(1, 2)
         epochs = self["epoch"]
         for ax, field in ((ax_loss, "loss"), (ax_acc, "accuracy")):

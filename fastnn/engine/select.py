@@ -20,12 +20,12 @@ these, with its name in ENGINES (and KERNEL_ENGINES, with a branch in `_kernel_e
 from __future__ import annotations
 
 import reprlib
-import warnings
 from collections.abc import Callable
 
 import numpy as np
 
 from .._errors import ConfigError, DeviceUnavailable
+from .._warn import warn_at_caller
 from .base import Engine, EngineConfig
 
 __all__ = [
@@ -48,7 +48,7 @@ def _warn_once(message: str, stacklevel: int) -> None:
     if message in _warned:
         return
     _warned.add(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+    warn_at_caller(message, RuntimeWarning)  # the user's line, whatever `stacklevel` the path counted
 
 
 class EngineRefused(ConfigError):

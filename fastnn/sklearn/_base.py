@@ -24,6 +24,7 @@ from .._model import MLP
 from .._optim import SGD, AdamW
 from .._state import MAX_EPOCH
 from .._trainer import Trainer
+from .._warn import warn_at_caller
 from ..engine.base import steps_per_epoch
 from ..engine.select import EngineRefused
 
@@ -388,10 +389,9 @@ class FastnnEstimator(BaseEstimator):
             self.best_validation_score_ = None
             self.best_loss_ = plateau.best_loss
         if not converged:
-            warnings.warn(
+            warn_at_caller(
                 f"{type(self).__name__}: {why} without convergence (tol={self.tol}){self._unconverged_hint()}",
                 ConvergenceWarning,
-                stacklevel=3,
             )
 
     def _at_plateau(self, X: np.ndarray, y: np.ndarray) -> bool | None:

@@ -35,10 +35,10 @@ class LogisticRegression(FastnnClassifier):
     for more than `n_iter_no_change` epochs. Short of it, the default `learning_rate="adaptive"` divides the
     rate by 5 and goes on; a ConvergenceWarning says when `max_iter` epochs, or a plateau of a rate that can
     no longer fall, come first. On `make_classification(15000 x 50, 3 classes)` with C=1 this ends within 1e-5
-    of scikit-learn's objective (float32 steps settle at a gradient near 7e-4, so it warns at `max_iter`). Two limits: the intercept is penalised too (fastnn's weight decay covers every
-    parameter), which moves the optimum where the intercepts are large (+0.8% on standardised `load_digits`);
-    and minibatch steps converge slowly where the penalty is weak against near-separable data (there
-    `max_iter` runs out, with a ConvergenceWarning).
+    of scikit-learn's objective (float32 steps settle at a gradient near 7e-4, so it warns at `max_iter`). Two
+    limits: the intercept is penalised too (fastnn's weight decay covers every parameter), which moves the
+    optimum where the intercepts are large (+0.8% on standardised `load_digits`); and minibatch steps converge
+    slowly where the penalty is weak against near-separable data (there `max_iter` runs out, with a warning).
 
     Args:
         penalty: "l2" or None (no penalty, as C=numpy.inf).
