@@ -7,7 +7,7 @@ its first use. The public API is `__all__` and the modules `fastnn.datasets`, `f
 
 from . import schedules
 from ._control import EarlyStopping, StopTraining
-from ._errors import ConfigError, DataError, DeviceUnavailable, FastnnError, TrainingDiverged
+from ._errors import ConfigError, DataError, DeviceUnavailable, FastnnError, NotFittedError, TrainingDiverged
 from ._history import History
 from ._model import MLP
 from ._multi import MultiTrainer
@@ -27,6 +27,7 @@ __all__ = [
     "FastnnError",
     "History",
     "MultiTrainer",
+    "NotFittedError",
     "StopTraining",
     "Trainer",
     "TrainingDiverged",
@@ -38,7 +39,7 @@ __all__ = [
 # The errors live in an internal module; a traceback names them as users import and catch them
 # (`fastnn.DataError: ...`, not `fastnn._errors.DataError`), and they pickle by that name. Other classes keep their
 # real module, which `inspect.getsource` and `typing.get_type_hints` read.
-for _error in (ConfigError, DataError, DeviceUnavailable, FastnnError, StopTraining, TrainingDiverged):
+for _error in (ConfigError, DataError, DeviceUnavailable, FastnnError, NotFittedError, StopTraining, TrainingDiverged):
     _error.__module__ = __name__
 del _error
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["FastnnError", "ConfigError", "DataError", "DeviceUnavailable", "StopTraining", "TrainingDiverged"]
+__all__ = [
+    "FastnnError",
+    "ConfigError",
+    "DataError",
+    "DeviceUnavailable",
+    "NotFittedError",
+    "StopTraining",
+    "TrainingDiverged",
+]
 
 
 class FastnnError(Exception):
@@ -19,6 +27,11 @@ class DataError(FastnnError, ValueError):
 
 class DeviceUnavailable(FastnnError, RuntimeError):
     """The requested device cannot be used; the message says why and how to fix it."""
+
+
+class NotFittedError(FastnnError, RuntimeError):
+    """`predict` or `predict_proba` was called on a trainer that has neither trained nor been given weights: it
+    would answer from its random initial weights."""
 
 
 class StopTraining(FastnnError):

@@ -18,7 +18,7 @@ import numpy as np
 from ._checks import integer
 from ._control import Callback, EarlyStopping
 from ._data import check_normalize
-from ._errors import ConfigError, DataError, FastnnError
+from ._errors import ConfigError, DataError, FastnnError, NotFittedError
 from ._fit import FitRun, check_fit, plan_run, take_part
 from ._gpu_arrays import CudaArray
 from ._history import History
@@ -156,6 +156,7 @@ class Trainer:
         self._fit_lock = threading.Lock()  # makes fit's check-and-set of _fitting one step: two threads can't pass
         self.epoch = 0  #: epochs trained so far, over every fit call; keys the next epoch's shuffle
         self.step = 0  #: optimizer steps taken so far; the schedule and AdamW's bias correction count these
+        self._given_weights = False  # load_state_dict or load set them: predict may answer before any epoch
         self.history = History()  #: every epoch ever trained by this trainer (fit returns one call's)
 
     # ---- properties -------------------------------------------------------------------------------------------
@@ -321,6 +322,7 @@ class Trainer:
             raise ConfigError("predict_proba is for classifiers; this trainer is a regression (loss='mse'): "
                               "use predict")  # fmt: skip
         x = self._inputs(x, "x")
+        self._check_weights("predict_proba")  # after the input's checks: a bad x is named first
         return self._engine.predict_proba(x)
 
     def predict(self, x: Any) -> np.ndarray:
@@ -329,7 +331,9 @@ class Trainer:
         if self._config.loss != "mse":
             return self.predict_proba(x).argmax(axis=1)
         self._check_open()
-        out = self._engine.predict_outputs(self._inputs(x, "x"))
+        x = self._inputs(x, "x")
+        self._check_weights("predict")
+        out = self._engine.predict_outputs(x)
         return out[:, 0] if out.shape[1] == 1 else out
 
     # ---- state ------------------------------------------------------------------------------------------------
@@ -360,6 +364,7 @@ class Trainer:
         self._check_not_fitting("load_state_dict", "the running fit would go on from weights it did not train")
         shapes = param_shapes(self._config.model)
         self._engine.set_state(checked_state(state_dict, shapes, self._config.precision, "state_dict"))
+        self._given_weights = True
 
     def save(self, path: str | os.PathLike[str] | BinaryIO) -> None:
         """Write config, epoch/step counters, history, parameters and optimizer state to an .npz, atomically.
@@ -450,6 +455,7 @@ class Trainer:
             raise DataError(f"{where} holds an invalid config: a number too large for a float ({exc})") from exc
         try:
             trainer._engine.set_state(state)
+            trainer._given_weights = True
         except BaseException:
             trainer.close()
             raise
@@ -484,6 +490,7 @@ class Trainer:
             new.close()
             raise
         new.epoch, new.step, new.history = self.epoch, self.step, self.history  # moves on: this one is done
+        new._given_weights = self._given_weights
         return new
 
     # ---- lifetime ---------------------------------------------------------------------------------------------
@@ -505,6 +512,14 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_weights(self, method: str) -> None:
+        """NotFittedError where the weights are still the random initial ones (no epoch trained, none loaded)."""
+        if self.epoch == 0 and not self._given_weights:
+            raise NotFittedError(
+                f"Trainer.{method}: this trainer has not been trained (no epoch; fit it first) nor given weights "
+                f"(load_state_dict or Trainer.load): it would answer from its random initial weights"
+            )
 
     def _check_open(self) -> None:
         if self._closed:

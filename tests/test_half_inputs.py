@@ -72,6 +72,7 @@ def test_a_feature_beyond_float16_is_refused_by_name_on_the_cpu(precision: str) 
 def test_the_limit_is_float16s_largest_value_after_rounding() -> None:
     # 65504 is float16's largest value; float16 rounds up to 65519.99 down to it, 65520 and beyond to inf.
     t = Trainer(MLP([D, C]), device="cpu")
+    t.load_state_dict(t.state_dict())  # its initial weights, given: predict answers
     for fine in (65504.0, -65504.0, 65519.0):
         x, _ = _data(fine)
         t.predict(x)
@@ -86,9 +87,11 @@ def test_inputs_are_checked_after_normalize() -> None:
     t.fit(x, y, epochs=1, progress=False)
     assert np.isfinite(t.predict_proba(x)).all()
     per_feature = Trainer(MLP([D, C]), device="cpu", normalize=(0.0, [1, 1, 2, 1, 1, 1]))  # only column 2 scaled
+    per_feature.load_state_dict(per_feature.state_dict())  # its initial weights, given: predict answers
     per_feature.predict(x)
     x, _ = _data(500.0)
     t = Trainer(MLP([D, C]), device="cpu", normalize=(0.0, 1e-2))  # 500 -> 5e4 is fine, 700 -> 7e4 is not
+    t.load_state_dict(t.state_dict())
     t.predict(x)
     x[ROW + 3, COL + 1] = 700.0
     msg = _assert_refused(lambda: t.predict(x), "x", "700.0", ROW + 3, COL + 1)
@@ -99,7 +102,9 @@ def test_inputs_are_checked_after_normalize() -> None:
 
 def test_uint8_inputs_are_checked_after_normalize() -> None:
     x = np.full((N, D), 255, np.uint8)
-    Trainer(MLP([D, C]), device="cpu").predict(x)  # 255 / 255 = 1
+    t = Trainer(MLP([D, C]), device="cpu")
+    t.load_state_dict(t.state_dict())
+    t.predict(x)  # 255 / 255 = 1
     t = Trainer(MLP([D, C]), device="cpu", normalize=(0.0, 1e-5))  # 1 / 1e-5 = 1e5
     msg = _assert_refused(lambda: t.predict(x), "x", "255", 0, 0)
     assert "which the network sees as 100000" in msg, msg

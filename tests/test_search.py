@@ -128,10 +128,12 @@ def test_regressor_randomized_matches_scikit_learn(regression):
 def test_logistic_regression_c_uses_each_folds_rows(digits):
     """C is weight decay 1 / (C n) with n the fold's rows: unequal folds still batch, each with its own decay."""
     X, y = digits
-    est = fs.LogisticRegression(max_iter=5, random_state=0, device="cpu")
+    est = fs.LogisticRegression(max_iter=5, learning_rate="constant", random_state=0, device="cpu")
     ours, theirs = both("GridSearchCV", est, {"C": [0.01, 1.0, 100.0]}, X[:500], y[:500], cv=3)
     assert_same_results(ours, theirs)
     assert len(ours.plan_.groups) == 1 and ours.best_params_ == theirs.best_params_
+    adaptive = fs.GridSearchCV(est.set_params(learning_rate="adaptive"), {"C": [0.01, 1.0]}, cv=3).fit(X[:300], y[:300])
+    assert adaptive.plan_.groups == [] and "adaptive" in adaptive.plan_.reasons[0]  # LogisticRegression's default
 
 
 def test_shuffled_folds_train_on_their_own_copy(digits):

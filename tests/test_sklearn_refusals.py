@@ -196,7 +196,7 @@ def test_logistic_regression_streamed_one_row_per_call_learns_as_one_call() -> N
 
     Xd, yd = load_digits(return_X_y=True)
     Xd = (Xd / 16).astype(np.float32)
-    kw = dict(device="cpu", random_state=0, learning_rate_init=0.05)
+    kw = dict(device="cpu", random_state=0, learning_rate_init=0.05, learning_rate="constant")
     stream = LogisticRegression(**kw)
     for i in range(400):
         stream.partial_fit(Xd[i:i + 1], yd[i:i + 1], classes=np.arange(10))

@@ -15,12 +15,12 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._checks import number
 from .._control import split_indices
 from .._errors import ConfigError, DeviceUnavailable
-from .._model import MLP
+from .._model import MLP, param_names
 from .._optim import SGD, AdamW
 from .._state import MAX_EPOCH
 from .._trainer import Trainer
@@ -28,7 +28,10 @@ from .._warn import warn_at_caller
 from ..engine.base import steps_per_epoch
 from ..engine.select import EngineRefused
 
-__all__ = ["FastnnEstimator", "Guard", "Plateau", "Rate", "auto_batch", "keep_params", "unchanged_on_error"]
+__all__ = [
+    "FastnnEstimator", "Guard", "LayersMixin", "Plateau", "Rate", "auto_batch", "keep_params", "trained_layers",
+    "unchanged_on_error",
+]
 
 _SOLVERS = ("adam", "sgd")
 _ACTIVATIONS = ("relu", "gelu")
@@ -144,6 +147,29 @@ def _close_replaced(est: BaseEstimator, before: dict[str, Any]) -> None:
     old = before.get("trainer_")
     if old is not None and old is not est.__dict__.get("trainer_"):
         old.close()
+
+
+def trained_layers(est: BaseEstimator) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight (out, in), bias) of each layer of a fitted estimator, float64 copies of the trained float32 values."""
+    check_is_fitted(est, "trainer_")
+    state = est.trainer_.state_dict()
+    names = param_names(est.trainer_.model)
+    return [(state[w].astype(np.float64), state[b].astype(np.float64)) for w, b in zip(names[::2], names[1::2])]
+
+
+class LayersMixin:
+    """scikit-learn MLPs' `coefs_` and `intercepts_`, read from the trained network each time (so they follow
+    `partial_fit`)."""
+
+    @property
+    def coefs_(self) -> list[np.ndarray]:
+        """Each layer's weights, (n_in, n_out) as scikit-learn's MLPs hold them (float64 copies)."""
+        return [w.T.copy() for w, _ in trained_layers(self)]
+
+    @property
+    def intercepts_(self) -> list[np.ndarray]:
+        """Each layer's biases, (n_out,) (float64 copies)."""
+        return [b for _, b in trained_layers(self)]
 
 
 class FastnnEstimator(BaseEstimator):

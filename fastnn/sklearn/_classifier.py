@@ -11,7 +11,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._base import FastnnEstimator, keep_params, unchanged_on_error
+from ._base import FastnnEstimator, LayersMixin, keep_params, unchanged_on_error
 
 __all__ = ["FastnnClassifier", "MLPClassifier"]
 
@@ -116,7 +116,7 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
         return self.classes_[proba.argmax(axis=1)]
 
 
-class MLPClassifier(FastnnClassifier):
+class MLPClassifier(LayersMixin, FastnnClassifier):
     """A multi-layer perceptron classifier trained by fastnn, with scikit-learn's `MLPClassifier` parameters.
 
     Args:

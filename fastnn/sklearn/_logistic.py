@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import keep_params
+from ._base import keep_params, trained_layers
 from ._classifier import FastnnClassifier
 
 __all__ = ["LogisticRegression"]
@@ -105,6 +105,32 @@ class LogisticRegression(FastnnClassifier):
                 f"pass fit_intercept=True"
             )
         super()._check_params()
+
+    # ---- scikit-learn's attributes of a fitted LogisticRegression ----------------------------------------------
+
+    def _linear(self) -> tuple[np.ndarray, np.ndarray]:
+        """(coef_, intercept_): the softmax layer's, or for two classes the log-odds of the second (one row)."""
+        ((w, b),) = trained_layers(self)
+        if w.shape[0] == 2:  # scikit-learn's binary model: one row, the second class against the first
+            return (w[1] - w[0])[None, :], (b[1] - b[0])[None]
+        return w, b
+
+    @property
+    def coef_(self) -> np.ndarray:
+        """(n_classes, n_features) float64 weights; (1, n_features) with two classes, as scikit-learn's."""
+        return self._linear()[0]
+
+    @property
+    def intercept_(self) -> np.ndarray:
+        """(n_classes,) float64 intercepts; (1,) with two classes."""
+        return self._linear()[1]
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Confidence scores X @ coef_.T + intercept_: (n_samples, n_classes), or (n_samples,) with two classes
+        (the log-odds of `classes_[1]`)."""
+        coef, intercept = self._linear()
+        scores = self._validate(X, reset=False).astype(np.float64) @ coef.T + intercept
+        return scores[:, 0] if coef.shape[0] == 1 else scores
 
     def _at_plateau(self, X: np.ndarray, y: np.ndarray) -> bool:
         """Converged when the objective's largest gradient component is at most tol (scikit-learn's lbfgs gtol)."""

@@ -10,12 +10,12 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._data import check_targets
-from ._base import FastnnEstimator, keep_params, unchanged_on_error
+from ._base import FastnnEstimator, LayersMixin, keep_params, unchanged_on_error
 
 __all__ = ["MLPRegressor"]
 
 
-class MLPRegressor(RegressorMixin, FastnnEstimator):
+class MLPRegressor(LayersMixin, RegressorMixin, FastnnEstimator):
     """A multi-layer perceptron regressor trained by fastnn (`Trainer(loss="mse")`), with scikit-learn's
     `MLPRegressor` parameters (see `MLPClassifier` for their meaning here).
 

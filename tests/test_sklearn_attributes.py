@@ -1,0 +1,106 @@
+"""scikit-learn's fitted attributes (issue 43): coefs_/intercepts_ on the MLPs, coef_/intercept_/decision_function
+on LogisticRegression, and a clear error for predict before fit, on the estimators and on Trainer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from sklearn.exceptions import NotFittedError  # noqa: E402
+
+import fastnn  # noqa: E402
+from fastnn.sklearn import LogisticRegression, MLPClassifier, MLPRegressor  # noqa: E402
+
+
+def _data(classes: int = 3, n: int = 120, d: int = 5):
+    rng = np.random.default_rng(0)
+    y = np.arange(n) % classes
+    x = rng.normal(size=(n, d)) + y[:, None]
+    return x, y
+
+
+def _forward(coefs, intercepts, x):
+    a = x
+    for i, (w, b) in enumerate(zip(coefs, intercepts)):
+        a = a @ w + b
+        if i < len(coefs) - 1:
+            a = np.maximum(a, 0)
+    return a
+
+
+def test_mlp_classifier_coefs_and_intercepts_are_the_trained_network():
+    x, y = _data()
+    clf = MLPClassifier((7, 4), max_iter=3, random_state=0, device="cpu").fit(x, y)
+    assert [c.shape for c in clf.coefs_] == [(5, 7), (7, 4), (4, 3)]
+    assert [b.shape for b in clf.intercepts_] == [(7,), (4,), (3,)]
+    z = _forward(clf.coefs_, clf.intercepts_, x.astype(np.float32).astype(np.float64))
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(p / p.sum(axis=1, keepdims=True), clf.predict_proba(x), rtol=1e-5, atol=1e-6)
+    clf.partial_fit(x, y)  # they follow the trained weights
+    np.testing.assert_array_equal(clf.coefs_[0].T, clf.trainer_.state_dict()["0.weight"].astype(np.float64))
+
+
+def test_mlp_regressor_coefs_and_intercepts():
+    x, _ = _data()
+    target = x @ np.arange(5.0)
+    reg = MLPRegressor((6,), max_iter=2, random_state=0, device="cpu").fit(x, target)
+    z = _forward(reg.coefs_, reg.intercepts_, x.astype(np.float32).astype(np.float64))
+    np.testing.assert_allclose(z[:, 0], reg.predict(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_logistic_regression_coef_intercept_and_decision_function(classes):
+    x, y = _data(classes)
+    clf = LogisticRegression(max_iter=5, tol=1.0, random_state=0, device="cpu").fit(x, y)
+    rows = 1 if classes == 2 else classes
+    assert clf.coef_.shape == (rows, 5) and clf.intercept_.shape == (rows,)
+    scores = clf.decision_function(x)
+    expected = x.astype(np.float32).astype(np.float64) @ clf.coef_.T + clf.intercept_  # fastnn reads float32
+    np.testing.assert_allclose(scores, expected[:, 0] if classes == 2 else expected, rtol=1e-12)
+    log_p = clf.predict_log_proba(x)
+    if classes == 2:  # scikit-learn's binary model: the log-odds of classes_[1]
+        assert scores.shape == (len(x),)
+        np.testing.assert_allclose(scores, log_p[:, 1] - log_p[:, 0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(clf.classes_[(scores > 0).astype(int)], clf.predict(x))
+    else:
+        np.testing.assert_allclose(scores - scores.mean(axis=1, keepdims=True),
+                                   log_p - log_p.mean(axis=1, keepdims=True), rtol=1e-4, atol=1e-4)  # fmt: skip
+        np.testing.assert_array_equal(clf.classes_[scores.argmax(axis=1)], clf.predict(x))
+
+
+@pytest.mark.parametrize("make", [MLPClassifier, MLPRegressor, LogisticRegression])
+def test_estimators_before_fit_raise_scikit_learns_not_fitted(make):
+    est = make(device="cpu")
+    x, _ = _data()
+    with pytest.raises(NotFittedError):
+        est.predict(x)
+    names = ("coef_", "intercept_") if make is LogisticRegression else ("coefs_", "intercepts_")
+    for name in names:
+        assert not hasattr(est, name)
+    if make is LogisticRegression:
+        with pytest.raises(NotFittedError):
+            est.decision_function(x)
+
+
+def test_trainer_predict_before_fit_is_an_error_until_it_has_weights(tmp_path):
+    x, y = _data()
+    x = x.astype(np.float32)
+    t = fastnn.Trainer(fastnn.MLP([5, 3]), fastnn.SGD(lr=0.1), batch_size=16, device="cpu", seed=0)
+    for call in (t.predict, t.predict_proba):
+        with pytest.raises(fastnn.NotFittedError, match="has not been trained .* random initial weights"):
+            call(x)
+    with pytest.raises(fastnn.DataError):  # a bad x is named first
+        t.predict(x[:, :2])
+    assert set(t.evaluate(x, y)) == {"loss", "accuracy"}  # the loss before training stays measurable
+    other = fastnn.Trainer(fastnn.MLP([5, 3]), fastnn.SGD(lr=0.1), batch_size=16, device="cpu", seed=1)
+    other.load_state_dict(t.state_dict())
+    assert other.predict(x).shape == (len(x),)  # given weights
+    t.fit(x, y, epochs=1)
+    assert t.predict(x).shape == (len(x),)
+    t.save(tmp_path / "t.npz")
+    assert fastnn.Trainer.load(tmp_path / "t.npz").predict(x).shape == (len(x),)
+    reg = fastnn.Trainer(fastnn.MLP([5, 1]), fastnn.SGD(lr=0.1), batch_size=16, device="cpu", seed=0, loss="mse")
+    with pytest.raises(fastnn.NotFittedError, match=r"Trainer.predict:"):
+        reg.predict(x)
