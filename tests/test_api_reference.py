@@ -36,7 +36,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def _ids(site: Path, page: str) -> set[str]:
-    return set(re.findall(r'id="(fastnn[^"]*)"', (site / "reference" / page / "index.html").read_text()))
+    return set(re.findall(r'id="(fastnn(?:\.[^"]*)?)"', (site / "reference" / page / "index.html").read_text()))
 
 
 def _public_members(cls: type) -> set[str]:
