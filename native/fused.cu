@@ -4,7 +4,7 @@
 // s of the epoch, the batch of positions [s*B, s*B + rows) in the epoch's keyed order (shuffle.cuh), mapped
 // x*scale + shift; the forward pass (Linear + ReLU/GELU-tanh per hidden layer, Linear last); softmax
 // cross-entropy averaged over the batch (log-sum-exp from the logits, argmax first-max-wins, as loss.cu), or for a
-// regression (FUSED_LOSS 1) the squared error averaged over the batch and the outputs (as loss.cu's mse);
+// regression (FUSED_LOSS LOSS_MSE) the squared error averaged over the batch and the outputs (as loss.cu's mse);
 // the backward pass; and the optimizer step (optim.cuh, as update.cu: SGD with momentum/Nesterov/weight decay,
 // or AdamW) at the lr of st->lr[epoch_in_fit * steps + s]. The epoch's loss sum and correct
 // count are added to st->hist[2 * epoch_in_fit + {0, 1}]. Parameters and optimizer state are read from the
@@ -43,6 +43,7 @@
 // Rows of a step are processed in chunks of R with gradients accumulated, so any batch size works.
 #include "activation.cuh"
 #include "common.cuh"
+#include "loss.cuh"
 #include "optim.cuh"
 #include "ptx.cuh"
 #include "shuffle.cuh"
@@ -97,10 +98,12 @@ constexpr bool OPC = FUSED_OPC != 0 && PREC == 1;
 // MMA: the products on tensor cores (mma.sync m16n8k16, fp16 operands, fp32 accumulation) in "mixed" and
 // "fp16", whose operands are fp16 values already; "fp32" (no TF32) keeps the scalar FMA path.
 constexpr bool MMA = FUSED_MMA != 0 && PREC != 0;
-// FUSED_LOSS, the loss: 0 softmax cross-entropy over int32 labels y; 1 a regression's squared error (loss "mse") on
-// the linear outputs against float32 targets y (n, C), the NumPy engine's mse_loss_and_grad. A regression's rows
+// FUSED_LOSS, the loss (loss.cuh's kinds): LOSS_XENT softmax cross-entropy over int32 labels y; LOSS_MSE a
+// regression's squared error (loss "mse") on the linear outputs against float32 targets y (n, C), the NumPy engine's
+// mse_loss_and_grad. A regression's rows
 // carry their sample index where a classifier's carry their label (lab, lab_n): the head reads the C targets from
 // global memory. (Tested as the macro itself: a namespace-scope constant would be one more symbol in every cubin.)
+static_assert(FUSED_LOSS == LOSS_XENT || FUSED_LOSS == LOSS_MSE, "fused.cu computes cross-entropy and MSE");
 static_assert(NS >= 0 && NS <= 2, "optim.cuh's optimizers keep at most two state arrays");
 static_assert(!FOLD || (NS == 1 && OPT == OPTIM_SGD), "folding the gradient into the buffer needs SGD with momentum");
 
@@ -743,7 +746,7 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
         __syncthreads();
         const int col0 = L == 1 ? (int)r * KP : 0;
         for (int i = tid; i < m; i += NT) {
-            if constexpr (FUSED_LOSS == 1) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
+            if constexpr (FUSED_LOSS == LOSS_MSE) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
             else cp_async4(smem_u32(lab_n + i), y + idx_n[i]);
         }
         if constexpr (XASYNC) {
@@ -867,18 +870,15 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                     sm[LY.dzl + i * up4(C) + c] = z;  // the logits, until dlogits replace them below
                 }
                 __syncwarp();
-                if constexpr (FUSED_LOSS == 1) {  // the mean over the outputs of (z - t)^2; dz = 2 (z - t) / (rows * C)
+                if constexpr (FUSED_LOSS == LOSS_MSE) {  // the mean over the outputs of (z - t)^2; dz = 2 (z - t) / (rows * C)
                     const float* t = reinterpret_cast<const float*>(y) + (u64)lab[i] * C;
                     float sq = 0.f;
-                    for (int c = lane; c < C; c += 32) {
-                        const float d = sm[LY.dzl + i * up4(C) + c] - t[c];
-                        sq += d * d;
-                    }
+                    for (int c = lane; c < C; c += 32) sq = mse_add_sq(sq, mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]));
                     sq = warp_sum(sq);
-                    if (lane == 0) loss_acc += (double)(sq / (float)C);
+                    if (lane == 0) loss_acc += (double)mse_row_loss(sq, C);
                     __syncwarp();
                     for (int c = lane; c < C; c += 32) {
-                        const float d = (sm[LY.dzl + i * up4(C) + c] - t[c]) * mse_scale;
+                        const float d = mse_grad(mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]), mse_scale);
                         const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
                         for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
                     }
@@ -890,19 +890,19 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
                 }
                 warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
                 float sum = 0.f;
-                for (int c = lane; c < C; c += 32) sum += expf(sm[LY.dzl + i * up4(C) + c] - zmax);
+                for (int c = lane; c < C; c += 32) sum = xent_add(sum, xent_exp(sm[LY.dzl + i * up4(C) + c], zmax));
                 sum = warp_sum(sum);
                 const int label = lab[i];
                 const float zl = sm[LY.dzl + i * up4(C) + label];
                 if (lane == 0) {
-                    loss_acc += (double)(logf(sum) - (zl - zmax));
+                    loss_acc += (double)xent_row_loss(sum, zl, zmax);
                     ok_acc += best == label ? 1.0 : 0.0;
                 }
                 __syncwarp();
+                const float inv = xent_inv(sum);
                 for (int c = lane; c < C; c += 32) {
-                    const float z = sm[LY.dzl + i * up4(C) + c];
-                    const float p = expf(z - zmax) / sum;
-                    const float d = (p - (c == label ? 1.f : 0.f)) * inv_rows;
+                    const float d = xent_grad(xent_exp(sm[LY.dzl + i * up4(C) + c], zmax), inv, c == label ? 1.f : 0.f,
+                                                    inv_rows);
                     const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
                     for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
                 }

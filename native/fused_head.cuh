@@ -3,6 +3,7 @@
 // lanes, the producers' row copies, and the epoch's history. Each kernel's shapes come in as template arguments.
 #pragma once
 #include "activation.cuh"
+#include "loss.cuh"
 #include "ptx.cuh"
 
 // Rounding to fp16, the operands' precision ("mixed" and "fp16").
@@ -91,17 +92,17 @@ __device__ __forceinline__ void softmax_pair(const float* row0, int slot_stride,
     float ex[CH], ssum = 0.f, zy = 0.f;
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
-        ex[c] = cb + c < C ? __expf(z[c] - m) : 0.f;
-        ssum += ex[c];
+        ex[c] = cb + c < C ? xent_exp(z[c], m) : 0.f;
+        ssum = xent_add(ssum, ex[c]);
         zy += yl == cb + c ? z[c] : 0.f;
     }
     ssum += __shfl_xor_sync(0xffffffffu, ssum, 1);
     zy += __shfl_xor_sync(0xffffffffu, zy, 1);
-    const float inv = __fdividef(1.f, ssum);
+    const float inv = xent_inv(ssum);
 #pragma unroll
-    for (int c = 0; c < CH; ++c) d[c] = valid ? (ex[c] * inv - (yl == cb + c ? 1.f : 0.f)) * inv_rows : 0.f;
+    for (int c = 0; c < CH; ++c) d[c] = valid ? xent_grad(ex[c], inv, yl == cb + c ? 1.f : 0.f, inv_rows) : 0.f;
     if (valid && hh == 0) {
-        loss_acc += (double)(__logf(ssum) - (zy - m));
+        loss_acc += (double)xent_row_loss(ssum, zy, m);
         ok_acc += bi == yl ? 1.f : 0.f;
     }
 }

@@ -124,7 +124,7 @@ static_assert(D % 16 == 0 && D >= 16, "inputs in k-steps of 16 (16-byte row copi
 static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
 static_assert(BR * NB == NT, "the epilogues give each thread one (row, unit)");
-static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0,
+static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == LOSS_XENT,
               "the fast path: mixed precision, ReLU, cross-entropy");
 static_assert((OPT == OPTIM_SGD && NS <= 1) || (OPT == OPTIM_ADAMW && NS == 2),
               "the fast path's optimizers: SGD with or without momentum, AdamW");

@@ -117,7 +117,7 @@ static_assert(NCH >= NST, "at least NST chunks: every pass issues NST of them be
 static_assert(D % 16 == 0 && D >= 16 && K0W <= 8, "inputs in k-steps of 16, at most 1024");
 static_assert(C >= 2 && C <= 16, "classes: one m16 tile of logits^T");
 static_assert(GRID_B >= 1 && GRID_B <= BR, "at most 32 rows a step");
-static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == 0 && GRID_XIN == 0,
+static_assert(GRID_NT == NT && GRID_PREC == 1 && GRID_ACT == 0 && GRID_LOSS == LOSS_XENT && GRID_XIN == 0,
               "the streaming path: uint8 inputs, mixed precision, ReLU, cross-entropy");
 static_assert(OPT == OPTIM_SGD && NS <= 1 && (NS == 0 || NB <= 32), "SGD, its momentum up to 32 units a CTA");
 constexpr bool MOM = NS == 1;  // SGD's momentum buffer streams beside each master (same fragment order)

@@ -8,6 +8,7 @@
 // column), that form is what keeps it so.
 #pragma once
 #include "grid.cuh"
+#include "loss.cuh"
 
 #ifndef GRID_KERNEL
 #error "define GRID_KERNEL (the kernel's file name, for the watchdog's message) before grid_tc.cuh"
@@ -231,7 +232,7 @@ __device__ __forceinline__ void head_logits(const float (&accL)[4][4], float* re
     }
     __syncthreads();
 }
-// the softmax cross-entropy of row b of lg [32][16] (one row a lane of warp 0; the loss as loss.cu and the NumPy
+// the softmax cross-entropy of row b of lg [32][16] (one row a lane of warp 0; the loss as loss.cuh and the NumPy
 // engine define it) with label yl (-1: a row past the batch's m): dl[b][c] = (softmax - onehot) / m, zero for a row
 // past m; argmax first-max-wins (NaN first, as numpy). Returns (loss_acc, ok_acc) with, if `add` and the row is valid,
 // its loss logsumexp - z[yl] and correct count added. The sums go in and out by value and the row's logits l and
@@ -253,16 +254,16 @@ __device__ __forceinline__ double2 softmax_row(const float* lg, float* dl, int b
     float S = 0.f, zy = 0.f;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-        ex[c] = expf(l[c] - zmax);
-        S += ex[c];
+        ex[c] = xent_exp(l[c], zmax);
+        S = xent_add(S, ex[c]);
         zy += c == yl ? l[c] : 0.f;
     }
-    const float inv = 1.f / S, inv_rows = 1.f / (float)m;
+    const float inv = xent_inv(S), inv_rows = 1.f / (float)m;
     const bool valid = yl >= 0;
 #pragma unroll
-    for (int c = 0; c < C; ++c) dl[b * 16 + c] = valid ? (ex[c] * inv - (c == yl ? 1.f : 0.f)) * inv_rows : 0.f;
+    for (int c = 0; c < C; ++c) dl[b * 16 + c] = valid ? xent_grad(ex[c], inv, c == yl ? 1.f : 0.f, inv_rows) : 0.f;
     if (add && valid) {
-        loss_acc += (double)(logf(S) - (zy - zmax));
+        loss_acc += (double)xent_row_loss(S, zy, zmax);
         ok_acc += am == yl ? 1.0 : 0.0;
     }
     return make_double2(loss_acc, ok_acc);

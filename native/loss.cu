@@ -1,7 +1,7 @@
 // loss.cu: the loss step of a training step, in ONE block: xent, the fused softmax cross-entropy after cuDNN's
 // softmax, and mse, a regression's squared error (below).
 // xent: for each row r (row-major (rows, c) logits and their softmax probs): the loss
-// logsumexp(z) - z[label], computed from the logits as the NumPy engine does (exact for any logit
+// logsumexp(z) - z[label] (loss.cuh's xent_*, as every engine), computed from the logits as the NumPy engine does (exact for any logit
 // size, and non-finite exactly when the logits are), a correct-prediction count (argmax of the
 // logits, first maximum wins, as numpy.argmax), and, when dlogits is given, the gradient of the
 // batch-mean loss with respect to the logits, (p - onehot) / rows, stored as TG, and the last
@@ -12,6 +12,7 @@
 // same sums on every run.
 // Launch: grid = 1, block = a multiple of 32 up to 1024 (rows are strided over the block).
 #include "common.cuh"  // warp_sum, argmax_takes
+#include "loss.cuh"    // xent_*, mse_*: the per-row loss and gradient every engine computes
 
 // The last layer's bias gradient: out[j] = the sum over the rows of g[r, j], for row-major (rows, c) g written by
 // this block (after a __syncthreads). One warp per column, a fixed summation order: the same sums on every run.
@@ -45,10 +46,10 @@ __device__ void xent(const TP* __restrict__ logits, const TP* __restrict__ probs
         }
         float sum = 0.f;
         for (int j = 0; j < c; ++j) {
-            sum += expf(to_f(z[j]) - zmax);
-            if (dlogits) dlogits[(u64)r * c + j] = from_f<TG>((to_f(p[j]) - (j == label ? 1.f : 0.f)) * inv_rows);
+            sum = xent_add(sum, xent_exp(to_f(z[j]), zmax));
+            if (dlogits) dlogits[(u64)r * c + j] = from_f<TG>(xent_grad_p(to_f(p[j]), j == label, inv_rows));
         }
-        loss += logf(sum) - (to_f(z[label]) - zmax);
+        loss += xent_row_loss(sum, to_f(z[label]), zmax);
         correct += (best == label) ? 1.f : 0.f;
     }
     loss = warp_sum(loss);
@@ -102,11 +103,11 @@ __device__ void mse(const TP* __restrict__ out, const float* __restrict__ y, int
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float sq = 0.f;
         for (int j = 0; j < k; ++j) {
-            const float d = to_f(out[(u64)r * k + j]) - y[(u64)r * k + j];
-            sq += d * d;
-            if (dout) dout[(u64)r * k + j] = from_f<TG>(d * scale);
+            const float d = mse_diff(to_f(out[(u64)r * k + j]), y[(u64)r * k + j]);
+            sq = mse_add_sq(sq, d);
+            if (dout) dout[(u64)r * k + j] = from_f<TG>(mse_grad(d, scale));
         }
-        loss += sq / (float)k;
+        loss += mse_row_loss(sq, k);
     }
     loss = warp_sum(loss);
     if (lane == 0) s_loss[warp] = loss;
@@ -121,10 +122,7 @@ __device__ void mse(const TP* __restrict__ out, const float* __restrict__ y, int
     if (sse) {
         for (int j = warp; j < k; j += warps) {
             float s = 0.f;
-            for (int r = lane; r < rows; r += 32) {
-                const float d = to_f(out[(u64)r * k + j]) - y[(u64)r * k + j];
-                s += d * d;
-            }
+            for (int r = lane; r < rows; r += 32) s = mse_add_sq(s, mse_diff(to_f(out[(u64)r * k + j]), y[(u64)r * k + j]));
             s = warp_sum(s);
             if (lane == 0) sse[j] += (double)s;
         }

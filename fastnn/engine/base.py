@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._loss import LOSSES as _LOSSES
 from .._model import MLP
 from .._optim import Optimizer
 from .tuning import Tuning
@@ -26,10 +27,12 @@ __all__ = ["LOSSES", "PRECISIONS", "Engine", "EngineConfig", "EpochStats", "batc
 PRECISIONS = ("mixed", "fp16", "fp32")
 
 #: "cross_entropy": classification, softmax cross-entropy over integer labels; "mse": regression, the mean over
-#: the samples and the k outputs of the squared error, on a linear output (float targets (N, k)). No Huber loss:
-#: it needs a threshold in the targets' units (one more setting to get wrong), every engine would need it too, and
-#: scikit-learn's MLPRegressor offers squared error alone; scale the targets (or clip outliers) instead.
-LOSSES = ("cross_entropy", "mse")
+#: the samples and the k outputs of the squared error, on a linear output (float targets (N, k)); fastnn/_loss.py
+#: describes each (and defines it in NumPy), native/loss.cuh computes it. No Huber loss for users yet: it needs a
+#: threshold in the targets' units (one more setting to get wrong), and scikit-learn's MLPRegressor offers squared
+#: error alone; scale the targets (or clip outliers) instead. Its arithmetic is defined (loss.cuh, _loss.py) for
+#: when it is asked for.
+LOSSES = tuple(_LOSSES)
 
 
 @dataclass(frozen=True)

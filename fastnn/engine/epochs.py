@@ -42,7 +42,7 @@ class EpochTrainContext(Protocol):
 
     steps: int  #: steps per epoch
     samples: int  #: samples per epoch (the history's sums divide by it)
-    regression: bool  #: loss "mse": the history's second sum counts nothing (accuracies None)
+    labels: bool  #: the loss's targets are labels: the history's second sum counts correct ones (else accuracies None)
     capacity: int  #: epochs the buffers below hold
     graph: Any  #: the captured epoch (driver.GraphExec), made by `prepare`
     events: list  #: (start, end, done) driver.Events, cycled over the queued epochs
@@ -231,13 +231,13 @@ class EpochRun:
         stats = EpochStats(
             epoch=self.first_epoch + k,
             loss=float(loss_sum / ctx.samples),
-            accuracy=None if ctx.regression else float(correct / ctx.samples),
+            accuracy=float(correct / ctx.samples) if ctx.labels else None,
             samples=ctx.samples,
             seconds=start.elapsed_ms(end) / 1000.0,
         )
         if self.ev is not None and k in self.eval_after:
             stats.eval_loss = float(self.ev_hist[k, 0] / self.ev.n)
-            stats.eval_accuracy = None if ctx.regression else float(self.ev_hist[k, 1] / self.ev.n)
+            stats.eval_accuracy = float(self.ev_hist[k, 1] / self.ev.n) if ctx.labels else None
         return stats
 
 

@@ -2,9 +2,9 @@
 
 Forward is `x @ W.T + b` per layer with the activation after every layer but the last; the loss is
 softmax cross-entropy, mean over the batch (`loss_and_grad`), or for a regression (loss "mse") the squared
-error, mean over the batch and the outputs (`mse_loss_and_grad`), with R^2 as `r2_score` defines it. The
-pieces (`forward`, the losses, `backward`) are module functions so GPU tests can call them as the reference,
-in float64 where they need to.
+error, mean over the batch and the outputs (`mse_loss_and_grad`), with R^2 as `r2_score` defines it; the losses
+are fastnn/_loss.py's (re-exported here), beside their description. The pieces (`forward`, the losses,
+`backward`) are module functions so GPU tests can call them as the reference, in float64 where they need to.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from .._data import input_affine, prepare_batch
 from .._errors import TrainingDiverged
+from .._loss import describe, log_softmax, loss_and_grad, mse_loss_and_grad
 from .._model import MLP, param_names
 from .._optim import AdamW, adamw_step, sgd_step
 from .._shuffle import permutation
@@ -90,36 +91,10 @@ def forward(params: dict[str, np.ndarray], x: np.ndarray, model: MLP) -> tuple[n
     raise AssertionError("unreachable: a model has at least one layer")
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax, stable: the row max is subtracted before exp."""
-    z = logits - logits.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax probabilities."""
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
-
-
-def loss_and_grad(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample cross-entropy losses (B,) and d(mean loss)/d logits (B, classes)."""
-    logp = log_softmax(logits)
-    rows = np.arange(logits.shape[0])
-    losses = -logp[rows, y]
-    dlogits = np.exp(logp)
-    dlogits[rows, y] -= 1.0
-    dlogits /= logits.shape[0]
-    return losses, dlogits
-
-
-def mse_loss_and_grad(outputs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample squared errors averaged over the k outputs (B,), and d(mean loss)/d outputs (B, k).
-
-    The batch's loss is the mean over all B * k entries of (output - y)**2: no factor 1/2, so the loss reported
-    is the mean squared error itself (scikit-learn's MLPRegressor reports half of it)."""
-    diff = outputs - y
-    return (diff * diff).mean(axis=1), diff * np.asarray(2.0 / diff.size, diff.dtype)
 
 
 def r2_score(sse: np.ndarray, y: np.ndarray) -> float:
@@ -180,15 +155,15 @@ class NumpyEngine(Engine):
         before the update."""
         model, opt = self.config.model, self.config.optimizer
         logits, cache = forward(self.params, xb, model)
-        regression = self.config.loss == "mse"
-        losses, dlogits = mse_loss_and_grad(logits, yb) if regression else loss_and_grad(logits, yb)
+        labels = describe(self.config.loss).labels
+        losses, dlogits = loss_and_grad(logits, yb) if labels else mse_loss_and_grad(logits, yb)
         grads = backward(self.params, cache, dlogits, model)
         for n in self._names:
             if isinstance(opt, AdamW):
                 adamw_step(opt, self.params[n], grads[n], self.opt_state[n], lr, t)
             else:
                 sgd_step(opt, self.params[n], grads[n], self.opt_state[n], lr)
-        return losses, None if regression else logits.argmax(axis=1) == yb
+        return losses, logits.argmax(axis=1) == yb if labels else None
 
     def fit_epochs(
         self,
@@ -255,11 +230,12 @@ class NumpyEngine(Engine):
                     raise TrainingDiverged(epoch + 1, loss, bad_state)  # people's number of the epoch
                 seconds = time.perf_counter() - start
                 # From here the epoch's training is done: an interrupt reports it (below) instead of undoing it.
-                accuracy = None if cfg.loss == "mse" else correct / seen
+                labels = describe(cfg.loss).labels
+                accuracy = correct / seen if labels else None
                 stats = EpochStats(epoch=epoch, loss=loss, accuracy=accuracy, samples=seen, seconds=seconds)
                 if k in eval_after and eval_data is not None:
                     eval_loss, eval_accuracy = self.evaluate(*eval_data)
-                    if cfg.loss == "mse":
+                    if not labels:
                         eval_accuracy = None  # evaluate's second number is R^2 here; the history has no accuracy
                     stats = dataclasses.replace(stats, eval_loss=eval_loss, eval_accuracy=eval_accuracy)
                 self.report(stats, on_epoch)
@@ -285,7 +261,7 @@ class NumpyEngine(Engine):
             yield lo, out
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        if self.config.loss == "mse":
+        if not describe(self.config.loss).labels:
             sse = np.zeros(y.shape[1], dtype=np.float64)
             with np.errstate(over="ignore", invalid="ignore"):
                 for lo, outputs in self._logits_chunks(x):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..._data import input_affine
+from ..._loss import KIND_XENT, describe
 from ..._optim import KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
@@ -184,7 +185,7 @@ def _cluster_kernel_reason(config: EngineConfig, switch: str, max_classes: int, 
     classes = config.model.sizes[-1]
     if not getattr(config.tuning, switch):
         return f"it is switched off (Tuning({switch}=False))"
-    if config.loss != "cross_entropy":
+    if describe(config.loss).kind != KIND_XENT:
         return f"loss {config.loss!r} (it computes softmax cross-entropy only)"
     if config.precision not in ("mixed", "fp16"):
         return f"precision {config.precision!r} (its products take fp16 operands on tensor cores)"
@@ -416,6 +417,6 @@ def _fused_cu_plan(config: EngineConfig, x_dtype: np.dtype | type, smem_limit: i
         f"-DFUSED_OPC={int(half_copy)}",
         f"-DFUSED_FOLD={int(fold)}",
         f"-DFUSED_MMA={int(mma)}",
-        f"-DFUSED_LOSS={int(config.loss == 'mse')}",
+        f"-DFUSED_LOSS={describe(config.loss).kind}",  # native/loss.cuh's LOSS_ kind
     ) + (("-DFUSED_PROFILE",) if tuning.fused_profile else ())
     return FusedPlan(rows=rows, cluster=CLUSTER, threads=THREADS, smem_bytes=need, options=options)

@@ -36,7 +36,7 @@ class TrainContext(Owner):
         self.eng = eng
         cfg = eng.config
         self.n, self.dtype = x.shape[0], x.dtype
-        self.regression = eng.regression
+        self.labels = eng.loss.labels
         B = cfg.batch_size
         self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
         self.samples = self.steps * B if cfg.drop_last else self.n
@@ -81,12 +81,12 @@ class TrainContext(Owner):
             )
             for i, (_, d_out) in enumerate(cfg.model.layers)
         ]
-        self.probs = None if eng.regression else buf(R * cfg.model.classes * itemsize(spec.logits))
+        self.probs = None if not eng.loss.softmax else buf(R * cfg.model.classes * itemsize(spec.logits))
         self.softmax = {}  # a regression's outputs are linear: no softmax
         for rows in sorted(set(self.rows) - {0}):  # 0: a data-parallel rank's empty share (no GEMMs)
             plans.forward_plans(eng, self.layers, rows, training=True, own=self.own)
             plans.backward_plans(eng, self.layers, rows, own=self.own)
-            if not eng.regression:
+            if eng.loss.softmax:
                 self.softmax[rows] = self.own(plans.softmax(eng, rows))
 
     def require_resident(self, engine: str) -> None:
@@ -176,7 +176,7 @@ class EvalContext(Owner):
             self.x = buf(x.nbytes)
             self.y = buf(self.n * 4 * eng.y_words)
             # (loss sum, correct count), then for a regression each output's sum of squared errors (R^2's numerator)
-            self.acc = buf(16 + (8 * model.classes if eng.regression else 0))
+            self.acc = buf(16 + (0 if eng.loss.labels else 8 * model.classes))
             R = max(self.rows)
             self.x_batch = buf(R * model.in_features * itemsize(spec.operand))
             # Every row's softmax probabilities, or a regression's outputs (predict reads them).
@@ -189,7 +189,7 @@ class EvalContext(Owner):
             self.softmax = {}
             for rows in set(self.rows):
                 plans.forward_plans(eng, self.layers, rows, training=False, own=self.own)
-                if not eng.regression:
+                if eng.loss.softmax:
                     self.softmax[rows] = self.own(plans.softmax(eng, rows))
             self.load(x, y)
             self.graph = self.own(eng.capture(self._record))
@@ -201,7 +201,7 @@ class EvalContext(Owner):
         eng = self.eng
         eng.upload(self.x, x)
         if y is None:  # predicting: the loss kernels read zeros
-            y = np.zeros((self.n, eng.y_words), np.float32) if eng.regression else np.zeros(self.n, dtype=np.int32)
+            y = np.zeros(self.n, dtype=np.int32) if eng.loss.labels else np.zeros((self.n, eng.y_words), np.float32)
         eng.upload(self.y, y)
 
     def _record(self) -> None:
@@ -213,7 +213,7 @@ class EvalContext(Owner):
                 queue()
             out = self.layers[-1].out.ptr
             probs = self.probs.ptr + start * classes * itemsize(eng.spec.logits)
-            if eng.regression:  # the outputs themselves are the predictions
+            if not eng.loss.softmax:  # the outputs themselves are the predictions
                 driver.copy_dtod(probs, out, rows * classes * itemsize(eng.spec.logits), eng.stream)
                 kernels.record_mse(eng, out, self.y.ptr + 4 * classes * start, rows, 0, 0, self.acc.ptr,
                                    self.acc.ptr + 16, 0)  # fmt: skip

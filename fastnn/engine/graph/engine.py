@@ -16,6 +16,7 @@ import numpy as np
 
 from ..._data import input_affine
 from ..._gpu_arrays import CudaArray
+from ..._loss import describe
 from ...cuda import cublaslt, cudnn, driver, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
 from ..base import Engine, EngineConfig, OnEpoch
 from ..epochs import EPOCH_STATE_DTYPE, EpochRun, EpochRuns, drive_epochs
@@ -50,9 +51,10 @@ class GraphEngine(Engine):
                  group: Group | None = None) -> None:  # fmt: skip
         self.config = config
         #: loss "mse": linear outputs (no softmax), float32 targets, the mse loss kernel, (MSE, R^2) from evaluate.
-        self.regression = config.loss == "mse"
+        #: the loss's description (fastnn/_loss.py): labels or float targets, a softmax or linear outputs
+        self.loss = describe(config.loss)
         #: 32-bit words of y per sample, as uploaded and gathered: an int32 label, or a regression's k float32 targets.
-        self.y_words = config.model.classes if self.regression else 1
+        self.y_words = self.loss.target_words(config.model.classes)
         #: The data-parallel group (None: one GPU). Each step trains on this rank's share of the batch (parallel.py).
         self.group = group
         if group is not None:
@@ -94,7 +96,7 @@ class GraphEngine(Engine):
             self.grads.memset(0)  # the padding between tensors is read by the update, never written
             self.epoch_state = own(driver.DeviceBuffer(256))
             # evaluate's sums: (loss sum, correct count), and for a regression each output's sum of squared errors.
-            self.eval_out = own(driver.PinnedBuffer(16 + (8 * config.model.classes if self.regression else 0)))
+            self.eval_out = own(driver.PinnedBuffer(16 + (0 if self.loss.labels else 8 * config.model.classes)))
             #: The data-parallel side stream, collectives and checks (None: one GPU).
             self.parallel = DataParallel(self, group, own) if group is not None else None
             # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
@@ -361,22 +363,22 @@ class GraphEngine(Engine):
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         self.dev.make_current()
         ctx = self.eval_context(x, y)
-        sse = self.eval_out.ptr + 16 if self.regression else 0
+        sse = 0 if self.loss.labels else self.eval_out.ptr + 16
         ctx.run(self.eval_out.ptr, sse)
         self.stream.synchronize()
-        if self.regression:  # the mean of the rows' mean squared errors, and R^2 from each output's sum (host)
+        if not self.loss.labels:  # the mean of the rows' mean squared errors, and R^2 from each output's sum (host)
             sums = self.eval_out.view(np.float64, (2 + self.config.model.classes,))
             return float(sums[0] / ctx.n), r2_score(sums[2:].copy(), y)
         loss_sum, correct = self.eval_out.view(np.float64, (2,))
         return float(loss_sum / ctx.n), float(correct / ctx.n)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        if self.regression:
+        if not self.loss.softmax:
             raise RuntimeError("predict_proba is a classifier's: this engine trains loss 'mse' (predict_outputs)")
         return self._forward_all(x)
 
     def predict_outputs(self, x: np.ndarray) -> np.ndarray:
-        if not self.regression:
+        if self.loss.softmax:
             raise RuntimeError("predict_outputs is a regression's (loss 'mse'): this engine trains a classifier")
         return self._forward_all(x)
 

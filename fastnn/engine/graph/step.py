@@ -56,7 +56,7 @@ def step_nodes(ctx: TrainContext, s: int, autotune: bool = False) -> list[Node]:
     nodes += forward_nodes(eng, ctx.layers, ctx.x_batch.ptr, rows, autotune)
     last = ctx.layers[-1]
     last_bias = eng.grad_ptr(names[-1])
-    if eng.regression:  # linear outputs: the squared error straight from them, against the gathered targets
+    if not eng.loss.softmax:  # linear outputs: the squared error straight from them, against the gathered targets
         nodes.append(("loss", partial(kernels.record_mse, eng, last.out.ptr, ctx.y_batch.ptr, rows, last.dout.ptr,
                                       last_bias, 0, 0, eng.epoch_state.ptr, ctx.batch_rows[s])))  # fmt: skip
     else:

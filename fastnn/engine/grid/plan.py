@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._data import input_affine
+from ..._loss import KIND_XENT, describe
 from ..._optim import KIND_ADAMW, KIND_SGD
 from ..base import EngineConfig
 from ..plan import param_layout
@@ -118,7 +119,7 @@ def _options(config: EngineConfig, x_dtype, ctas: int, smem: int, scratch: int, 
             f"-DGRID_NS={len(config.optimizer.state_names)}",
             f"-DGRID_SMEM={smem}",
             f"-DGRID_SCRATCH={scratch}",
-            f"-DGRID_LOSS={int(config.loss == 'mse')}",
+            f"-DGRID_LOSS={describe(config.loss).kind}",  # native/loss.cuh's LOSS_ kind
         )
         + extra
         + (("-DGRID_PROFILE",) if config.tuning.grid_profile else ())
@@ -171,7 +172,7 @@ def _tensor_core_math(config: EngineConfig) -> str | None:
         return f'precision {config.precision!r} (it trains "mixed": fp32 masters, fp16 tensor-core operands)'
     if config.model.activation != "relu":
         return f"activation {config.model.activation!r} (it takes relu)"
-    if config.loss != "cross_entropy":
+    if describe(config.loss).kind != KIND_XENT:  # native/loss.cuh says why not MSE
         return f"loss {config.loss!r} (it computes softmax cross-entropy)"
     return None
 
