@@ -1,6 +1,6 @@
 // loss.cuh: the one description of each loss on the GPU: its kind, and the per-row loss and gradient every kernel
 // computes (loss.cu for the graph engine, fused.cu and fused_head.cuh for the fused engine, grid_tc.cuh for the grid
-// engine's two kernels). The arithmetic is fastnn/_loss.py's NumPy functions (the NumPy engine's definition) in the
+// engine's two kernels, many.cu for many models at once). The arithmetic is fastnn/_loss.py's NumPy functions (the NumPy engine's definition) in the
 // same order, so every engine reports the same loss to rounding, and every kernel rounds it the same way.
 //
 // One rounding, chosen here: the hardware's __expf and __logf (ex2.approx, lg2.approx: 2 + floor(1.173 |x|) ulp

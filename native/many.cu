@@ -30,6 +30,7 @@
 // group, or not training) does nothing in it.
 #include "activation.cuh"
 #include "common.cuh"
+#include "loss.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
 
@@ -193,12 +194,13 @@ extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __r
         for (int j = 1; j < c; ++j)
             if (argmax_takes(zr[j], zmax)) { zmax = zr[j]; best = j; }
         float sum = 0.f;
-        for (int j = 0; j < c; ++j) sum += expf(zr[j] - zmax);
-        sums[0] += logf(sum) - (zr[label] - zmax);
+        for (int j = 0; j < c; ++j) sum = xent_add(sum, xent_exp(zr[j], zmax));
+        sums[0] += xent_row_loss(sum, zr[label], zmax);
         sums[1] += best == label ? 1.f : 0.f;
         if (dz) {
             float* d = dz + ((u64)r * models + k) * c;
-            for (int j = 0; j < c; ++j) d[j] = (expf(zr[j] - zmax) / sum - (j == label ? 1.f : 0.f)) * inv_rows;
+            const float inv = xent_inv(sum);
+            for (int j = 0; j < c; ++j) d[j] = xent_grad(xent_exp(zr[j], zmax), inv, j == label ? 1.f : 0.f, inv_rows);
         }
     }
     block_sums(sums, 2, hist + 2 * (u64)k);
@@ -221,11 +223,11 @@ extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __re
         const float* yr = (const float*)yb + ((u64)s * st.batch + r) * c;
         float sq = 0.f;
         for (int j = 0; j < c; ++j) {
-            const float d = zr[j] - yr[j];
-            sq += d * d;
-            if (dz) dz[((u64)r * models + k) * c + j] = d * scale;
+            const float d = mse_diff(zr[j], yr[j]);
+            sq = mse_add_sq(sq, d);
+            if (dz) dz[((u64)r * models + k) * c + j] = mse_grad(d, scale);
         }
-        sums[0] += sq / (float)c;
+        sums[0] += mse_row_loss(sq, c);
     }
     block_sums(sums, 1, hist + 2 * (u64)k);
     if (sse) {
@@ -233,8 +235,8 @@ extern "C" __global__ void many_mse(const float* __restrict__ z, const u32* __re
         for (int j = warp; j < c; j += warps) {
             float t = 0.f;
             for (int r = lane; r < rows; r += 32) {
-                const float d = z[((u64)r * models + k) * c + j] - ((const float*)yb)[((u64)s * st.batch + r) * c + j];
-                t += d * d;
+                t = mse_add_sq(t, mse_diff(z[((u64)r * models + k) * c + j],
+                                           ((const float*)yb)[((u64)s * st.batch + r) * c + j]));
             }
             t = warp_sum(t);
             if (lane == 0) sse[(u64)k * c + j] += (double)t;

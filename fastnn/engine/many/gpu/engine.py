@@ -16,6 +16,7 @@ import numpy as np
 
 from ...._data import input_affine
 from ...._errors import ConfigError, TrainingDiverged
+from ...._loss import describe
 from ...._optim import SGD
 from ...._shuffle import split_u64
 from ...._state import state_problem
@@ -90,7 +91,7 @@ class ManyGpuEngine(ManyEngine):
         self.config = config
         model = config.model
         self.count = config.count
-        self.regression = config.loss == "mse"
+        self.regression = not describe(config.loss).labels  # float targets: no accuracy, R^2 (fastnn/_loss.py)
         self.layout = layout.model_layout(model, config.count)
         self.y_words = model.classes if self.regression else 1
         names = set()
