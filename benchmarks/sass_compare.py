@@ -4,7 +4,8 @@
     python benchmarks/sass_compare.py diff OUT_A OUT_B
 
 A refactor of a kernel that keeps every plan's SASS byte-identical cannot change what it computes or how fast, so it
-needs no GPU run; anything else does. cuobjdump: $CUOBJDUMP, else on PATH, else `pip install nvidia-cuda-cuobjdump`'s.
+needs no GPU run; anything else does. cuobjdump: $CUOBJDUMP, else on PATH, else `pip install nvidia-cuda-cuobjdump`'s
+(which runs nvdisasm: `pip install nvidia-cuda-nvdisasm` puts it beside it, and the folder goes on cuobjdump's PATH).
 
 `dump` takes each plan's NVRTC options from fastnn's own plan functions (fastnn/engine/grid/plan.py: fast_plan,
 stream_plan, grid_plan with the H100's 132 SMs and 232448 bytes of shared memory), compiles NATIVE_DIR/<plan.source>
@@ -122,8 +123,10 @@ def _one(job):
     cubin = compile_source((native / source).read_text(), source, arch, options, include_dirs=(native,))
     path = Path(out) / f"{name}.cubin"
     path.write_bytes(cubin)
+    tool = cuobjdump()
+    env = dict(os.environ, PATH=os.pathsep.join((str(Path(tool).parent), os.environ.get("PATH", ""))))  # nvdisasm
     for flag, ext in (("-sass", "sass"), ("-res-usage", "res")):
-        text = subprocess.run([cuobjdump(), flag, str(path)], check=True, capture_output=True, text=True).stdout
+        text = subprocess.run([tool, flag, str(path)], check=True, capture_output=True, text=True, env=env).stdout
         (Path(out) / f"{name}.{ext}").write_text(text)
     (Path(out) / f"{name}.opts").write_text("\n".join((arch, source, *options)) + "\n")
     return name
