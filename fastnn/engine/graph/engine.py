@@ -121,7 +121,7 @@ class GraphEngine(Engine):
         handles, then cuBLASLt's first heuristic query (cublaslt.warm_up; "_": no attribute, nothing kept)."""
         return [
             ("gather_mod", lambda made: kernels.module(self.dev, *kernels.gather_file(self.spec))),
-            ("loss_mod", lambda made: kernels.module(self.dev, *kernels.loss_file(self.spec, self.regression))),
+            ("loss_mod", lambda made: kernels.module(self.dev, *kernels.loss_file(self.spec, not self.loss.softmax))),
             ("lt", lambda made: cublaslt.Handle()),
             ("workspace", lambda made: cublaslt.Workspace(WORKSPACE_BYTES)),
             ("dnn", lambda made: cudnn.Handle(self.stream)),
@@ -149,7 +149,7 @@ class GraphEngine(Engine):
         if self.gather_mod is None:
             self.gather_mod = kernels.module(self.dev, *kernels.gather_file(self.spec))
         if self.loss_mod is None:
-            self.loss_mod = kernels.module(self.dev, *kernels.loss_file(self.spec, self.regression))
+            self.loss_mod = kernels.module(self.dev, *kernels.loss_file(self.spec, not self.loss.softmax))
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
