@@ -211,13 +211,16 @@ class ManyGpuEngine(ManyEngine):
         """Whether epochs of one stream fold layer 0's update into its GEMM: fold_sgd, and plain SGD for all."""
         return self.fold_sgd and all(isinstance(o, SGD) and o.momentum == 0 for o in self.config.optimizers)
 
-    def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int) -> list[int]:
+    def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int, drop_last: bool | None = None
+                   ) -> list[int]:  # fmt: skip
         """Rows of each step for layer 0's cuBLASLt GEMMs (all 0: the per-model kernels), their plans made now
-        (before any capture): a pass of one stream only, while `fast_layer0` holds."""
+        (before any capture): a pass of one stream only, while `fast_layer0` holds. drop_last: the pass's (None:
+        training's; evaluation and prediction keep every row)."""
         if tables.streams != 1 or not self.fast_layer0:
             return [0] * steps
         cfg = self.config
-        rows = [layout.rows_at(group_n, s, cfg.batch_size, cfg.drop_last) for s in range(steps)]
+        last = cfg.drop_last if drop_last is None else drop_last
+        rows = [layout.rows_at(group_n, s, cfg.batch_size, last) for s in range(steps)]
         try:
             for r in set(rows) - {0}:
                 self._fast_plans(r)
@@ -411,23 +414,25 @@ class ManyGpuEngine(ManyEngine):
             self._eval = _DataSet(self, x, y, rows)
         return self._eval
 
-    def _pass_tables(self, data: _DataSet, models: np.ndarray) -> tuple[kernels.StepTables, int]:
-        """Upload a pass in order over `data` for the models in `models` (each group one stream); (tables, steps)."""
+    def _pass_tables(self, data: _DataSet, models: np.ndarray) -> tuple[kernels.StepTables, list[int]]:
+        """Upload a pass in order over `data` for the models in `models` (each group one stream); (tables, each
+        step's rows for layer 0's one GEMM, 0 where the kernels serve: see _fast_rows)."""
         groups = np.arange(len(data.groups), dtype=np.int64)
         plan = Streams(group=groups, epoch=np.zeros_like(groups), of_model=np.where(models, data.group, -1))
         st = stream_tables(plan, data.tables, self.config.batch_size, False)
         self._ensure(st.count, 1)
         self._upload_streams(st)
-        return self._tables(data, st.count), st.steps
+        tables = self._tables(data, st.count)
+        return tables, self._fast_rows(tables, int(data.tables.n[0]), st.steps, drop_last=False)
 
     def _evaluate(self, data: _DataSet, models: np.ndarray) -> list[tuple[float, float]]:
         """(loss, accuracy) or (mse, r2) of each model in `models` on its rows of `data` (others: NaN)."""
-        tables, steps = self._pass_tables(data, models)
+        tables, fast = self._pass_tables(data, models)
         net = self._net()
         self.eval_hist.memset(0)
         self.sse.memset(0)
-        for s in range(steps):
-            kernels.record_forward(net, tables, s, False, False)
+        for s in range(len(fast)):
+            kernels.record_forward(net, tables, s, False, False, fast[s])
             kernels.record_loss(net, tables, s, False, False, self.eval_hist.ptr, 0,
                                 self.sse.ptr if self.regression else 0)  # fmt: skip
         self.stream.synchronize()
@@ -461,12 +466,12 @@ class ManyGpuEngine(ManyEngine):
         y = np.zeros((x.shape[0], self.y_words), dtype=np.uint32)
         data = _DataSet(self, x, y, None)
         try:
-            tables, steps = self._pass_tables(data, np.ones(self.count, dtype=bool))
+            tables, fast = self._pass_tables(data, np.ones(self.count, dtype=bool))
             net = self._net()
             out = np.empty((self.count, x.shape[0], c), dtype=np.float32)
             chunk = np.empty((batch, self.count, c), dtype=np.float32)  # (batch, K, outputs): the activations' layout
-            for s in range(steps):
-                kernels.record_forward(net, tables, s, False, False)
+            for s in range(len(fast)):
+                kernels.record_forward(net, tables, s, False, False, fast[s])
                 self.stream.synchronize()
                 self.z[-1].download(chunk)
                 rows = rows_at(x.shape[0], s, batch, False)

@@ -210,9 +210,9 @@ def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, f
     return nodes
 
 
-def record_forward(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool) -> None:
-    """Queue the gather of `step` and every layer's forward."""
-    for _, queue in forward_nodes(net, t, step, shuffled, drop_last):
+def record_forward(net: Net, t: StepTables, step: int, shuffled: bool, drop_last: bool, fast_rows: int = 0) -> None:
+    """Queue the gather of `step` and every layer's forward (layer 0 as one GEMM where fast_rows > 0)."""
+    for _, queue in forward_nodes(net, t, step, shuffled, drop_last, fast_rows):
         queue()
 
 
