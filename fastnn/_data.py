@@ -20,8 +20,8 @@ from ._gpu_arrays import CudaArray, cuda_array
 from ._state import FP16_MAX
 
 __all__ = [
-    "check_inputs", "check_labels", "check_normalize", "check_operand_range", "check_targets", "input_affine",
-    "prepare_batch",
+    "check_inputs", "check_labels", "check_normalize", "check_operand_range", "check_sample_weight", "check_targets",
+    "input_affine", "prepare_batch",
 ]  # fmt: skip
 
 
@@ -399,3 +399,36 @@ def prepare_batch(x: np.ndarray, scale: float, shift: float, dtype: type = np.fl
     if np.any(shift):
         out += np.asarray(shift, dtype)
     return out
+
+
+def check_sample_weight(sample_weight: Any, x: Any, validation_split: Any = None) -> np.ndarray | None:
+    """`fit`'s sample_weight as float32 (N,) weights, or None where it is None or every weight is equal (the
+    weighted mean loss is then the unweighted one, which every engine trains).
+
+    Raises:
+        DataError: not N finite weights >= 0, or they sum to 0.
+        ConfigError: unequal weights with validation_split (the held-out rows' weights would be dropped).
+    """
+    if sample_weight is None:
+        return None
+    try:
+        n = int(x.shape[0]) if getattr(x, "shape", None) else len(x)
+    except TypeError:
+        return None  # x itself is malformed: fit's checks of x name it
+    try:
+        w = np.asarray(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"sample_weight must be numbers, got {reprlib.repr(sample_weight)}: {exc}") from None
+    if w.ndim == 0:
+        w = np.full(n, float(w))
+    if w.shape != (n,):
+        raise DataError(f"sample_weight has shape {w.shape}; x has {n} rows: expected ({n},)")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise DataError("sample_weight must hold finite values >= 0")
+    if not w.sum() > 0:
+        raise DataError("sample_weight sums to 0: no row would count")
+    if (w == w[0]).all():
+        return None
+    if validation_split is not None:
+        raise ConfigError("sample_weight (unequal weights) with validation_split is not supported: pass eval_data")
+    return w.astype(np.float32)

@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = [
     "KIND_HUBER", "KIND_MSE", "KIND_WXENT", "KIND_XENT", "LOSSES", "Loss", "describe", "huber_loss_and_grad",
-    "log_softmax", "loss_and_grad", "mse_loss_and_grad", "weighted_loss_and_grad",
+    "log_softmax", "loss_and_grad", "mse_loss_and_grad", "weighted", "weighted_loss_and_grad",
 ]  # fmt: skip
 
 #: Loss kinds as the kernels number them (native/loss.cuh's LOSS_XENT, LOSS_MSE, LOSS_WXENT, LOSS_HUBER).
@@ -71,13 +71,20 @@ def loss_and_grad(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     return losses, dlogits
 
 
+def weighted(losses: np.ndarray, dgrad: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Any loss weighted per row: (w * losses, the gradient of sum(w * loss) / sum(w)) from its per-row `losses`
+    and d(mean loss)/d outputs `dgrad`, each row's gradient times B * w / sum(w); a batch of no weight takes no
+    step (zero gradient). The one definition of sample weights (Trainer.fit(sample_weight=...))."""
+    w = np.asarray(w, dtype=dgrad.dtype)
+    total = float(w.sum(dtype=np.float64))
+    scale = w * (len(w) / total) if total > 0 else np.zeros_like(w)
+    return losses * w, dgrad * scale[:, None]
+
+
 def weighted_loss_and_grad(logits: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-sample weighted cross-entropy losses w * loss (B,) and d(batch loss)/d logits (B, classes), the batch's
     loss being sum(w * loss) / sum(w), a weighted mean as scikit-learn's sample_weight averages (LOSS_WXENT)."""
-    losses, dlogits = loss_and_grad(logits, y)
-    w = np.asarray(w, dtype=logits.dtype)
-    dlogits *= (w * (logits.shape[0] / w.sum()))[:, None]
-    return w * losses, dlogits
+    return weighted(*loss_and_grad(logits, y), w)
 
 
 def mse_loss_and_grad(outputs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._checks import integer
 from ._control import Callback, EarlyStopping
-from ._data import check_normalize
+from ._data import check_normalize, check_sample_weight
 from ._errors import ConfigError, DataError, FastnnError, NotFittedError
 from ._fit import FitRun, check_fit, plan_run, take_part
 from ._gpu_arrays import CudaArray
@@ -213,6 +213,7 @@ class Trainer:
         validation_split: float | None = None,
         early_stopping: bool | int | EarlyStopping | None = None,
         callbacks: Sequence[Callback] | None = None,
+        sample_weight: Any = None,
     ) -> History:
         """Train up to `epochs` more epochs on (x, y); returns this call's History (`self.history` holds all).
 
@@ -230,6 +231,12 @@ class Trainer:
         returns True or raises `fastnn.StopTraining` stops training after that epoch. Both run once per epoch
         on the host; on the GPU they make the engine wait for each epoch before queuing the next (no epoch
         trains past a stop), a host round trip per epoch and never per step.
+
+        sample_weight: None, or (N,) finite weights >= 0, not all zero: each row's loss and gradient are
+        multiplied by its weight and a batch's loss is their sum over the batch's weight sum (PyTorch's weighted
+        mean; `fastnn/engine/numpy_engine.py`); the history's train_loss is the weighted mean. Equal weights change
+        nothing. Unequal weights train on the CPU only (the GPU engines refuse them by name), and not with
+        validation_split.
 
         progress: True, False, or "auto" (on when stdout is a terminal): a line per epoch, or on the CPU with
         tqdm installed a bar per epoch that moves with every step. A stream that fails (a closed stdout, a broken
@@ -260,7 +267,14 @@ class Trainer:
                                     "counters and history would go backwards")  # fmt: skip
             self._fitting = True
         try:
-            return self._fit(x, y, epochs, eval_data, eval_every, progress, validation_split, early_stopping, callbacks)
+            weight = check_sample_weight(sample_weight, x, validation_split)
+            self._engine.set_sample_weight(weight)  # a GPU engine refuses unequal weights here, before any work
+            try:
+                return self._fit(x, y, epochs, eval_data, eval_every, progress, validation_split, early_stopping,
+                                 callbacks)  # fmt: skip
+            finally:
+                if weight is not None:
+                    self._engine.set_sample_weight(None)
         finally:
             self._fitting = False
 

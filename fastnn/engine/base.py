@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import ConfigError
 from .._loss import LOSSES as _LOSSES
 from .._model import MLP
 from .._optim import Optimizer
@@ -112,6 +113,16 @@ class Engine(ABC):
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
         """Keep the training set: x (N, D) uint8 or float32; y (N,) int32 labels, or (N, k) float32 targets for
         loss "mse"; both already validated."""
+
+    def set_sample_weight(self, weight: np.ndarray | None) -> None:
+        """Per-row weights of the training set for the next `fit_epochs` (None: unweighted), validated, > 0 in
+        sum. Only the NumPy engine's loss takes them (numpy_engine.py defines the weighted mean); the GPU engines'
+        loss kernels compute the unweighted mean, so they refuse weights by name, before any work."""
+        if weight is not None:
+            raise ConfigError(
+                f"sample_weight: the {self.name} engine's loss kernels compute the unweighted mean loss; train a "
+                f"weighted fit on the CPU (device='cpu', the NumPy engine), or pass equal weights"
+            )
 
     @abstractmethod
     def fit_epochs(

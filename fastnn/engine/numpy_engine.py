@@ -5,6 +5,12 @@ softmax cross-entropy, mean over the batch (`loss_and_grad`), or for a regressio
 error, mean over the batch and the outputs (`mse_loss_and_grad`), with R^2 as `r2_score` defines it; the losses
 are fastnn/_loss.py's (re-exported here), beside their description. The pieces (`forward`, the losses,
 `backward`) are module functions so GPU tests can call them as the reference, in float64 where they need to.
+
+With per-row weights (`set_sample_weight`, `Trainer.fit(sample_weight=...)`), each row's loss and gradient are
+multiplied by its weight and the batch's loss is their sum over the sum of the batch's weights (_loss.weighted):
+PyTorch's weighted mean (`CrossEntropyLoss(weight=..., reduction="mean")`), scikit-learn's `np.average(loss,
+weights=sample_weight)` per batch. A batch whose weights are all zero takes no step. The epoch's loss is the
+weighted mean over its rows; its accuracy stays the fraction of rows right.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 
 from .._data import input_affine, prepare_batch
 from .._errors import TrainingDiverged
-from .._loss import describe, log_softmax, loss_and_grad, mse_loss_and_grad
+from .._loss import describe, log_softmax, loss_and_grad, mse_loss_and_grad, weighted
 from .._model import MLP, param_names
 from .._optim import AdamW, adamw_step, sgd_step
 from .._shuffle import permutation
@@ -37,6 +43,7 @@ __all__ = [
     "log_softmax",
     "loss_and_grad",
     "mse_loss_and_grad",
+    "weighted",
     "r2_score",
     "softmax",
 ]
@@ -141,6 +148,7 @@ class NumpyEngine(Engine):
         self.set_state({k: v for k, v in state.items() if k.startswith("opt.")})
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
+        self._weight: np.ndarray | None = None
         self._threads = blas_threads(config.model, max(config.batch_size, _EVAL_ROWS))  # see cpu_threads
 
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -150,13 +158,19 @@ class NumpyEngine(Engine):
         scale, shift = input_affine(x.dtype, self.config.normalize)
         return prepare_batch(x, scale, shift, self.dtype)
 
-    def _step(self, xb: np.ndarray, yb: np.ndarray, lr: float, t: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """One forward/backward/update; returns each sample's loss and correctness (None for a regression)
-        before the update."""
+    def set_sample_weight(self, weight: np.ndarray | None) -> None:
+        self._weight = None if weight is None else np.asarray(weight, dtype=self.dtype)
+
+    def _step(self, xb: np.ndarray, yb: np.ndarray, lr: float, t: int,
+              wb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """One forward/backward/update; returns each sample's loss (times its weight `wb`, if given) and
+        correctness (None for a regression) before the update."""
         model, opt = self.config.model, self.config.optimizer
         logits, cache = forward(self.params, xb, model)
         labels = describe(self.config.loss).labels
         losses, dlogits = loss_and_grad(logits, yb) if labels else mse_loss_and_grad(logits, yb)
+        if wb is not None:
+            losses, dlogits = weighted(losses, dlogits, wb)
         grads = backward(self.params, cache, dlogits, model)
         for n in self._names:
             if isinstance(opt, AdamW):
@@ -205,7 +219,7 @@ class NumpyEngine(Engine):
             start = time.perf_counter()
             snapshot = self._snapshot()
             order = permutation(cfg.seed, epoch, n)
-            loss_sum, correct, seen = 0.0, 0, 0
+            loss_sum, correct, seen, weight_sum = 0.0, 0, 0, 0.0
             stats = None
             try:
                 # A diverging run overflows float32; the checks below report that, so the warnings are noise.
@@ -213,7 +227,9 @@ class NumpyEngine(Engine):
                     for lo, hi in slices:
                         idx = order[lo:hi]
                         lr, t = float(lrs[step]), first_step + step + 1
-                        losses, ok = self._step(self._batch(x[idx]), y[idx], lr, t)
+                        wb = None if self._weight is None else self._weight[idx]
+                        losses, ok = self._step(self._batch(x[idx]), y[idx], lr, t, wb)
+                        weight_sum += hi - lo if wb is None else float(wb.sum(dtype=np.float64))
                         step += 1
                         loss_sum += float(losses.sum(dtype=np.float64))
                         correct += 0 if ok is None else int(ok.sum())
@@ -222,7 +238,7 @@ class NumpyEngine(Engine):
                             on_step()
                         if not math.isfinite(loss_sum):
                             break  # the epoch's mean is already non-finite
-                loss = loss_sum / seen
+                loss = loss_sum / weight_sum if weight_sum > 0 else 0.0  # the weighted mean (unweighted: each 1)
                 # The loss is measured before each update: the epoch's last update is judged by the state it left.
                 bad_state = None if not math.isfinite(loss) else state_problem(self._state_view(), cfg.precision)
                 if not math.isfinite(loss) or bad_state is not None:
