@@ -25,11 +25,9 @@ CHECKED = [MLPClassifier(device="cpu"), LogisticRegression(device="cpu"), MLPReg
 
 #: Checks that fail by design, with the reason (scikit-learn reports them as xfail).
 EXPECTED_FAILED = {
-    "check_sample_weight_equivalence_on_dense_data": "sample_weight: only equal nonzero weights (the loss is an "
-    "unweighted mean); other weights are refused with a ValueError",
-    "check_sample_weights_not_adding_values": "unequal sample_weight is refused (see above)",
-    "check_sample_weights_not_overwritten": "it fits with unequal sample_weight, which is refused (see above)",
-    "check_sample_weight_equivalence_on_sparse_data": "sparse input is refused, and unequal sample_weight too",
+    "check_sample_weight_equivalence_on_dense_data": "a weight is a weighted mean loss per minibatch, but repeated "
+    "rows make other minibatches (and another 'auto' batch size) than weighted ones: the SGD paths differ",
+    "check_sample_weight_equivalence_on_sparse_data": "sparse input is refused",
 }
 
 
@@ -153,16 +151,20 @@ def test_partial_fit_needs_classes_first_and_continues():
         clf.partial_fit(x[:3], np.array(["cat", "dog", "yak"]))
 
 
-def test_sample_weight_equal_is_accepted_unequal_refused():
+def test_sample_weight_equal_changes_nothing_unequal_weighs_the_loss():
+    """Equal weights are the unweighted mean (LogisticRegression: C scaled by them, as scikit-learn's objective);
+    unequal weights weigh each row's loss (the NumPy engine: tests/test_sample_weight.py)."""
     x, y = _blobs(n=60)
-    clf = LogisticRegression(max_iter=2, random_state=0, device="cpu")
+    clf = MLPClassifier((4,), max_iter=2, random_state=0, device="cpu")
+    lr = LogisticRegression(max_iter=2, random_state=0, device="cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        a = clf.fit(x, y, sample_weight=np.full(60, 3.0)).predict_proba(x)
-        b = clone(clf).fit(x, y).predict_proba(x)
-    np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="supported only when every nonzero weight is equal"):
-        clf.fit(x, y, sample_weight=np.arange(60.0))
+        np.testing.assert_array_equal(clf.fit(x, y, sample_weight=np.full(60, 3.0)).predict_proba(x),
+                                      clone(clf).fit(x, y).predict_proba(x))  # fmt: skip
+        np.testing.assert_array_equal(lr.fit(x, y, sample_weight=np.full(60, 3.0)).predict_proba(x),
+                                      clone(lr).set_params(C=3.0).fit(x, y).predict_proba(x))  # fmt: skip
+        weighted = clone(clf).fit(x, y, sample_weight=np.arange(60.0)).predict_proba(x)
+    assert not np.array_equal(weighted, clf.predict_proba(x))
 
 
 @pytest.mark.parametrize(

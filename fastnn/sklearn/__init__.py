@@ -15,8 +15,9 @@ Differences from scikit-learn's estimators, by design:
 - `learning_rate` ("constant", "invscaling", "adaptive") applies to either solver (scikit-learn: "sgd" only).
 - Inputs are used as float32 values as given (no /255 scaling of integer inputs); scale features yourself
   (for example with a `StandardScaler` in a `Pipeline`).
-- `sample_weight` is accepted only when every weight is equal (the mean loss is then the same); other
-  weights are refused with a ValueError: the loss kernels compute an unweighted mean.
+- `sample_weight` (and `LogisticRegression`'s `class_weight`) weigh each row's loss: a minibatch's loss is the
+  weighted mean (`Trainer.fit`). Equal weights change nothing (LogisticRegression: C is scaled by their sum, as
+  in scikit-learn); unequal ones train on the CPU, as the GPU engines' loss kernels compute an unweighted mean.
 - With `early_stopping`, the held-out rows are those `Trainer(validation_split=...)` holds out (seeded, not
   stratified).
 - `MLPRegressor`'s `loss_curve_` is the mean squared error (scikit-learn's is half of it); with several

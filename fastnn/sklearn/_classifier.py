@@ -26,7 +26,8 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
         return lambda record: record["eval_accuracy"]  # the accuracy: scikit-learn's score for a classifier
 
     def _validate_xy(self, X: Any, y: Any, sample_weight: Any, reset: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(X float32, y) checked as scikit-learn does; rows of weight 0 dropped (see `_keep_rows`)."""
+        """(X float32, y) checked as scikit-learn does; rows of weight 0 dropped, the others' weights kept for
+        this call's training (see `_weigh_rows`)."""
         X, y = validate_data(self, X, y, dtype=(np.float32, np.float64), reset=reset)
         try:
             check_classification_targets(y)
@@ -35,10 +36,12 @@ class FastnnClassifier(ClassifierMixin, FastnnEstimator):
                 raise ValueError(f"{exc} continuous targets: use loss='mse' / MLPRegressor "
                                  f"(fastnn.sklearn.MLPRegressor)") from None  # fmt: skip
             raise
-        keep = self._keep_rows(sample_weight, X.shape[0])
-        if keep is not None:
-            X, y = X[keep], y[keep]
+        X, y = self._weigh_rows(X, y, self._class_weighted(sample_weight, y))
         return X.astype(np.float32, copy=False), y
+
+    def _class_weighted(self, sample_weight: Any, y: np.ndarray) -> Any:
+        """`sample_weight` times each row's class weight (LogisticRegression's class_weight); here unchanged."""
+        return sample_weight
 
     def _encode(self, y: np.ndarray) -> np.ndarray:
         idx = np.searchsorted(self.classes_, y)

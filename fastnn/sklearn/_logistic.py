@@ -44,6 +44,9 @@ class LogisticRegression(FastnnClassifier):
         penalty: "l2" or None (no penalty, as C=numpy.inf).
         C: the inverse of the penalty's strength, > 0.
         fit_intercept: True (every fastnn layer has a bias; False is refused).
+        class_weight: None, a dict label -> weight, or "balanced" (n_samples / (n_classes * the label's count)),
+            as scikit-learn's: each row's loss is weighted by its class's weight (times its `sample_weight`).
+            Unequal weights train on the CPU (the GPU engines' loss kernels are unweighted: see `Trainer.fit`).
         learning_rate: "adaptive" (the default: divided by 5 at each plateau short of `tol`), "constant" (stop
             at the first plateau, warning when short of `tol`) or "invscaling".
         tol: the largest gradient component of the objective at which training stops (scikit-learn's lbfgs
@@ -56,6 +59,7 @@ class LogisticRegression(FastnnClassifier):
         penalty: str | None = "l2",
         C: float = 1.0,
         fit_intercept: bool = True,
+        class_weight: dict[Any, float] | str | None = None,
         solver: str = "sgd",
         batch_size: int | str = "auto",
         learning_rate: str = "adaptive",
@@ -132,17 +136,18 @@ class LogisticRegression(FastnnClassifier):
         scores = self._validate(X, reset=False).astype(np.float64) @ coef.T + intercept
         return scores[:, 0] if coef.shape[0] == 1 else scores
 
-    def _at_plateau(self, X: np.ndarray, y: np.ndarray) -> bool:
+    def _at_plateau(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> bool:
         """Converged when the objective's largest gradient component is at most tol (scikit-learn's lbfgs gtol)."""
-        return float(np.abs(self._objective_gradient(X, y)).max()) <= float(self.tol)
+        return float(np.abs(self._objective_gradient(X, y, w)).max()) <= float(self.tol)
 
     def _unconverged_hint(self) -> str:
         return "; raise max_iter, or C to weaken the penalty" if self.learning_rate == "adaptive" else (
             '; learning_rate="adaptive" goes on at a smaller rate')  # fmt: skip
 
-    def _objective_gradient(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def _objective_gradient(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
         """The gradient of the per-sample objective (float64, weights then intercepts, flat) at the trained
-        parameters, for encoded labels `y`: what stopping is judged on, computed exactly, not from minibatches."""
+        parameters, for encoded labels `y` and row weights `w` (the weighted mean log-loss plus the trainer's
+        weight decay): what stopping is judged on, computed exactly, not from minibatches."""
         state = self.trainer_.state_dict()
         W, b = state["0.weight"].astype(np.float64), state["0.bias"].astype(np.float64)
         X64 = X.astype(np.float64)
@@ -151,13 +156,26 @@ class LogisticRegression(FastnnClassifier):
         p = np.exp(z)
         p /= p.sum(axis=1, keepdims=True)
         p[np.arange(len(y)), y] -= 1.0
-        p /= len(y)
-        decay = self._decay(len(y))
+        p *= (1.0 / len(y)) if w is None else (np.asarray(w, np.float64) / float(np.sum(w)))[:, None]
+        decay = float(self.trainer_.optimizer.weight_decay)
         return np.concatenate([(p.T @ X64 + decay * W).ravel(), p.sum(axis=0) + decay * b])
+
+    def _class_weighted(self, sample_weight: Any, y: np.ndarray) -> Any:
+        """`sample_weight` (None: ones) times each row's weight from `class_weight` (scikit-learn's: a dict of
+        label -> weight, or "balanced": n_samples / (n_classes * the class's count)); None without either."""
+        if self.class_weight is None:
+            return sample_weight
+        from sklearn.utils.class_weight import compute_class_weight
+
+        classes = np.unique(y)
+        per_class = compute_class_weight(self.class_weight, classes=classes, y=y)
+        rows = per_class[np.searchsorted(classes, y)]
+        return rows if sample_weight is None else rows * np.asarray(sample_weight, np.float64)
 
     def _decay(self, n_samples: int) -> float:
         """The L2 penalty ||W||^2 / (2 C) on the summed loss of `n_samples` rows (a fit's; for partial_fit, all
         the rows seen), as weight decay on the mean loss."""
         if self.penalty is None or math.isinf(self.C):
             return 0.0
-        return min(1.0 / (float(self.C) * n_samples), 1e6)  # fastnn's optimizers take weight decay up to 1e6
+        total = getattr(self, "_fit_weight_sum", None) or n_samples  # scikit-learn: C times the weights' sum
+        return min(1.0 / (float(self.C) * total), 1e6)  # fastnn's optimizers take weight decay up to 1e6

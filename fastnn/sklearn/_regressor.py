@@ -95,9 +95,7 @@ class MLPRegressor(LayersMixin, RegressorMixin, FastnnEstimator):
         y = np.asarray(y, dtype=np.float64)
         y = y.reshape(-1, 1) if y.ndim == 1 else y
         check_targets(y, X.shape[0], y.shape[1], "y")  # Trainer.fit's check, before the trainer is built
-        keep = self._keep_rows(sample_weight, X.shape[0])
-        if keep is not None:
-            X, y = X[keep], y[keep]
+        X, y = self._weigh_rows(X, y, sample_weight)
         return X.astype(np.float32, copy=False), y
 
     def _check_outputs(self, y: np.ndarray) -> None:
