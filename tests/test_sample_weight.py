@@ -167,3 +167,14 @@ def test_the_mlps_weigh_their_loss(make):
     weighted_fit = getattr(fs, make)(**kw).fit(x, y, sample_weight=w)
     assert weighted_fit.trainer_.history["train_loss"] != getattr(fs, make)(**kw).fit(x, y).trainer_.history[
         "train_loss"]  # fmt: skip
+
+
+def test_a_search_over_class_weighted_fits_fits_each_as_the_estimator_would():
+    pytest.importorskip("sklearn")
+    import fastnn.sklearn as fs
+
+    x, y = _imbalanced()
+    est = fs.LogisticRegression(class_weight="balanced", learning_rate="constant", max_iter=2, tol=0.0,
+                                random_state=0, device="cpu")  # fmt: skip
+    search = fs.GridSearchCV(est, {"C": [0.1, 1.0]}, cv=2).fit(x[:600], y[:600])
+    assert search.plan_.groups == [] and "class_weight='balanced'" in search.plan_.reasons[0]

@@ -124,6 +124,8 @@ def not_batchable(est: Any) -> str | None:
         return "verbose prints each fit's epochs"
     if est.engine != "auto":
         return f"engine={est.engine!r} names a single-model engine"
+    if getattr(est, "class_weight", None) is not None:
+        return f"class_weight={est.class_weight!r} weighs the rows, which the many-model engines do not"
     return None
 
 
