@@ -115,7 +115,7 @@ def fake_softmax() -> cudnn.Softmax:
 
 
 def fake_engine() -> types.SimpleNamespace:
-    """What graph/kernels.py reads of a GraphEngine, for MLP 784-8192x3-10 in "mixed" with SGD."""
+    """What graph/kernels.py reads of the graph engine's Resources record, for MLP 784-8192x3-10 in "mixed" with SGD."""
     config = EngineConfig(model=MLP([784, 8192, 8192, 8192, 10]), optimizer=SGD(lr=0.1, momentum=0.9), batch_size=32)
     module = types.SimpleNamespace(_alive=lambda: None)
     kernel_cache: dict[str, driver.Kernel] = {}

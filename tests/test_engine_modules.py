@@ -104,7 +104,7 @@ def test_the_persistent_engines_never_compile_update_cu(loads, cls):
     eng = _build(cls)
     assert files == ["epoch.cu"] and eng.update_mod is None
     assert launched == [("epoch.cu", "cast_f32_f16")]  # "mixed": set_state writes the fp16 copy
-    kernels.record_epoch_end(eng)  # what their epoch graphs end with
+    kernels.record_epoch_end(eng.resources)  # what their epoch graphs end with
     assert launched[1:] == [("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]
     eng.load_step_libraries()  # their first evaluation or prediction: made on the preparation thread meanwhile
     assert files == ["epoch.cu"] and eng.gather_mod is not None and eng.loss_mod is not None
@@ -114,8 +114,8 @@ def test_the_graph_engine_compiles_update_cu_at_build(loads):
     files, launched = loads
     eng = _build(graph.GraphEngine)
     assert sorted(files) == ["epoch.cu", "gather.cu", "loss.cu", "update.cu"]
-    kernels.record_update(eng, 0, 10)
-    kernels.record_epoch_end(eng)
+    kernels.record_update(eng.resources, 0, 10)
+    kernels.record_epoch_end(eng.resources)
     assert launched == [("epoch.cu", "cast_f32_f16"), ("update.cu", eng.spec.update_kernel),
                         ("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]  # fmt: skip
 
@@ -158,12 +158,12 @@ def test_auto_grid_falls_back_to_the_graph_step_where_the_fast_kernel_cannot_hol
         raise DataError("the grid kernel's global scratch does not fit")
 
     monkeypatch.setattr(grid_engine, "GridTrainContext", refuse)
-    monkeypatch.setattr(graph_engine, "TrainContext", lambda eng, x, y, key: ("graph step", eng))
+    monkeypatch.setattr(graph_engine, "TrainContext", lambda res, x, y, key: ("graph step", res))
     model = MLP([784, 256, 256, 256, 10])
     cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1), batch_size=32, precision="mixed")
     x, y = np.zeros((64, 784), np.uint8), np.zeros(64, np.int32)
     auto = GridEngine(cfg, init_parameters(model, 0), graph_fallback=True)
-    assert auto.make_train_context(x, y, None) == ("graph step", auto)
+    assert auto.make_train_context(x, y, None) == ("graph step", auto.resources)
     assert "update.cu" in files and auto.update_mod is not None and auto.lt is not None
     with pytest.raises(DataError, match="scratch"):
         GridEngine(cfg, init_parameters(model, 0)).make_train_context(x, y, None)

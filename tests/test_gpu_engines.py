@@ -156,7 +156,8 @@ def test_gathered_order_is_the_shuffle_definition():
             eng.write_epoch_state(epoch, 0)
             seen = []
             for s, rows in enumerate(ctx.rows):
-                kernels.record_gather(eng, ctx.x, ctx.y, n, x.dtype, s * B, rows, ctx.x_batch, ctx.y_batch.ptr, True)
+                kernels.record_gather(eng.resources, ctx.x, ctx.y, n, x.dtype, s * B, rows, ctx.x_batch,
+                                      ctx.y_batch.ptr, True)  # fmt: skip
                 xb = np.empty((rows, d), dtype=np.float32)
                 yb = np.empty(rows, dtype=np.int32)
                 eng.stream.synchronize()
@@ -866,7 +867,7 @@ def test_check_state_kernel_flags_exactly_a_non_finite_state(precision, where):
         hist.memset(0)
         eng.snapshot.memset(0)
         eng.write_epoch_state(5, 0, 0, hist.ptr)
-        kernels.record_epoch_end(eng)
+        kernels.record_epoch_end(eng.resources)
         eng.stream.synchronize()
         st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
         eng.epoch_state.download(st.view(np.uint8))

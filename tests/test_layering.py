@@ -128,6 +128,61 @@ def test_the_checks_see_what_they_look_for(tmp_path, monkeypatch) -> None:
         test_the_engines_do_not_import_the_user_layer(path)
 
 
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `edges` (module -> modules it imports): each strongly connected set of two or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package_imports(package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (type-checking and lazy imports included), for its modules."""
+    mods = {_module_name(p): p for p in MODULES if _module_name(p).startswith(package + ".")}
+    return {
+        name: {t for module, names in _imports(path) for t in [module, *(f"{module}.{n}" for n in names)]
+               if t in mods and t != name}
+        for name, path in mods.items()
+    }  # fmt: skip
+
+
+def test_the_graph_engines_helpers_take_the_record_not_the_engine() -> None:
+    """fastnn/engine/graph has no import circle, type-checking imports included: the helpers (step, kernels, plans,
+    contexts, parallel, profile) take the narrow `Resources` record (resources.py), and only the engine's own
+    module imports them, never the other way round."""
+    edges = _package_imports("fastnn.engine.graph")
+    assert "fastnn.engine.graph.resources" in edges  # the package was read
+    assert _cycles(edges) == []
+    engine = "fastnn.engine.graph.engine"
+    assert sorted(m for m, deps in edges.items() if engine in deps) == []
+
+
+def test_the_cycle_check_sees_what_it_looks_for() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set(), "c": {"c"}}) == []
+    assert _cycles({"e": {"k", "s"}, "k": {"e"}, "s": {"e", "k"}, "p": {"e"}}) == [["e", "k", "s"]]
+
+
 def _all(module: str) -> tuple[str, ...]:
     """`module`'s `__all__`, read from its source (a list or tuple of string literals)."""
     path = REPO / module.replace(".", "/")

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from fastnn import MLP, AdamW, ConfigError
+from fastnn._loss import describe
 from fastnn._model import init_parameters
 from fastnn.engine.base import EngineConfig
 from fastnn.engine.plan import param_layout, precision_spec
 
 pytestmark = pytest.mark.bindings  # imports the graph engine (cuda-bindings); no GPU needed
 graph = pytest.importorskip("fastnn.engine.graph.engine", reason="needs the CUDA wheels")
+from fastnn.engine.graph.resources import Resources  # noqa: E402
 
 
 class _HostBuffer:
@@ -47,7 +49,9 @@ def _engine(monkeypatch, precision: str):
     model = MLP([5, 130, 3])  # 650 + 130 + 390 + 3 elements, each tensor padded to 128
     cfg = EngineConfig(model=model, optimizer=AdamW(lr=1e-3), batch_size=4, precision=precision)
     eng = object.__new__(graph.GraphEngine)
-    eng.config, eng.spec, eng.layout = cfg, precision_spec(precision), param_layout(model)
+    eng.resources = Resources(cfg, precision_spec(precision), param_layout(model), describe(cfg.loss), 1, None, False,
+                              _Nothing())
+    eng.config = cfg
     eng.opt_names = cfg.optimizer.state_names
     eng.param_bytes = -(-eng.layout.total * eng.spec.param().itemsize // 256) * 256
     eng.opt_bytes = -(-eng.layout.total * 4 // 256) * 256

@@ -99,18 +99,20 @@ class FusedEngine(GraphEngine):
 class FusedTrainContext(TrainContext):
     """The resident training set and its epoch graph: one fused kernel launch plus the epoch-end nodes."""
 
-    eng: FusedEngine
+    def __init__(self, engine: FusedEngine, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
+        self.engine = engine  # its fused_kernel (build runs in TrainContext.__init__); the rest is the record's
+        super().__init__(engine.resources, x, y, key)
 
     def build(self, buf: Callable) -> None:
         self.require_resident("fused")
-        self.kernel, self.plan = self.eng.fused_kernel(self.dtype)
+        self.kernel, self.plan = self.engine.fused_kernel(self.dtype)
 
     def capture_epoch(self):
-        return self.eng.capture(self.record_epoch)
+        return self.res.capture(self.record_epoch)
 
     def record_epoch(self) -> None:
-        eng = self.eng
+        res = self.res
         args = persistent_epoch_args(self)
         p = self.plan
-        self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cluster=p.cluster)
-        record_epoch_end(eng)
+        self.kernel.launch((p.cluster, 1, 1), (p.threads, 1, 1), args, res.stream, p.smem_bytes, cluster=p.cluster)
+        record_epoch_end(res)

@@ -2,6 +2,8 @@
 
 Modules, in the order a newcomer reads them:
 - `engine`: `GraphEngine`, the device, the flat training state and the Engine API;
+- `resources`: `Resources`, what the helpers below take of the engine (device, stream, handles, kernels,
+  buffers): none of them imports the engine;
 - `step`: one training step top to bottom (gather, forward, softmax, loss, backward, update) and the epoch; a
   regression (loss "mse") has no softmax and its own loss kernel;
 - `kernels`: fastnn's own kernels (native/gather.cu, loss.cu, update.cu, epoch.cu) with their arguments packed;

@@ -20,7 +20,7 @@ from . import kernels, plans, step
 from .buffers import Layer, Owner, itemsize
 
 if TYPE_CHECKING:
-    from .engine import GraphEngine
+    from .resources import Resources
     from .upload import DataKey
 
 __all__ = ["EVAL_ROWS", "EvalContext", "TrainContext"]
@@ -31,18 +31,18 @@ EVAL_ROWS = 4096  # rows per forward GEMM when evaluating: large batches, few no
 class TrainContext(Owner):
     """One resident training set with its batch buffers, plans and the captured epoch graph."""
 
-    def __init__(self, eng: GraphEngine, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
+    def __init__(self, res: Resources, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
         super().__init__()
-        self.eng = eng
-        cfg = eng.config
+        self.res = res
+        cfg = res.config
         self.n, self.dtype = x.shape[0], x.dtype
-        self.labels = eng.loss.labels
+        self.labels = res.loss.labels
         B = cfg.batch_size
         self.steps = steps_per_epoch(self.n, B, cfg.drop_last)
         self.samples = self.steps * B if cfg.drop_last else self.n
         self.batch_rows = [min(B, self.n - s * B) for s in range(self.steps)]  # every step's whole batch
         # This rank's part of each batch, by position (all of it on one GPU): offsets into the batch, row counts.
-        g = eng.group
+        g = res.group
         parts = [share(r, g.rank, g.world) if g is not None else (0, r) for r in self.batch_rows]
         self.offsets = [o for o, _ in parts]
         self.rows = [m for _, m in parts]
@@ -50,12 +50,12 @@ class TrainContext(Owner):
         self.capacity = 0
         try:
             buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
-            self.placement = choose_placement(cfg.data_placement, x.nbytes, eng.dev.mem_info()[0])
+            self.placement = choose_placement(cfg.data_placement, x.nbytes, res.dev.mem_info()[0])
             if self.placement == "host":  # the gather reads rows over the bus: same kernels, same order
-                self.x = self.own(driver.MappedHostBuffer(max(int(x.nbytes), 256), eng.dev))
+                self.x = self.own(driver.MappedHostBuffer(max(int(x.nbytes), 256), res.dev))
             else:
                 self.x = buf(x.nbytes)
-            self.y = buf(self.n * 4 * eng.y_words)
+            self.y = buf(self.n * 4 * res.y_words)
             self.load(x, y, key)
             self.build(buf)
             self.events = [
@@ -68,26 +68,26 @@ class TrainContext(Owner):
 
     def build(self, buf: Callable) -> None:
         """The graph engine's batch buffers, layer buffers and plans for this set's shapes."""
-        eng, spec, cfg = self.eng, self.eng.spec, self.eng.config
+        res, spec, cfg = self.res, self.res.spec, self.res.config
         R = max(self.rows, default=0) or 1
         self.x_batch = buf(R * cfg.model.in_features * itemsize(spec.operand))
-        self.y_batch = buf(R * 4 * eng.y_words)  # the batch's labels, or a regression's (R, k) targets
+        self.y_batch = buf(R * 4 * res.y_words)  # the batch's labels, or a regression's (R, k) targets
         last = len(cfg.model.layers) - 1
         self.layers = [
             Layer(
                 out=buf(R * d_out * itemsize(spec.logits if i == last else spec.operand)),
                 dout=buf(R * d_out * itemsize(spec.operand)),
-                aux=buf(plans.aux_bytes(eng, d_out, R)) if i < last else None,
+                aux=buf(plans.aux_bytes(res, d_out, R)) if i < last else None,
             )
             for i, (_, d_out) in enumerate(cfg.model.layers)
         ]
-        self.probs = None if not eng.loss.softmax else buf(R * cfg.model.classes * itemsize(spec.logits))
+        self.probs = None if not res.loss.softmax else buf(R * cfg.model.classes * itemsize(spec.logits))
         self.softmax = {}  # a regression's outputs are linear: no softmax
         for rows in sorted(set(self.rows) - {0}):  # 0: a data-parallel rank's empty share (no GEMMs)
-            plans.forward_plans(eng, self.layers, rows, training=True, own=self.own)
-            plans.backward_plans(eng, self.layers, rows, own=self.own)
-            if eng.loss.softmax:
-                self.softmax[rows] = self.own(plans.softmax(eng, rows))
+            plans.forward_plans(res, self.layers, rows, training=True, own=self.own)
+            plans.backward_plans(res, self.layers, rows, own=self.own)
+            if res.loss.softmax:
+                self.softmax[rows] = self.own(plans.softmax(res, rows))
 
     def require_resident(self, engine: str) -> None:
         """For an engine whose kernel reads the training set from GPU memory: refuse a set placed in host memory.
@@ -102,8 +102,8 @@ class TrainContext(Owner):
             )
 
     def load(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
-        self.eng.upload(self.x, x)
-        self.eng.upload(self.y, y)
+        self.res.upload(self.x, x)
+        self.res.upload(self.y, y)
         self.key = key
 
     def prepare(self, epochs: int, lrs: np.ndarray) -> None:
@@ -111,25 +111,25 @@ class TrainContext(Owner):
 
         The graph finds both through EpochState, so growing them for a longer fit needs no re-capture.
         """
-        eng = self.eng
+        res = self.res
         self.reserve(epochs)
-        eng.stream.synchronize()
+        res.stream.synchronize()
         self.lr_table.upload(np.ascontiguousarray(lrs, dtype=np.float32))
         if self.graph is None:
             self.graph = self.own(self.capture_epoch())
-            if eng.group is not None:  # its collectives keep NCCL from ending the communicator until it is gone
-                eng.group.comm.hold(self.graph)
+            if res.group is not None:  # its collectives keep NCCL from ending the communicator until it is gone
+                res.group.comm.hold(self.graph)
                 # The communicator keeps it until it ends; a context collected before that frees it with itself.
                 weakref.finalize(self, self.graph.close).atexit = False  # the process's end frees it anyway
-        self.hist.memset(0, eng.stream)
+        self.hist.memset(0, res.stream)
 
     def reserve(self, epochs: int) -> None:
         """Grow the lr table and history buffers to hold `epochs` (allocation only: the replica engine makes every
         GPU's before any GPU issues a collective, so an out-of-memory leaves no peer waiting in one)."""
-        eng = self.eng
-        eng.dev.make_current()
+        res = self.res
+        res.dev.make_current()
         if epochs > self.capacity:
-            eng.stream.synchronize()
+            res.stream.synchronize()
             cap = max(epochs, 2 * self.capacity, 8)
             new = {}
             try:  # all five first: a failed allocation leaves the old ones in place
@@ -151,11 +151,11 @@ class TrainContext(Owner):
     @deferring  # the autotuning step's all-reduces: see parallel.DataParallel.ranks_min_max
     def capture_epoch(self):
         """Autotune each full-batch plan in step order on real data (no update), then capture the epoch."""
-        eng = self.eng
-        eng.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
-        self.hist.memset(0, eng.stream)
+        res = self.res
+        res.write_epoch_state(0, 0, self.lr_table.ptr, self.hist.ptr)
+        self.hist.memset(0, res.stream)
         step.record_step(self, 0, autotune=True, update=False)
-        return eng.capture(self.record_epoch)
+        return res.capture(self.record_epoch)
 
     def record_epoch(self) -> None:
         """Queue the epoch (captured once by capture_epoch)."""
@@ -165,18 +165,18 @@ class TrainContext(Owner):
 class EvalContext(Owner):
     """A captured forward-only graph over one evaluation set, in chunks of EVAL_ROWS rows."""
 
-    def __init__(self, eng: GraphEngine, x: np.ndarray, y: np.ndarray | None) -> None:
+    def __init__(self, res: Resources, x: np.ndarray, y: np.ndarray | None) -> None:
         super().__init__()
-        self.eng = eng
-        spec, model = eng.spec, eng.config.model
+        self.res = res
+        spec, model = res.spec, res.config.model
         self.n, self.dtype = x.shape[0], x.dtype
         self.rows = [min(EVAL_ROWS, self.n - s) for s in range(0, self.n, EVAL_ROWS)]
         try:
             buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
             self.x = buf(x.nbytes)
-            self.y = buf(self.n * 4 * eng.y_words)
+            self.y = buf(self.n * 4 * res.y_words)
             # (loss sum, correct count), then for a regression each output's sum of squared errors (R^2's numerator)
-            self.acc = buf(16 + (0 if eng.loss.labels else 8 * model.classes))
+            self.acc = buf(16 + (0 if res.loss.labels else 8 * model.classes))
             R = max(self.rows)
             self.x_batch = buf(R * model.in_features * itemsize(spec.operand))
             # Every row's softmax probabilities, or a regression's outputs (predict reads them).
@@ -188,45 +188,45 @@ class EvalContext(Owner):
             ]
             self.softmax = {}
             for rows in set(self.rows):
-                plans.forward_plans(eng, self.layers, rows, training=False, own=self.own)
-                if eng.loss.softmax:
-                    self.softmax[rows] = self.own(plans.softmax(eng, rows))
+                plans.forward_plans(res, self.layers, rows, training=False, own=self.own)
+                if res.loss.softmax:
+                    self.softmax[rows] = self.own(plans.softmax(res, rows))
             self.load(x, y)
-            self.graph = self.own(eng.capture(self._record))
+            self.graph = self.own(res.capture(self._record))
         except BaseException:
             self.release()
             raise
 
     def load(self, x: np.ndarray, y: np.ndarray | None) -> None:
-        eng = self.eng
-        eng.upload(self.x, x)
+        res = self.res
+        res.upload(self.x, x)
         if y is None:  # predicting: the loss kernels read zeros
-            y = np.zeros(self.n, dtype=np.int32) if eng.loss.labels else np.zeros((self.n, eng.y_words), np.float32)
-        eng.upload(self.y, y)
+            y = np.zeros(self.n, dtype=np.int32) if res.loss.labels else np.zeros((self.n, res.y_words), np.float32)
+        res.upload(self.y, y)
 
     def _record(self) -> None:
-        eng = self.eng
-        classes = eng.config.model.classes
+        res = self.res
+        classes = res.config.model.classes
         for start, rows in zip(range(0, self.n, EVAL_ROWS), self.rows):
-            kernels.record_gather(eng, self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
-            for _, queue in step.forward_nodes(eng, self.layers, self.x_batch.ptr, rows):
+            kernels.record_gather(res, self.x, self.y, self.n, self.dtype, start, rows, self.x_batch, 0, False)
+            for _, queue in step.forward_nodes(res, self.layers, self.x_batch.ptr, rows):
                 queue()
             out = self.layers[-1].out.ptr
-            probs = self.probs.ptr + start * classes * itemsize(eng.spec.logits)
-            if not eng.loss.softmax:  # the outputs themselves are the predictions
-                driver.copy_dtod(probs, out, rows * classes * itemsize(eng.spec.logits), eng.stream)
-                kernels.record_mse(eng, out, self.y.ptr + 4 * classes * start, rows, 0, 0, self.acc.ptr,
+            probs = self.probs.ptr + start * classes * itemsize(res.spec.logits)
+            if not res.loss.softmax:  # the outputs themselves are the predictions
+                driver.copy_dtod(probs, out, rows * classes * itemsize(res.spec.logits), res.stream)
+                kernels.record_mse(res, out, self.y.ptr + 4 * classes * start, rows, 0, 0, self.acc.ptr,
                                    self.acc.ptr + 16, 0)  # fmt: skip
                 continue
             self.softmax[rows].forward(out, probs)
-            kernels.record_loss(eng, out, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr, 0)
+            kernels.record_loss(res, out, probs, self.y.ptr + 4 * start, rows, 0, 0, self.acc.ptr, 0)
 
     def run(self, out_ptr: int, sse_ptr: int = 0) -> None:
         """Queue: zero the sums, replay the forward graph, copy (loss sum, correct) to pinned `out_ptr`; for a
         regression with sse_ptr, each output's sum of squared errors (k float64) to pinned `sse_ptr` too."""
-        eng = self.eng
-        self.acc.memset(0, eng.stream)
-        self.graph.launch(eng.stream)
-        driver.copy_dtoh(out_ptr, self.acc.ptr, 16, eng.stream)
+        res = self.res
+        self.acc.memset(0, res.stream)
+        self.graph.launch(res.stream)
+        driver.copy_dtoh(out_ptr, self.acc.ptr, 16, res.stream)
         if sse_ptr:
-            driver.copy_dtoh(sse_ptr, self.acc.ptr + 16, 8 * eng.config.model.classes, eng.stream)
+            driver.copy_dtoh(sse_ptr, self.acc.ptr + 16, 8 * res.config.model.classes, res.stream)

@@ -4,13 +4,12 @@ The engine owns the device, its stream and library handles, and the flat trainin
 state 1 | state 2], one copy of which is the snapshot the epoch graph takes while the loss stays finite, so a
 divergence falls back to the last finite epoch. What a step records is in step.py (top to bottom); the kernels
 it launches in kernels.py, the library plans in plans.py, the resident sets and captured graphs in contexts.py,
-the data-parallel collectives and checks in parallel.py. Everything that can fail or query (plans, heuristics,
+the data-parallel collectives and checks in parallel.py. Those helpers take the engine's `Resources` record
+(resources.py), never the engine itself. Everything that can fail or query (plans, heuristics,
 autotuning, kernel loading) happens before capture.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 
@@ -19,20 +18,33 @@ from ..._gpu_arrays import CudaArray
 from ..._loss import describe
 from ...cuda import cublaslt, cudnn, driver, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
 from ..base import Engine, EngineConfig, OnEpoch
-from ..epochs import EPOCH_STATE_DTYPE, EpochRun, EpochRuns, drive_epochs
+from ..epochs import EpochRun, EpochRuns, drive_epochs
 from ..group import Group
 from ..numpy_engine import r2_score
-from ..plan import ParamLayout, PrecisionSpec, param_layout, precision_spec
+from ..plan import param_layout, precision_spec
 from . import kernels, profile
 from .buffers import Owner, itemsize, round256
 from .contexts import EvalContext, TrainContext
 from .parallel import DataParallel
 from .ready import Preparation
-from .upload import DataKey, data_key, upload
+from .resources import Resources
+from .upload import DataKey, data_key
 
 __all__ = ["GraphEngine"]
 
 WORKSPACE_BYTES = 32 << 20  # cuBLASLt workspace: room for split-K on skinny shapes (Hopper)
+
+
+def _resource(name: str) -> property:
+    """GraphEngine.<name>: its Resources' field of that name, for the engine's code, its subclasses and tests."""
+
+    def get(self: GraphEngine) -> object:
+        return getattr(self.resources, name)
+
+    def put(self: GraphEngine, value: object) -> None:
+        setattr(self.resources, name, value)
+
+    return property(get, put, doc=f"Resources.{name}")
 
 
 class GraphEngine(Engine):
@@ -47,22 +59,50 @@ class GraphEngine(Engine):
     #: cache) is never compiled.
     step_libraries_at_build = True
 
+    # The record's fields, read and written through the engine: self.stream is self.resources.stream.
+    loss = _resource("loss")
+    y_words = _resource("y_words")
+    group = _resource("group")
+    sharded = _resource("sharded")
+    spec = _resource("spec")
+    layout = _resource("layout")
+    dev = _resource("dev")
+    stream = _resource("stream")
+    lt = _resource("lt")
+    workspace = _resource("workspace")
+    dnn = _resource("dnn")
+    gather_mod = _resource("gather_mod")
+    loss_mod = _resource("loss_mod")
+    update_mod = _resource("update_mod")
+    epoch_mod = _resource("epoch_mod")
+    opt_names = _resource("opt_names")
+    param_bytes = _resource("param_bytes")
+    opt_bytes = _resource("opt_bytes")
+    state_bytes = _resource("state_bytes")
+    train_state = _resource("train_state")
+    snapshot = _resource("snapshot")
+    w16 = _resource("w16")
+    grads = _resource("grads")
+    epoch_state = _resource("epoch_state")
+    feature_affine = _resource("feature_affine")
+    parallel = _resource("parallel")
+
     def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
                  group: Group | None = None) -> None:  # fmt: skip
         self.config = config
-        #: loss "mse": linear outputs (no softmax), float32 targets, the mse loss kernel, (MSE, R^2) from evaluate.
-        #: the loss's description (fastnn/_loss.py): labels or float targets, a softmax or linear outputs
-        self.loss = describe(config.loss)
-        #: 32-bit words of y per sample, as uploaded and gathered: an int32 label, or a regression's k float32 targets.
-        self.y_words = self.loss.target_words(config.model.classes)
-        #: The data-parallel group (None: one GPU). Each step trains on this rank's share of the batch (parallel.py).
-        self.group = group
         if group is not None:
             ordinal = group.device
-        #: Each rank updates its part of every layer (Tuning.sharded_update); the layout splits every layer evenly.
-        self.sharded = group is not None and config.tuning.sharded_update
-        self.spec: PrecisionSpec = precision_spec(config.precision)
-        self.layout: ParamLayout = param_layout(config.model, group.world if self.sharded else 1)
+        # Each rank of a data-parallel group (None: one GPU) trains on its share of the batch (parallel.py); sharded:
+        # each updates its part of every layer (Tuning.sharded_update), the layout splitting every layer evenly.
+        sharded = group is not None and config.tuning.sharded_update
+        #: What the helpers (step, kernels, plans, contexts, parallel, profile) take instead of the engine: the
+        #: device, stream, handles, kernels and buffers, filled below (self.stream is self.resources.stream).
+        self.resources = Resources(
+            config=config, spec=precision_spec(config.precision),
+            layout=param_layout(config.model, group.world if sharded else 1),
+            loss=describe(config.loss), y_words=describe(config.loss).target_words(config.model.classes),
+            group=group, sharded=sharded, dev=driver.get_device(ordinal),
+        )  # fmt: skip
         self._res = Owner()
         self._train: TrainContext | None = None
         self._eval: EvalContext | None = None
@@ -71,7 +111,6 @@ class GraphEngine(Engine):
         self._prep: Preparation | None = None  # the step libraries being made on a thread (ready.py)
         own = self._res.own
         try:
-            self.dev = driver.get_device(ordinal)
             self.dev.make_current()
             self.stream = own(driver.Stream(self.dev))
             self.lt: cublaslt.Handle | None = None  # these five: load_step_libraries()
@@ -98,7 +137,7 @@ class GraphEngine(Engine):
             # evaluate's sums: (loss sum, correct count), and for a regression each output's sum of squared errors.
             self.eval_out = own(driver.PinnedBuffer(16 + (0 if self.loss.labels else 8 * config.model.classes)))
             #: The data-parallel side stream, collectives and checks (None: one GPU).
-            self.parallel = DataParallel(self, group, own) if group is not None else None
+            self.parallel = DataParallel(self.resources, group, own) if group is not None else None
             # A per-feature normalize: (scale[d], shift[d]) per input dtype, read by the gather (built before any
             # capture: nothing is allocated or uploaded while a graph records).
             self.feature_affine: dict[np.dtype, driver.DeviceBuffer] = {}
@@ -182,27 +221,6 @@ class GraphEngine(Engine):
             self._res.release()
 
     # ------------------------------------------------------------------ parameters
-    def param_ptr(self, name: str, gemm_type: type) -> int:
-        """Address of parameter `name` in the storage whose type matches a GEMM of `gemm_type`."""
-        off, _ = self.layout.slot(name)
-        base, t = self.gemm_storage(gemm_type)
-        return base + off * itemsize(t)
-
-    def gemm_storage(self, gemm_type: type) -> tuple[int, type]:
-        """(flat buffer, element type) of the parameters a GEMM of `gemm_type` reads: the parameters themselves,
-        or in "mixed" for fp16 GEMMs the fp16 copy of the fp32 master."""
-        if gemm_type == self.spec.param:
-            return self.train_state.ptr, self.spec.param
-        return self.w16.ptr, np.float16
-
-    def out_type(self, layer: int) -> type:
-        """Type of `layer`'s forward output, and of the bias its GEMM reads: the logits' type on the last layer."""
-        return self.spec.logits if layer == len(self.config.model.layers) - 1 else self.spec.operand
-
-    def grad_ptr(self, name: str) -> int:
-        off, _ = self.layout.slot(name)
-        return self.grads.ptr + off * itemsize(self.spec.grad)
-
     def get_state(self) -> dict[str, np.ndarray]:
         self.dev.make_current()
         self.stream.synchronize()
@@ -237,7 +255,7 @@ class GraphEngine(Engine):
             for off, tensor in tensors:
                 self.train_state.upload(tensor, offset=start + off * itemsize(dtype))
         self._state_set = True
-        kernels.refresh_half_copy(self)
+        kernels.refresh_half_copy(self.resources)
         self.stream.synchronize()
 
     # ------------------------------------------------------------------ what epochs.EpochRun uses (EpochEngine)
@@ -248,9 +266,7 @@ class GraphEngine(Engine):
 
     def write_epoch_state(self, epoch: int, step0: int, lr: int = 0, hist: int = 0) -> None:
         """Start a fit's device state: epoch counters, step count, and where its lr table and history are."""
-        st = np.zeros(1, dtype=EPOCH_STATE_DTYPE)
-        st["epoch"], st["step0"], st["lr"], st["hist"] = epoch, step0, lr, hist
-        self.epoch_state.upload(st.view(np.uint8))
+        self.resources.write_epoch_state(epoch, step0, lr, hist)
 
     def save_snapshot(self) -> None:
         """Queue a copy of the training state into the snapshot (a fit's starting point, kept if it diverges)."""
@@ -259,7 +275,7 @@ class GraphEngine(Engine):
     def restore_snapshot(self) -> None:
         """Put the training state back to the snapshot (the end of the last finite epoch) and wait for it."""
         driver.copy_dtod(self.train_state.ptr, self.snapshot.ptr, self.state_bytes, self.stream)
-        kernels.refresh_half_copy(self)
+        kernels.refresh_half_copy(self.resources)
         self.stream.synchronize()
 
     def check_usable(self) -> None:
@@ -275,37 +291,21 @@ class GraphEngine(Engine):
             self.parallel.wait(event)
 
     def sync(self) -> None:
-        """Block until everything queued on the stream has run; for a group through polling, since queued
-        collectives may wait for peers that never come."""
-        if self.parallel is None:
-            self.stream.synchronize()
-        else:
-            self.parallel.sync()
+        """Block until everything queued on the stream has run (polled for a group: Resources.sync)."""
+        self.resources.sync()
 
     # ------------------------------------------------------------------ building blocks
     def upload(self, dst, array: np.ndarray | CudaArray) -> None:
-        """Host (or GPU array) -> `dst` on this engine's stream (upload.upload: staged in pinned chunks)."""
-        upload(self.dev, self.stream, dst, array)
+        """Host (or GPU array) -> `dst` on this engine's stream (Resources.upload)."""
+        self.resources.upload(dst, array)
 
     def capture(self, record) -> driver.GraphExec:
-        """Record `record()` on the stream into a graph and instantiate it."""
-        self.sync()  # a group's autotuning step queued all-reduces
-        self.stream.begin_capture()
-        try:
-            record()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the recording's error is the one to report
-                self.stream.end_capture().close()
-            raise
-        graph = self.stream.end_capture()
-        try:
-            return graph.instantiate(node_priority=self.group is not None and self.config.tuning.comm_high_priority)
-        finally:
-            graph.close()
+        """Record `record()` on the stream into a graph and instantiate it (Resources.capture)."""
+        return self.resources.capture(record)
 
     def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
         """The training context for a new resident set (the fused engine makes its own)."""
-        return TrainContext(self, x, y, key)
+        return TrainContext(self.resources, x, y, key)
 
     # ------------------------------------------------------------------ Engine API
     def set_train_data(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -343,7 +343,7 @@ class GraphEngine(Engine):
 
     def profile_step(self, repeats: int = 1000) -> list[tuple[str, float]]:
         """Microseconds per node of the first training step, and of the whole step (profile.profile_step)."""
-        return profile.profile_step(self, repeats)
+        return profile.profile_step(self.resources, self._train, repeats)
 
     def eval_context(self, x: np.ndarray, y: np.ndarray | None) -> EvalContext:
         """The forward graph for x's shape, with x and y uploaded afresh: evaluation data is small, and
@@ -357,7 +357,7 @@ class GraphEngine(Engine):
             self.stream.synchronize()
             ctx.release()
         self._eval = None
-        self._eval = EvalContext(self, x, y)
+        self._eval = EvalContext(self.resources, x, y)
         return self._eval
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

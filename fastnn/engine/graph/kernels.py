@@ -8,7 +8,7 @@ update.cu only the kernels the engine's precision launches are compiled (gather_
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -20,14 +20,25 @@ from .buffers import itemsize
 
 if TYPE_CHECKING:
     from ..plan import PrecisionSpec
-    from .contexts import TrainContext
-    from .engine import GraphEngine
+    from .resources import Resources
 
 __all__ = [
-    "GATHER_THREADS", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "gather_file", "launch_elementwise",
-    "loss_file", "module", "only", "persistent_epoch_args", "record_epoch_end", "record_gather", "record_loss",
-    "record_mse", "record_update", "record_zero_grads", "refresh_half_copy", "update_file",
+    "GATHER_THREADS", "ResidentSet", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "gather_file",
+    "launch_elementwise", "loss_file", "module", "only", "persistent_epoch_args", "record_epoch_end", "record_gather",
+    "record_loss", "record_mse", "record_update", "record_zero_grads", "refresh_half_copy", "update_file",
 ]  # fmt: skip
+
+class ResidentSet(Protocol):
+    """What the kernels' launches read of a training context (contexts.TrainContext is one): the record, the
+    resident set's buffers, its rows and their type, and the steps of an epoch."""
+
+    res: Resources
+    x: driver.DeviceBuffer
+    y: driver.DeviceBuffer
+    n: int
+    dtype: np.dtype
+    steps: int
+
 
 GATHER_THREADS = 256  # native/gather.cuh: a block per batch row (UPDATE_THREADS too: update.cu fuses both)
 UPDATE_THREADS = 256  # the block of update.cu's and epoch.cu's grid-stride kernels
@@ -87,162 +98,162 @@ def update_file(spec: PrecisionSpec) -> tuple[str, tuple[str, ...]]:
     return "update.cu", only(names)
 
 
-def elementwise_blocks(eng: GraphEngine, n: int) -> int:
-    return max(1, min(-(-n // UPDATE_THREADS), eng.dev.sm_count * 8))
+def elementwise_blocks(res: Resources, n: int) -> int:
+    return max(1, min(-(-n // UPDATE_THREADS), res.dev.sm_count * 8))
 
 
-def launch_elementwise(eng: GraphEngine, mod: driver.Module, kernel: str, n: int, args: list, stream=None) -> None:
+def launch_elementwise(res: Resources, mod: driver.Module, kernel: str, n: int, args: list, stream=None) -> None:
     """Queue `mod`'s grid-stride `kernel` over n elements on `stream` (default the engine's)."""
-    blocks = elementwise_blocks(eng, n)
+    blocks = elementwise_blocks(res, n)
     mod.function(kernel).launch((blocks, 1, 1), (UPDATE_THREADS, 1, 1), args,
-                                stream if stream is not None else eng.stream)  # fmt: skip
+                                stream if stream is not None else res.stream)  # fmt: skip
 
 
-def refresh_half_copy(eng: GraphEngine) -> None:
+def refresh_half_copy(res: Resources) -> None:
     """Queue the fp16 copy of the fp32 master weights ("mixed": what the GEMMs read)."""
-    if eng.w16 is not None:
-        n = eng.layout.total
-        args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.w16.ptr), arg_u64(n)]
-        launch_elementwise(eng, eng.epoch_mod, "cast_f32_f16", n, args)
+    if res.w16 is not None:
+        n = res.layout.total
+        args = [arg_ptr(res.train_state.ptr), arg_ptr(res.w16.ptr), arg_u64(n)]
+        launch_elementwise(res, res.epoch_mod, "cast_f32_f16", n, args)
 
 
-def record_gather(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
+def record_gather(res: Resources, x_dev, y_dev, n: int, x_dtype: np.dtype, pos0: int, rows: int, out, out_y: int,
                   shuffled: bool) -> None:  # fmt: skip
     """Queue the gather of positions pos0..pos0+rows (shuffled by the epoch's order, or in order)."""
-    src, data, affine, dest = gather_args(eng, x_dev, y_dev, n, x_dtype, out, out_y)
-    state = [arg_ptr(eng.epoch_state.ptr if shuffled else 0)]
-    eng.gather_mod.function(f"gather_{src}_{eng.spec.gather_kernel_suffix}").launch(
-        (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [arg_i32(pos0)] + affine + dest, eng.stream
+    src, data, affine, dest = gather_args(res, x_dev, y_dev, n, x_dtype, out, out_y)
+    state = [arg_ptr(res.epoch_state.ptr if shuffled else 0)]
+    res.gather_mod.function(f"gather_{src}_{res.spec.gather_kernel_suffix}").launch(
+        (rows, 1, 1), (GATHER_THREADS, 1, 1), data + state + [arg_i32(pos0)] + affine + dest, res.stream
     )
 
 
-def gather_args(eng: GraphEngine, x_dev, y_dev, n: int, x_dtype: np.dtype, out,
+def gather_args(res: Resources, x_dev, y_dev, n: int, x_dtype: np.dtype, out,
                 out_y: int) -> tuple[str, list, list, list]:  # fmt: skip
     """gather.cuh's arguments in groups: source tag, (x .. half_bits), (scale, shift), (out, out_y). y is copied as
-    eng.y_words 32-bit words per sample: an int32 label, or a regression's float32 targets."""
-    seed_lo, seed_hi = split_u64(eng.config.seed)
-    scale, shift = input_affine(x_dtype, eng.config.normalize)
+    res.y_words 32-bit words per sample: an int32 label, or a regression's float32 targets."""
+    seed_lo, seed_hi = split_u64(res.config.seed)
+    scale, shift = input_affine(x_dtype, res.config.normalize)
     data = [
-        arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(eng.y_words), arg_i32(eng.config.model.in_features),
+        arg_ptr(x_dev.ptr), arg_ptr(y_dev.ptr), arg_i32(res.y_words), arg_i32(res.config.model.in_features),
         arg_u32(n), arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
     ]  # fmt: skip
     src = "u8" if x_dtype == np.uint8 else "f32"
-    table = eng.feature_affine.get(np.dtype(x_dtype))
+    table = res.feature_affine.get(np.dtype(x_dtype))
     if table is None:
         affine = [arg_f32(scale), arg_f32(shift), arg_ptr(0), arg_ptr(0)]
     else:  # per feature: d scales then d shifts
-        d = eng.config.model.in_features
+        d = res.config.model.in_features
         affine = [arg_f32(1.0), arg_f32(0.0), arg_ptr(table.ptr), arg_ptr(table.ptr + 4 * d)]
     return src, data, affine, [arg_ptr(out.ptr), arg_ptr(out_y)]
 
 
-def record_loss(eng: GraphEngine, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
+def record_loss(res: Resources, logits: int, probs: int, labels: int, rows: int, dlogits: int, dbias: int, acc: int,
                 state: int, batch_rows: int | None = None) -> None:  # fmt: skip
     """Queue the one-block loss kernel (loss and correct sums into acc; gradients when dlogits != 0). The
     gradient is of the mean over `batch_rows` (default `rows`): a data-parallel rank's part of a larger batch."""
-    eng.loss_mod.function(eng.spec.loss_kernel).launch(
+    res.loss_mod.function(res.spec.loss_kernel).launch(
         (1, 1, 1),
-        (_loss_threads(eng, rows), 1, 1),
-        [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(eng.config.model.classes),
+        (_loss_threads(res, rows), 1, 1),
+        [arg_ptr(logits), arg_ptr(probs), arg_ptr(labels), arg_i32(rows), arg_i32(res.config.model.classes),
          arg_f32(1.0 / (batch_rows or rows)), arg_ptr(dlogits), arg_ptr(dbias), arg_ptr(acc), arg_ptr(state)],
-        eng.stream,
+        res.stream,
     )  # fmt: skip
 
 
-def record_mse(eng: GraphEngine, outputs: int, targets: int, rows: int, dout: int, dbias: int, acc: int, sse: int,
+def record_mse(res: Resources, outputs: int, targets: int, rows: int, dout: int, dbias: int, acc: int, sse: int,
                state: int, batch_rows: int | None = None) -> None:  # fmt: skip
     """Queue a regression's one-block loss kernel (loss "mse", native/loss.cu's mse): the loss sum into acc (or the
     epoch's history slot), each output's sum of squared errors into sse when sse != 0 (evaluation), gradients when
     dout != 0. The gradient is of the mean over `batch_rows` (default `rows`) rows and the k outputs, the NumPy
     engine's 2 * (out - y) / (rows * k): a data-parallel rank's part of a larger batch is scaled by the whole."""
-    k = eng.config.model.classes
-    eng.loss_mod.function(eng.spec.mse_kernel).launch(
+    k = res.config.model.classes
+    res.loss_mod.function(res.spec.mse_kernel).launch(
         (1, 1, 1),
-        (_loss_threads(eng, rows), 1, 1),
+        (_loss_threads(res, rows), 1, 1),
         [arg_ptr(outputs), arg_ptr(targets), arg_i32(rows), arg_i32(k), arg_f32(2.0 / ((batch_rows or rows) * k)),
          arg_ptr(dout), arg_ptr(dbias), arg_ptr(acc), arg_ptr(sse), arg_ptr(state)],
-        eng.stream,
+        res.stream,
     )  # fmt: skip
 
 
-def _loss_threads(eng: GraphEngine, rows: int) -> int:
+def _loss_threads(res: Resources, rows: int) -> int:
     """The loss kernels' block: a thread per row, and at least a warp per output for the column sums."""
-    return min(1024, max(-(-rows // 32) * 32, 32 * eng.config.model.classes))
+    return min(1024, max(-(-rows // 32) * 32, 32 * res.config.model.classes))
 
 
-def record_update(eng: GraphEngine, step: int, steps: int, gather: tuple | None = None,
+def record_update(res: Resources, step: int, steps: int, gather: tuple | None = None,
                   part: tuple[int, int] | None = None, stream=None) -> None:  # fmt: skip
     """Queue step `step`'s update of every parameter, or of the `part` = (first, count) elements of the flat
     buffers (a sharded update), on `stream` (default the main one); with `gather` = (x_dev, y_dev, n, x_dtype,
     pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
-    first, n = part if part is not None else (0, eng.layout.total)
-    stream = stream if stream is not None else eng.stream
-    n_state = len(eng.opt_names)
-    s1 = eng.train_state.ptr + eng.param_bytes + 4 * first if n_state >= 1 else 0
-    s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes + 4 * first if n_state >= 2 else 0
-    w = eng.train_state.ptr + first * itemsize(eng.spec.param)
-    g = eng.grads.ptr + first * itemsize(eng.spec.grad)
-    w16 = eng.w16.ptr + 2 * first if eng.w16 is not None else 0
+    first, n = part if part is not None else (0, res.layout.total)
+    stream = stream if stream is not None else res.stream
+    n_state = len(res.opt_names)
+    s1 = res.train_state.ptr + res.param_bytes + 4 * first if n_state >= 1 else 0
+    s2 = res.train_state.ptr + res.param_bytes + res.opt_bytes + 4 * first if n_state >= 2 else 0
+    w = res.train_state.ptr + first * itemsize(res.spec.param)
+    g = res.grads.ptr + first * itemsize(res.spec.grad)
+    w16 = res.w16.ptr + 2 * first if res.w16 is not None else 0
     args = [
         arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
-        arg_ptr(eng.epoch_state.ptr), arg_i32(step), arg_i32(steps),
-        arg_struct(eng.config.optimizer.kernel_params().c_fields()),
+        arg_ptr(res.epoch_state.ptr), arg_i32(step), arg_i32(steps),
+        arg_struct(res.config.optimizer.kernel_params().c_fields()),
     ]  # fmt: skip
     if gather is None:
-        launch_elementwise(eng, eng.update_mod, eng.spec.update_kernel, n, args, stream)
+        launch_elementwise(res, res.update_mod, res.spec.update_kernel, n, args, stream)
         return
     x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
-    src, data, affine, dest = gather_args(eng, x_dev, y_dev, n_data, x_dtype, out, out_y)
-    blocks = rows + elementwise_blocks(eng, n)
-    eng.update_mod.function(eng.spec.update_gather_kernel(src)).launch(
+    src, data, affine, dest = gather_args(res, x_dev, y_dev, n_data, x_dtype, out, out_y)
+    blocks = rows + elementwise_blocks(res, n)
+    res.update_mod.function(res.spec.update_gather_kernel(src)).launch(
         (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [arg_i32(pos0), arg_i32(rows)] + affine + dest,
         stream,
     )  # fmt: skip
 
 
-def record_zero_grads(eng: GraphEngine) -> None:
+def record_zero_grads(res: Resources) -> None:
     """Queue zeroed gradients: a rank whose share of a step is empty still joins that step's all-reduces."""
-    eng.grads.memset(0, eng.stream)
+    res.grads.memset(0, res.stream)
 
 
-def record_epoch_end(eng: GraphEngine) -> None:
+def record_epoch_end(res: Resources) -> None:
     """Queue the epoch-end nodes: check the state the epoch left (native/epoch.cu's check_state, whose
     verdict EpochState.bad_state holds), snapshot it while the loss and state stay finite, advance."""
-    if eng.parallel is not None:
-        eng.parallel.record_history_all_reduce()
-        if eng.sharded:
-            eng.parallel.record_state_gather()
-    words = eng.state_bytes // 4
-    state = arg_ptr(eng.epoch_state.ptr)
-    pwords = eng.param_bytes // 4
-    if eng.spec.param == np.float16:  # "fp16": fp16 parameters, then the fp32 optimizer state
-        f32, n32, f16, n16 = eng.train_state.ptr + eng.param_bytes, words - pwords, eng.train_state.ptr, pwords
+    if res.parallel is not None:
+        res.parallel.record_history_all_reduce()
+        if res.sharded:
+            res.parallel.record_state_gather()
+    words = res.state_bytes // 4
+    state = arg_ptr(res.epoch_state.ptr)
+    pwords = res.param_bytes // 4
+    if res.spec.param == np.float16:  # "fp16": fp16 parameters, then the fp32 optimizer state
+        f32, n32, f16, n16 = res.train_state.ptr + res.param_bytes, words - pwords, res.train_state.ptr, pwords
     else:  # fp32 parameters and optimizer state, and for "mixed" the fp16 copy the GEMMs read
-        f32, n32 = eng.train_state.ptr, words
-        f16, n16 = (eng.w16.ptr, eng.layout.total // 2) if eng.w16 is not None else (0, 0)
+        f32, n32 = res.train_state.ptr, words
+        f16, n16 = (res.w16.ptr, res.layout.total // 2) if res.w16 is not None else (0, 0)
     check = [arg_ptr(f32), arg_u64(n32), arg_ptr(f16), arg_u64(n16), state]
-    launch_elementwise(eng, eng.epoch_mod, "check_state", max(n32, n16), check)
-    args = [arg_ptr(eng.train_state.ptr), arg_ptr(eng.snapshot.ptr), arg_u64(words), state]
-    launch_elementwise(eng, eng.epoch_mod, "snapshot", words, args)
-    eng.epoch_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(eng.epoch_state.ptr)], eng.stream)
+    launch_elementwise(res, res.epoch_mod, "check_state", max(n32, n16), check)
+    args = [arg_ptr(res.train_state.ptr), arg_ptr(res.snapshot.ptr), arg_u64(words), state]
+    launch_elementwise(res, res.epoch_mod, "snapshot", words, args)
+    res.epoch_mod.function("advance").launch((1, 1, 1), (1, 1, 1), [arg_ptr(res.epoch_state.ptr)], res.stream)
 
 
-def persistent_epoch_args(ctx: TrainContext) -> list:
+def persistent_epoch_args(ctx: ResidentSet) -> list:
     """The arguments the persistent-kernel engines' epoch kernels (native/fused.cu, fused_logreg.cu, fused_mlp.cu,
     grid.cu, grid_fast.cu, grid_stream.cu) take first, in order: the training state (parameters, optimizer states 1
     and 2 or null, the fp16 copy or null), the resident training set, the shuffle's key, the epoch state, the steps
     and batch, the input's affine map and the optimizer."""
-    eng = ctx.eng
-    cfg = eng.config
-    n_state = len(eng.opt_names)
-    s1 = eng.train_state.ptr + eng.param_bytes if n_state >= 1 else 0
-    s2 = eng.train_state.ptr + eng.param_bytes + eng.opt_bytes if n_state >= 2 else 0
+    res = ctx.res
+    cfg = res.config
+    n_state = len(res.opt_names)
+    s1 = res.train_state.ptr + res.param_bytes if n_state >= 1 else 0
+    s2 = res.train_state.ptr + res.param_bytes + res.opt_bytes if n_state >= 2 else 0
     scale, shift = input_affine(ctx.dtype, cfg.normalize)
     seed_lo, seed_hi = split_u64(cfg.seed)
     return [
-        arg_ptr(eng.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(eng.w16.ptr if eng.w16 is not None else 0),
+        arg_ptr(res.train_state.ptr), arg_ptr(s1), arg_ptr(s2), arg_ptr(res.w16.ptr if res.w16 is not None else 0),
         arg_ptr(ctx.x.ptr), arg_ptr(ctx.y.ptr), arg_u32(ctx.n),
         arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(ctx.n) // 2),
-        arg_ptr(eng.epoch_state.ptr), arg_i32(ctx.steps), arg_i32(cfg.batch_size), arg_f32(scale),
+        arg_ptr(res.epoch_state.ptr), arg_i32(ctx.steps), arg_i32(cfg.batch_size), arg_f32(scale),
         arg_f32(shift), arg_struct(cfg.optimizer.kernel_params().c_fields()),
     ]  # fmt: skip

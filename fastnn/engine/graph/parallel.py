@@ -25,7 +25,7 @@ from .kernels import record_update
 from .waiting import wait_for
 
 if TYPE_CHECKING:
-    from .engine import GraphEngine
+    from .resources import Resources
 
 __all__ = ["DataParallel"]
 
@@ -33,10 +33,10 @@ __all__ = ["DataParallel"]
 class DataParallel:
     """One rank's collectives: its side stream, events and scratch buffers (owned by the engine, freed with it)."""
 
-    def __init__(self, eng: GraphEngine, group: Group, own) -> None:
-        self.eng, self.group = eng, group
-        priority = eng.dev.highest_stream_priority() if eng.config.tuning.comm_high_priority else 0
-        self.comm_stream = own(driver.Stream(eng.dev, priority))
+    def __init__(self, res: Resources, group: Group, own) -> None:
+        self.res, self.group = res, group
+        priority = res.dev.highest_stream_priority() if res.config.tuning.comm_high_priority else 0
+        self.comm_stream = own(driver.Stream(res.dev, priority))
         self._fork, self._join = own(driver.Event()), own(driver.Event())
         self.hist_scratch = own(driver.DeviceBuffer(256))  # the epoch's (loss sum, correct) being summed
         self._agree = own(driver.DeviceBuffer(256))  # check_ranks_agree's MAX and MIN of each value
@@ -46,22 +46,22 @@ class DataParallel:
         """Queue, on the side stream once the main stream has got this far, the sum over ranks of `layer`'s
         weight and bias gradients (one contiguous range of the flat gradient buffer, zero padding included): all of
         it (all-reduce), or with a sharded update this rank's part of it (reduce-scatter, in place)."""
-        eng = self.eng
-        start, stop = eng.layout.layer_range(layer)
-        size = itemsize(eng.spec.grad)
+        res = self.res
+        start, stop = res.layout.layer_range(layer)
+        size = itemsize(res.spec.grad)
         self._fork_side()
-        if eng.sharded:
-            mine, count = eng.layout.shard(layer, self.group.rank)
-            g = eng.grads.ptr
-            nccl.reduce_scatter(self.group.comm, g + start * size, g + mine * size, count, eng.spec.grad,
+        if res.sharded:
+            mine, count = res.layout.shard(layer, self.group.rank)
+            g = res.grads.ptr
+            nccl.reduce_scatter(self.group.comm, g + start * size, g + mine * size, count, res.spec.grad,
                                 self.comm_stream)  # fmt: skip
         else:
-            ptr = eng.grads.ptr + start * size
-            nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, eng.spec.grad, self.comm_stream)
+            ptr = res.grads.ptr + start * size
+            nccl.all_reduce(self.group.comm, ptr, ptr, stop - start, res.spec.grad, self.comm_stream)
 
     def _fork_side(self) -> None:
         """Make the side stream wait for everything queued on the main stream so far."""
-        self._fork.record(self.eng.stream)
+        self._fork.record(self.res.stream)
         self.comm_stream.wait(self._fork)
 
     def record_shard_update(self, layer: int, step: int, steps: int, gather: tuple | None = None) -> None:
@@ -70,17 +70,17 @@ class DataParallel:
         parts into every storage the layer's forward GEMM reads (the fp16 copy in "mixed", else the parameters; in
         "mixed" the output layer's also reads its bias from the fp32 master). The last layer updated also gathers
         the next batch (kernels.record_update's `gather`)."""
-        eng = self.eng
+        res = self.res
         self._fork_side()
-        record_update(eng, step, steps, gather, part=eng.layout.shard(layer, self.group.rank),
+        record_update(res, step, steps, gather, part=res.layout.shard(layer, self.group.rank),
                       stream=self.comm_stream)  # fmt: skip
-        for storage in dict.fromkeys(eng.gemm_storage(t) for t in (eng.spec.operand, eng.out_type(layer))):
+        for storage in dict.fromkeys(res.gemm_storage(t) for t in (res.spec.operand, res.out_type(layer))):
             self._gather_parts(layer, *storage, self.comm_stream)
 
     def _gather_parts(self, layer: int, base: int, t: type, stream) -> None:
         """Queue the in-place all-gather of `layer`'s parts of the flat buffer at `base` (elements of type t)."""
-        start, _ = self.eng.layout.layer_range(layer)
-        mine, count = self.eng.layout.shard(layer, self.group.rank)
+        start, _ = self.res.layout.layer_range(layer)
+        mine, count = self.res.layout.shard(layer, self.group.rank)
         size = itemsize(t)
         nccl.all_gather(self.group.comm, base + mine * size, base + start * size, count, t, stream)
 
@@ -88,30 +88,30 @@ class DataParallel:
         """Queue, at the end of a sharded epoch, the all-gather of every layer's parts of what the steps left
         partial: the fp32 master weights ("mixed": the GEMMs' fp16 copy was gathered every step) and the optimizer
         state. Every rank then holds the whole training state, as without sharding."""
-        eng = self.eng
-        regions = [(eng.train_state.ptr, eng.spec.param)] if eng.w16 is not None else []
-        regions += [(eng.train_state.ptr + eng.param_bytes + i * eng.opt_bytes, np.float32)
-                    for i in range(len(eng.opt_names))]  # fmt: skip
+        res = self.res
+        regions = [(res.train_state.ptr, res.spec.param)] if res.w16 is not None else []
+        regions += [(res.train_state.ptr + res.param_bytes + i * res.opt_bytes, np.float32)
+                    for i in range(len(res.opt_names))]  # fmt: skip
         for base, t in regions:
-            for layer in range(len(eng.config.model.layers)):
-                self._gather_parts(layer, base, t, eng.stream)
+            for layer in range(len(res.config.model.layers)):
+                self._gather_parts(layer, base, t, res.stream)
 
     def record_join(self) -> None:
         """Make the main stream wait for everything queued on the side stream: the all-reduces (before the update),
         or the sharded update's parts and all-gathers (before the next step)."""
         self._join.record(self.comm_stream)
-        self.eng.stream.wait(self._join)
+        self.res.stream.wait(self._join)
 
     def record_history_all_reduce(self) -> None:
         """Queue the sum over ranks of this epoch's (loss sum, correct count): every rank then holds the global
         history, and takes the same divergence and snapshot decisions from it."""
-        eng = self.eng
-        state, scratch = arg_ptr(eng.epoch_state.ptr), arg_ptr(self.hist_scratch.ptr)
-        eng.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
-                                                        eng.stream)  # fmt: skip
-        nccl.all_reduce(self.group.comm, self.hist_scratch.ptr, self.hist_scratch.ptr, 2, np.float64, eng.stream)
-        eng.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(0)],
-                                                        eng.stream)  # fmt: skip
+        res = self.res
+        state, scratch = arg_ptr(res.epoch_state.ptr), arg_ptr(self.hist_scratch.ptr)
+        res.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(1)],
+                                                        res.stream)  # fmt: skip
+        nccl.all_reduce(self.group.comm, self.hist_scratch.ptr, self.hist_scratch.ptr, 2, np.float64, res.stream)
+        res.epoch_mod.function("history_stage").launch((1, 1, 1), (1, 1, 1), [state, scratch, arg_i32(0)],
+                                                        res.stream)  # fmt: skip
 
     # ------------------------------------------------------------------ waiting
     def wait(self, event) -> None:
@@ -121,7 +121,7 @@ class DataParallel:
     def sync(self) -> None:
         """Block until everything queued on the main stream has run, polling: queued collectives may wait for peers
         that never come."""
-        self._join.record(self.eng.stream)
+        self._join.record(self.res.stream)
         wait_for(self._join, self.group)
 
     def check_usable(self) -> None:
@@ -138,7 +138,7 @@ class DataParallel:
     def ranks_min_max(self, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ranks' MIN and MAX of each of `mine` (float64, at most 16 values, exact integers below 2**53): one
         small MIN and one MAX all-reduce outside any graph, which every rank must issue at the same point."""
-        g, k, stream = self.group, mine.size, self.eng.stream
+        g, k, stream = self.group, mine.size, self.res.stream
         with hold_ctrl_c():  # both or neither: a peer would wait for the second one forever
             self._agree.upload(np.concatenate([mine, mine]))
             nccl.all_reduce(g.comm, self._agree.ptr, self._agree.ptr, k, np.float64, stream, nccl.RedOp.MAX)
@@ -167,17 +167,17 @@ class DataParallel:
     def check_data_agrees(self, n: int) -> None:
         """Before a fit's data is uploaded: the same training set size, batch size, model, seed, precision, update
         sharding, optimizer (its number of state buffers) and loss on every rank."""
-        eng, g = self.eng, self.group
-        cfg = eng.config
+        res, g = self.res, self.group
+        cfg = res.config
         widths = sum(w * 1_000_003**i for i, w in enumerate(cfg.model.sizes)) % (1 << 52)  # exact in a float64
         seed_lo, seed_hi = split_u64(cfg.seed)
         self.check_ranks_agree([
             ("training set rows", n), ("batch_size", cfg.batch_size), ("drop_last", int(cfg.drop_last)),
-            ("padded parameter count", eng.layout.total), ("layers", len(cfg.model.layers)),
+            ("padded parameter count", res.layout.total), ("layers", len(cfg.model.layers)),
             ("layer widths (a checksum)", widths), ("seed (low 32 bits)", seed_lo),
             ("seed (high 32 bits)", seed_hi), ("precision", PRECISIONS.index(cfg.precision)), ("world", g.world),
-            ("sharded update (Tuning.sharded_update)", int(eng.sharded)),
-            ("optimizer state buffers", len(eng.opt_names)), ("loss", LOSSES.index(cfg.loss)),
+            ("sharded update (Tuning.sharded_update)", int(res.sharded)),
+            ("optimizer state buffers", len(res.opt_names)), ("loss", LOSSES.index(cfg.loss)),
         ])  # fmt: skip
 
     def check_call_agrees(self, steps: int, first_epoch: int, first_step: int, lrs: np.ndarray,

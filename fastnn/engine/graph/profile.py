@@ -10,31 +10,32 @@ from ...cuda import driver
 from .step import step_nodes
 
 if TYPE_CHECKING:
-    from .engine import GraphEngine
+    from .contexts import TrainContext
+    from .resources import Resources
 
 __all__ = ["profile_step"]
 
 
-def profile_step(eng: GraphEngine, repeats: int = 1000) -> list[tuple[str, float]]:
+def profile_step(res: Resources, ctx: TrainContext | None, repeats: int = 1000) -> list[tuple[str, float]]:
     """Microseconds per node of the first training step, and of the whole step ("step").
 
-    Each node is captured `repeats` times into a graph of its own and the replay is timed with
+    `ctx` is the engine's training context (None before a fit). Each node is captured `repeats` times into a
+    graph of its own and the replay is timed with
     events, as inside the epoch graph (driver.time_captured, as the GEMM autotuner times). The nodes run for real
     (weights change): profile a throwaway trainer after one `fit`. One GPU only: a data-parallel step's nodes
     are collectives.
     """
-    if eng.group is not None:
+    if res.group is not None:
         raise ConfigError("profile_step times one GPU's nodes; a data-parallel trainer's are collectives")
-    ctx = eng.train_context
     if ctx is None or ctx.graph is None:
         raise RuntimeError("profile_step needs one fit first (it times the captured step's nodes)")
-    eng.dev.make_current()
+    res.dev.make_current()
     # Counters back to the fit's first epoch: the nodes index the lr table and history by them.
-    eng.write_epoch_state(0, 0, ctx.lr_table.ptr, ctx.hist.ptr)
+    res.write_epoch_state(0, 0, ctx.lr_table.ptr, ctx.hist.ptr)
     nodes = step_nodes(ctx, 0)
     nodes.append(("step", lambda: [queue() for _, queue in step_nodes(ctx, 0)]))
     out = []
     for name, queue in nodes:
-        ms = driver.time_captured(eng.stream, lambda q=queue: [q() for _ in range(repeats)])
+        ms = driver.time_captured(res.stream, lambda q=queue: [q() for _ in range(repeats)])
         out.append((name, ms * 1000.0 / repeats))
     return out

@@ -191,25 +191,27 @@ class GridEngine(GraphEngine):
 class GridTrainContext(TrainContext):
     """The resident training set and its epoch graph: the counter's memset, one grid launch, the epoch-end nodes."""
 
-    eng: GridEngine
+    def __init__(self, engine: GridEngine, x: np.ndarray, y: np.ndarray, key: DataKey) -> None:
+        self.engine = engine  # its grid_kernel (build runs in TrainContext.__init__); the rest is the record's
+        super().__init__(engine.resources, x, y, key)
 
     def build(self, buf: Callable) -> None:
         self.require_resident("grid")
-        self.kernel, self.plan = self.eng.grid_kernel(self.dtype)
-        check_scratch_fits(self.plan.scratch_bytes, self.eng.dev.mem_info()[0], self.x.nbytes)
+        self.kernel, self.plan = self.engine.grid_kernel(self.dtype)
+        check_scratch_fits(self.plan.scratch_bytes, self.res.dev.mem_info()[0], self.x.nbytes)
         self.scratch = buf(self.plan.scratch_bytes)
         self.sync = buf(SYNC_BYTES)
 
     def capture_epoch(self):
-        return self.eng.capture(self.record_epoch)
+        return self.res.capture(self.record_epoch)
 
     def record_epoch(self) -> None:
-        eng = self.eng
+        res = self.res
         args = persistent_epoch_args(self) + [arg_ptr(self.scratch.ptr), arg_ptr(self.sync.ptr)]
         p = self.plan
-        self.sync.memset(0, eng.stream)  # the round counter starts at 0 in every launch
-        self.kernel.launch((p.ctas, 1, 1), (p.threads, 1, 1), args, eng.stream, p.smem_bytes, cooperative=True)
-        record_epoch_end(eng)
+        self.sync.memset(0, res.stream)  # the round counter starts at 0 in every launch
+        self.kernel.launch((p.ctas, 1, 1), (p.threads, 1, 1), args, res.stream, p.smem_bytes, cooperative=True)
+        record_epoch_end(res)
 
     def phase_names(self) -> tuple[str, ...]:
         """The names of phase_cycles()'s phase words: those of the kernel this context runs (GridPlan.phases)."""
