@@ -24,11 +24,11 @@ if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `p
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from end_to_end import DEFAULT_CACHE, E2E_CONTENDERS, E2E_WORKLOADS, TTA_CONTENDERS  # noqa: E402
+from end_to_end import DEFAULT_CACHE, E2E_CONTENDERS, E2E_WORKLOADS, TTA_CONTENDERS, TTA_WORKLOADS  # noqa: E402
 from fastnn_contenders import Unavailable  # noqa: E402
+from final import FINAL, PEERS  # noqa: E402,F401  (PEERS: the contenders that can be the fastest peer)
 from report import PARTIAL_DIR, load_partials, write_outputs  # noqa: E402
 from workloads import (  # noqa: E402
-    FLAG_WORKLOADS,
     LOSS_WORKLOADS,
     SEED,
     Contender,
@@ -40,49 +40,6 @@ from workloads import (  # noqa: E402
     settings,
     write_json,
 )
-
-#: The contenders that can be the fastest peer (issue 27), run with fastnn in one call so that every workload's
-#: best peer and fastnn's ratio over it come from the same call: JAX as most people write it (default precision:
-#: TF32 on Hopper), AMP-like and fp32 HIGHEST; PyTorch's whole-step CUDA graph with AMP and with TF32.
-PEERS = ("jax-default", "jax-amp", "jax-fp32", "torch-graph-amp", "torch-graph-tf32")
-#: The published run in device calls of at most ~8 minutes each on an H100 (estimates: README). Call 1 alone makes
-#: the headline (`report.py --publish`); later calls repeat fastnn-mixed on their workloads as drift repeats, so
-#: each of their speedups compares rows of one call and the drift between calls shows. The end-to-end and
-#: time-to-accuracy call picks jax-best from the JAX rows already in the output folder (call 1's).
-FINAL: dict[str, tuple[list[str], str]] = {
-    "1": (
-        ["--only", ",".join(("fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid", *PEERS))],
-        "fastnn (auto, graph, fused, grid) and the peers that can be fastest, every workload: the headline (~6 min)",
-    ),
-    "2": (
-        [
-            "--only",
-            "fastnn-fp16,fastnn-fp32,numpy-cpu,torch-graph-fp32,torch-eager-fp32,fastnn-mixed",
-            "--drift",
-            "fastnn-mixed",
-        ],
-        "fastnn fp16/fp32, NumPy, PyTorch CUDA graph fp32 and eager fp32 + the drift repeat (~7 min)",
-    ),
-    "3": (
-        ["--only", "torch-eager-amp,torch-compile-default-amp,fastnn-mixed", "--drift", "fastnn-mixed"],
-        "PyTorch eager AMP and torch.compile default mode, every workload + the drift repeat (~7 min)",
-    ),
-    "4": (
-        [
-            "--only",
-            "torch-compile-amp,jax-fp32-cmdbuf,jax-fp32-nocmdbuf,fastnn-mixed",
-            "--drift",
-            "fastnn-mixed",
-            "--only-workload",
-            ",".join(FLAG_WORKLOADS),
-        ],
-        "torch.compile max-autotune and the XLA flag variants on " + ", ".join(FLAG_WORKLOADS) + " (~6 min)",
-    ),
-    "5": (
-        ["--no-train", "--e2e", "--tta"],
-        "end to end cold/warm and time to accuracy, jax-best from the folder's JAX rows (~6 min)",
-    ),
-}
 
 #: The dry run trains (a tiny fake epoch on the CPU) only models up to this many parameters; larger: config only.
 DRY_FIT_PARAMS = 2_000_000
@@ -109,7 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="end-to-end contenders (jax-best: the fastest JAX configuration of the training rows)",
     )
     p.add_argument("--e2e-workload", metavar="W[,W..]", default=",".join(E2E_WORKLOADS), help="end-to-end workloads")
-    p.add_argument("--tta", action="store_true", help="also time to accuracy (MLP 784-256-256-10, AdamW, to 89%%)")
+    p.add_argument("--tta", action="store_true", help="also time to accuracy (logreg to 84%%, MLP-128 to 88%%, "
+                   "MLP-256 to 89%%)")  # fmt: skip
+    p.add_argument("--tta-workload", metavar="W[,W..]", default=",".join(TTA_WORKLOADS),
+                   help="time-to-accuracy workloads")  # fmt: skip
     p.add_argument(
         "--tta-only", metavar="C[,C..]", default=",".join(TTA_CONTENDERS), help="time-to-accuracy contenders"
     )
@@ -370,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                                run_e2e(_names(args.e2e_only), _names(args.e2e_workload), args, known)]  # fmt: skip
             save()
         if args.tta:
-            doc["tta_rows"] = [r | {"run_id": run_id} for r in run_tta(_names(args.tta_only), args, known)]
+            rows = run_tta(_names(args.tta_only), args, known, workloads=_names(args.tta_workload))
+            doc["tta_rows"] = [r | {"run_id": run_id} for r in rows]
             save()
         failed += sum(r["status"] == "error" for r in doc["e2e_rows"] + doc["tta_rows"])
     save()

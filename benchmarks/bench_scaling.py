@@ -137,6 +137,29 @@ def run_world(
     return [(max(a[i][0] for a in answers), answers[0][i][1], answers[0][i][2]) for i in range(len(names))]
 
 
+def write_rows(path: str, names: list[str], rows: dict[str, list[tuple[float, int, float]]]) -> None:
+    """The table as JSON rows (workload, run, samples/s, speedup over one GPU without a group, final loss), with the
+    device and GPU count, for report.py."""
+    import json
+    from pathlib import Path
+
+    from fastnn.cuda import driver
+
+    base = rows["1 GPU, no group"]
+    out = []
+    for i, name in enumerate(names):
+        sizes, _, batch, *_ = WORKLOADS[name]
+        for label, res in rows.items():
+            seconds, samples, loss = res[i]
+            rate = samples / seconds
+            out.append({"workload": name, "sizes": sizes, "global_batch": batch, "run": label,
+                        "samples_per_s": rate, "vs_one_gpu": rate / (base[i][1] / base[i][0]),
+                        "final_loss": loss})  # fmt: skip
+    doc = {"device": driver.device_name(0), "gpus": driver.device_count(), "rows": out}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
@@ -150,6 +173,7 @@ def main() -> None:
     ap.add_argument("--channels", default="0", help="NCCL_MAX_NCHANNELS, a row for each (0: NCCL's own): 0,4,8")
     ap.add_argument("--modes", default="procs,devices", help="processes (a group), devices= (one process), or both")
     ap.add_argument("--ceiling-only", action="store_true", help="only the one-GPU rows: baseline and ceilings")
+    ap.add_argument("--json", metavar="F", help="also write the rows as JSON (report.py's scaling table reads it)")
     args = ap.parse_args()
     names = args.workloads.split(",")
     modes = args.modes.split(",")
@@ -173,6 +197,8 @@ def main() -> None:
                 rows[f"{world} GPUs, devices={world}{tag}"] = run_world(1, names, args.data, plain=True, devices=world,
                                                                        knobs=knobs)  # fmt: skip
     base = rows["1 GPU, no group"]
+    if args.json:
+        write_rows(args.json, names, rows)
     for i, name in enumerate(names):
         sizes, _, batch, *_ = WORKLOADS[name]
         print(f"\n{name} {sizes} global batch {batch}")

@@ -1,6 +1,7 @@
-"""The benchmark's graphs from bench.json: training time vs hidden size, training loss vs step, end-to-end time.
+"""The benchmark's graphs from bench.json: µs/step vs hidden width and vs batch, training loss vs step, end-to-end
+time, µs per model-step vs the number of models K, test accuracy vs time (time to accuracy).
 
-python benchmarks/plots.py results/   # reads results/raw/bench.json; writes time_graph, loss_graph and e2e_graph .png
+python benchmarks/plots.py results/   # reads results/raw/bench.json; writes the *_graph.png beside it
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from report import RAW_DIR  # noqa: E402
 from workloads import LOSS_WORKLOADS, MLP_BATCH  # noqa: E402
 
-__all__ = ["e2e_graph", "loss_graph", "time_graph", "write_graphs"]
+__all__ = ["batch_graph", "e2e_graph", "loss_graph", "many_graph", "time_graph", "tta_graph", "write_graphs"]
 
 #: The PyTorch AMP row drawn against fastnn-mixed, first present wins.
 TORCH_AMP = ("torch-eager-amp", "torch-graph-amp", "torch-compile-amp")
@@ -31,15 +32,107 @@ def _ok(r: dict[str, Any]) -> bool:
     return r.get("status") == "ok" and r.get("train_seconds") is not None
 
 
+def _us(r: dict[str, Any]) -> float:
+    """Microseconds per step of a training row."""
+    return 1e6 * (r.get("seconds_per_step") or r["train_seconds"] / r["steps"])
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def batch_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """Microseconds per step vs batch size, one panel per hidden width of the batch grid, one line per contender."""
+    from workloads import GRID_HIDDEN
+
+    rows = [r for r in doc["rows"] if _ok(r) and r.get("hidden") in GRID_HIDDEN]
+    widths = [h for h in GRID_HIDDEN if len({doc["workloads"][r["workload"]]["batch_size"] for r in rows
+                                             if r["hidden"] == h}) > 1]  # fmt: skip
+    if not widths:
+        return None
+    fig, axes = plt.subplots(1, len(widths), figsize=(6 * len(widths), 5), squeeze=False)
+    for ax, h in zip(axes[0], widths):
+        mine = [r for r in rows if r["hidden"] == h]
+        for name in dict.fromkeys(r["contender"] for r in mine):
+            batch = {r["workload"]: doc["workloads"][r["workload"]]["batch_size"] for r in mine}
+            pts = sorted((batch[r["workload"]], _us(r)) for r in mine if r["contender"] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if name.startswith("fastnn") else "--", marker="o",
+                    label=name)  # fmt: skip
+        batches = sorted({doc["workloads"][r["workload"]]["batch_size"] for r in mine})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("µs per training step")
+        ax.set_title(f"MLP 784-{h}-{h}-{h}-10, {doc['environment'].get('device')}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def many_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """Microseconds per model and step vs the number of models K, one panel per workload, log-log."""
+    rows = doc.get("many_rows", [])
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    if not workloads:
+        return None
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        mine = [r for r in rows if r["workload"] == w]
+        for name in dict.fromkeys(r["contender"] for r in mine):
+            pts = sorted((r["models"], r["per_model_step_us"]) for r in mine if r["contender"] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if name == "fastnn" else "--", marker="o",
+                    label=name)  # fmt: skip
+        ks = sorted({r["models"] for r in mine})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("models trained at once (K)")
+        ax.set_ylabel("µs per model and step (one epoch, wall clock)")
+        ax.set_title(f"{w}, {doc['environment'].get('device')}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def tta_graph(doc: dict[str, Any], path: Path) -> Path | None:
+    """Test accuracy vs seconds since the process started (set-up included), one panel per time-to-accuracy
+    workload, one line per contender, the target dashed."""
+    rows = [r for r in doc.get("tta_rows", []) if r.get("status") == "ok" and r.get("epochs")]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    if not workloads:
+        return None
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        mine = [r for r in rows if r["workload"] == w]
+        for r in mine:
+            xs = [e["evaluated_at"] for e in r["epochs"]]
+            ax.plot(xs, [e["test_accuracy"] for e in r["epochs"]], "-" if r["contender"].startswith("fastnn")
+                    else "--", marker="o", ms=3, label=r["contender"])  # fmt: skip
+        ax.axhline(mine[0]["target_accuracy"], color="gray", ls=":", label=f"target {mine[0]['target_accuracy']}")
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds since the process started (set-up included)")
+        ax.set_ylabel("test accuracy after each epoch")
+        ax.set_title(f"{w}, {doc['environment'].get('device')}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def time_graph(doc: dict[str, Any], path: Path) -> Path | None:
-    """Training time of the timed epochs vs hidden size (the batch-32 MLPs), one line per contender, log-log."""
+    """Microseconds per step vs hidden width (the batch-32 MLPs), one line per contender, log-log."""
     rows = [r for r in doc["rows"] if _ok(r) and r.get("hidden")
             and doc["workloads"][r["workload"]]["batch_size"] == MLP_BATCH]  # fmt: skip
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for name in dict.fromkeys(r["contender"] for r in rows):
-        pts = sorted((r["hidden"], r["train_seconds"]) for r in rows if r["contender"] == name)
+        pts = sorted((r["hidden"], _us(r)) for r in rows if r["contender"] == name)
         style = "-" if name.startswith("fastnn") else "--"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
     w = next(doc["workloads"][r["workload"]] for r in rows)
@@ -49,7 +142,7 @@ def time_graph(doc: dict[str, Any], path: Path) -> Path | None:
     ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("hidden width h (MLP 784-h-h-h-10)")
-    ax.set_ylabel("training time (s, timed epochs only)")
+    ax.set_ylabel("µs per training step (timed epochs only)")
     ax.set_title(f"{w['steps']} SGD steps of batch {w['batch_size']}, {doc['environment'].get('device')}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -136,7 +229,8 @@ def e2e_graph(doc: dict[str, Any], path: Path) -> Path | None:
 def write_graphs(doc: dict[str, Any], out: Path) -> list[Path]:
     """The graphs into `out`; a graph without data is skipped. Returns the paths written."""
     done = [time_graph(doc, out / "time_graph.png"), loss_graph(doc, out / "loss_graph.png"),
-            e2e_graph(doc, out / "e2e_graph.png")]  # fmt: skip
+            e2e_graph(doc, out / "e2e_graph.png"), batch_graph(doc, out / "batch_graph.png"),
+            many_graph(doc, out / "many_graph.png"), tta_graph(doc, out / "tta_graph.png")]  # fmt: skip
     return [p for p in done if p is not None]
 
 

@@ -19,18 +19,24 @@ from end_to_end import best_jax
 from report import (
     FAMILY_NAMES,
     FASTNN,
+    NOT_MEASURED,
     PEER_FAMILIES,
     SUMMARY,
     _ok,
+    batch_table,
     best_peer,
     compared_workloads,
     contenders_list,
     e2e_tables,
+    empty_cell,
     families_table,
     instances,
+    many_table,
+    missing,
     network,
     peers_table,
     ratio,
+    scaling_table,
     tta_table,
     us_per_step,
     wrap,
@@ -184,7 +190,7 @@ def times_block(doc: dict[str, Any]) -> str:
         for w in ws:
             r = cell.get((w, n))
             if r is None:
-                vals.append("")
+                vals.append(empty_cell(w, n))
             elif not _ok(r):
                 vals.append("n/a" if r.get("status") == "unavailable" else "failed")
             else:
@@ -252,7 +258,32 @@ def e2e_block(doc: dict[str, Any]) -> str:
 
 
 def tta_block(doc: dict[str, Any]) -> str:
-    return "\n".join(tta_table(doc)) or "No time-to-accuracy rows in this run."
+    return "\n".join(tta_table(doc)) or f"Time to accuracy: {NOT_MEASURED}."
+
+
+def batch_block(doc: dict[str, Any]) -> str:
+    return "\n".join(batch_table(doc)) or f"The batch grid (batch 64-512 at h = 256, 1024, 4096): {NOT_MEASURED}."
+
+
+def many_block(doc: dict[str, Any]) -> str:
+    return "\n".join(many_table(doc)) or f"Many models at once (bench_many.py): {NOT_MEASURED}."
+
+
+def scaling_block(doc: dict[str, Any]) -> str:
+    rows = doc.get("scaling_rows", [])
+    if not rows:
+        return f"Data-parallel scaling (bench_scaling.py): {NOT_MEASURED}."
+    return f"{rows[0].get('gpus')}x {rows[0].get('device')}:\n\n" + "\n".join(scaling_table(doc))
+
+
+def missing_block(doc: dict[str, Any]) -> str:
+    """The closing list: every cell of the final run's plan these results lack, and every row that could not run."""
+    lines = missing(doc)
+    if not lines:
+        return "Every cell of the final run's plan (`python benchmarks/final.py --list`) is measured."
+    intro = wrap(f"Cells of the final run's plan (`python benchmarks/final.py --list`) these results lack "
+                 f"({len(lines)} lines), and rows that could not run, with why:")  # fmt: skip
+    return "\n".join([intro, "", *lines])
 
 
 #: Block name -> what makes it.
@@ -267,6 +298,10 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "behind": behind_block,
     "e2e": e2e_block,
     "tta": tta_block,
+    "batch": batch_block,
+    "many": many_block,
+    "scaling": scaling_block,
+    "missing": missing_block,
 }
 
 

@@ -21,15 +21,21 @@ __all__ = [
     "PARTIAL_DIR",
     "RAW_DIR",
     "add_speedups",
+    "batch_table",
     "best_peer",
     "calls",
+    "empty_cell",
     "contender_settings",
     "families_table",
     "load_partials",
+    "load_extra",
+    "many_table",
     "markdown",
     "merge",
+    "missing",
     "peers_table",
     "same_call_pairs",
+    "scaling_table",
     "summary",
     "wrap",
     "write_outputs",
@@ -42,7 +48,11 @@ RAW_DIR = "raw"
 PARTIAL_DIR = f"{RAW_DIR}/partial"
 SUMMARY = "bench_summary.json"
 #: Per-step and per-epoch series and repeated prose: in the raw bench.json only. bench.md needs none of them.
-RAW_ONLY = frozenset({"step_losses", "epoch_seconds", "warmup_epoch_seconds", "timing", "memory_note", "description"})
+RAW_ONLY = frozenset(
+    {"step_losses", "epoch_seconds", "warmup_epoch_seconds", "timing", "memory_note", "description", "accuracies"}
+)
+#: What a table cell says where the final run's plan has a row that no result holds.
+NOT_MEASURED = "not measured in this run"
 SCHEMA = 1
 #: The fastnn row each contender's time is compared with "at matched precision".
 MATCHED = {"fp32": "fastnn-fp32", "amp": "fastnn-mixed", "mixed": "fastnn-mixed", "fp16": "fastnn-fp16"}
@@ -349,11 +359,15 @@ def markdown(doc: dict[str, Any]) -> str:
                   "the same call) where that call ran fastnn-mixed.", ""]  # fmt: skip
     if rows:
         lines += ["## Training time (s)", "", "| contender | " + " | ".join(wl) + " |", "|---|" + "---:|" * len(wl)]
+    has = {(x["workload"], x["contender"]) for x in instances(rows)}
     for label, c, run in lines_:
         vals = []
         for w in wl:
             r = _cell(doc, w, c, run)
-            v = "" if r is None else (_status(r) if not _ok(r) else _f(r["train_seconds"], ".3g"))
+            if r is None:  # another call's line may hold it; else it is planned and missing, or not planned
+                v = "" if (w, c) in has else empty_cell(w, c)
+            else:
+                v = _status(r) if not _ok(r) else _f(r["train_seconds"], ".3g")
             vals.append(v + ("*" if r is not None and r.get("scaled") else ""))
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     if rows:
@@ -403,9 +417,18 @@ def markdown(doc: dict[str, Any]) -> str:
                     f"| {matched_s} "
                     f"| {r.get('note', '')} |"
                 )
+    lines += _batch_section(doc)
     lines += _jax_section(rows) + _drift_section(rows) + _e2e_section(doc) + _tta_section(doc)
+    lines += _many_section(doc) + _scaling_section(doc) + _missing_section(doc)
     lines += ["", "## Contenders", "", *contenders_list(doc, contenders)]
     return "\n".join(lines) + "\n"
+
+
+def empty_cell(workload: str, contender: str) -> str:
+    """A training-table cell without a row: NOT_MEASURED where the final run's plan has it, else empty."""
+    from final import planned_training
+
+    return NOT_MEASURED if (workload, contender) in planned_training() else ""
 
 
 def _status(r: dict[str, Any]) -> str:
@@ -485,17 +508,20 @@ def _e2e_section(doc: dict[str, Any]) -> list[str]:
 
 
 def tta_table(doc: dict[str, Any]) -> list[str]:
-    """Time to accuracy: first epoch at the target; end to end and training only, and fastnn's speedups."""
+    """Time to accuracy per workload: the first epoch at its target; end to end (from a fresh process, set-up
+    included: the seeds' measure) and training only, and fastnn's speedups."""
     rows = doc.get("tta_rows", [])
     if not rows:
         return []
-    lines = ["| contender | epochs | end to end s | training s | best acc | e2e speedup of fastnn "
-             "| training speedup |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| workload | target | contender | epochs | end to end s | training s | best acc | e2e speedup of "
+             "fastnn | training speedup |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         ok = r.get("status") == "ok"
+        target = r.get("target_accuracy")
         lines.append(
-            f"| {r['contender']} | {r.get('epochs_to_target') or ''} | {_e2e_cell(r)} "
-            f"| {_e2e_cell(r, 'train_seconds')} | {_f(r.get('best_accuracy') if ok else None, '.4f')} "
+            f"| {r['workload']} | {_f(target, '.2f')} | {r['contender']} | {r.get('epochs_to_target') or ''} "
+            f"| {_e2e_cell(r)} | {_e2e_cell(r, 'train_seconds')} "
+            f"| {_f(r.get('best_accuracy') if ok else None, '.4f')} "
             f"| {_f(r.get('speedup_e2e'), '.2f')} | {_f(r.get('speedup_train'), '.2f')} |"
         )
     return lines
@@ -503,13 +529,168 @@ def tta_table(doc: dict[str, Any]) -> list[str]:
 
 def _tta_section(doc: dict[str, Any]) -> list[str]:
     """Time to accuracy: first epoch at the target; end to end and training only."""
-    rows = doc.get("tta_rows", [])
+    if not doc.get("tta_rows"):
+        return []
+    from workloads import tta_workloads
+
+    about = [f"{w.name}: {'-'.join(map(str, w.sizes))}, {w.optimizer.upper()} lr {w.lr}, batch {w.batch_size}, "
+             f"to {w.target_accuracy:.2f} in at most {w.epochs} epochs" for w in tta_workloads()]  # fmt: skip
+    return ["", "## Time to a test accuracy", "",
+            wrap("Fashion-MNIST (all 60,000 training images), test accuracy checked after every epoch, cold caches, "
+                 "a fresh process each; end to end counts from the process start, set-up included. " +
+                 "; ".join(about) + "."), "", *tta_table(doc)]  # fmt: skip
+
+
+# ---- the final run's other benchmarks: batch grid, many models, scaling, and what was not measured -------------
+
+
+def load_extra(out: Path) -> dict[str, Any]:
+    """bench_many.py's rows (out/raw/many/*.json), bench_scaling.py's (out/raw/scaling/*.json) and final.py's call
+    records (out/raw/calls.json), for the report's many-model, scaling and coverage tables."""
+    many, scaling = [], []
+    for path in sorted((out / RAW_DIR / "many").glob("*.json")):
+        many += [r | {"source": path.name} for r in json.loads(path.read_text())]
+    for path in sorted((out / RAW_DIR / "scaling").glob("*.json")):
+        d = json.loads(path.read_text())
+        scaling += [r | {"device": d.get("device"), "gpus": d.get("gpus"), "source": path.name} for r in d["rows"]]
+    calls_path = out / RAW_DIR / "calls.json"
+    final_calls = json.loads(calls_path.read_text()) if calls_path.exists() else []
+    return {"many_rows": many, "scaling_rows": scaling, "final_calls": final_calls}
+
+
+def batch_table(doc: dict[str, Any]) -> list[str]:
+    """The batch grid: per (h, batch), fastnn against the fastest peer of the same call; unmeasured cells say so."""
+    from workloads import batch_grid
+
+    grid = batch_grid()
+    if not any(r["workload"] in {w.name for w in grid} for r in doc["rows"]):
+        return []
+    lines = ["| h | batch | workload | fastnn `engine=\"auto\"` µs/step (engine) | fastest peer | peer µs/step "
+             "| fastnn's speedup |", "|---:|---:|---|---:|---|---:|---:|"]  # fmt: skip
+    for w in grid:
+        pair = best_peer(doc["rows"], w.name)
+        if pair is None:
+            lines.append(f"| {w.hidden} | {w.batch_size} | {w.name} | {NOT_MEASURED} |  |  |  |")
+            continue
+        peer, fast = pair
+        lines.append(f"| {w.hidden} | {w.batch_size} | {w.name} | {_fastnn_cell(fast)} | `{peer['contender']}` "
+                     f"| {us_per_step(peer)} | {ratio(pair):.2f}x |")  # fmt: skip
+    return lines
+
+
+def _batch_section(doc: dict[str, Any]) -> list[str]:
+    table = batch_table(doc)
+    if not table:
+        return []
+    return ["", "## The batch grid: batch 64-512 at h = 256, 1024 and 4096", "",
+            wrap("MLP 784-h-h-h-10, SGD lr 0.003, the first 32,000 training images; each ratio from rows of one "
+                 "device call."), "", *table]  # fmt: skip
+
+
+def many_table(doc: dict[str, Any]) -> list[str]:
+    """K models at once: µs per model and step of each contender, and fastnn's speedup over the faster peer."""
+    rows = doc.get("many_rows", [])
     if not rows:
         return []
-    return ["", f"## Time to {rows[0].get('target_accuracy', 0.89):.0%} test accuracy", "",
-            "MLP 784-256-256-10 on Fashion-MNIST (all 60,000 training images), AdamW (lr 1e-3, weight decay 0.01), "
-            "batch 128, test accuracy checked after every epoch (at most 20), cold caches, a fresh process each.",
-            "", *tta_table(doc)]  # fmt: skip
+    from final import many_plan
+
+    plan = many_plan()
+    names = list(dict.fromkeys([c for _, _, c in plan] + [r["contender"] for r in rows]))
+    cell = {(r["workload"], r["models"], r["contender"]): r for r in rows}
+    lines = ["| workload | K | " + " | ".join(f"{n} µs/model-step" for n in names)
+             + " | fastnn's speedup over the faster peer | best test acc (fastnn) |",
+             "|---|---:|" + "---:|" * (len(names) + 2)]  # fmt: skip
+    for w, k in dict.fromkeys((w, k) for w, k, _ in plan):
+        vals = [f"{cell[(w, k, n)]['per_model_step_us']:.3f}" if (w, k, n) in cell else NOT_MEASURED for n in names]
+        mine = cell.get((w, k, "fastnn"))
+        peers = [cell[(w, k, n)] for n in names if n != "fastnn" and (w, k, n) in cell]
+        speed = f"{min(p['epoch_s'] for p in peers) / mine['epoch_s']:.2f}x" if mine and peers else ""
+        acc = f"{mine['best_accuracy']:.4f}" if mine else ""
+        lines.append(f"| {w} | {k} | " + " | ".join(vals) + f" | {speed} | {acc} |")
+    return lines
+
+
+def _many_section(doc: dict[str, Any]) -> list[str]:
+    table = many_table(doc)
+    if not table:
+        return []
+    return ["", "## Many models at once (bench_many.py)", "",
+            wrap("K models trained together for one epoch of Fashion-MNIST, each its own learning rate, L2 penalty "
+                 "and seed: fastnn's MultiTrainer, JAX vmap and torch.func + vmap (CUDA graphs). Wall clock of the "
+                 "timed epoch per model and step; a missing cell is a run that was not made or failed (its call's "
+                 "log says which)."), "", *table]  # fmt: skip
+
+
+def scaling_table(doc: dict[str, Any]) -> list[str]:
+    """bench_scaling.py's rows: samples/s of each run against one GPU without a group."""
+    rows = doc.get("scaling_rows", [])
+    if not rows:
+        return []
+    lines = ["| workload | global batch | run | samples/s | vs 1 GPU | final loss |", "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['global_batch']} | {r['run']} | {r['samples_per_s']:,.0f} "
+                     f"| {r['vs_one_gpu']:.2f}x | {r['final_loss']:.4f} |")  # fmt: skip
+    return lines
+
+
+def _scaling_section(doc: dict[str, Any]) -> list[str]:
+    table = scaling_table(doc)
+    if not table:
+        return []
+    first = doc["scaling_rows"][0]
+    return ["", f"## Data-parallel scaling ({first.get('gpus')}x {first.get('device')})", "", *table]
+
+
+def missing(doc: dict[str, Any]) -> list[str]:
+    """Every cell of the final run's plan (final.py) that no result holds, and every row that could not run, with
+    why: one line per contender or table."""
+    from final import expected_cells
+
+    have = {(t, w, c, m) for t, w, c, m in _measured(doc)}
+    out = []
+    for table, cells in expected_cells().items():
+        lost: dict[str, list[str]] = {}
+        for w, c, m in cells:
+            if (table, w, c, m) not in have and not (table == "train" and ("train", w, c, "n/a") in have):
+                lost.setdefault(c, []).append(w + (f" {m}" if m else ""))
+        for c, ws in lost.items():
+            out.append(f"- {table}, `{c}`: {NOT_MEASURED}: {', '.join(ws)}")
+    for x in instances(doc["rows"]):
+        if not _ok(x):
+            why = str(x.get("error", "")).splitlines()[0][:160] if x.get("error") else ""
+            out.append(f"- train, `{x['contender']}` on {x['workload']}: {_status(x)}" + (f" ({why})" if why else ""))
+    for table in ("e2e_rows", "tta_rows"):
+        for x in doc.get(table, []):
+            if x.get("status") != "ok":
+                why = str(x.get("error", "")).splitlines()[0][:160] if x.get("error") else ""
+                out.append(f"- {table[:-5]}, `{x['contender']}` on {x['workload']} {x.get('mode', '')}: "
+                           f"{x.get('status')}" + (f" ({why})" if why else ""))  # fmt: skip
+            elif table == "tta_rows" and not x.get("reached"):
+                out.append(f"- tta, `{x['contender']}` on {x['workload']}: target not reached in "
+                           f"{len(x.get('epochs') or [])} epochs (best {x.get('best_accuracy')})")  # fmt: skip
+    return out
+
+
+def _measured(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(table, workload, contender, mode) of every result the document holds (a refused engine counts: its cell
+    says why)."""
+    out = [("train", x["workload"], x["contender"], "" if _ok(x) else "n/a") for x in instances(doc["rows"])]
+    out += [("e2e", r["workload"], r["contender"], r.get("mode", "")) for r in doc.get("e2e_rows", [])]
+    out += [("tta", r["workload"], r["contender"], "") for r in doc.get("tta_rows", [])]
+    out += [("many", f"{r['workload']} K={r['models']}", r["contender"], "") for r in doc.get("many_rows", [])]
+    out += [("scaling", r["workload"], r["run"], "") for r in doc.get("scaling_rows", [])]
+    jax = [c.name for c in CONTENDERS if c.family == "jax"]
+    out += [(t, w, "jax-best", m) for t, w, c, m in out if c in jax and t in ("e2e", "tta")]
+    return out
+
+
+def _missing_section(doc: dict[str, Any]) -> list[str]:
+    lines = missing(doc)
+    if not lines:
+        return ["", "## Not measured", "", "Every cell of the final run's plan (benchmarks/final.py) is measured."]
+    return ["", "## Not measured, or not run", "",
+            wrap("The cells of the final run's plan (`python benchmarks/final.py --list`) that these results do not "
+                 "hold, and the rows that could not run, with why:"), "", *lines]  # fmt: skip
 
 
 def summary(doc: Any) -> Any:
@@ -537,7 +718,7 @@ def write_summary(path: Path, doc: dict[str, Any]) -> None:
 def write_outputs(out: Path, plots: bool = True) -> dict[str, Any]:
     """Merge out/raw/partial/*.json into out/raw/bench.json, then write out/bench.md, out/bench_summary.json (and
     the graphs when asked)."""
-    doc = merge(load_partials(out))
+    doc = merge(load_partials(out)) | load_extra(out)
     write_json(out / RAW_DIR / "bench.json", doc)
     print(f"wrote {out / RAW_DIR / 'bench.json'}")
     _write_summaries(out, doc)

@@ -42,8 +42,8 @@ def test_dry_run_builds_the_whole_plan_without_torch():
     res = run_bench("--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    # 10 workloads x 16 GPU contenders (fastnn x6, torch x7, jax x3) + numpy-cpu on logreg
-    assert "pairs: 169" in out  # + the two XLA flag variants on 4 of the 10 workloads
+    # 10 workloads x 22 GPU contenders (fastnn x12, torch x7, jax x3) + numpy-cpu on logreg
+    assert "pairs: 229" in out  # + the two XLA flag variants on 4 of the 10 workloads
     assert "torch imported: False" in out
     for h in wl.HIDDEN_FULL:
         assert f"mlp-{h} " in out
@@ -242,6 +242,78 @@ def test_graphs_are_written(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_every_table_and_graph_from_raw_results(tmp_path):
+    """Issue 44: one merge makes every table (batch grid, many models, scaling, time to accuracy) and every graph
+    from the raw results, and names each cell of the final run's plan that no result holds."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the 'bench' extra) draws the graphs")
+    import publish
+    import report
+
+    plans = {w.name: wl.plan_dict(w) for w in wl.all_workloads(quick=False)}
+    rows = []
+    for h in (256, 1024):
+        for b in (32, 64, 128):
+            name = f"mlp-{h}" if b == 32 else f"mlp-{h}-b{b}"
+            for c, t in (("fastnn-mixed", 1.0), ("jax-default", 1.5), ("torch-graph-amp", 2.0)):
+                rows.append(_row(name, c, t * h / 256 * b / 32, hidden=h, steps=plans[name]["steps"],
+                                 seconds_per_step=None))  # fmt: skip
+    rows.append({**_row("mlp-256", "fastnn-grid-fp32", 0.0, hidden=256), "status": "unavailable",
+                 "error": "EngineRefused: precision 'fp32' (it trains \"mixed\")"})  # fmt: skip
+    doc = {"schema": 1, "run": {"run_id": "r1", "started": 1.0, "finished": 2.0, "args": {}, "argv": []},
+           "environment": {"device": "GPU of r1", "date": "today"}, "workloads": plans, "rows": rows,
+           "e2e_rows": [], "tta_rows": [
+               {"workload": w, "contender": c, "mode": "cold", "run_id": "r1", "status": "ok", "target_accuracy": t,
+                "reached": True, "epochs_to_target": 3, "e2e_seconds": 3.0 * f, "train_seconds": f,
+                "best_accuracy": t + 0.01, "epochs": [{"epoch": e, "train_seconds": f / 3, "trained_at": e * f,
+                                                       "evaluated_at": e * f + 0.1, "test_accuracy": t - 0.02 + e / 100}
+                                                      for e in (1, 2, 3)]}
+               for w, t in (("tta-logreg", 0.84), ("tta-mlp-128", 0.88))
+               for c, f in (("fastnn-mixed", 1.0), ("torch-graph-amp", 4.0))]}  # fmt: skip
+    wl.write_json(tmp_path / PARTIAL_DIR / "r1.json", doc)
+    many = tmp_path / RAW_DIR / "many"
+    many.mkdir(parents=True)
+    for k in (1, 32):
+        (many / f"logreg-k{k}.json").write_text(json.dumps([
+            {"contender": c, "workload": "logreg", "models": k, "epoch_s": t * k ** 0.5, "device_s": None,
+             "best_accuracy": 0.84, "best_model": 0, "accuracies": [0.84] * k, "steps": 469, "profile": None,
+             "per_model_step_us": 1e6 * t * k ** 0.5 / k / 469} for c, t in (("fastnn", 0.01), ("jax", 0.03))]))
+    scaling = tmp_path / RAW_DIR / "scaling"
+    scaling.mkdir()
+    (scaling / "scaling.json").write_text(json.dumps({"device": "GPU x", "gpus": 2, "rows": [
+        {"workload": "mlp4096", "sizes": [784, 4096, 4096, 4096, 10], "global_batch": 8192, "run": r,
+         "samples_per_s": v, "vs_one_gpu": v / 2.8e6, "final_loss": 2.0}
+        for r, v in (("1 GPU, no group", 2.8e6), ("2 GPUs, NCCL group", 4.4e6))]}))  # fmt: skip
+    report.write_outputs(tmp_path, plots=True)
+    for name in ("time_graph", "batch_graph", "many_graph", "tta_graph"):
+        data = (tmp_path / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    md = (tmp_path / "bench.md").read_text()
+    assert "## The batch grid" in md and "| 256 | 64 | mlp-256-b64 | 800.0 | `jax-default` | 1200.0 | 1.50x |" in md
+    assert "| 4096 | 512 | mlp-4096-b512 | not measured in this run |" in md
+    assert "## Many models at once" in md
+    assert "| logreg | 1 | 21.322 | 63.966 | not measured in this run | 3.00x |" in md
+    assert "| logreg | 1024 | not measured in this run |" in md
+    assert "## Data-parallel scaling (2x GPU x)" in md and "| mlp4096 | 8192 | 2 GPUs, NCCL group | 4,400,000 |" in md
+    assert "| tta-logreg | 0.84 | fastnn-mixed | 3 | 3.00 | 1.00 | 0.8500 | 1.00 | 1.00 |" in md
+    # the closing list: what the plan has and the results lack, and the refused engine with its reason
+    assert "- train, `fastnn-grid-fp32` on mlp-256: n/a (EngineRefused: precision 'fp32'" in md
+    assert "- train, `torch-compile-amp`: not measured in this run: logreg, mlp-128, mlp-1024, mlp-8192" in md
+    assert "- many, `torch`: not measured in this run: logreg K=1, logreg K=32, logreg K=128, logreg K=1024" in md
+    assert "- scaling, `2 GPUs, devices=2`: not measured in this run: mlp4096, logreg, mlp128" in md
+    assert "- tta, `jax-best`: not measured in this run: tta-logreg, tta-mlp-128, tta-mlp-256" in md
+    assert "- e2e, `fastnn-mixed`: not measured in this run: logreg cold, logreg warm" in md
+    # the time table: a planned cell without a row says so, an unplanned one stays empty
+    line = next(x for x in md.splitlines() if x.startswith("| fastnn-grid-fp32 |"))
+    cells = [c.strip() for c in line.split("|")[2:-1]]  # mlp-256, mlp-1024, mlp-1024-b128, then 3 of the grid
+    assert cells == ["n/a", "not measured in this run", "not measured in this run", "", "", ""]
+    summary = json.loads((tmp_path / report.SUMMARY).read_text())
+    assert summary["many_rows"] and "accuracies" not in summary["many_rows"][0]
+    assert report.markdown(summary) == md
+    made = publish.blocks(summary)
+    assert made["many"].startswith("| workload | K |") and "GPU x" in made["scaling"]
+    assert "not measured in this run" in made["missing"] and "| 256 | 128 |" in made["batch"]
+
+
 def test_torch_eager_matches_the_numpy_engine():
     """PyTorch's eager step, on the CPU, from the same weights and in the same order: the same losses as fastnn."""
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0 to run this)")
@@ -413,8 +485,8 @@ def test_best_jax_configuration():
 def test_end_to_end_and_tta_subprocesses(tmp_path):
     """The fresh-process harness on the CPU (NumPy engine, tiny fake data): cold then warm, marks in order."""
     res = run_bench("--no-train", "--e2e", "--e2e-only", "numpy-cpu", "--e2e-workload", "logreg,mlp-128", "--tta",
-                    "--tta-only", "numpy-cpu", "--tiny", "--out", str(tmp_path), "--cache-dir",
-                    str(tmp_path / "cache"), "--no-plots")  # fmt: skip
+                    "--tta-only", "numpy-cpu", "--tta-workload", "tta-logreg,tta-mlp-256", "--tiny", "--out",
+                    str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--no-plots")  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads((tmp_path / RAW_DIR / "bench.json").read_text())
     e2e = {(r["workload"], r["mode"]): r for r in doc["e2e_rows"]}
@@ -425,7 +497,9 @@ def test_end_to_end_and_tta_subprocesses(tmp_path):
         assert 0 < m["process_start"] < m["imported"] <= m["data_loaded"] <= m["set_up"] <= m["trained"]
         assert r["e2e_seconds"] == m["trained"] and 0 < r["train_seconds"] < r["e2e_seconds"]
         assert len(r["epoch_seconds"]) == 2 and r["speedup_e2e"] is None  # no fastnn-mixed row to compare with
-    (tta,) = doc["tta_rows"]
+    seed_tta, tta = doc["tta_rows"]
+    assert seed_tta["workload"] == "tta-logreg" and seed_tta["target_accuracy"] == 0.84
+    assert seed_tta["status"] == "ok" and seed_tta["epochs"] and not seed_tta["reached"]
     assert tta["status"] == "ok" and tta["target_accuracy"] == 0.89 and len(tta["epochs"]) == 2
     assert not tta["reached"] and tta["e2e_seconds"] is None  # fake labels: never 89%
     assert [e["epoch"] for e in tta["epochs"]] == [1, 2]
@@ -481,22 +555,28 @@ def test_merge_drift_repeats_engines_e2e_and_tta(tmp_path):
     assert "## Drift between device calls" in md and "+25.0%" in md
     assert "## Best JAX configuration" in md and "`jax-fp32`" in md
     assert "| jax-fp32 | 8.00 | 3.00 |" in md and "| jax-fp32 | 4.00x | 3.00x |" in md
-    assert "## Time to 89% test accuracy" in md
-    assert "| torch-graph-amp | 11 | 9.00 | 3.00 | 0.8920 | 3.00 | 3.00 |" in md
+    assert "## Time to a test accuracy" in md and "tta-mlp-128: 784-128-128-128-10, ADAMW lr 0.001" in md
+    assert "| tta-mlp-256 | 0.89 | torch-graph-amp | 11 | 9.00 | 3.00 | 0.8920 | 3.00 | 3.00 |" in md
 
 
 def test_final_preset_covers_every_published_contender():
     import bench_mnist
+    import final
 
-    seen = set()
+    seen, workloads_seen = set(), set()
+    first = {w.name for w in wl.build_workloads(quick=False)}
     for call in bench_mnist.FINAL:
         ns = bench_mnist.parse_args(["--final", call])
         if ns.no_train:
             continue
         contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
         seen |= {c.name for c in contenders}
-        assert ("fastnn-mixed" in ns.only.split(",")) and (ns.drift == "fastnn-mixed" or ns.final == "1")
+        workloads_seen |= {w.name for w in workloads}
+        assert "fastnn-mixed" in ns.only.split(",")
+        # a call that repeats call 1's workloads repeats fastnn-mixed as a drift row; the batch grid's are new
+        assert ns.drift == "fastnn-mixed" or ns.final == "1" or not first & {w.name for w in workloads}
     assert seen == {c.name for c in wl.CONTENDERS}
+    assert workloads_seen == {w.name for w in wl.all_workloads(quick=False)}  # the batch grid included
     # call 1 alone is the headline: fastnn auto, its engines and every peer that can be fastest, every workload
     ns = bench_mnist.parse_args(["--final", "1", "--out", "x"])
     contenders, workloads = wl.select(ns.only, ns.only_workload, ns.skip_compile, ns.quick)
@@ -505,7 +585,69 @@ def test_final_preset_covers_every_published_contender():
     assert {"jax-default", "torch-graph-tf32"} <= set(bench_mnist.PEERS) and ns.drift == "" and ns.out == "x"
     assert [w.name for w in workloads] == [w.name for w in wl.build_workloads(quick=False)]
     ns = bench_mnist.parse_args(["--final", "5"])
-    assert ns.no_train and ns.e2e and ns.tta
+    assert ns.no_train and ns.e2e and not ns.tta
+    ns = bench_mnist.parse_args(["--final", "6"])
+    assert ns.no_train and ns.tta and ns.tta_workload.split(",") == ["tta-logreg", "tta-mlp-128", "tta-mlp-256"]
+    # every call of the final run: bench_mnist's presets, bench_many per K, bench_scaling on two GPUs
+    assert [n for n in final.CALLS if final.CALLS[n].commands[0][0].endswith("bench_mnist.py")] == list(final.FINAL)
+    assert {(w, k) for w, k, _ in final.many_plan()} == {("logreg", k) for k in (1, 32, 128, 1024)} | {
+        ("mlp-128", k) for k in (1, 32, 128)}
+    assert [c.gpus for c in final.CALLS.values()].count(2) == 1
+
+
+def test_a_final_call_ends_inside_its_limit_and_keeps_its_record(tmp_path, monkeypatch):
+    """final.py kills a call's command at the call's limit (the device's 10 minutes), records it as 124, keeps what
+    it printed and copies raw/ to $OUT (the folder that comes back from the device)."""
+    import final
+
+    slow = ("-c", "import sys, time; print('started', sys.argv[1:], flush=True); time.sleep(60)")
+    monkeypatch.setattr(final, "CALLS", {"x": final.Call("a slow call", (slow, slow))})
+    monkeypatch.setattr(final, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(final, "MIN_LEFT_S", 2.0)
+    rc = final.run_call("x", "DATA", limit_s=4.0, copy_to=str(tmp_path / "out"))
+    assert rc == 124
+    (record,) = json.loads((tmp_path / "results" / "raw" / "calls.json").read_text())
+    assert record["rc"] == 124 and record["commands"][0]["rc"] == 124 and record["commands"][0]["argv"][-1] == "DATA"
+    assert record["commands"][1]["rc"] is None and record["commands"][1]["why"] == "no time left in this call"
+    assert "started ['--data', 'DATA']" in (tmp_path / "out" / "raw" / "callx.log").read_text()
+
+
+def test_batch_grid_is_one_selection():
+    """Issue 44's batch grid: batch 64, 128, 256, 512 at h = 256, 1024, 4096, selectable in one word; the committed
+    run's mlp-1024-b128 is the same workload (same epochs), so both runs' rows merge."""
+    _, grid = wl.select(None, "batch", False, quick=False)
+    pairs = [(h, b) for h in (256, 1024, 4096) for b in (64, 128, 256, 512)]
+    assert sorted((w.hidden, w.batch_size) for w in grid) == pairs
+    same = {w.name: w for w in wl.build_workloads(quick=False)}["mlp-1024-b128"]
+    assert next(w for w in grid if w.name == "mlp-1024-b128") == same
+    assert all(w.steps >= 1250 and w.samples == 32_000 for w in grid)
+    _, default = wl.select(None, None, False, quick=False)
+    assert "mlp-256-b64" not in {w.name for w in default}  # the default run stays the ten workloads
+    _, everything = wl.select(None, "all", False, quick=False)
+    assert {w.name for w in everything} == {w.name for w in default} | {w.name for w in grid}
+    with pytest.raises(SystemExit, match="batch"):
+        wl.select(None, "mlp-7", False, quick=False)
+
+
+def test_engine_precision_contenders():
+    """Each fastnn engine in fp16 and fp32 is a contender; the settings come from the definition."""
+    names = {c.name: c for c in wl.CONTENDERS}
+    for e in ("graph", "fused", "grid"):
+        for p in ("fp16", "fp32"):
+            c = names[f"fastnn-{e}-{p}"]
+            assert (c.engine, c.precision) == (e, p)
+            assert wl.settings(c) == f'fastnn.Trainer(precision="{p}", engine="{e}")'
+    compile_max = names["torch-compile-amp"]
+    assert wl.compile_kwargs(compile_max) == {"mode": "max-autotune", "fullgraph": True, "dynamic": False}
+
+
+def test_seed_time_to_accuracy_workloads():
+    """The seeds' style: logreg to 0.84, MLP-128 to 0.88 (all 60,000 images), beside MLP-256 to 0.89."""
+    ws = {w.name: w for w in wl.tta_workloads()}
+    assert list(ws) == ["tta-logreg", "tta-mlp-128", "tta-mlp-256"]
+    assert ws["tta-logreg"].target_accuracy == 0.84 and ws["tta-logreg"].sizes == (784, 10)
+    assert ws["tta-mlp-128"].target_accuracy == 0.88 and ws["tta-mlp-128"].sizes == (784, 128, 128, 128, 10)
+    assert all(w.samples == 60_000 for w in ws.values())
 
 
 # ---- issue 27: every peer as its users run it, the fastest peer of one call, published numbers from the results ---
