@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import shlex
@@ -26,7 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workloads import FLAG_WORKLOADS, GRID_HIDDEN, batch_grid, build_workloads
+if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `pip install -e .`
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from workloads import FLAG_WORKLOADS, GRID_HIDDEN, batch_grid, build_workloads  # noqa: E402
 
 __all__ = [
     "CALLS",

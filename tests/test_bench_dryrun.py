@@ -612,6 +612,23 @@ def test_a_final_call_ends_inside_its_limit_and_keeps_its_record(tmp_path, monke
     assert "started ['--data', 'DATA']" in (tmp_path / "out" / "raw" / "callx.log").read_text()
 
 
+def test_scaling_json_is_what_the_report_reads(tmp_path, monkeypatch):
+    """bench_scaling.py --json writes the rows report.py's scaling table reads (the device asked of the driver)."""
+    import bench_scaling
+    import report
+
+    from fastnn.cuda import driver
+
+    monkeypatch.setattr(driver, "device_name", lambda ordinal=0: "Fake H100")
+    monkeypatch.setattr(driver, "device_count", lambda: 2)
+    rows = {"1 GPU, no group": [(1.0, 1000, 0.5)], "2 GPUs, NCCL group": [(0.8, 1000, 0.5)]}
+    bench_scaling.write_rows(str(tmp_path / "raw" / "scaling" / "s.json"), ["logreg"], rows)
+    doc = report.load_extra(tmp_path)
+    assert [r["run"] for r in doc["scaling_rows"]] == list(rows) and doc["scaling_rows"][1]["gpus"] == 2
+    table = report.scaling_table(doc)
+    assert table[-1] == "| logreg | 128 | 2 GPUs, NCCL group | 1,250 | 1.25x | 0.5000 |"
+
+
 def test_batch_grid_is_one_selection():
     """Issue 44's batch grid: batch 64, 128, 256, 512 at h = 256, 1024, 4096, selectable in one word; the committed
     run's mlp-1024-b128 is the same workload (same epochs), so both runs' rows merge."""
