@@ -104,3 +104,27 @@ def test_trainer_predict_before_fit_is_an_error_until_it_has_weights(tmp_path):
     reg = fastnn.Trainer(fastnn.MLP([5, 1]), fastnn.SGD(lr=0.1), batch_size=16, device="cpu", seed=0, loss="mse")
     with pytest.raises(fastnn.NotFittedError, match=r"Trainer.predict:"):
         reg.predict(x)
+
+
+def test_scikit_learns_logistic_regression_parameters_build_this_one():
+    """fastnn.sklearn.LogisticRegression(**sklearn's LogisticRegression().get_params()) builds (class_weight, dual,
+    intercept_scaling, l1_ratio, n_jobs were a TypeError); its default solver, lbfgs, is refused at fit by name,
+    and with solver="sgd" the rest fits."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression as SkLogisticRegression
+
+    params = SkLogisticRegression(max_iter=3).get_params()
+    est = LogisticRegression(**params, device="cpu")
+    assert {k: est.get_params()[k] for k in params} == params
+    x, y = _data()
+    with pytest.raises(ValueError, match="solver='lbfgs' is not implemented"):
+        est.fit(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert est.set_params(solver="sgd").fit(x, y).n_iter_ == 3
+    for bad, match in (({"dual": True}, "dual=True is not implemented"),
+                       ({"l1_ratio": 0.5}, "l1_ratio=0.5 is not implemented")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            LogisticRegression(**bad, device="cpu").fit(x, y)

@@ -44,6 +44,10 @@ class LogisticRegression(FastnnClassifier):
         penalty: "l2" or None (no penalty, as C=numpy.inf).
         C: the inverse of the penalty's strength, > 0.
         fit_intercept: True (every fastnn layer has a bias; False is refused).
+        dual, intercept_scaling, l1_ratio, n_jobs: scikit-learn's, accepted so that its parameter set builds
+            this estimator: dual=False only (liblinear's), intercept_scaling is liblinear's (no effect here),
+            l1_ratio None or 0 (an L1 part is refused), n_jobs has no effect (a fit trains on one device).
+            penalty="deprecated" (scikit-learn >= 1.8's default) is "l2".
         class_weight: None, a dict label -> weight, or "balanced" (n_samples / (n_classes * the label's count)),
             as scikit-learn's: each row's loss is weighted by its class's weight (times its `sample_weight`).
             Unequal weights train on the CPU (the GPU engines' loss kernels are unweighted: see `Trainer.fit`).
@@ -60,6 +64,10 @@ class LogisticRegression(FastnnClassifier):
         C: float = 1.0,
         fit_intercept: bool = True,
         class_weight: dict[Any, float] | str | None = None,
+        dual: bool = False,
+        intercept_scaling: float = 1.0,
+        l1_ratio: float | None = None,
+        n_jobs: int | None = None,
         solver: str = "sgd",
         batch_size: int | str = "auto",
         learning_rate: str = "adaptive",
@@ -95,7 +103,12 @@ class LogisticRegression(FastnnClassifier):
                 f"solver={self.solver!r} is not implemented: fastnn trains by minibatch gradient steps on the GPU; "
                 f"use 'sgd' (the default: with C it reaches the same optimum) or 'adam'"
             )
-        if self.penalty not in ("l2", None):
+        if self.dual is not False and not (isinstance(self.dual, np.bool_) and not self.dual):
+            raise ValueError(f"dual={self.dual!r} is not implemented: it is liblinear's dual formulation; pass False")
+        if self.l1_ratio not in (None, 0, 0.0):
+            raise ValueError(f"l1_ratio={self.l1_ratio!r} is not implemented: fastnn's optimizers decay weights (L2); "
+                             f"an L1 part needs a proximal solver: pass 0 or None")  # fmt: skip
+        if self.penalty not in ("l2", None, "deprecated"):
             raise ValueError(
                 f"penalty={self.penalty!r} is not implemented: fastnn's optimizers decay weights (L2); use 'l2' or "
                 f"None" + (" (an L1 penalty needs a proximal solver)" if self.penalty in ("l1", "elasticnet") else "")
