@@ -183,6 +183,8 @@ def make_cublaslt(heap: Heap) -> types.SimpleNamespace:
             return np.lib.stride_tricks.as_strided(flat, (rows, cols), (4, 4 * ld))
 
         def __call__(self, a, b, c, d, stream, *, bias=0, aux=0, alpha=1.0, beta=0.0) -> None:
+            if module.fail:  # a test's cuBLASLt that refuses to run
+                raise real.CublasError(15, "CUBLAS_STATUS_NOT_SUPPORTED", "cublasLtMatmul (emulated)")
             if stream.recording is not None:
                 stream.recording.append((self, None, (a, b, c, d, bias, alpha, beta)))
             else:
@@ -213,9 +215,10 @@ def make_cublaslt(heap: Heap) -> types.SimpleNamespace:
         def close(self) -> None:
             pass
 
-    return types.SimpleNamespace(Matmul=Matmul, Handle=Plain, Workspace=Plain, ComputeType=real.ComputeType,
-                                 DataType=real.DataType, Epilogue=real.Epilogue,
-                                 CublasError=real.CublasError)  # fmt: skip
+    module = types.SimpleNamespace(Matmul=Matmul, Handle=Plain, Workspace=Plain, ComputeType=real.ComputeType,
+                                   DataType=real.DataType, Epilogue=real.Epilogue, CublasError=real.CublasError,
+                                   fail=False)  # fmt: skip
+    return module
 
 
 # ---- the kernels ------------------------------------------------------------------------------------------------

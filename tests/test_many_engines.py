@@ -239,3 +239,30 @@ def test_the_same_training_set_is_not_uploaded_again(backend):
         mt.fit(x2, y, epochs=1, masks=masks)
     assert gpu._engine._train is not data
     _close(cpu, gpu, backend)
+
+
+def test_a_failing_layer0_gemm_falls_back_to_the_kernels(backend):
+    """cuBLASLt failing to run layer 0's GEMM (in the epoch's capture, in an evaluation): a warning, then the
+    per-model kernels, the same results. (Only the emulation can make cuBLASLt fail.)"""
+    from fastnn.engine.many.gpu import engine
+
+    if not hasattr(engine.cublaslt, "fail"):
+        pytest.skip("only the emulated cuBLASLt can be made to fail")
+    x, y = _data()
+    cpu, gpu = _pair(MLP([10, 8, 3]), SGD(lr=0.1), models=3, seeds=4, batch_size=16)
+    cpu.fit(x, y, epochs=2, eval_data=(x, y))
+    engine.cublaslt.fail = True
+    with pytest.warns(RuntimeWarning, match="layer-0 GEMM failed .*CUBLAS_STATUS_NOT_SUPPORTED"):
+        gpu.fit(x, y, epochs=2, eval_data=(x, y))
+    assert not gpu._engine.fast_layer0
+    _close(cpu, gpu, backend)
+    engine.cublaslt.fail = False
+    other = MultiTrainer(MLP([10, 8, 3]), SGD(lr=0.1), models=3, seeds=4, batch_size=16, device="cuda", engine="gpu",
+                         precision="fp32")  # fmt: skip
+    other.fit(x, y, epochs=2)
+    assert other._engine.fast_layer0
+    engine.cublaslt.fail = True
+    with pytest.warns(RuntimeWarning, match="layer-0 GEMM failed"):
+        scores = other.evaluate(x, y)
+    assert [s["loss"] for s in scores] == pytest.approx([s["loss"] for s in gpu.evaluate(x, y)], rel=1e-5)
+    np.testing.assert_allclose(other.forward(x), gpu.forward(x), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,9 @@ back to its snapshot. Everything is fp32 whatever the precision (docs/design/man
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 
 import numpy as np
 
@@ -224,8 +226,8 @@ class ManyGpuEngine(ManyEngine):
         try:
             for r in set(rows) - {0}:
                 self._fast_plans(r)
-        except cublaslt.CublasError:
-            self.fast_layer0 = False  # cuBLASLt has no algorithm for these shapes here: the kernels serve
+        except cublaslt.CublasError as exc:  # no algorithm for these shapes here: the kernels serve
+            self._no_fast_layer0(exc)
             return [0] * steps
         return rows
 
@@ -319,7 +321,18 @@ class ManyGpuEngine(ManyEngine):
         return profile_step(self, step, repeats)
 
     def _epoch_graph(self, tables: kernels.StepTables, steps: int, group_n: int) -> driver.GraphExec:
+        """The captured epoch for these tables: from the cache, or recorded now (with the per-model kernels if
+        cuBLASLt fails to record layer 0's GEMMs)."""
         fast = self._fast_rows(tables, group_n, steps)
+        try:
+            return self._captured_epoch(tables, steps, fast)
+        except cublaslt.CublasError as exc:
+            if not any(fast):
+                raise
+            self._no_fast_layer0(exc)
+            return self._captured_epoch(tables, steps, [0] * steps)
+
+    def _captured_epoch(self, tables: kernels.StepTables, steps: int, fast: list[int]) -> driver.GraphExec:
         fold = self._folding() and any(fast)
         key = (tables.streams, steps, tuple(fast), fold)
         graph = self._graphs.get(key)
@@ -332,13 +345,22 @@ class ManyGpuEngine(ManyEngine):
                     kernels.record_step(net, tables, s, self.config.drop_last, self.hist.ptr, fast[s], fold)
                 if fold:  # the weights themselves again, before the check, the snapshot's restore, evaluation
                     kernels.record_unscale(net)
-            finally:
-                captured = self.stream.end_capture()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the recording's error is the one to report
+                    self.stream.end_capture().close()
+                raise
+            captured = self.stream.end_capture()
             try:
                 graph = self._graphs[key] = captured.instantiate()
             finally:
                 captured.close()
         return graph
+
+    def _no_fast_layer0(self, exc: Exception) -> None:
+        """cuBLASLt refused layer 0's GEMMs: go on with the per-model kernels, saying so once."""
+        self.fast_layer0 = False
+        warnings.warn(f"the many-model GPU engine's layer-0 GEMM failed ({exc}); it trains with its per-model "
+                      f"kernels instead (slower, same results)", RuntimeWarning, stacklevel=4)  # fmt: skip
 
     def fit_epoch(
         self,
@@ -431,10 +453,16 @@ class ManyGpuEngine(ManyEngine):
         net = self._net()
         self.eval_hist.memset(0)
         self.sse.memset(0)
-        for s in range(len(fast)):
-            kernels.record_forward(net, tables, s, False, False, fast[s])
-            kernels.record_loss(net, tables, s, False, False, self.eval_hist.ptr, 0,
-                                self.sse.ptr if self.regression else 0)  # fmt: skip
+        try:
+            for s in range(len(fast)):
+                kernels.record_forward(net, tables, s, False, False, fast[s])
+                kernels.record_loss(net, tables, s, False, False, self.eval_hist.ptr, 0,
+                                    self.sse.ptr if self.regression else 0)  # fmt: skip
+        except cublaslt.CublasError as exc:
+            if not any(fast):
+                raise
+            self._no_fast_layer0(exc)
+            return self._evaluate(data, models)  # the pass again, with the kernels
         self.stream.synchronize()
         hist = self.eval_hist.download(np.empty((self.count, 2), dtype=np.float64))
         c = self.config.model.classes
@@ -471,7 +499,14 @@ class ManyGpuEngine(ManyEngine):
             out = np.empty((self.count, x.shape[0], c), dtype=np.float32)
             chunk = np.empty((batch, self.count, c), dtype=np.float32)  # (batch, K, outputs): the activations' layout
             for s in range(len(fast)):
-                kernels.record_forward(net, tables, s, False, False, fast[s])
+                try:
+                    kernels.record_forward(net, tables, s, False, False, fast[s])
+                except cublaslt.CublasError as exc:
+                    if not fast[s]:
+                        raise
+                    self._no_fast_layer0(exc)
+                    fast = [0] * len(fast)
+                    kernels.record_forward(net, tables, s, False, False, 0)
                 self.stream.synchronize()
                 self.z[-1].download(chunk)
                 rows = rows_at(x.shape[0], s, batch, False)
