@@ -14,12 +14,14 @@ measured (bench_mnist.py saves after every row; bench_many.py runs once per K, o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -51,6 +53,7 @@ RESULTS = Path("benchmarks/results")
 #: Where bench_many.py's and bench_scaling.py's JSON go (report.py reads every file there).
 MANY_DIR = "raw/many"
 SCALING_DIR = "raw/scaling"
+SETUP_DIR = "raw/setup"
 #: The longest a call's commands may run together: the device allows 600 s a command; the rest is start-up and copy.
 CALL_LIMIT_S = 560
 #: A command is not started with less than this left of its call (none of them does anything useful in less).
@@ -143,6 +146,20 @@ def _many(workload: str, ks: tuple[int, ...]) -> Call:
                 "(one bench_many.py per K)", cmds)  # fmt: skip
 
 
+#: bench_setup.py (issue 26): a fresh process to one trained epoch, cold, warm and warm again, in two calls.
+SETUP_FASTNN = ("numpy-cpu", "fastnn-mixed", "fastnn-graph", "fastnn-fused", "fastnn-grid")
+SETUP_PEERS = ("torch-graph-amp", "jax-default")
+SETUP_WORKLOADS = ("logreg", "mlp-128", "mlp-1024", "mlp-8192")
+SETUP_CPU_WORKLOADS = ("logreg", "mlp-128")  # bench_setup.CPU_WORKLOADS: the NumPy engine's
+SETUP_MODES = ("cold", "warm", "warm again")
+
+
+def _setup(tag: str, contenders: tuple[str, ...]) -> Call:
+    cmd = ("benchmarks/bench_setup.py", "--only", ",".join(contenders), "--workloads", ",".join(SETUP_WORKLOADS),
+           "--out", str(RESULTS / SETUP_DIR / f"setup-{tag}.md"))  # fmt: skip
+    return Call(f"a fresh process to one trained epoch, cold/warm/warm again: {', '.join(contenders)} (~4 min)", (cmd,))
+
+
 CALLS: dict[str, Call] = {
     **{n: _mnist(n) for n in FINAL},
     "10": _many("logreg", (1, 32, 128, 1024)),
@@ -152,6 +169,8 @@ CALLS: dict[str, Call] = {
         (("benchmarks/bench_scaling.py", "--worlds", "1,2", "--json", str(RESULTS / SCALING_DIR / "scaling.json")),),
         gpus=2,
     ),
+    "13": _setup("fastnn", SETUP_FASTNN),
+    "14": _setup("peers", SETUP_PEERS),
 }
 
 
@@ -173,7 +192,7 @@ def many_plan() -> list[tuple[str, int, str]]:
 
 
 def expected_cells() -> dict[str, list[tuple[str, str, str]]]:
-    """Per table (train, e2e, tta, many, scaling): the (workload, contender, mode) cells the final run makes."""
+    """Per table (train, e2e, tta, many, scaling, setup): the (workload, contender, mode) cells the final run makes."""
     from end_to_end import E2E_CONTENDERS, E2E_WORKLOADS, MODES, TTA_CONTENDERS, TTA_WORKLOADS
     from workloads import select
 
@@ -194,6 +213,8 @@ def expected_cells() -> dict[str, list[tuple[str, str, str]]]:
         "tta": [(w, c, "") for c in TTA_CONTENDERS for w in TTA_WORKLOADS],
         "many": [(f"{w} K={k}", c, "") for w, k, c in many_plan()],
         "scaling": [(w, r, "") for w in SCALING_WORKLOADS for r in SCALING_RUNS],
+        "setup": [(w, c, m) for c in SETUP_FASTNN + SETUP_PEERS for w in SETUP_WORKLOADS for m in SETUP_MODES
+                  if c != "numpy-cpu" or w in SETUP_CPU_WORKLOADS],  # fmt: skip
     }
 
 
@@ -203,10 +224,16 @@ def planned_training() -> frozenset[tuple[str, str]]:
     return frozenset((w, c) for w, c, _ in expected_cells()["train"])
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group `proc` leads (started with start_new_session=True)."""
+    with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_call(name: str, data: str, limit_s: float, copy_to: str | None) -> int:
     """Run call `name`'s commands (the data folder added), each under what is left of `limit_s`; record them."""
     call = CALLS[name]
-    raw = RESULTS / "raw"
+    raw = REPO / RESULTS / "raw"
     log_path = raw / f"call{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -224,10 +251,11 @@ def run_call(name: str, data: str, limit_s: float, copy_to: str | None) -> int:
             print("$ " + shlex.join(argv), flush=True)
             log.write("$ " + shlex.join(argv) + "\n")
             log.flush()
-            proc = subprocess.Popen(
-                argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            timer = threading.Timer(left, proc.kill)  # what it saved so far stays (partial files, earlier K)
+            # a session of its own: at the limit the whole group goes (JAX subprocesses and fresh-process workers
+            # included, which would otherwise hold the output pipe open); what it saved so far stays
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)  # fmt: skip
+            timer = threading.Timer(left, _kill_group, (proc,))
             timer.start()
             for line in proc.stdout:  # type: ignore[union-attr]
                 sys.stdout.write(line)

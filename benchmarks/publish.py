@@ -37,6 +37,7 @@ from report import (
     peers_table,
     ratio,
     scaling_table,
+    setup_table,
     tta_table,
     us_per_step,
     wrap,
@@ -276,6 +277,13 @@ def scaling_block(doc: dict[str, Any]) -> str:
     return f"{rows[0].get('gpus')}x {rows[0].get('device')}:\n\n" + "\n".join(scaling_table(doc))
 
 
+def startup_block(doc: dict[str, Any]) -> str:
+    rows = [r for r in doc.get("setup_rows", []) if r.get("mode")]
+    if not rows:
+        return f"From a fresh process to one trained epoch (bench_setup.py): {NOT_MEASURED}."
+    return f"{rows[0].get('device')}, seconds:\n\n" + "\n".join(setup_table(doc))
+
+
 def missing_block(doc: dict[str, Any]) -> str:
     """The closing list: every cell of the final run's plan these results lack, and every row that could not run."""
     lines = missing(doc)
@@ -301,6 +309,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "batch": batch_block,
     "many": many_block,
     "scaling": scaling_block,
+    "startup": startup_block,
     "missing": missing_block,
 }
 

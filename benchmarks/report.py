@@ -36,6 +36,7 @@ __all__ = [
     "peers_table",
     "same_call_pairs",
     "scaling_table",
+    "setup_table",
     "summary",
     "wrap",
     "write_outputs",
@@ -419,7 +420,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 )
     lines += _batch_section(doc)
     lines += _jax_section(rows) + _drift_section(rows) + _e2e_section(doc) + _tta_section(doc)
-    lines += _many_section(doc) + _scaling_section(doc) + _missing_section(doc)
+    lines += _many_section(doc) + _scaling_section(doc) + _setup_section(doc) + _missing_section(doc)
     lines += ["", "## Contenders", "", *contenders_list(doc, contenders)]
     return "\n".join(lines) + "\n"
 
@@ -545,17 +546,22 @@ def _tta_section(doc: dict[str, Any]) -> list[str]:
 
 
 def load_extra(out: Path) -> dict[str, Any]:
-    """bench_many.py's rows (out/raw/many/*.json), bench_scaling.py's (out/raw/scaling/*.json) and final.py's call
-    records (out/raw/calls.json), for the report's many-model, scaling and coverage tables."""
+    """bench_many.py's rows (out/raw/many/*.json), bench_scaling.py's (out/raw/scaling/*.json), bench_setup.py's
+    (out/raw/setup/*.json) and final.py's call records (out/raw/calls.json), for the report's many-model, scaling,
+    set-up and coverage tables."""
     many, scaling = [], []
     for path in sorted((out / RAW_DIR / "many").glob("*.json")):
         many += [r | {"source": path.name} for r in json.loads(path.read_text())]
     for path in sorted((out / RAW_DIR / "scaling").glob("*.json")):
         d = json.loads(path.read_text())
         scaling += [r | {"device": d.get("device"), "gpus": d.get("gpus"), "source": path.name} for r in d["rows"]]
+    setup = []
+    for path in sorted((out / RAW_DIR / "setup").glob("*.json")):
+        d = json.loads(path.read_text())
+        setup += [r | {"device": d.get("device"), "source": path.name} for r in d["rows"]]
     calls_path = out / RAW_DIR / "calls.json"
     final_calls = json.loads(calls_path.read_text()) if calls_path.exists() else []
-    return {"many_rows": many, "scaling_rows": scaling, "final_calls": final_calls}
+    return {"many_rows": many, "scaling_rows": scaling, "setup_rows": setup, "final_calls": final_calls}
 
 
 def batch_table(doc: dict[str, Any]) -> list[str]:
@@ -641,6 +647,40 @@ def _scaling_section(doc: dict[str, Any]) -> list[str]:
     return ["", f"## Data-parallel scaling ({first.get('gpus')}x {first.get('device')})", "", *table]
 
 
+def setup_table(doc: dict[str, Any]) -> list[str]:
+    """bench_setup.py's rows: a fresh process to one trained epoch (whole process, s), cold, warm and warm again."""
+    from final import SETUP_MODES
+
+    rows = [r for r in doc.get("setup_rows", []) if r.get("mode")]
+    if not rows:
+        return []
+    cell = {(r["workload"], r["contender"], r["mode"]): r for r in rows}
+    lines = ["| workload | contender | " + " | ".join(SETUP_MODES) + " | training (warm) |",
+             "|---|---|" + "---:|" * (len(SETUP_MODES) + 1)]  # fmt: skip
+    for w, c in dict.fromkeys((r["workload"], r["contender"]) for r in rows):
+        vals = []
+        for m in SETUP_MODES:
+            r = cell.get((w, c, m))
+            seconds = None if r is None else r.get("process_seconds") or r.get("e2e_seconds")
+            vals.append(NOT_MEASURED if r is None else f"{seconds:.2f}" if r.get("status") == "ok" and seconds
+                        else str(r.get("status")))  # fmt: skip
+        warm = cell.get((w, c, "warm"))
+        train = warm.get("train_seconds") if warm and warm.get("status") == "ok" else None
+        lines.append(f"| {w} | {c} | " + " | ".join(vals) + f" | {_f(train, '.3g')} |")
+    return lines
+
+
+def _setup_section(doc: dict[str, Any]) -> list[str]:
+    table = setup_table(doc)
+    if not table:
+        return []
+    device = doc["setup_rows"][0].get("device")
+    return ["", f"## From a fresh process to one trained epoch (bench_setup.py, {device})", "",
+            wrap("Seconds from starting the interpreter to its exit, one epoch trained, each in a fresh process; "
+                 "cold: empty kernel, autotuning, dataset and compilation caches; warm: filled by the run "
+                 "before."), "", *table]  # fmt: skip
+
+
 def missing(doc: dict[str, Any]) -> list[str]:
     """Every cell of the final run's plan (final.py) that no result holds, and every row that could not run, with
     why: one line per contender or table."""
@@ -659,8 +699,10 @@ def missing(doc: dict[str, Any]) -> list[str]:
         if not _ok(x):
             why = str(x.get("error", "")).splitlines()[0][:160] if x.get("error") else ""
             out.append(f"- train, `{x['contender']}` on {x['workload']}: {_status(x)}" + (f" ({why})" if why else ""))
-    for table in ("e2e_rows", "tta_rows"):
+    for table in ("e2e_rows", "tta_rows", "setup_rows"):
         for x in doc.get(table, []):
+            if table == "setup_rows" and x.get("status") == "skipped":
+                continue  # not in the plan (the NumPy engine on the wide MLPs)
             if x.get("status") != "ok":
                 why = str(x.get("error", "")).splitlines()[0][:160] if x.get("error") else ""
                 out.append(f"- {table[:-5]}, `{x['contender']}` on {x['workload']} {x.get('mode', '')}: "
@@ -679,6 +721,7 @@ def _measured(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     out += [("tta", r["workload"], r["contender"], "") for r in doc.get("tta_rows", [])]
     out += [("many", f"{r['workload']} K={r['models']}", r["contender"], "") for r in doc.get("many_rows", [])]
     out += [("scaling", r["workload"], r["run"], "") for r in doc.get("scaling_rows", [])]
+    out += [("setup", r["workload"], r["contender"], r["mode"]) for r in doc.get("setup_rows", []) if r.get("mode")]
     jax = [c.name for c in CONTENDERS if c.family == "jax"]
     out += [(t, w, "jax-best", m) for t, w, c, m in out if c in jax and t in ("e2e", "tta")]
     return out

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,6 +284,16 @@ def test_every_table_and_graph_from_raw_results(tmp_path):
         {"workload": "mlp4096", "sizes": [784, 4096, 4096, 4096, 10], "global_batch": 8192, "run": r,
          "samples_per_s": v, "vs_one_gpu": v / 2.8e6, "final_loss": 2.0}
         for r, v in (("1 GPU, no group", 2.8e6), ("2 GPUs, NCCL group", 4.4e6))]}))  # fmt: skip
+    setup = tmp_path / RAW_DIR / "setup"
+    setup.mkdir()
+    (setup / "setup-fastnn.md").with_suffix(".json").write_text(json.dumps({"device": "GPU s", "rows": [
+        {"contender": "fastnn-mixed", "family": "fastnn", "workload": "logreg", "mode": m, "status": "ok",
+         "e2e_seconds": t - 0.1, "process_seconds": t, "train_seconds": 0.001}
+        for m, t in (("cold", 2.5), ("warm", 0.8))
+    ] + [{"contender": "fastnn-fused", "family": "fastnn", "workload": "mlp-1024", "mode": "cold",
+          "status": "unavailable", "error": "EngineRefused: shared memory"},
+         {"contender": "numpy-cpu", "family": "numpy", "workload": "mlp-8192", "mode": None, "status": "skipped",
+          "error": "not run: the CPU engine runs logreg, mlp-128 only"}]}))  # fmt: skip
     report.write_outputs(tmp_path, plots=True)
     for name in ("time_graph", "batch_graph", "many_graph", "tta_graph"):
         data = (tmp_path / f"{name}.png").read_bytes()
@@ -302,6 +313,12 @@ def test_every_table_and_graph_from_raw_results(tmp_path):
     assert "- scaling, `2 GPUs, devices=2`: not measured in this run: mlp4096, logreg, mlp128" in md
     assert "- tta, `jax-best`: not measured in this run: tta-logreg, tta-mlp-128, tta-mlp-256" in md
     assert "- e2e, `fastnn-mixed`: not measured in this run: logreg cold, logreg warm" in md
+    assert "## From a fresh process to one trained epoch (bench_setup.py, GPU s)" in md
+    assert "| logreg | fastnn-mixed | 2.50 | 0.80 | not measured in this run | 0.001 |" in md
+    assert "| mlp-1024 | fastnn-fused | unavailable | not measured in this run | not measured in this run | – |" in md
+    assert "- setup, `fastnn-fused` on mlp-1024 cold: unavailable (EngineRefused: shared memory)" in md
+    assert "- setup, `numpy-cpu`: not measured in this run: logreg cold, logreg warm, logreg warm again, mlp-128" in md
+    assert "mlp-8192" not in next(x for x in md.splitlines() if x.startswith("- setup, `numpy-cpu`"))
     # the time table: a planned cell without a row says so, an unplanned one stays empty
     line = next(x for x in md.splitlines() if x.startswith("| fastnn-grid-fp32 |"))
     cells = [c.strip() for c in line.split("|")[2:-1]]  # mlp-256, mlp-1024, mlp-1024-b128, then 3 of the grid
@@ -312,6 +329,7 @@ def test_every_table_and_graph_from_raw_results(tmp_path):
     made = publish.blocks(summary)
     assert made["many"].startswith("| workload | K |") and "GPU x" in made["scaling"]
     assert "not measured in this run" in made["missing"] and "| 256 | 128 |" in made["batch"]
+    assert made["startup"].startswith("GPU s, seconds:")
 
 
 def test_torch_eager_matches_the_numpy_engine():
@@ -600,12 +618,15 @@ def test_a_final_call_ends_inside_its_limit_and_keeps_its_record(tmp_path, monke
     it printed and copies raw/ to $OUT (the folder that comes back from the device)."""
     import final
 
-    slow = ("-c", "import sys, time; print('started', sys.argv[1:], flush=True); time.sleep(60)")
+    # a grandchild holding the output pipe, as bench_mnist.py's JAX subprocesses do: the whole group must go
+    slow = ("-c", "import subprocess, sys, time; print('started', sys.argv[1:], flush=True); "
+            "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])")  # fmt: skip
     monkeypatch.setattr(final, "CALLS", {"x": final.Call("a slow call", (slow, slow))})
     monkeypatch.setattr(final, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(final, "MIN_LEFT_S", 2.0)
+    start = time.monotonic()
     rc = final.run_call("x", "DATA", limit_s=4.0, copy_to=str(tmp_path / "out"))
-    assert rc == 124
+    assert rc == 124 and time.monotonic() - start < 30
     (record,) = json.loads((tmp_path / "results" / "raw" / "calls.json").read_text())
     assert record["rc"] == 124 and record["commands"][0]["rc"] == 124 and record["commands"][0]["argv"][-1] == "DATA"
     assert record["commands"][1]["rc"] is None and record["commands"][1]["why"] == "no time left in this call"
