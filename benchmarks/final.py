@@ -177,7 +177,9 @@ CALLS: dict[str, Call] = {
 #: bench_scaling.py's runs at --worlds 1,2 (its default knobs), each workload.
 SCALING_RUNS = ("1 GPU, no group", "2 GPUs, ceiling", "1 GPU, NCCL group", "2 GPUs, NCCL group", "2 GPUs, devices=2")
 SCALING_WORKLOADS = ("mlp4096", "logreg", "mlp128")
-MANY_CONTENDERS = ("fastnn", "jax", "torch")
+#: The rows bench_many.py's default contenders (fastnn, fastnn-fold, jax, torch) write on a GPU, by the names its
+#: results carry (many_contenders: Result.contender).
+MANY_CONTENDERS = ("fastnn", "fastnn-fold", "jax-vmap", "torch-func-graphs")
 
 
 def many_plan() -> list[tuple[str, int, str]]:

@@ -609,7 +609,7 @@ def many_table(doc: dict[str, Any]) -> list[str]:
     for w, k in dict.fromkeys((w, k) for w, k, _ in plan):
         vals = [f"{cell[(w, k, n)]['per_model_step_us']:.3f}" if (w, k, n) in cell else NOT_MEASURED for n in names]
         mine = cell.get((w, k, "fastnn"))
-        peers = [cell[(w, k, n)] for n in names if n != "fastnn" and (w, k, n) in cell]
+        peers = [cell[(w, k, n)] for n in names if not n.startswith("fastnn") and (w, k, n) in cell]
         speed = f"{min(p['epoch_s'] for p in peers) / mine['epoch_s']:.2f}x" if mine and peers else ""
         acc = f"{mine['best_accuracy']:.4f}" if mine else ""
         lines.append(f"| {w} | {k} | " + " | ".join(vals) + f" | {speed} | {acc} |")
