@@ -134,14 +134,7 @@ struct Scratch { long long w16f1, w16f2, w3a, w3b, hg0, hg1, hg2, dzg1, mom, tot
 __host__ __device__ constexpr Scratch make_scratch() {
     Scratch s{};
     long long o = 0;
-    s.w16f1 = o; o += up128(2LL * H * H);
-    s.w16f2 = o; o += up128(2LL * H * H);
-    s.w3a = o; o += up128(2LL * 2 * KS * 32 * 8);
-    s.w3b = o; o += up128(2LL * 2 * (H / 8) * 32 * 4);
-    s.hg0 = o; o += up128(2LL * H * BR);
-    s.hg1 = o; o += up128(2LL * H * BR);
-    s.hg2 = o; o += up128(2LL * H * BR);
-    s.dzg1 = o; o += up128(2LL * H * BR);
+    o = shared_scratch(s, o, H, KS, BR);
     s.mom = o; o += MOMG ? (long long)P * NS * GST * 16 : 0;  // per CTA, per state: W0 [NKS0][32], W2, W1 [KS][32] float4
     s.total = o;
     return s;

@@ -136,14 +136,7 @@ __host__ __device__ constexpr Scratch make_scratch() {
     s.w0f = o; o += up128(4LL * H * D);
     s.w1f = o; o += up128(4LL * H * H);
     s.w2f = o; o += up128(4LL * H * H);
-    s.w16f1 = o; o += up128(2LL * H * H);
-    s.w16f2 = o; o += up128(2LL * H * H);
-    s.w3a = o; o += up128(2LL * 2 * KS * 32 * 8);
-    s.w3b = o; o += up128(2LL * 2 * (H / 8) * 32 * 4);
-    s.hg0 = o; o += up128(2LL * H * BR);
-    s.hg1 = o; o += up128(2LL * H * BR);
-    s.hg2 = o; o += up128(2LL * H * BR);
-    s.dzg1 = o; o += up128(2LL * H * BR);
+    o = shared_scratch(s, o, H, KS, BR);
     s.m0f = o; o += MOM ? up128(4LL * H * D) : 0;  // the momentum of W0, W1, W2 beside their masters
     s.m1f = o; o += MOM ? up128(4LL * H * H) : 0;
     s.m2f = o; o += MOM ? up128(4LL * H * H) : 0;

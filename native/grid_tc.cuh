@@ -16,6 +16,21 @@
 
 // the scratch layouts' alignment: 128 bytes, a whole L2 line, for every buffer
 __host__ __device__ constexpr long long up128(long long a) { return (a + 127) / 128 * 128; }
+// The global scratch both kernels lay out alike from byte o (each kernel's Scratch has these fields): W1's and W2's
+// fp16 rows in fragment order (h x h each), W3's two fp16 operand copies by step parity, and the four exchange
+// buffers (H0, H1, H2, dZ1; h x 32 rows of fp16). Returns the first byte after them. grid/plan.py's
+// fast_scratch_bytes and stream_scratch_bytes count the same.
+template <class S> __host__ __device__ constexpr long long shared_scratch(S& s, long long o, int h, int ks, int br) {
+    s.w16f1 = o; o += up128(2LL * h * h);
+    s.w16f2 = o; o += up128(2LL * h * h);
+    s.w3a = o; o += up128(2LL * 2 * ks * 32 * 8);
+    s.w3b = o; o += up128(2LL * 2 * (h / 8) * 32 * 4);
+    s.hg0 = o; o += up128(2LL * h * br);
+    s.hg1 = o; o += up128(2LL * h * br);
+    s.hg2 = o; o += up128(2LL * h * br);
+    s.dzg1 = o; o += up128(2LL * h * br);
+    return o;
+}
 
 // ---- PTX helpers ----------------------------------------------------------------------------------------------------
 __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
