@@ -112,6 +112,15 @@ def test_every_code_block_of_the_readme_and_docs_parses():
         ast.parse(code, filename=str(page))  # a SyntaxError names the page and line
 
 
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """.ci/run's last command is the README's test command, so CI checks the command a newcomer types (the two
+    drifted apart once: the README dropped multi-cu12 while CI kept it)."""
+    readme = re.findall(r"^pip install -e .*pytest -q$", README.read_text(), flags=re.M)
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert len(readme) == 1, readme
+    assert ci[-1] == readme[0]
+
+
 def test_the_readmes_links_lead_to_files():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
     local = [link for link in links if "://" not in link]
