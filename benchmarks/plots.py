@@ -44,6 +44,24 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _lines(ax: Any, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str, title: str) -> None:
+    """One line a contender (fastnn's solid, the others dashed) on log2 x by log y axes, each x value a tick."""
+    for name, pts in series.items():
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if name.startswith("fastnn") else "--", marker="o",
+                label=name)  # fmt: skip
+    xs = sorted({p[0] for pts in series.values() for p in pts})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def batch_graph(doc: dict[str, Any], path: Path) -> Path | None:
     """Microseconds per step vs batch size, one panel per hidden width of the batch grid, one line per contender."""
     from workloads import GRID_HIDDEN
@@ -56,21 +74,11 @@ def batch_graph(doc: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(widths), figsize=(6 * len(widths), 5), squeeze=False)
     for ax, h in zip(axes[0], widths):
         mine = [r for r in rows if r["hidden"] == h]
-        for name in dict.fromkeys(r["contender"] for r in mine):
-            batch = {r["workload"]: doc["workloads"][r["workload"]]["batch_size"] for r in mine}
-            pts = sorted((batch[r["workload"]], _us(r)) for r in mine if r["contender"] == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if name.startswith("fastnn") else "--", marker="o",
-                    label=name)  # fmt: skip
-        batches = sorted({doc["workloads"][r["workload"]]["batch_size"] for r in mine})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("µs per training step")
-        ax.set_title(f"MLP 784-{h}-{h}-{h}-10, {doc['environment'].get('device')}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in mine:
+            series.setdefault(r["contender"], []).append((doc["workloads"][r["workload"]]["batch_size"], _us(r)))
+        _lines(ax, series, "batch size", "µs per training step",
+               f"MLP 784-{h}-{h}-{h}-10, {doc['environment'].get('device')}")  # fmt: skip
     return _save(fig, path)
 
 
@@ -83,20 +91,11 @@ def many_graph(doc: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         mine = [r for r in rows if r["workload"] == w]
-        for name in dict.fromkeys(r["contender"] for r in mine):
-            pts = sorted((r["models"], r["per_model_step_us"]) for r in mine if r["contender"] == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if name == "fastnn" else "--", marker="o",
-                    label=name)  # fmt: skip
-        ks = sorted({r["models"] for r in mine})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel("models trained at once (K)")
-        ax.set_ylabel("µs per model and step (one epoch, wall clock)")
-        ax.set_title(f"{w}, {doc['environment'].get('device')}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in mine:
+            series.setdefault(r["contender"], []).append((r["models"], r["per_model_step_us"]))
+        _lines(ax, series, "models trained at once (K)", "µs per model and step (one epoch, wall clock)",
+               f"{w}, {doc['environment'].get('device')}")  # fmt: skip
     return _save(fig, path)
 
 
@@ -131,25 +130,13 @@ def time_graph(doc: dict[str, Any], path: Path) -> Path | None:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for name in dict.fromkeys(r["contender"] for r in rows):
-        pts = sorted((r["hidden"], _us(r)) for r in rows if r["contender"] == name)
-        style = "-" if name.startswith("fastnn") else "--"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        series.setdefault(r["contender"], []).append((r["hidden"], _us(r)))
     w = next(doc["workloads"][r["workload"]] for r in rows)
-    ax.set_xscale("log", base=2)
-    hs = sorted({r["hidden"] for r in rows})
-    ax.set_xticks(hs, [str(h) for h in hs])
-    ax.minorticks_off()
-    ax.set_yscale("log")
-    ax.set_xlabel("hidden width h (MLP 784-h-h-h-10)")
-    ax.set_ylabel("µs per training step (timed epochs only)")
-    ax.set_title(f"{w['steps']} SGD steps of batch {w['batch_size']}, {doc['environment'].get('device')}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _lines(ax, series, "hidden width h (MLP 784-h-h-h-10)", "µs per training step (timed epochs only)",
+           f"{w['steps']} SGD steps of batch {w['batch_size']}, {doc['environment'].get('device')}")  # fmt: skip
+    return _save(fig, path)
 
 
 def loss_graph(doc: dict[str, Any], path: Path) -> Path | None:
