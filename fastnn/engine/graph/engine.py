@@ -161,9 +161,9 @@ class GraphEngine(Engine):
         return [
             ("gather_mod", lambda made: kernels.module(self.dev, *kernels.gather_file(self.spec))),
             ("loss_mod", lambda made: kernels.module(self.dev, *kernels.loss_file(self.spec, not self.loss.softmax))),
-            ("lt", lambda made: cublaslt.Handle()),
-            ("workspace", lambda made: cublaslt.Workspace(WORKSPACE_BYTES)),
-            ("dnn", lambda made: cudnn.Handle(self.stream)),
+            ("lt", lambda made: cublaslt.Handle(self.dev)),  # the device named: made on another thread
+            ("workspace", lambda made: cublaslt.Workspace(WORKSPACE_BYTES, self.dev)),
+            ("dnn", lambda made: cudnn.Handle(self.stream, self.dev)),
             ("_heuristic", lambda made: cublaslt.warm_up(made["lt"], made["workspace"])),
         ]
 
