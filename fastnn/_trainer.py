@@ -481,7 +481,7 @@ class Trainer:
     ) -> Trainer:
         """A new trainer on this one's device and engine that continues it exactly (weights, optimizer state,
         counters, history) with another batch size or weight decay; this one stays open. fastnn.sklearn's
-        partial_fit changes both between calls: in memory, without `save`/`load`'s file (~30 ms a call on a CPU).
+        partial_fit changes both between calls: in memory, without a checkpoint's serialisation and checks.
 
         Raises:
             ConfigError: batch_size or weight_decay is invalid (named); FastnnError: the trainer is closed or
