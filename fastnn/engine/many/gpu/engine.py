@@ -19,7 +19,7 @@ import numpy as np
 from ...._data import input_affine
 from ...._errors import ConfigError, TrainingDiverged
 from ...._loss import describe
-from ...._optim import SGD
+from ...._optim import KIND_SGD
 from ...._shuffle import split_u64
 from ...._state import state_problem
 from ....cuda import cublaslt, driver, nvrtc
@@ -211,7 +211,9 @@ class ManyGpuEngine(ManyEngine):
 
     def _folding(self) -> bool:
         """Whether epochs of one stream fold layer 0's update into its GEMM: fold_sgd, and plain SGD for all."""
-        return self.fold_sgd and all(isinstance(o, SGD) and o.momentum == 0 for o in self.config.optimizers)
+        return self.fold_sgd and all(
+            (p := o.kernel_params()).kind == KIND_SGD and p.momentum == 0 for o in self.config.optimizers
+        )  # through kernel_params, as every GPU engine knows the optimizers (no class names)
 
     def _fast_rows(self, tables: kernels.StepTables, group_n: int, steps: int, drop_last: bool | None = None
                    ) -> list[int]:  # fmt: skip
