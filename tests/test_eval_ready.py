@@ -67,6 +67,14 @@ def compiles(monkeypatch):
     return calls
 
 
+def _wait_for(condition, seconds: float = 30.0) -> None:
+    """Poll `condition` until it holds; fail (not hang) after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the preparation thread"
+        time.sleep(0.01)
+
+
 def _config(cls) -> EngineConfig:
     grid = cls is GridEngine  # its kernels train three equal hidden layers at up to 32 rows a step
     model = MLP([784, 128, 128, 128, 10] if grid else [784, 10])
@@ -134,8 +142,7 @@ def test_closing_skips_what_the_thread_has_not_begun_and_releases_what_it_made(c
 
     monkeypatch.setattr(graph.cublaslt, "Handle", Handle)
     eng = FusedEngine(_config(FusedEngine), init_parameters(_config(FusedEngine).model, 0))
-    while len(compiles) < 3:  # epoch.cu, then the thread's gather.cu and loss.cu
-        time.sleep(0.01)
+    _wait_for(lambda: len(compiles) >= 3)  # epoch.cu, then the thread's gather.cu and loss.cu
     prep = eng._prep
     threading.Timer(0.2, gate.set).start()
     eng.close()
@@ -160,8 +167,7 @@ def test_module_compiles_a_file_once_and_other_files_meanwhile(compiles, monkeyp
     first = threading.Thread(target=lambda: got.setdefault("first", kernels.module(dev, "a.cu")))
     second = threading.Thread(target=lambda: got.setdefault("second", kernels.module(dev, "a.cu")))
     first.start()
-    while not compiles:
-        time.sleep(0.01)
+    _wait_for(lambda: compiles)
     second.start()
     assert kernels.module(dev, "b.cu").cubin == b"cubin of b.cu"  # while a.cu compiles
     gate.set()
