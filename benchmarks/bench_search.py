@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> None:
             FastSearch(fastnn_estimator(args, device), {"alpha": [1e-4, 1e-3]}, cv=2, refit=False).fit(x[:2000],
                                                                                                        y[:2000])
             fastnn_estimator(args, device).set_params(max_iter=1).fit(x[:2000], y[:2000])
+            if args.gpus > 1:  # every GPU's context and module, with one group per GPU
+                widths = {"hidden_layer_sizes": [(args.hidden + 8 * i,) for i in range(args.gpus)]}
+                FastSearch(fastnn_estimator(args, device), widths, cv=2, refit=False, n_jobs=args.gpus).fit(x[:2000],
+                                                                                                          y[:2000])
     rows: dict[str, dict] = {}
     if "fastnn-search" not in skip:
         rows["fastnn-search"] = run_fastnn(args, x, y, device, None)

@@ -118,8 +118,10 @@ class _ManyModelSearch:
         """scikit-learn's `_fit_and_score` result for every (candidate, fold), candidate-major."""
         n_splits = len(splits)
         fit_params, score_params = routed.estimator.fit, routed.scorer.score
-        heads = _heads(base, X, y, splits, candidates) if final_step(base) is not None else None
-        plan = make_plan(base, candidates, splits, _float32(X), y, fit_params, heads)
+        pipeline = final_step(base) is not None
+        heads = _heads(base, X, y, splits, candidates) if pipeline else None
+        X32 = None if pipeline else _float32(X)  # what each fit's own checks make of X, once
+        plan = make_plan(base, candidates, splits, X32, y, fit_params, heads)
         self.plan_ = plan
         out: list[dict[str, Any] | None] = [None] * (len(candidates) * n_splits)
         if plan.fallback:
@@ -139,16 +141,15 @@ class _ManyModelSearch:
                 out[p] = result
         if plan.groups:
             scorer = _Scorer(self, X, y, splits, scorers, score_params)
-            for group, result in zip(plan.groups, self._train(plan, X, y, splits, heads)):
+            for group, result in zip(plan.groups, self._train(plan, X32, y, splits, heads)):
                 for model, r in zip(group.models, result.models, strict=True):  # train_group keeps the order
                     out[r.pair] = scorer.result(group, model, r, result.seconds / len(group.models))
         return out  # type: ignore[return-value]
 
-    def _train(self, plan: Plan, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
+    def _train(self, plan: Plan, X32: np.ndarray | None, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
                heads: list[Any] | None) -> list[GroupResult]:  # fmt: skip
         """Train every group: spread over this process's GPUs (or CPU threads), or as joblib tasks under a backend
         that runs them elsewhere (Dask); each group's models report their outputs on their fold's scored rows."""
-        X32 = None if all(g.head_fold is not None for g in plan.groups) else _float32(X)
         data = []
         for g, t in zip(plan.groups, _encoded_targets(plan.groups, y)):
             rows = [_scored_rows(splits[m.fold], self.return_train_score) for m in g.models]
