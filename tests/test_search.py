@@ -136,6 +136,16 @@ def test_logistic_regression_c_uses_each_folds_rows(digits):
     assert adaptive.plan_.groups == [] and "adaptive" in adaptive.plan_.reasons[0]  # LogisticRegression's default
 
 
+def test_logistic_regressions_adaptive_rate_falls_back(digits):
+    """LogisticRegression's default learning_rate="adaptive" goes on at a smaller rate where its gradient test
+    fails, model by model: its fits take scikit-learn's path."""
+    X, y = digits
+    est = fs.LogisticRegression(max_iter=3, random_state=0, device="cpu")
+    ours, theirs = both("GridSearchCV", est, {"C": [0.01, 1.0]}, X[:300], y[:300], cv=2)
+    assert_same_results(ours, theirs)
+    assert not ours.plan_.groups and "adaptive" in ours.plan_.reasons[0]
+
+
 def test_shuffled_folds_train_on_their_own_copy(digits):
     """A splitter whose training rows are not ascending (ShuffleSplit): the fit sees them in that order, so each
     such fold's models train on their own copy of the data; the results are still scikit-learn's."""
