@@ -39,18 +39,8 @@ __all__ = ["GridSearchCV", "RandomizedSearchCV"]
 
 
 class _ManyModelSearch:
-    """What both searches add to scikit-learn's: `fit` batches the fits of fastnn's estimators."""
-
-    # set by scikit-learn's __init__ (the searches' parameters)
-    estimator: Any
-    scoring: Any
-    n_jobs: int | None
-    refit: Any
-    cv: Any
-    verbose: int
-    pre_dispatch: Any
-    error_score: Any
-    return_train_score: bool
+    """What both searches add to scikit-learn's: `fit` batches the fits of fastnn's estimators. (The searches'
+    parameters, `self.estimator` and the rest, are scikit-learn's, set by its `__init__`.)"""
 
     def _candidates(self) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
