@@ -44,10 +44,10 @@ class LogisticRegression(FastnnClassifier):
         penalty: "l2" or None (no penalty, as C=numpy.inf).
         C: the inverse of the penalty's strength, > 0.
         fit_intercept: True (every fastnn layer has a bias; False is refused).
-        dual, intercept_scaling, l1_ratio, n_jobs: scikit-learn's, accepted so that its parameter set builds
-            this estimator: dual=False only (liblinear's), intercept_scaling is liblinear's (no effect here),
-            l1_ratio None or 0 (an L1 part is refused), n_jobs has no effect (a fit trains on one device).
-            penalty="deprecated" (scikit-learn >= 1.8's default) is "l2".
+        dual: scikit-learn's (liblinear's), accepted so that its parameter set builds this estimator: False only.
+        intercept_scaling: liblinear's, accepted likewise; no effect here.
+        l1_ratio: None or 0 (an L1 part is refused). penalty="deprecated" (scikit-learn >= 1.8's default) is "l2".
+        n_jobs: accepted likewise; no effect (a fit trains on one device).
         class_weight: None, a dict label -> weight, or "balanced" (n_samples / (n_classes * the label's count)),
             as scikit-learn's: each row's loss is weighted by its class's weight (times its `sample_weight`).
             Unequal weights train on the CPU (the GPU engines' loss kernels are unweighted: see `Trainer.fit`).
