@@ -23,7 +23,7 @@ import numpy as np
 from ._checks import integer
 from ._control import EarlyStopping, check_early_stopping
 from ._data import check_inputs, check_labels, check_normalize, check_operand_range, check_targets
-from ._errors import ConfigError, DataError, FastnnError, TrainingDiverged
+from ._errors import ConfigError, DataError, FastnnError, NotFittedError, TrainingDiverged
 from ._history import History
 from ._many_args import check_masks, model_count, per_model_optimizers, per_model_seeds
 from ._model import MLP, init_parameters, param_names
@@ -143,6 +143,7 @@ class MultiTrainer:
                                           ordinal=ordinals[0])  # fmt: skip
         self._closed = False
         self._fitting = False
+        self._given_weights = False  # load_state_dicts set them: predict may answer before any epoch
         self._fit_lock = threading.Lock()
         #: Epochs trained so far by each model (keys its next epoch's shuffle), (K,) int64.
         self.epochs = np.zeros(count, dtype=np.int64)
@@ -385,14 +386,18 @@ class MultiTrainer:
         if self._config.loss == "mse":
             raise ConfigError("predict_proba is for classifiers; these models are regressions (loss='mse'): "
                               "use predict or forward")  # fmt: skip
-        return self._engine.predict_proba(self._inputs(x, "x"))
+        x = self._inputs(x, "x")
+        self._check_weights("predict_proba")  # after the input's checks: a bad x is named first
+        return self._engine.predict_proba(x)
 
     def forward(self, x: Any) -> np.ndarray:
         """Each model's outputs, (K, N, outputs) float32: probabilities of a classifier, values of a regression."""
         self._check_open()
         if self._config.loss != "mse":
             return self.predict_proba(x)
-        return self._engine.predict_outputs(self._inputs(x, "x"))
+        x = self._inputs(x, "x")
+        self._check_weights("forward")
+        return self._engine.predict_outputs(x)
 
     def predict(self, x: Any) -> np.ndarray:
         """Each classifier's most probable class, (K, N) int64; a regression's values, (K, N, outputs) float32."""
@@ -419,6 +424,7 @@ class MultiTrainer:
         trainer._engine.set_state(self._engine.get_state(k))
         trainer.epoch, trainer.step = int(self.epochs[k]), int(self.steps[k])
         trainer.history = self.histories[k][:]
+        trainer._given_weights = self._given_weights
         return trainer
 
     def state_dicts(self) -> list[dict[str, np.ndarray]]:
@@ -446,6 +452,16 @@ class MultiTrainer:
                    for k, s in enumerate(state_dicts)]  # fmt: skip
         for k, s in enumerate(checked):
             self._engine.set_state(k, s)
+        self._given_weights = True
+
+    def _check_weights(self, method: str) -> None:
+        """NotFittedError where the weights are still the random initial ones and no fit ran (no epoch trained, no
+        model diverged, none loaded), as `Trainer.predict` refuses."""
+        if not self.epochs.any() and not self.diverged.any() and not self._given_weights:
+            raise NotFittedError(
+                f"MultiTrainer.{method}: these models have not been trained (no epoch; fit them first) nor given "
+                f"weights (load_state_dicts): they would answer from their random initial weights"
+            )
 
     def best(self, metric: str | None = None) -> int:
         """The index of the best model by the last record of its history (its current weights): smallest loss or

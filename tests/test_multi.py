@@ -158,6 +158,30 @@ def test_state_dicts_round_trip_and_best():
     _same_state(mt.state_dicts()[0], states[1])
 
 
+def test_predict_before_fit_is_an_error_until_the_models_have_weights():
+    """As `Trainer.predict`: no answer from the random initial weights; loaded weights count as given, and model k
+    handed back as a Trainer keeps them."""
+    x, y = _data()
+    mt = MultiTrainer(MLP([12, 3]), SGD(lr=0.1), models=2, batch_size=16, device="cpu")
+    for call in (mt.predict, mt.predict_proba, mt.forward):
+        with pytest.raises(fastnn.NotFittedError, match=r"MultiTrainer\.\w+: .* random initial weights"):
+            call(x)
+    with pytest.raises(DataError):  # a bad x is named first
+        mt.predict(x[:, :2])
+    assert len(mt.evaluate(x, y)) == 2  # the loss before training stays measurable
+    fitted = MultiTrainer(MLP([12, 3]), SGD(lr=0.1), models=2, batch_size=16, device="cpu").fit(x, y, epochs=1)
+    assert fitted.predict(x).shape == (2, len(x))
+    mt.load_state_dicts(fitted.state_dicts())
+    np.testing.assert_array_equal(mt.predict(x), fitted.predict(x))
+    assert mt.trainer(1).predict(x).shape == (len(x),)
+    x[:, 0] *= 100.0  # every model diverging in its first epoch was fitted: its weights are its last finite ones
+    gone = MultiTrainer(MLP([12, 16, 3]), SGD(lr=1e6), models=2, batch_size=16, device="cpu", precision="fp32")
+    with pytest.warns(RuntimeWarning, match="2 of 2 models diverged"):
+        gone.fit(x, y, epochs=1)
+    assert gone.diverged.all() and not gone.epochs.any()
+    assert gone.forward(x).shape == (2, len(x), 3)  # what a search scores as error_score
+
+
 def test_regression_outputs_have_a_model_axis():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 5)).astype(np.float32)
