@@ -156,6 +156,20 @@ def test_class_weight_is_sample_weight_by_class():
     assert not hasattr(by_row, "_fit_weight") or by_row._fit_weight is None  # no weights kept (or pickled)
 
 
+def test_balanced_class_weight_is_refused_by_partial_fit_before_any_work():
+    """"balanced" weights would follow each call's rows (a call of one class weighs it 1): refused by name, as
+    scikit-learn's SGDClassifier.partial_fit does, leaving the estimator as it was; a dict is fine."""
+    from fastnn.sklearn import LogisticRegression
+
+    x, y = _imbalanced()
+    est = LogisticRegression(class_weight="balanced", device="cpu")
+    with pytest.raises(ValueError, match=r"class_weight='balanced' is not supported for partial_fit"):
+        est.partial_fit(x, y, classes=[0, 1, 2])
+    assert not hasattr(est, "trainer_") and not hasattr(est, "classes_")
+    fixed = LogisticRegression(class_weight={0: 1.0, 1: 2.0, 2: 5.0}, device="cpu")
+    assert fixed.partial_fit(x, y, classes=[0, 1, 2]).partial_fit(x, y).n_iter_ == 2
+
+
 @pytest.mark.parametrize("make", ["MLPClassifier", "MLPRegressor"])
 def test_the_mlps_weigh_their_loss(make):
     import fastnn.sklearn as fs

@@ -149,6 +149,18 @@ class LogisticRegression(FastnnClassifier):
         scores = self._validate(X, reset=False).astype(np.float64) @ coef.T + intercept
         return scores[:, 0] if coef.shape[0] == 1 else scores
 
+    def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> LogisticRegression:
+        """One more epoch on (X, y), as `MLPClassifier.partial_fit`. class_weight="balanced" is refused, as by
+        scikit-learn's SGDClassifier: its weights would follow each call's rows, not the whole stream's."""
+        if isinstance(self.class_weight, str) and self.class_weight == "balanced":
+            raise ValueError(
+                "class_weight='balanced' is not supported for partial_fit: each call's rows would set it; pass "
+                "class_weight=dict(zip(classes, compute_class_weight('balanced', classes=classes, y=y))) with y "
+                "a large enough sample of the stream (sklearn.utils.class_weight)"
+            )
+        super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
+        return self
+
     def _at_plateau(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> bool:
         """Converged when the objective's largest gradient component is at most tol (scikit-learn's lbfgs gtol)."""
         return float(np.abs(self._objective_gradient(X, y, w)).max()) <= float(self.tol)
