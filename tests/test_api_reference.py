@@ -74,5 +74,8 @@ def test_every_public_name_and_member_has_an_entry(site, page, module):
 def test_no_private_or_dunder_entry(site, page):
     shown = [i for i in _ids(site, page) if re.search(r"\._", i)]
     assert not shown, shown
+    module = importlib.import_module(PAGES[page])
+    top = {i[len(PAGES[page]) + 1 :].split(".")[0] for i in _ids(site, page) if i.startswith(PAGES[page] + ".")}
+    assert top <= set(module.__all__), sorted(top - set(module.__all__))  # a module page: its __all__ only
     hidden = [f"fastnn.sklearn.LogisticRegression.{n}" for n in HIDDEN[("fastnn.sklearn", "LogisticRegression")]]
     assert not set(hidden) & _ids(site, "sklearn")
