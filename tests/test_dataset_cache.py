@@ -377,20 +377,20 @@ def test_fit_takes_a_memory_map_as_it_is(tmp_path, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["graph", "fused"])
 def test_a_mapped_dataset_is_uploaded_once_across_fits(tmp_path, monkeypatch, engine):
-    from fastnn.engine.graph import GraphEngine
+    from fastnn.engine.graph.resources import Resources
 
     x = np.memmap(tmp_path / "x", dtype=np.uint8, mode="w+", shape=(512, 784))
     x[:] = np.random.default_rng(0).integers(0, 256, x.shape)
     y = np.arange(512) % 10
     uploads: list[int] = []
-    real = GraphEngine.upload
+    real = Resources.upload  # every upload of the graph, fused and grid engines (GraphEngine.upload included)
 
     def counting(self, dst, array):
         if getattr(array, "nbytes", 0) == x.nbytes:
             uploads.append(array.nbytes)
         return real(self, dst, array)
 
-    monkeypatch.setattr(GraphEngine, "upload", counting)
+    monkeypatch.setattr(Resources, "upload", counting)
     with fastnn.Trainer(fastnn.MLP([784, 32, 10]), device="cuda", batch_size=64, engine=engine) as trainer:
         trainer.fit(x, y, epochs=1)
         first = len(uploads)

@@ -95,14 +95,18 @@ def test_inputs_with_normalize_and_drop_last_match_numpy(engine: dict, dtype) ->
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_evaluate_and_predict_match_numpy_over_several_chunks(engine: dict, k: int) -> None:
-    """Untrained weights (the same seed on both), a set of 5000 rows: the GPU evaluates in chunks of 4096, so the
-    sums of squared errors and the predictions span two chunks."""
+    """Untrained weights (the same seed on both, given to each by load_state_dict: predict refuses weights nobody
+    trained or gave), a set of 5000 rows: the GPU evaluates in chunks of 4096, so the sums of squared errors and
+    the predictions span two chunks."""
     model = MLP([9, 20, 20, k])
     if _refused(engine, model, SGD(lr=0.1), 64, "fp32", loss="mse"):
         return
     x, y = _data(5000, 9, k, seed=3)
     cpu, gpu = _pair(engine, model, SGD(lr=0.1), 64)
     with gpu:
+        initial = cpu.state_dict()
+        cpu.load_state_dict(initial)
+        gpu.load_state_dict(initial)
         ec, eg = cpu.evaluate(x, y), gpu.evaluate(x, y)
         assert eg["mse"] == pytest.approx(ec["mse"], rel=1e-5)
         assert eg["r2"] == pytest.approx(ec["r2"], abs=1e-5)
