@@ -137,13 +137,13 @@ def run_world(
     return [(max(a[i][0] for a in answers), answers[0][i][1], answers[0][i][2]) for i in range(len(names))]
 
 
-def write_rows(path: str, names: list[str], rows: dict[str, list[tuple[float, int, float]]]) -> None:
+def write_rows(
+    path: str, names: list[str], rows: dict[str, list[tuple[float, int, float]]], device: str, gpus: int
+) -> None:
     """The table as JSON rows (workload, run, samples/s, speedup over one GPU without a group, final loss), with the
-    device and GPU count, for report.py."""
+    device and GPU count (the caller asks the driver), for report.py."""
     import json
     from pathlib import Path
-
-    from fastnn.cuda import driver
 
     base = rows["1 GPU, no group"]
     out = []
@@ -155,7 +155,7 @@ def write_rows(path: str, names: list[str], rows: dict[str, list[tuple[float, in
             out.append({"workload": name, "sizes": sizes, "global_batch": batch, "run": label,
                         "samples_per_s": rate, "vs_one_gpu": rate / (base[i][1] / base[i][0]),
                         "final_loss": loss})  # fmt: skip
-    doc = {"device": driver.device_name(0), "gpus": driver.device_count(), "rows": out}
+    doc = {"device": device, "gpus": gpus, "rows": out}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -198,7 +198,9 @@ def main() -> None:
                                                                        knobs=knobs)  # fmt: skip
     base = rows["1 GPU, no group"]
     if args.json:
-        write_rows(args.json, names, rows)
+        from fastnn.cuda import driver
+
+        write_rows(args.json, names, rows, driver.device_name(0), driver.device_count())
     for i, name in enumerate(names):
         sizes, _, batch, *_ = WORKLOADS[name]
         print(f"\n{name} {sizes} global batch {batch}")
