@@ -156,6 +156,18 @@ def test_class_weight_is_sample_weight_by_class():
     assert not hasattr(by_row, "_fit_weight") or by_row._fit_weight is None  # no weights kept (or pickled)
 
 
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_a_bad_class_weight_is_named_as_class_weight(weight):
+    """A negative or non-finite class weight is refused under its own name (not as the sample_weight it becomes)."""
+    from fastnn.sklearn import LogisticRegression
+
+    x, y = _imbalanced()
+    est = LogisticRegression(class_weight={0: weight, 1: 1.0, 2: 1.0}, max_iter=2, device="cpu")
+    with pytest.raises(ValueError, match=r"class_weight must map each class to a finite weight >= 0.*class 0"):
+        est.fit(x, y)
+    assert not hasattr(est, "trainer_")
+
+
 def test_balanced_class_weight_is_refused_by_partial_fit_before_any_work():
     """"balanced" weights would follow each call's rows (a call of one class weighs it 1): refused by name, as
     scikit-learn's SGDClassifier.partial_fit does, leaving the estimator as it was; a dict is fine."""

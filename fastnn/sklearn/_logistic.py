@@ -194,6 +194,10 @@ class LogisticRegression(FastnnClassifier):
 
         classes = np.unique(y)
         per_class = compute_class_weight(self.class_weight, classes=classes, y=y)
+        bad = ~np.isfinite(per_class) | (per_class < 0)
+        if bad.any():  # said here, by its name: as a row weight it would be reported as sample_weight's
+            raise ValueError(f"class_weight must map each class to a finite weight >= 0, got {self.class_weight!r} "
+                             f"(class {classes[bad].tolist()[0]!r}: {per_class[bad].tolist()[0]!r})")  # fmt: skip
         rows = per_class[np.searchsorted(classes, y)]
         return rows if sample_weight is None else rows * np.asarray(sample_weight, np.float64)
 
