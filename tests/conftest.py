@@ -3,6 +3,7 @@ the GPU engine matrix every GPU comparison runs on."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,19 @@ GPU_ENGINES: dict[str, Callable[[], dict[str, Any]]] = {
     "graph-replicas": _replicas,
     "graph-sharded": lambda: _replicas(sharded_update=True),
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _decoded_datasets_in_a_folder_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Datasets the tests decode go to a folder of this test session, not the user's ~/.cache/fastnn/decoded
+    (bounded, but a run of the suite should not fill a user's cache); a folder the user named is kept. The
+    kernel cache stays where it is: the GPU tests would otherwise compile every kernel cold, for minutes."""
+    from fastnn._decoded import CACHE_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get(CACHE_ENV):
+            mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("decoded")))
+        yield
 
 
 @pytest.fixture(params=list(GPU_ENGINES))

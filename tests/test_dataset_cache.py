@@ -396,3 +396,13 @@ def test_a_mapped_dataset_is_uploaded_once_across_fits(tmp_path, monkeypatch, en
         first = len(uploads)
         trainer.fit(x, y, epochs=1)
     assert first >= 1 and len(uploads) == first  # the second fit found the mapped x resident
+
+
+def test_the_suite_decodes_into_a_folder_of_its_own(tmp_path_factory):
+    """conftest's session fixture: what the tests decode goes to this session's temporary folder, never the user's
+    ~/.cache/fastnn/decoded (unless the user named a folder with FASTNN_DATASET_CACHE_DIR before the run)."""
+    where = _decoded.cache_dir()
+    if where.is_relative_to(tmp_path_factory.getbasetemp()):
+        return
+    assert where != _cachedir.base_dir().absolute() / "decoded", "the tests decode into the user's own cache"
+    pytest.skip(f"the user named {where} with {_decoded.CACHE_ENV} before the run: the suite keeps it")
