@@ -1,6 +1,6 @@
-"""SASS of the grid kernels for a fixed set of plans, to prove a source change behaviour-neutral (no GPU needed).
+"""SASS of the grid and fused kernels for a fixed set of plans, to prove a source change behaviour-neutral (no GPU).
 
-    python benchmarks/sass_compare.py dump NATIVE_DIR OUT_DIR [--repo REPO] [--arch sm_90] [--only fast,stream]
+    python benchmarks/sass_compare.py dump NATIVE_DIR OUT_DIR [--repo REPO] [--arch sm_90] [--only fast,stream,...]
     python benchmarks/sass_compare.py diff OUT_A OUT_B
 
 A refactor of a kernel that keeps every plan's SASS byte-identical cannot change what it computes or how fast, so it
@@ -8,10 +8,12 @@ needs no GPU run; anything else does. cuobjdump: $CUOBJDUMP, else on PATH, else 
 (which runs nvdisasm: `pip install nvidia-cuda-nvdisasm` puts it beside it, and the folder goes on cuobjdump's PATH).
 
 `dump` takes each plan's NVRTC options from fastnn's own plan functions (fastnn/engine/grid/plan.py: fast_plan,
-stream_plan, grid_plan with the H100's 132 SMs and 232448 bytes of shared memory), compiles NATIVE_DIR/<plan.source>
-with fastnn.cuda.nvrtc.compile_source exactly as compile_native does (native dir on the include path, -std=c++17,
---gpu-architecture=ARCH, then the plan's options), and writes per plan: NAME.cubin, NAME.sass (cuobjdump -sass) and
-NAME.res (cuobjdump -res-usage). `diff` compares two dumps file by file and exits 1 on any difference.
+stream_plan, grid_plan with the H100's 132 SMs and 232448 bytes of shared memory; fastnn/engine/fused/plan.py's
+fused_plan for the families logreg (fused_logreg.cu), mlp (fused_mlp.cu) and fused (fused.cu)), compiles
+NATIVE_DIR/<plan.source> with fastnn.cuda.nvrtc.compile_source exactly as compile_native does (native dir on the
+include path, -std=c++17, --gpu-architecture=ARCH, then the plan's options), and writes per plan: NAME.cubin,
+NAME.sass (cuobjdump -sass) and NAME.res (cuobjdump -res-usage). `diff` compares two dumps file by file and exits
+1 on any difference.
 
 Baseline:  git archive REV native | tar -x -C /tmp/base && python benchmarks/sass_compare.py dump /tmp/base/native A
 After:     python benchmarks/sass_compare.py dump native B && python benchmarks/sass_compare.py diff A B
@@ -111,6 +113,58 @@ def plans(repo: str):
             assert isinstance(p, gp.GridPlan), (name, p)
             assert p.source == expect, (name, p.why)
             out.append((kind, name, p.source, tuple(p.options)))
+    return out + fused_plans()
+
+
+def fused_plans():
+    """(kind, name, source, options) of the fused engine's plans checked: fused/plan.py's fused_plan on the H100."""
+    import numpy as np
+
+    from fastnn import MLP, SGD, AdamW
+    from fastnn.engine import Tuning
+    from fastnn.engine.base import EngineConfig
+    from fastnn.engine.fused import plan as fp
+
+    sgd, mom, adamw = SGD(lr=0.1), SGD(lr=0.1, momentum=0.9), AdamW(lr=1e-3, weight_decay=0.01)
+    nest_wd = SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    u8, f32 = np.uint8, np.float32
+    prof = Tuning(fused_profile=True)
+    lean = Tuning(fused_layouts=("lean",))
+    rows = [  # (family, name, sizes, optimizer, inputs, batch, precision, other EngineConfig fields)
+        ("logreg", "logreg_d784_c10_mom_u8", [784, 10], mom, u8, 128, "mixed", {}),
+        ("logreg", "logreg_d784_c10_sgd_u8_b32", [784, 10], sgd, u8, 32, "mixed", {}),
+        ("logreg", "logreg_d784_c10_adamw_u8", [784, 10], adamw, u8, 128, "mixed", {}),
+        ("logreg", "logreg_d784_c10_mom_f32", [784, 10], mom, f32, 128, "mixed", {}),
+        ("logreg", "logreg_d784_c10_nestwd_fp16", [784, 10], nest_wd, u8, 64, "fp16", {}),
+        ("logreg", "logreg_d784_c16_adamw_u8_shift", [784, 16], adamw, u8, 128, "mixed", {"normalize": (0.5, 0.25)}),
+        ("logreg", "logreg_d64_c2_sgd_f32", [64, 2], sgd, f32, 16, "mixed", {}),
+        ("logreg", "logreg_d783_c13_mom_u8_b100", [783, 13], mom, u8, 100, "mixed", {}),
+        ("logreg", "logreg_d2048_c10_mom_u8_prof", [2048, 10], mom, u8, 128, "mixed", {"tuning": prof}),
+        ("mlp", "mlp_784_128x3_10_mom", [784, 128, 128, 128, 10], mom, u8, 32, "mixed", {}),
+        ("mlp", "mlp_784_64_10_sgd", [784, 64, 10], sgd, u8, 32, "mixed", {}),
+        ("mlp", "mlp_784_128x2_16_nestwd_fp16", [784, 128, 128, 16], nest_wd, u8, 16, "fp16", {}),
+        ("mlp", "mlp_100_32x2_2_mom_gelu_b7", [100, 32, 32, 2], mom, u8, 7, "mixed", {"activation": "gelu"}),
+        ("mlp", "mlp_783_32x6_10_mom", [783] + [32] * 6 + [10], mom, u8, 32, "mixed", {}),
+        ("mlp", "mlp_784_128x3_10_mom_prof", [784, 128, 128, 128, 10], mom, u8, 32, "mixed", {"tuning": prof}),
+        ("fused", "fused_784_128x2_10_adamw_mixed", [784, 128, 128, 10], adamw, u8, 128, "mixed", {}),
+        ("fused", "fused_784_256_10_mom_fp32_f32", [784, 256, 10], mom, f32, 64, "fp32", {}),
+        ("fused", "fused_784_10_adamw_fp32", [784, 10], adamw, u8, 128, "fp32", {}),
+        ("fused", "fused_784_256x3_10_mom_lean", [784, 256, 256, 256, 10], mom, u8, 256, "mixed", {"tuning": lean}),
+        ("fused", "fused_64_128x2_3_sgd_mse_f32", [64, 128, 128, 3], sgd, f32, 32, "mixed", {"loss": "mse"}),
+        ("fused", "fused_784_200_10_nestwd_fp16_b8", [784, 200, 10], nest_wd, u8, 8, "fp16", {}),
+        ("fused", "fused_784_256x2_10_mom_prof", [784, 256, 256, 10], mom, u8, 64, "mixed", {"tuning": prof}),
+    ]
+    expect = {"logreg": "fused_logreg.cu", "mlp": "fused_mlp.cu", "fused": "fused.cu"}
+    out = []
+    for kind, name, sizes, opt, xd, batch, precision, kw in rows:
+        kw = dict(kw)
+        act = kw.pop("activation", "relu")
+        config = EngineConfig(model=MLP(sizes, activation=act), optimizer=opt, batch_size=batch, precision=precision,
+                              **kw)  # fmt: skip
+        p = fp.fused_plan(config, xd, fp.HOPPER_SMEM)
+        assert isinstance(p, fp.FusedPlan), (name, p)
+        assert p.source == expect[kind], (name, p.source, p.why)
+        out.append((kind, name, p.source, tuple(p.options)))
     return out
 
 
