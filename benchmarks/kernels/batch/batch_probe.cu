@@ -23,7 +23,7 @@
 //             of each phase (the 1-D partition's 8 units a CTA reuse each activation fragment once).
 //
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o batch_probe batch_probe.cu
-// Run:   ./batch_probe all | round | mcast | dsmem | mma      (one JSON object a line; batch_probe.py makes tables)
+// Run:   ./batch_probe all | round | mcast | dsmem | mma      (one JSON object a line; run_probe.py builds, runs and makes tables)
 // Every wait has a watchdog (2^24 polls: print where, then trap) so a lost arrival costs seconds, not the device.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
