@@ -326,15 +326,20 @@ def summary(costs: Costs, widths=(256, 1024, 4096), batches=(64, 128, 256, 512))
     return "\n".join(lines)
 
 
-def detail(h: int, batch: int, costs: Costs) -> str:
-    """Markdown: each partition's phases at (h, batch): cycles, the bound, bytes and multiply-adds per CTA."""
+def detail(h: int, batch: int, costs: Costs, only: tuple[str, ...] = ()) -> str:
+    """Markdown: each partition's phases at (h, batch) (those named in `only`, if given): cycles, the bound,
+    bytes and multiply-adds per CTA."""
     out = []
     for p in partitions(h, batch, costs):
+        if only and p.name not in only:
+            continue
         phs = budget(h, batch, p, costs)
         total = sum(ph.cycles for ph in phs)
-        fit = "" if fits_on_chip(h, p) else " (masters do not fit on chip)"
-        out.append(f"\n{p.name}: {p.ctas} CTAs = {p.pu} unit blocks of {p.nb} x {p.pb} row blocks of {p.rows}{fit}; "
-                   f"{total:,.0f} cycles = {costs.us(total):.1f} us")  # fmt: skip
+        fit = {"chip": "masters on chip", "l2": "masters in L2 (they do not fit on chip)", "hbm": "masters in HBM"}[
+            p.masters
+        ]
+        out.append(f"\n{p.name}: {p.ctas} CTAs = {p.pu} unit blocks of {p.nb} x {p.pb} row blocks of {p.rows}, {fit}"
+                   f"; {total:,.0f} cycles = {costs.us(total):.1f} us")  # fmt: skip
         out.append("| phase | latency | throughput | bound | L2 KB | smem KB | DSMEM KB | HBM MB (GPU) | MFMA |")
         out.append("|---|---:|---:|---|---:|---:|---:|---:|---:|")
         for ph in phs:
@@ -356,6 +361,7 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="override a constant, e.g. --set mma_eff=0.8 --set mcast=114 (every cluster size)",
     )
+    ap.add_argument("--only", default="", help='partitions to detail, ";"-separated names, e.g. "1-D;split x2 (L2)"')
     args = ap.parse_args()
     costs = Costs()
     if args.probe:
@@ -363,7 +369,8 @@ def main() -> None:
             costs = load_probe(f.readlines(), costs)
     costs = override(costs, args.set)
     print("constants:", costs)
-    print(detail(args.h, args.batch, costs) if args.h else summary(costs))
+    only = tuple(n.strip() for n in args.only.split(";") if n.strip())
+    print(detail(args.h, args.batch, costs, only) if args.h else summary(costs))
 
 
 if __name__ == "__main__":
