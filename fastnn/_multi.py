@@ -36,6 +36,7 @@ from .engine.many.plan import mask_groups
 from .engine.many.select import check_many_engine, create_many_engine
 from .engine.plan import precision_spec
 from .engine.select import check_devices
+from .engine.tuning import Tuning, check_tuning
 from .schedules import Schedule, bind, check_schedule, lr_table
 
 __all__ = ["METRICS", "MultiTrainer"]
@@ -69,6 +70,8 @@ class MultiTrainer:
         normalize: None or (mean, std), as `Trainer`'s.
         drop_last: drop each epoch's last short batch, as `Trainer`'s.
         loss: "cross_entropy" or "mse", as `Trainer`'s.
+        tuning: advanced: a `fastnn.engine.Tuning`, the engines' measured choices (benchmarks and tests compare
+            variants of the many-model GPU engine's kernels through it; None: the defaults).
         schedule: a schedule for every model; one with `lr=None` (e.g. `schedules.Cosine(total_steps=...)`) takes
             each model's lr, another callable gives every model the same rates.
         **hyperparameters: the optimizer's other fields per model, e.g. `momentum=[0.0, 0.9]` (SGD) or
@@ -99,6 +102,7 @@ class MultiTrainer:
         drop_last: bool = False,
         loss: str = "cross_entropy",
         devices: int | Sequence[int] = 1,
+        tuning: Tuning | None = None,
         **hyperparameters: Any,
     ) -> None:
         if not isinstance(model, MLP):
@@ -134,6 +138,7 @@ class MultiTrainer:
             drop_last=bool(drop_last),
             normalize=check_normalize(normalize, model.in_features),
             loss=loss,
+            tuning=check_tuning(tuning),
         )
         self._seeds = init_seeds
         self._schedule = schedule

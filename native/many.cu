@@ -206,6 +206,97 @@ extern "C" __global__ void many_xent(const float* __restrict__ z, const u32* __r
     block_sums(sums, 2, hist + 2 * (u64)k);
 }
 
+// ---- cross-entropy, tiled: a block a tile of neighbouring models (Tuning.many_loss_kernel = "tiled") ------------
+// many_xent's lanes read rows K c floats apart (40 KB at K = 1,024, c = 10): 32 lines an instruction, each row read
+// three times (docs/design/many-models.md, "Next kernels"). Here row r of the m models k0 .. k0 + m - 1 is one
+// contiguous run of m c floats, so a block of LOSS_SLOTS threads takes those m models and all their rows: a chunk of
+// rows at a time it copies the tile into shared memory with coalesced loads (eight in flight a thread), computes each
+// (row, model) pair there with loss.cuh's functions in many_xent's order, and writes the gradients back with coalesced
+// stores. Each model's sums are added in many_xent's order: row r's terms into slot r % LOSS_SLOTS (float, rows in
+// increasing order, as many_xent's thread r % 256 does), each warp's 32 slots by warp_sum, then the LOSS_SLOTS / 32
+// partials in double in warp order: hist and dz are many_xent's bit for bit. A variant until a device measurement
+// makes it the default (fastnn/engine/tuning.py); the host (kernels.py's xent_tile) picks m <= XENT_TILE_MODELS with
+// m c <= XENT_TILE_FLOATS, and launches ceil(K / m) blocks of LOSS_SLOTS threads.
+#define LOSS_SLOTS 256         // many_xent's block size (kernels.py's LOSS_THREADS): its slots and its warps' order
+#define XENT_TILE_MODELS 4     // the most models a block (kernels.py's XENT_TILE_MODELS)
+#define XENT_TILE_FLOATS 5120  // the shared tile of logits, 20 KB: 128 rows of 4 models of 10 classes in one chunk
+#define XENT_LOADS 8           // loads in flight a thread while a chunk is copied
+
+extern "C" __global__ void __launch_bounds__(LOSS_SLOTS)
+    many_xent_tiled(const float* __restrict__ z, const u32* __restrict__ yb, int c, int models, int m,
+                    float* __restrict__ dz, double* __restrict__ hist, const Step st) {
+    __shared__ float zs[XENT_TILE_FLOATS];
+    __shared__ float acc[2][XENT_TILE_MODELS][LOSS_SLOTS];  // per model: each slot's loss and correct-count sums
+    __shared__ int rows_of[XENT_TILE_MODELS], stream_of[XENT_TILE_MODELS];
+    const int tid = threadIdx.x, k0 = blockIdx.x * m;
+    const int mm = min(m, models - k0);  // models of this tile
+    const int width = mm * c;            // floats of one row of the tile
+    const int chunk = min(LOSS_SLOTS, XENT_TILE_FLOATS / width);  // rows a chunk: one row a slot at most
+    if (tid < mm) {  // (the other threads start copying the first chunk meanwhile)
+        int s;
+        rows_of[tid] = model_rows(st, k0 + tid, &s);
+        stream_of[tid] = s;
+    }
+    for (int i = tid; i < 2 * XENT_TILE_MODELS * LOSS_SLOTS; i += LOSS_SLOTS) (&acc[0][0][0])[i] = 0.f;
+    int most = 0;  // the most rows a model of the tile has (known after the first barrier)
+    for (int r0 = 0; r0 < st.batch; r0 += chunk) {
+        if (r0 > 0 && r0 >= most) break;  // uniform: `most` is every thread's
+        const int n = min(chunk, st.batch - r0) * width;
+        for (int e0 = tid; e0 < n; e0 += XENT_LOADS * LOSS_SLOTS) {
+            float v[XENT_LOADS];
+#pragma unroll
+            for (int u = 0; u < XENT_LOADS; ++u) {
+                const int e = e0 + u * LOSS_SLOTS, rr = e / width;
+                if (e < n) v[u] = z[((u64)(r0 + rr) * models + k0) * c + (e - rr * width)];
+            }
+#pragma unroll
+            for (int u = 0; u < XENT_LOADS; ++u)
+                if (e0 + u * LOSS_SLOTS < n) zs[e0 + u * LOSS_SLOTS] = v[u];
+        }
+        __syncthreads();
+        most = 0;
+        for (int kk = 0; kk < mm; ++kk) most = max(most, rows_of[kk]);
+        const int pairs = min(chunk, max(most - r0, 0)) * mm;
+        for (int p = tid; p < pairs; p += LOSS_SLOTS) {
+            const int rr = p / mm, kk = p - rr * mm, r = r0 + rr, rows = rows_of[kk];
+            if (r >= rows) continue;
+            float* zr = zs + rr * width + kk * c;
+            const int label = (int)yb[(u64)stream_of[kk] * st.batch + r];
+            int best = 0;
+            float zmax = zr[0];
+            for (int j = 1; j < c; ++j)
+                if (argmax_takes(zr[j], zmax)) { zmax = zr[j]; best = j; }
+            float sum = 0.f;
+            for (int j = 0; j < c; ++j) sum = xent_add(sum, xent_exp(zr[j], zmax));
+            const int slot = r % LOSS_SLOTS;
+            acc[0][kk][slot] += xent_row_loss(sum, zr[label], zmax);
+            acc[1][kk][slot] += best == label ? 1.f : 0.f;
+            if (dz) {  // in place: zr[j] is read before its gradient replaces it
+                const float inv_rows = 1.f / (float)rows, inv = xent_inv(sum);
+                for (int j = 0; j < c; ++j)
+                    zr[j] = xent_grad(xent_exp(zr[j], zmax), inv, j == label ? 1.f : 0.f, inv_rows);
+            }
+        }
+        __syncthreads();
+        if (dz) {
+            for (int e = tid; e < pairs * c; e += LOSS_SLOTS) {  // the chunk's rows below `most`, every model
+                const int rr = e / width, col = e - rr * width;
+                if (r0 + rr < rows_of[col / c]) dz[((u64)(r0 + rr) * models + k0) * c + col] = zs[e];
+            }
+            __syncthreads();  // the stores read zs before the next chunk overwrites it
+        }
+    }
+    const int lane = tid & 31;
+    for (int kk = tid >> 5; kk < mm; kk += LOSS_SLOTS >> 5) {  // a warp a model: many_xent's block_sums, in order
+        if (rows_of[kk] == 0) continue;  // many_xent returns before its sums
+        for (int i = 0; i < 2; ++i) {
+            double t = 0.0;
+            for (int w = 0; w < LOSS_SLOTS >> 5; ++w) t += warp_sum(acc[i][kk][32 * w + lane]);
+            if (lane == 0) hist[2 * (u64)(k0 + kk) + i] += t;
+        }
+    }
+}
+
 // Squared error averaged over the k outputs of each row (no factor 1/2), and with dz the gradient of the batch mean
 // over rows and outputs, 2 (z - y) / (rows k). Targets: yb's c float32 words of each row. With sse (evaluation),
 // each output's sum of squared errors into sse[k * c + j].
@@ -342,6 +433,67 @@ extern "C" __global__ void many_update(float* __restrict__ w, const float* __res
         if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
         const u64 base = starts[ti] + (u64)k * sizes[ti];
         for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
+            const u64 i = base + j;
+            float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
+            if (adamw) optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
+            else optim_update<OPTIM_SGD>(p, os, states, g[i], wv, m, v);
+            w[i] = wv;
+            if (s1) s1[i] = m;
+            if (s2) s2[i] = v;
+        }
+    }
+}
+
+// The same update four elements a thread an iteration (Tuning.many_update_kernel = "vec4"): many_update moves one
+// element a thread an iteration, ~8 B of loads in flight a thread, ~12 KB an SM where Little's law asks ~20 KB (H100)
+// to ~29 KB (H200) to keep HBM busy (docs/design/many-models.md, "Next kernels"). Where a model's copy of a tensor and
+// every array are 16-B aligned (the layout starts each block at a multiple of 64 floats: a tensor whose size is a
+// multiple of 4), w, g and the states move as float4; the rest (a bias of 10) as many_update does. Each element goes
+// through optim_update as in many_update, so the state is many_update's bit for bit. Grid and arguments as
+// many_update's. A variant until a device measurement makes it the default (fastnn/engine/tuning.py).
+template <int K>
+__device__ __forceinline__ void update4(const OptimParams& p, const OptimStep& os, int states, float4& w, float4 g,
+                                        float4& m, float4& v) {
+    optim_update<K>(p, os, states, g.x, w.x, m.x, v.x);
+    optim_update<K>(p, os, states, g.y, w.y, m.y, v.y);
+    optim_update<K>(p, os, states, g.z, w.z, m.z, v.z);
+    optim_update<K>(p, os, states, g.w, w.w, m.w, v.w);
+}
+
+extern "C" __global__ void many_update_vec(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ s1,
+                                           float* __restrict__ s2, const u64* __restrict__ starts,
+                                           const u32* __restrict__ sizes, int tensors, u32 skip,
+                                           const OptimParams* __restrict__ opt, const float* __restrict__ lr,
+                                           int lr_stride, const u64* __restrict__ step0, const Step st) {
+    const int k = blockIdx.y;
+    int s;
+    if (model_rows(st, k, &s) == 0) return;
+    const OptimParams p = opt[k];
+    const float rate = lr[(u64)k * lr_stride + st.step];
+    const u64 t = step0[k] + (u64)st.step + 1;
+    const bool adamw = p.kind == OPTIM_ADAMW;
+    const OptimStep os = adamw ? optim_step<OPTIM_ADAMW>(p, rate, t) : optim_step<OPTIM_SGD>(p, rate, t);
+    const int states = adamw ? 2 : optim_states<OPTIM_SGD>(p);
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, stride = (u64)gridDim.x * blockDim.x;
+    const bool aligned = (((unsigned long long)w | (unsigned long long)g | (unsigned long long)s1 |
+                           (unsigned long long)s2) & 15) == 0;
+    for (int ti = 0; ti < tensors; ++ti) {
+        if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
+        const u64 size = sizes[ti], base = starts[ti] + (u64)k * size;
+        const u64 quads = aligned && ((base | size) & 3) == 0 ? size / 4 : 0;
+        for (u64 q = first; q < quads; q += stride) {
+            const u64 i = base + 4 * q;
+            float4 wv = *(const float4*)(w + i);
+            const float4 gv = *(const float4*)(g + i);
+            float4 m = s1 ? *(const float4*)(s1 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 v = s2 ? *(const float4*)(s2 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (adamw) update4<OPTIM_ADAMW>(p, os, 2, wv, gv, m, v);
+            else update4<OPTIM_SGD>(p, os, states, wv, gv, m, v);
+            *(float4*)(w + i) = wv;
+            if (s1) *(float4*)(s1 + i) = m;
+            if (s2) *(float4*)(s2 + i) = v;
+        }
+        for (u64 j = 4 * quads + first; j < size; j += stride) {  // what is not in float4s: as many_update
             const u64 i = base + j;
             float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
             if (adamw) optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);

@@ -325,9 +325,22 @@ def _forward(act: str | None):
 
 def _xent(heap: Heap, grid, args) -> None:
     z, yb, c, models, dz, hist, st = args
+    _xent_models(heap, range(grid[0]), z, yb, c, models, dz, hist, st)
+
+
+def _xent_tiled(heap: Heap, grid, args) -> None:
+    """many_xent_tiled: block b takes models b m .. b m + m - 1 (those below K)."""
+    z, yb, c, models, m, dz, hist, st = args
+    m = _v(m)
+    assert 1 <= m <= 4 and m * _v(c) <= 5120, "a tile many_xent_tiled's shared memory does not hold"
+    covered = [k for b in range(grid[0]) for k in range(b * m, min((b + 1) * m, _v(models)))]
+    _xent_models(heap, covered, z, yb, c, models, dz, hist, st)
+
+
+def _xent_models(heap: Heap, ks, z, yb, c, models, dz, hist, st) -> None:
     c, models, st = _v(c), _v(models), _step(st)
     batch = st["batch"]
-    for k in range(grid[0]):
+    for k in ks:
         rows, s = _model_rows(heap, st, k)
         if rows == 0:
             continue
@@ -503,7 +516,7 @@ KERNELS = {
     "many_xent": _xent, "many_mse": _mse, "many_wgrad_x": _wgrad(None), "many_wgrad_relu": _wgrad("relu"),
     "many_wgrad_gelu": _wgrad("gelu"), "many_dgrad_relu": _dgrad("relu"), "many_dgrad_gelu": _dgrad("gelu"),
     "many_update": _update, "many_check": _check, "many_scale_bias": _scale_bias, "many_fold_sgd": _fold_sgd,
-    "many_unscale": _unscale,
+    "many_unscale": _unscale, "many_xent_tiled": _xent_tiled, "many_update_vec": _update,
 }  # fmt: skip
 
 assert ctypes  # the arguments are ctypes values (fastnn.cuda.driver's arg_*): read with .value / struct fields

@@ -414,6 +414,8 @@ def test_a_bad_tuning_is_refused_by_name_before_any_work(fake_gpu, tmp_path, tun
         ({"fused_layouts": ["lean"]}, "Tuning.fused_layouts must be a non-empty tuple of ('standard', 'lean'), got"),
         ({"fused_layouts": ()}, "Tuning.fused_layouts must be a non-empty tuple"),
         ({"fused_layouts": ("thin",)}, "got ('thin',)"),
+        ({"many_loss_kernel": "fast"}, "Tuning.many_loss_kernel must be one of ('model', 'tiled'), got 'fast'"),
+        ({"many_update_kernel": 4}, "Tuning.many_update_kernel must be one of ('scalar', 'vec4'), got 4"),
     ],
 )
 def test_a_bad_tuning_field_is_refused_naming_it(fields, message) -> None:

@@ -118,3 +118,47 @@ def test_step_record_matches_the_c_struct():
         lines.append(f'static_assert(same<decltype(Step::{name}), {c_types[kind]}>::value, "{name} type");')
     probe = "\n".join(lines)
     nvrtc.compile_source(probe, "step_probe.cu", "sm_90", (), include_dirs=(nvrtc.native_dir(),))
+
+
+def test_xent_tile_takes_about_k_over_sms_models_a_block():
+    from fastnn.engine.many.gpu.kernels import XENT_TILE_FLOATS, xent_tile
+
+    assert [xent_tile(k, 10, 132) for k in (1, 32, 128, 131, 264, 1024, 65_535)] == [1, 1, 1, 1, 2, 4, 4]
+    assert xent_tile(1024, 2000, 132) == 2  # a tile's row in the shared tile
+    assert xent_tile(1024, XENT_TILE_FLOATS, 132) == 1 and xent_tile(8, XENT_TILE_FLOATS + 1, 132) == 0
+
+
+@pytest.mark.bindings
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("field, variants, names", [
+    ("many_loss_kernel", "MANY_LOSS_KERNELS", "LOSS_KERNELS"),
+    ("many_update_kernel", "MANY_UPDATE_KERNELS", "UPDATE_KERNELS"),
+])  # fmt: skip
+def test_every_kernel_variant_is_in_the_module(arch, field, variants, names):
+    """Each value of the Tuning field names a kernel of native/many.cu (NVRTC for the architecture), and the engine
+    looks it up when built (kernels.KERNELS)."""
+    nvrtc = pytest.importorskip("fastnn.cuda.nvrtc", reason="needs the CUDA wheels")
+    from fastnn.engine import tuning
+    from fastnn.engine.many.gpu import kernels
+
+    table = getattr(kernels, names)
+    assert tuple(table) == getattr(tuning, variants) and getattr(tuning.Tuning(), field) in table
+    cubin = nvrtc.compile_native("many.cu", arch)
+    for name in table.values():
+        assert name in kernels.KERNELS and name.encode() + b"\0" in cubin, name
+
+
+@pytest.mark.bindings
+def test_tiled_loss_constants_match_the_kernel():
+    """kernels.py's LOSS_THREADS, XENT_TILE_MODELS and XENT_TILE_FLOATS are native/many.cu's (static_assert)."""
+    nvrtc = pytest.importorskip("fastnn.cuda.nvrtc", reason="needs the CUDA wheels")
+    from fastnn.engine.many.gpu import kernels
+
+    source = (nvrtc.native_dir() / "many.cu").read_text()
+    probe = "\n".join([source] + [f'static_assert({c} == {v}, "{c}");' for c, v in (
+        ("LOSS_SLOTS", kernels.LOSS_THREADS), ("XENT_TILE_MODELS", kernels.XENT_TILE_MODELS),
+        ("XENT_TILE_FLOATS", kernels.XENT_TILE_FLOATS))])  # fmt: skip
+    nvrtc.compile_source(probe, "tile_probe.cu", "sm_90", (), include_dirs=(nvrtc.native_dir(),))
+    with pytest.raises(Exception, match="XENT_TILE_MODELS"):  # the probe can fail
+        nvrtc.compile_source(source + '\nstatic_assert(XENT_TILE_MODELS == 5, "XENT_TILE_MODELS");', "tile_probe.cu",
+                             "sm_90", (), include_dirs=(nvrtc.native_dir(),))  # fmt: skip

@@ -12,11 +12,18 @@ from dataclasses import dataclass, fields
 
 from .._errors import ConfigError
 
-__all__ = ["FUSED_LAYOUTS", "GRID_RULE", "GridRule", "Tuning", "check_tuning"]
+__all__ = ["FUSED_LAYOUTS", "GRID_RULE", "MANY_LOSS_KERNELS", "MANY_UPDATE_KERNELS", "GridRule", "Tuning",
+           "check_tuning"]  # fmt: skip
 
 #: The fused engine's shared-memory layouts (fused/plan.py): "standard" keeps a gradient array per weight array
 #: and, in "mixed", an fp16 operand copy; "lean" keeps neither (see `Tuning.fused_layouts`).
 FUSED_LAYOUTS = ("standard", "lean")
+#: The many-model GPU engine's cross-entropy kernels (native/many.cu): "model" (many_xent, a block a model) and "tiled"
+#: (many_xent_tiled, a block a tile of neighbouring models read with coalesced loads); the same bits.
+MANY_LOSS_KERNELS = ("model", "tiled")
+#: The many-model GPU engine's update kernels: "scalar" (many_update, an element a thread an iteration) and "vec4"
+#: (many_update_vec, four as 16-B loads and stores); the same bits.
+MANY_UPDATE_KERNELS = ("scalar", "vec4")
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,16 @@ class Tuning:
     #: 128 wide, batches up to 32, uint8, "mixed"/"fp16", SGD; issue 25: 8.7-8.9 us a step at 784-128x3-10 on an H100).
     #: False keeps fused.cu.
     fused_mlp: bool = True
+    #: Many-model GPU engine (fastnn/engine/many/gpu/): the cross-entropy kernel, one of MANY_LOSS_KERNELS. "tiled" is
+    #: the variant written (without a GPU) against "model"'s ~51 us a step at K = 1,024 logistic regressions (H200,
+    #: docs/design/many-models.md, "Next kernels": its budget is ~3-5 us); it computes the same bits (a GPU test pins
+    #: the two together) and becomes the default only once benchmarks/bench_many.py --contenders fastnn,fastnn-next
+    #: --profile measures it faster on a device. Regression (MSE) keeps many_mse either way.
+    many_loss_kernel: str = "model"
+    #: Many-model GPU engine: the update kernel, one of MANY_UPDATE_KERNELS. "vec4" is the variant written (without a
+    #: GPU) against "scalar"'s 42.5 us at K = 1,024 (bytes in flight, not bytes: the same page); the same bits, the
+    #: default only after the same measurement.
+    many_update_kernel: str = "scalar"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -137,6 +154,10 @@ class Tuning:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"Tuning.{name} must be an integer >= {low}, got {value!r}")
+        for name, allowed in (("many_loss_kernel", MANY_LOSS_KERNELS), ("many_update_kernel", MANY_UPDATE_KERNELS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ConfigError(f"Tuning.{name} must be one of {allowed}, got {value!r}")
         layouts = self.fused_layouts
         if not isinstance(layouts, tuple) or not layouts or any(k not in FUSED_LAYOUTS for k in layouts):
             raise ConfigError(f"Tuning.fused_layouts must be a non-empty tuple of {FUSED_LAYOUTS}, got {layouts!r}")

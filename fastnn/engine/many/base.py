@@ -17,6 +17,7 @@ from ..._errors import TrainingDiverged
 from ..._model import MLP
 from ..._optim import Optimizer
 from ..base import EngineConfig, EpochStats
+from ..tuning import Tuning
 
 __all__ = ["ManyConfig", "ManyEngine", "ManyEpoch"]
 
@@ -33,6 +34,7 @@ class ManyConfig:
     drop_last: bool = False
     normalize: tuple[Any, Any] | None = None
     loss: str = "cross_entropy"
+    tuning: Tuning = Tuning()  #: the engines' measured choices (fastnn.engine.tuning): how they run, not what
 
     @property
     def count(self) -> int:
@@ -43,7 +45,7 @@ class ManyConfig:
         """The single-model configuration whose fit model k equals."""
         return EngineConfig(model=self.model, optimizer=self.optimizers[k], batch_size=self.batch_size,
                             precision=self.precision, seed=self.shuffle_seed, drop_last=self.drop_last,
-                            normalize=self.normalize, loss=self.loss)  # fmt: skip
+                            normalize=self.normalize, loss=self.loss, tuning=self.tuning)  # fmt: skip
 
 
 @dataclass

@@ -206,8 +206,15 @@ class ManyGpuEngine(ManyEngine):
             params=arrays[0], s1=s1, s2=s2, grads=self.grads.ptr, z=tuple(b.ptr for b in self.z),
             dz=tuple(b.ptr for b in self.dz), xb=self.xb.ptr, yb=self.yb.ptr, y_words=self.y_words,
             seed=split_u64(cfg.shuffle_seed), opt=self.opt.ptr, lr=self.lr.ptr, lr_stride=self._lr_steps,
-            step0=self.step0.ptr, fast=self._fast, wscale=self.wscale.ptr,
+            step0=self.step0.ptr, fast=self._fast, wscale=self.wscale.ptr, loss_tile=self._loss_tile(),
+            update_kernel=kernels.UPDATE_KERNELS[cfg.tuning.many_update_kernel],
         )  # fmt: skip
+
+    def _loss_tile(self) -> int:
+        """Models a block of many_xent_tiled where Tuning.many_loss_kernel asks for it (a classifier), else 0."""
+        if self.regression or self.config.tuning.many_loss_kernel != "tiled":
+            return 0
+        return kernels.xent_tile(self.count, self.config.model.classes, self.dev.sm_count)
 
     def _folding(self) -> bool:
         """Whether epochs of one stream fold layer 0's update into its GEMM: fold_sgd, and plain SGD for all."""
@@ -316,11 +323,11 @@ class ManyGpuEngine(ManyEngine):
         """A CUDA event that records time, on this engine's device."""
         return driver.Event(timing=True, device=self.dev)
 
-    def profile_step(self, step: int = 0, repeats: int = 20) -> dict[str, float]:
-        """Median microseconds of each node of one training step (`profile.profile_step`)."""
+    def profile_step(self, step: int = 0, repeats: int = 20, graphed: bool = False) -> dict[str, float]:
+        """Microseconds of each node of one training step (`profile.profile_step`; graphed: device time only)."""
         from .profile import profile_step
 
-        return profile_step(self, step, repeats)
+        return profile_step(self, step, repeats, graphed)
 
     def _epoch_graph(self, tables: kernels.StepTables, steps: int, group_n: int) -> driver.GraphExec:
         """The captured epoch for these tables: from the cache, or recorded now (with the per-model kernels if

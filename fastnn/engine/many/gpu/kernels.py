@@ -12,8 +12,8 @@ from ....cuda import driver
 from ....cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
 
 __all__ = [
-    "KERNELS", "STEP_FIELDS", "Net", "Node", "StepTables", "forward_nodes", "loss_node", "record_check",
-    "record_forward", "record_loss", "record_step", "step_arg", "step_nodes",
+    "KERNELS", "LOSS_KERNELS", "STEP_FIELDS", "UPDATE_KERNELS", "Net", "Node", "StepTables", "forward_nodes",
+    "loss_node", "record_check", "record_forward", "record_loss", "record_step", "step_arg", "step_nodes", "xent_tile",
 ]  # fmt: skip
 
 #: One operation of a step: its name (the profile reports it) and a call that queues it on the stream.
@@ -23,15 +23,22 @@ Node = tuple[str, Callable[[], None]]
 KERNELS = (
     "many_gather_u8", "many_gather_f32", "many_forward_x", "many_forward_relu", "many_forward_gelu", "many_xent",
     "many_mse", "many_wgrad_x", "many_wgrad_relu", "many_wgrad_gelu", "many_dgrad_relu", "many_dgrad_gelu",
-    "many_update", "many_check", "many_scale_bias", "many_fold_sgd", "many_unscale",
+    "many_update", "many_check", "many_scale_bias", "many_fold_sgd", "many_unscale", "many_xent_tiled",
+    "many_update_vec",
 )  # fmt: skip
+#: Tuning.many_loss_kernel -> the cross-entropy kernel it names (fastnn/engine/tuning.py's MANY_LOSS_KERNELS).
+LOSS_KERNELS = {"model": "many_xent", "tiled": "many_xent_tiled"}
+#: Tuning.many_update_kernel -> the update kernel it names (MANY_UPDATE_KERNELS).
+UPDATE_KERNELS = {"scalar": "many_update", "vec4": "many_update_vec"}
 #: native/many.cu's Step, field for field: (name, type); pointers travel as u64.
 STEP_FIELDS = (
     ("model_stream", "u64"), ("stream_group", "u64"), ("stream_epoch", "u64"), ("group_n", "u64"),
     ("group_half", "u64"), ("step", "i32"), ("batch", "i32"), ("drop_last", "i32"), ("shuffled", "i32"),
 )  # fmt: skip
 GATHER_THREADS = 256
-LOSS_THREADS = 256
+LOSS_THREADS = 256  #: native/many.cu's LOSS_SLOTS: many_xent_tiled adds its sums in many_xent's slots and order
+XENT_TILE_MODELS = 4  #: native/many.cu's XENT_TILE_MODELS: the most models a block of many_xent_tiled
+XENT_TILE_FLOATS = 5120  #: native/many.cu's XENT_TILE_FLOATS: its shared tile of logits (floats)
 ELEMENTWISE_THREADS = 256
 TILE = 16  # native/many.cu's TILE: the GEMMs' 16 x 16 blocks
 
@@ -102,6 +109,18 @@ class Net:
     #: with fold_sgd also "forward_raw" (no bias) and "wgrad_acc" (accumulating into the weights)
     fast: dict | None = None
     wscale: int = 0  #: float32 (K,): layer 0's weight scale of each model under fold_sgd
+    #: Models a block of many_xent_tiled (`xent_tile`); 0: many_xent, a block a model (Tuning.many_loss_kernel)
+    loss_tile: int = 0
+    update_kernel: str = "many_update"  #: UPDATE_KERNELS[Tuning.many_update_kernel]
+
+
+def xent_tile(models: int, classes: int, sm_count: int) -> int:
+    """Models a block of many_xent_tiled: about K / SMs (a block an SM, more blocks than SMs once K >= 2 SMs' worth),
+    at most XENT_TILE_MODELS, and at least one row of the tile in its shared memory; 0 where no tile fits (more
+    classes than XENT_TILE_FLOATS: many_xent serves)."""
+    if classes > XENT_TILE_FLOATS:
+        return 0
+    return max(1, min(XENT_TILE_MODELS, models // max(1, sm_count), XENT_TILE_FLOATS // classes))
 
 
 def _grid2(cols: int, rows: int, models: int) -> tuple[int, int, int]:
@@ -159,6 +178,10 @@ def loss_node(net: Net, t: StepTables, step: int, drop_last: bool, shuffled: boo
     if net.regression:
         name, args = "many_mse", [arg_ptr(net.z[-1]), arg_ptr(net.yb), c, k, arg_ptr(dz), arg_ptr(hist),
                                   arg_ptr(sse), st]  # fmt: skip
+    elif net.loss_tile:  # a block a tile of loss_tile models (native/many.cu's many_xent_tiled): the same bits
+        args = [arg_ptr(net.z[-1]), arg_ptr(net.yb), c, k, arg_i32(net.loss_tile), arg_ptr(dz), arg_ptr(hist), st]
+        return "loss", partial(net.mod.function("many_xent_tiled").launch, (-(-net.models // net.loss_tile), 1, 1),
+                               (LOSS_THREADS, 1, 1), args, net.stream)  # fmt: skip
     else:
         name, args = "many_xent", [arg_ptr(net.z[-1]), arg_ptr(net.yb), c, k, arg_ptr(dz), arg_ptr(hist), st]
     return "loss", partial(net.mod.function(name).launch, (net.models, 1, 1), (LOSS_THREADS, 1, 1), args, net.stream)
@@ -205,7 +228,7 @@ def step_nodes(net: Net, t: StepTables, step: int, drop_last: bool, hist: int, f
     args = [arg_ptr(net.params), arg_ptr(net.grads), arg_ptr(net.s1), arg_ptr(net.s2), arg_ptr(net.starts),
             arg_ptr(net.block_sizes), arg_i32(net.tensors), arg_u32(0b11 if fast_rows and fold else 0),
             arg_ptr(net.opt), arg_ptr(net.lr), arg_i32(net.lr_stride), arg_ptr(net.step0), st]  # fmt: skip
-    nodes.append(("update", partial(net.mod.function("many_update").launch, per_model_grid(net),
+    nodes.append(("update", partial(net.mod.function(net.update_kernel).launch, per_model_grid(net),
                                     (ELEMENTWISE_THREADS, 1, 1), args, net.stream)))  # fmt: skip
     return nodes
 
@@ -250,8 +273,8 @@ def record_check(net: Net, half: bool, bad: int) -> None:
 
 
 def per_model_grid(net: Net) -> tuple[int, int, int]:
-    """many_update's and many_check's grid: (x, K), x blocks of ELEMENTWISE_THREADS over a model's largest tensor
-    (4 elements a thread), and at most as many as keep every SM busy 8 times over in all."""
+    """many_update's (many_update_vec's) and many_check's grid: (x, K), x blocks of ELEMENTWISE_THREADS over a
+    model's largest tensor (4 elements a thread), and at most as many as keep every SM busy 8 times over in all."""
     largest = max(net.per_model_sizes)
     want = -(-largest // (4 * ELEMENTWISE_THREADS))
     return (max(1, min(want, -(-net.sm_count * 8 // net.models))), net.models, 1)
