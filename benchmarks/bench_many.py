@@ -8,6 +8,8 @@ graph's device time), per model and step, and the best test accuracy of the K mo
 
     PYTHONPATH=$PWD python benchmarks/bench_many.py --data .data/fashion-mnist [--contenders fastnn,jax,torch]
         [--workloads logreg,mlp-128] [--ks 1,32,128,1024] [--profile] [--out many.json]
+    (--contenders fastnn,fastnn-next --profile: the default kernels and the variants not yet measured, phase by
+    phase: each node between events from Python, and each inside a CUDA graph of 20 copies, device time only)
     python benchmarks/bench_many.py --dry-run     # the plan, and every contender importable here run on the CPU
 """
 
@@ -30,16 +32,22 @@ import numpy as np  # noqa: E402
 from many_contenders import ManyWorkload, Result, hyperparameters, run_fastnn, run_jax, run_torch  # noqa: E402
 
 import fastnn  # noqa: E402
+from fastnn.engine import Tuning  # noqa: E402
 
 WORKLOADS = {
     "logreg": (ManyWorkload("logreg", (784, 10), 128, 60_000, (0.02, 1.0)), (1, 32, 128, 1024)),
     "mlp-128": (ManyWorkload("mlp-128", (784, 128, 128, 128, 10), 32, 60_000, (0.005, 0.2)), (1, 32, 128)),
 }
 #: "fastnn-fold": the GPU engine with its opt-in fold_sgd (layer 0's SGD update inside its weight-gradient GEMM).
-CONTENDERS = ("fastnn", "fastnn-fold", "jax", "torch")
+#: "fastnn-next": the GPU engine with the kernel variants not yet measured (NEXT: the tiled loss, the float4 update;
+#: docs/design/many-models.md, "Next kernels"); beside "fastnn" with --profile, one call measures both, phase by phase.
+CONTENDERS = ("fastnn", "fastnn-fold", "fastnn-next", "jax", "torch")
+NEXT = Tuning(many_loss_kernel="tiled", many_update_kernel="vec4")
 
 
 def run(contender: str, wl: ManyWorkload, k: int, data: tuple, device: str, profile: bool) -> Result:
+    if contender == "fastnn-next":
+        return run_fastnn(wl, k, data, device=device, profile=profile, tuning=NEXT, name=contender)[0]
     if contender in ("fastnn", "fastnn-fold"):
         return run_fastnn(wl, k, data, device=device, profile=profile, fold=contender == "fastnn-fold")[0]
     if contender == "jax":
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--ks", default=None, help="model counts (default: each workload's)")
-    p.add_argument("--profile", action="store_true", help="fastnn's phase profile of one step at each K")
+    p.add_argument("--profile", action="store_true", help="fastnn's phase profile of one step at each K (two ways)")
     p.add_argument("--out", default=None, help="write the rows as JSON")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
@@ -126,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(table([r]).splitlines()[1], flush=True)
                 if r.profile:
                     print("    phases (us):", ", ".join(f"{n} {t:.1f}" for n, t in r.profile.items()), flush=True)
+                if r.profile_graphed:
+                    print("    phases in graphs (us):", ", ".join(f"{n} {t:.1f}" for n, t in r.profile_graphed.items()),
+                          flush=True)  # fmt: skip
     print(table(results))
     if args.out:
         Path(args.out).write_text(json.dumps([asdict(r) | {"per_model_step_us": r.per_model_step_us}

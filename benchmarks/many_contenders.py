@@ -63,6 +63,8 @@ class Result:
     accuracies: list[float]
     steps: int  #: steps of the timed epoch
     profile: dict[str, float] | None = None  #: fastnn on a GPU with --profile: microseconds of each node of a step
+    #: the same, each node timed inside a CUDA graph of 20 copies of it (device time, no launch from Python)
+    profile_graphed: dict[str, float] | None = None
 
     @property
     def per_model_step_us(self) -> float:
@@ -92,14 +94,15 @@ def _result(name: str, wl: ManyWorkload, models: int, seconds: float, device: fl
 
 
 def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda", profile: bool = False,
-               fold: bool = False) -> tuple[Result, Any]:  # fmt: skip
+               fold: bool = False, tuning: Any = None, name: str | None = None) -> tuple[Result, Any]:  # fmt: skip
     """fastnn.MultiTrainer; returns (result, the trainer) (its engine's phase profile in result when `profile`).
-    fold: the GPU engine's opt-in fold_sgd (layer 0's SGD update folded into its weight-gradient GEMM)."""
+    fold: the GPU engine's opt-in fold_sgd (layer 0's SGD update folded into its weight-gradient GEMM); tuning: a
+    fastnn.engine.Tuning (the GPU engine's kernel variants), reported as contender `name`."""
     x, y, x_test, y_test = data
     lrs, wds, seeds = hyperparameters(wl, models)
     mt = fastnn.MultiTrainer(fastnn.MLP(wl.sizes), fastnn.SGD(lr=float(lrs[0])), lr=lrs, weight_decay=wds,
                              seeds=seeds, shuffle_seed=SEED, batch_size=wl.batch, precision="mixed", device=device,
-                             engine="gpu" if device == "cuda" else "numpy")  # fmt: skip
+                             engine="gpu" if device == "cuda" else "numpy", tuning=tuning)  # fmt: skip
     if fold and device == "cuda":
         mt._engine.fold_sgd = True  # an engine switch, not yet an argument (fastnn/engine/many/gpu/engine.py)
     x, y = x[: wl.samples], y[: wl.samples]
@@ -109,9 +112,10 @@ def run_fastnn(wl: ManyWorkload, models: int, data: tuple, device: str = "cuda",
     seconds = time.perf_counter() - start
     device_s = mt.histories[0][-1]["seconds"] if device == "cuda" else None
     acc = np.array([r["accuracy"] for r in mt.evaluate(x_test, y_test)])
-    result = _result("fastnn-fold" if fold else "fastnn", wl, models, seconds, device_s, acc)
+    result = _result(name or ("fastnn-fold" if fold else "fastnn"), wl, models, seconds, device_s, acc)
     if profile and device == "cuda":
         result.profile = mt._engine.profile_step(step=1)  # the GPU engine's phases (fastnn/engine/many/gpu/profile.py)
+        result.profile_graphed = mt._engine.profile_step(step=1, graphed=True)
     return result, mt
 
 

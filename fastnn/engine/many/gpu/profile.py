@@ -16,9 +16,14 @@ if TYPE_CHECKING:
 __all__ = ["profile_step"]
 
 
-def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[str, float]:
+def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20, graphed: bool = False) -> dict[str, float]:
     """Median microseconds of each node of training step `step` of every model (each group's epoch-0 stream, each
-    model's own lr), over `repeats` runs; the engine's state is put back afterwards. Needs set_train_data first."""
+    model's own lr), over `repeats` runs; the engine's state is put back afterwards. Needs set_train_data first.
+
+    Each node is queued from Python between two events, so a node shorter than its launch from Python measures the
+    launch (the GPU waits for it). graphed=True times device work only: each node captured `repeats` times back to back
+    in one CUDA graph (as the epoch's graph runs it), the graph launched once to warm up and once between events, the
+    mean a node."""
     if eng._train is None:
         raise RuntimeError("set_train_data must be called before profile_step")
     count = eng.count
@@ -30,6 +35,11 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[s
     fast = eng._fast_rows(tables, int(eng._train.tables.n[eng._train.group[0]]), steps)  # as the epoch's graph
     fold = eng._folding() and any(fast)
     nodes = kernels.step_nodes(eng._net(), tables, step, eng.config.drop_last, eng.hist.ptr, fast[step], fold)
+    if graphed:
+        try:
+            return {name: _graphed_us(eng, queue, repeats) for name, queue in nodes}
+        finally:
+            eng.state.upload(saved)
     events = [eng.timing_event() for _ in range(len(nodes) + 1)]
     times = np.zeros((repeats, len(nodes)))
     try:
@@ -45,3 +55,30 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20) -> dict[s
             e.close()
         eng.state.upload(saved)  # (and the next epoch sets the weight scales of fold_sgd back to 1)
     return {name: float(t) for (name, _), t in zip(nodes, np.median(times, axis=0))}
+
+
+def _graphed_us(eng: ManyGpuEngine, queue, repeats: int) -> float:
+    """Microseconds a launch of one node: `repeats` of it captured in one graph, timed on the device."""
+    eng.stream.begin_capture()
+    try:
+        for _ in range(repeats):
+            queue()
+    except BaseException:
+        eng.stream.end_capture().close()
+        raise
+    captured = eng.stream.end_capture()
+    try:
+        graph = captured.instantiate()
+    finally:
+        captured.close()
+    start, end = eng.timing_event(), eng.timing_event()
+    try:
+        graph.launch(eng.stream)  # warm: code and data in the caches as in the epoch's graph
+        start.record(eng.stream)
+        graph.launch(eng.stream)
+        end.record(eng.stream)
+        eng.stream.synchronize()
+        return start.elapsed_ms(end) * 1e3 / repeats
+    finally:
+        for obj in (start, end, graph):
+            obj.close()
