@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -322,6 +323,11 @@ class ManyGpuEngine(ManyEngine):
     def timing_event(self) -> driver.Event:
         """A CUDA event that records time, on this engine's device."""
         return driver.Event(timing=True, device=self.dev)
+
+    def time_captured(self, record: Callable[[], None]) -> float:
+        """Milliseconds of one replay of what `record()` queues on the engine's stream, captured in a graph."""
+        self.dev.make_current()
+        return driver.time_captured(self.stream, record)
 
     def profile_step(self, step: int = 0, repeats: int = 20, graphed: bool = False) -> dict[str, float]:
         """Microseconds of each node of one training step (`profile.profile_step`; graphed: device time only)."""

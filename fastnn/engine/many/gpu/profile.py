@@ -1,9 +1,11 @@
 """The many-model GPU engine's phase profile: each node of one training step (gather, forward per layer, loss,
-weight and input gradients per layer, update) timed alone between CUDA events, for the budget in
+weight and input gradients per layer, update) timed alone, between CUDA events or inside a graph, for the budget in
 docs/design/many-models.md. Benchmarks call it (benchmarks/bench_many.py --profile); training never does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,8 +24,7 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20, graphed: 
 
     Each node is queued from Python between two events, so a node shorter than its launch from Python measures the
     launch (the GPU waits for it). graphed=True times device work only: each node captured `repeats` times back to back
-    in one CUDA graph (as the epoch's graph runs it), the graph launched once to warm up and once between events, the
-    mean a node."""
+    in one CUDA graph (as the epoch's graph runs it) and timed by fastnn.cuda.driver.time_captured, the mean a node."""
     if eng._train is None:
         raise RuntimeError("set_train_data must be called before profile_step")
     count = eng.count
@@ -37,7 +38,7 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20, graphed: 
     nodes = kernels.step_nodes(eng._net(), tables, step, eng.config.drop_last, eng.hist.ptr, fast[step], fold)
     if graphed:
         try:
-            return {name: _graphed_us(eng, queue, repeats) for name, queue in nodes}
+            return {name: 1e3 * eng.time_captured(partial(_copies, queue, repeats)) / repeats for name, queue in nodes}
         finally:
             eng.state.upload(saved)
     events = [eng.timing_event() for _ in range(len(nodes) + 1)]
@@ -57,28 +58,7 @@ def profile_step(eng: ManyGpuEngine, step: int = 0, repeats: int = 20, graphed: 
     return {name: float(t) for (name, _), t in zip(nodes, np.median(times, axis=0))}
 
 
-def _graphed_us(eng: ManyGpuEngine, queue, repeats: int) -> float:
-    """Microseconds a launch of one node: `repeats` of it captured in one graph, timed on the device."""
-    eng.stream.begin_capture()
-    try:
-        for _ in range(repeats):
-            queue()
-    except BaseException:
-        eng.stream.end_capture().close()
-        raise
-    captured = eng.stream.end_capture()
-    try:
-        graph = captured.instantiate()
-    finally:
-        captured.close()
-    start, end = eng.timing_event(), eng.timing_event()
-    try:
-        graph.launch(eng.stream)  # warm: code and data in the caches as in the epoch's graph
-        start.record(eng.stream)
-        graph.launch(eng.stream)
-        end.record(eng.stream)
-        eng.stream.synchronize()
-        return start.elapsed_ms(end) * 1e3 / repeats
-    finally:
-        for obj in (start, end, graph):
-            obj.close()
+
+def _copies(queue: Callable[[], None], repeats: int) -> None:
+    for _ in range(repeats):
+        queue()
