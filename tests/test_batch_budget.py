@@ -122,3 +122,20 @@ def test_the_probe_builds_for_sm90_without_spills(tmp_path):
     assert res.returncode == 0, res.stderr
     spills = [line for line in res.stderr.splitlines() if "spill stores" in line]
     assert spills and all(" 0 bytes spill stores, 0 bytes spill loads" in line for line in spills)
+
+
+def test_each_part_runs_in_its_own_process_and_a_failure_is_a_row(tmp_path):
+    """run_probe.run: a part that exits non-zero or outlives its limit leaves its lines and a "failed" row, and the
+    parts after it still run."""
+    fake = tmp_path / "batch_probe"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "{\\"probe\\": \\"$1\\"}"\n'
+        'if [ "$1" = mcast ]; then echo "batch_probe: stuck" >&2; exit 134; fi\n'
+        'if [ "$1" = dsmem ]; then sleep 5; fi\n'
+    )
+    fake.chmod(0o755)
+    rows = run_probe.parse(run_probe.run(fake, ["round", "mcast", "dsmem", "mma"], limit=1.0))
+    assert [r.get("probe") for r in rows if "probe" in r] == ["round", "mcast", "dsmem", "mma"]
+    failed = {r["failed"]: r["rc"] for r in rows if "failed" in r}
+    assert failed == {"mcast": 134, "dsmem": "timeout"}
