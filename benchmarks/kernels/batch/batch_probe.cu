@@ -105,9 +105,11 @@ __device__ __forceinline__ void mbar_arm_tx(uint32_t a, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
                  : "memory");
 }
-// an arrival on the mbarrier at shared::cluster address `ra` (a peer's, from mapa), releasing this CTA's reads
+// an arrival on the mbarrier at shared::cluster address `ra` (a peer's, from mapa) after this CTA's reads of a ring
+// stage: the default .release.cta, as CUTLASS's ClusterBarrier::arrive(cta) (.release.cluster compiles to a
+// MEMBAR.ALL.GPU, ~850 cycles: fused-v2.md 5.1, which a chunk's release must not pay)
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t ra) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(ra) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(ra) : "memory");
 }
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(NT, 1) mcast_stream(StreamArgs a) {
             if (tid == 0 && c < nch) {
                 const unsigned gc = g + c;
                 const uint32_t s = gc % NST;
-                if (gc >= NST) mbar_wait_cluster(empty + 8 * s, ((gc / NST) - 1) & 1, it);
+                if (gc >= NST) mbar_wait(empty + 8 * s, ((gc / NST) - 1) & 1, it);
                 mbar_arm_tx(full + 8 * s, (uint32_t)ch);
                 bulk_g2s_mcast(ring + s * CH + rank * slice, src + (size_t)c * ch + rank * slice, (uint32_t)slice,
                                full + 8 * s, mask);
