@@ -39,10 +39,11 @@ WORKLOADS = {
     "mlp-128": (ManyWorkload("mlp-128", (784, 128, 128, 128, 10), 32, 60_000, (0.005, 0.2)), (1, 32, 128)),
 }
 #: "fastnn-fold": the GPU engine with its opt-in fold_sgd (layer 0's SGD update inside its weight-gradient GEMM).
-#: "fastnn-next": the GPU engine with the kernel variants not yet measured (NEXT: the tiled loss, the float4 update;
-#: docs/design/many-models.md, "Next kernels"); beside "fastnn" with --profile, one call measures both, phase by phase.
+#: "fastnn-next": the GPU engine with the variants not yet measured (NEXT: the tiled loss, the float4 update, layer 0's
+#: GEMMs autotuned; docs/design/many-models.md, "Next kernels"); beside "fastnn" with --profile, one call measures
+#: both, phase by phase.
 CONTENDERS = ("fastnn", "fastnn-fold", "fastnn-next", "jax", "torch")
-NEXT = Tuning(many_loss_kernel="tiled", many_update_kernel="vec4")
+NEXT = Tuning(many_loss_kernel="tiled", many_update_kernel="vec4", many_autotune=True)
 
 
 def run(contender: str, wl: ManyWorkload, k: int, data: tuple, device: str, profile: bool) -> Result:

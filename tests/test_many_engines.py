@@ -314,3 +314,30 @@ def test_kernel_variants_train_the_same_bits(backend):
             for ha, hb in zip(base.histories, other.histories):
                 for field in ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy"):
                     assert ha[field] == hb[field], field
+
+
+def test_autotuned_layer0_gemms_train_as_numpy(backend):
+    """Tuning.many_autotune: layer 0's cuBLASLt plans (forward, weight gradient; with fold_sgd the raw forward and the
+    accumulating GEMM) timed on the engine's buffers before the epoch's capture; the models still the NumPy
+    engine's, the weights untouched by the timing."""
+    x, y = _data(n=80)
+    for fold in (False, True):
+        cpu, gpu = _pair(MLP([10, 6, 3]), SGD(lr=0.05), Tuning(many_autotune=True), models=3, seeds=2, batch_size=16,
+                         weight_decay=[0.0, 1e-3, 1e-2])  # fmt: skip
+        eng = gpu._engine
+        eng.fold_sgd = fold
+        for buf in (eng.xb, eng.dz[0]):  # large operands: timing that wrote onto the weights would show
+            buf.upload(np.full(buf.nbytes // 4, 1e3, dtype=np.float32))
+        before = [eng.get_state(k) for k in range(3)]
+        eng._fast_plans(16)
+        for a, b in zip(before, [eng.get_state(k) for k in range(3)]):
+            for n in a:
+                np.testing.assert_array_equal(b[n], a[n], err_msg=n)
+        for mt in (cpu, gpu):
+            mt.fit(x, y, epochs=2, eval_data=(x, y))
+        _close(cpu, gpu, backend)
+        assert eng._fast["wgrad_acc" if fold else "wgrad"]
+    from fastnn.engine.many.gpu import engine
+
+    if hasattr(engine.cublaslt, "autotuned"):  # the emulation counts the plans timed, once each: every step and the
+        assert engine.cublaslt.autotuned == 2 + 4  # evaluation have 16 rows; 2 plans, then 4 with fold_sgd

@@ -144,6 +144,11 @@ class Tuning:
     #: GPU) against "scalar"'s 42.5 us at K = 1,024 (bytes in flight, not bytes: the same page); the same bits, the
     #: default only after the same measurement.
     many_update_kernel: str = "scalar"
+    #: Many-model GPU engine: time cuBLASLt's heuristic candidates for layer 0's GEMMs on their real shapes and keep
+    #: the fastest, as the graph engine does (autotune_algos); False keeps cuBLASLt's first choice. The forward GEMM
+    #: measured 36.6 us a step at K = 1,024 logistic regressions against a 5-11 us budget (docs/design/many-models.md);
+    #: other algorithms round the sums in other orders. Off until bench_many.py's fastnn-next measures it.
+    many_autotune: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -271,6 +271,22 @@ class ManyGpuEngine(ManyEngine):
             self._fast["wgrad_acc"][rows] = self._res.own(lt.Matmul(
                 self._lt, d, m, rows, transa=False, transb=True, ab_type=f32, cd_type=f32, compute=compute, lda=d,
                 ldb=m, ldc=d, workspace=self._workspace))  # fmt: skip
+        if self.config.tuning.many_autotune:
+            self._autotune_fast(rows)
+
+    def _autotune_fast(self, rows: int) -> None:
+        """Time cuBLASLt's heuristic candidates of layer 0's plans for `rows` rows and keep the fastest
+        (Tuning.many_autotune), on the engine's buffers: activations and gradients as scratch, and the folded
+        update's accumulating GEMM onto the gradient array, never onto the weights."""
+        w_off, b_off = self.layout.starts[0], self.layout.starts[1]
+        w0, b0 = self.state.ptr + 4 * w_off, self.state.ptr + 4 * b_off
+        g0, gb0 = self.grads.ptr + 4 * w_off, self.grads.ptr + 4 * b_off
+        xb, z0, dz0, fast = self.xb.ptr, self.z[0].ptr, self.dz[0].ptr, self._fast
+        fast["forward"][rows].autotune(w0, xb, 0, z0, self.stream, bias=b0)
+        fast["wgrad"][rows].autotune(xb, dz0, 0, g0, self.stream, bias=gb0)
+        if rows in fast["forward_raw"]:
+            fast["forward_raw"][rows].autotune(w0, xb, 0, z0, self.stream)
+            fast["wgrad_acc"][rows].autotune(xb, dz0, g0, g0, self.stream, alpha=-1.0, beta=1.0)
 
     def _tables(self, data: _DataSet, n_streams: int) -> kernels.StepTables:
         scale, shift = input_affine(data.dtype, self.config.normalize)
