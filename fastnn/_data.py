@@ -21,7 +21,7 @@ from ._state import FP16_MAX
 
 __all__ = [
     "check_inputs", "check_labels", "check_normalize", "check_operand_range", "check_sample_weight", "check_targets",
-    "input_affine", "prepare_batch",
+    "input_affine", "prepare_batch", "sample_weight_array",
 ]  # fmt: skip
 
 
@@ -401,6 +401,26 @@ def prepare_batch(x: np.ndarray, scale: float, shift: float, dtype: type = np.fl
     return out
 
 
+def sample_weight_array(sample_weight: Any, n: int) -> np.ndarray:
+    """`sample_weight` (a number or N numbers) as float64 (n,), checked: finite and >= 0 (the one check the Trainer
+    and the scikit-learn estimators share).
+
+    Raises:
+        DataError: not numbers, not n of them, or one negative or not finite.
+    """
+    try:
+        w = np.asarray(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"sample_weight must be numbers, got {reprlib.repr(sample_weight)}: {exc}") from None
+    if w.ndim == 0:
+        w = np.full(n, float(w))
+    if w.shape != (n,):
+        raise DataError(f"sample_weight has shape {w.shape}; x has {n} rows: expected ({n},)")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise DataError("sample_weight must hold finite values >= 0")
+    return w
+
+
 def check_sample_weight(sample_weight: Any, x: Any, validation_split: Any = None) -> np.ndarray | None:
     """`fit`'s sample_weight as float32 (N,) weights, or None where it is None or every weight is equal (the
     weighted mean loss is then the unweighted one, which every engine trains).
@@ -415,16 +435,7 @@ def check_sample_weight(sample_weight: Any, x: Any, validation_split: Any = None
         n = int(x.shape[0]) if getattr(x, "shape", None) else len(x)
     except TypeError:
         return None  # x itself is malformed: fit's checks of x name it
-    try:
-        w = np.asarray(sample_weight, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise DataError(f"sample_weight must be numbers, got {reprlib.repr(sample_weight)}: {exc}") from None
-    if w.ndim == 0:
-        w = np.full(n, float(w))
-    if w.shape != (n,):
-        raise DataError(f"sample_weight has shape {w.shape}; x has {n} rows: expected ({n},)")
-    if not np.isfinite(w).all() or (w < 0).any():
-        raise DataError("sample_weight must hold finite values >= 0")
+    w = sample_weight_array(sample_weight, n)
     if not w.sum() > 0:
         raise DataError("sample_weight sums to 0: no row would count")
     if (w == w[0]).all():

@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._checks import number
 from .._control import split_indices
+from .._data import sample_weight_array
 from .._errors import ConfigError, DeviceUnavailable
 from .._model import MLP, param_names
 from .._optim import SGD, AdamW
@@ -307,14 +308,7 @@ class FastnnEstimator(BaseEstimator):
         counts for nothing in the weighted mean loss); None = all."""
         if sample_weight is None:
             return None
-        w = np.asarray(sample_weight, dtype=np.float64)
-        if w.ndim == 0:
-            w = np.full(n, float(w))
-        if w.shape != (n,):
-            raise ValueError(f"sample_weight.shape == {w.shape}, expected ({n},)")
-        if not np.isfinite(w).all() or (w < 0).any():
-            raise ValueError("sample_weight must hold finite values >= 0")
-        keep = w > 0
+        keep = sample_weight_array(sample_weight, n) > 0  # fastnn's check (a DataError is a ValueError)
         if not keep.any():
             raise ValueError("Sample weights must contain at least one non-zero number.")
         return None if keep.all() else keep
