@@ -384,3 +384,18 @@ def test_the_optuna_recipe_runs(digits):
                               device="cpu")  # fmt: skip
     assert len(study.trials) == 8 and all(t.state.name == "COMPLETE" for t in study.trials)
     assert set(study.best_params) == {"lr", "weight_decay"} and np.isfinite(study.best_value)
+
+
+def test_a_scikit_learn_without_the_private_helpers_fails_the_searches_not_the_estimators(monkeypatch):
+    """The searches build on scikit-learn's private helpers: a release that moves one makes `fs.GridSearchCV` an
+    ImportError naming it and the versions tested, while the estimators keep working."""
+    from sklearn.model_selection import _validation
+
+    monkeypatch.delattr(_validation, "_insert_error_scores")
+    monkeypatch.delitem(sys.modules, "fastnn.sklearn._search")
+    for name in ("GridSearchCV", "RandomizedSearchCV", "_search"):
+        monkeypatch.delitem(vars(fs), name, raising=False)
+    with pytest.raises(ImportError, match=r"_insert_error_scores.*tested with scikit-learn 1\.6"):
+        fs.GridSearchCV  # noqa: B018
+    X, y = load_digits(return_X_y=True)
+    assert fs.LogisticRegression(max_iter=1, device="cpu").fit(X[:100] / 16, y[:100]).predict(X[:5]).shape == (5,)

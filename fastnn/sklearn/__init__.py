@@ -26,6 +26,8 @@ Differences from scikit-learn's estimators, by design:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 try:  # validate_data is new in scikit-learn 1.6: an older one is refused here with the same message
     from sklearn.utils.validation import validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
@@ -39,16 +41,44 @@ from ._base import Plateau, Rate
 from ._classifier import MLPClassifier
 from ._logistic import LogisticRegression
 from ._regressor import MLPRegressor
-from ._search import GridSearchCV, RandomizedSearchCV
+
+if TYPE_CHECKING:  # imported on first use (__getattr__ below); named here for type checkers and the API reference
+    from ._search import GridSearchCV, RandomizedSearchCV
 
 __all__ = ["GridSearchCV", "LogisticRegression", "MLPClassifier", "MLPRegressor", "RandomizedSearchCV"]
 
 # A pickle (or joblib file) names each class by module and qualified name, and a fitted estimator's holds a Rate
 # and a Plateau too: every one keeps the name it had when fastnn.sklearn was one module, so files written before
 # and after the split load alike, and the private modules stay free to move.
-for _cls in (GridSearchCV, LogisticRegression, MLPClassifier, MLPRegressor, RandomizedSearchCV):
+for _cls in (LogisticRegression, MLPClassifier, MLPRegressor):
     _cls.__module__ = __name__
 _Rate, _Plateau = Rate, Plateau
 for _cls, _name in ((Rate, "_Rate"), (Plateau, "_Plateau")):
     _cls.__module__, _cls.__qualname__ = __name__, _name
 del _cls, _name, Plateau, Rate, validate_data
+
+
+#: The scikit-learn releases the searches are tested with (CI installs the newest the extras allow).
+_SEARCH_TESTED = "1.6 to 1.9"
+
+
+def __getattr__(name: str) -> type:
+    """GridSearchCV and RandomizedSearchCV, imported on first use: they build on scikit-learn's private search
+    helpers (`_search.py` names them), so a scikit-learn release that moves one fails the searches with the names,
+    never the estimators."""
+    if name not in ("GridSearchCV", "RandomizedSearchCV"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import sklearn
+
+    try:
+        from . import _search
+    except ImportError as exc:
+        raise ImportError(
+            f"fastnn.sklearn.{name} builds on scikit-learn's private search helpers, which scikit-learn "
+            f"{sklearn.__version__} does not have as fastnn expects ({exc}); fastnn is tested with scikit-learn "
+            f"{_SEARCH_TESTED}: install one of those, or use sklearn.model_selection.{name}, which trains fit by fit"
+        ) from exc
+    for cls in (_search.GridSearchCV, _search.RandomizedSearchCV):
+        cls.__module__ = __name__
+    globals().update(GridSearchCV=_search.GridSearchCV, RandomizedSearchCV=_search.RandomizedSearchCV)
+    return globals()[name]
