@@ -35,15 +35,15 @@ def test_dry_run_plans_every_workload_and_checks_the_contenders():
 
 @pytest.mark.bindings
 def test_the_kernel_microbenchmark_runs_its_checks_through_the_emulation(monkeypatch):
-    """benchmarks/kernels/many_phases.py on the CPU: its launches of the loss and update kernels (both variants, tiles
+    """benchmarks/bench_many_kernels.py on the CPU: its launches of the loss and update kernels (both variants, tiles
     of 4 models, two streams of different rows) through tests/_many_emulator.py, its checks passing; the dry run."""
     pytest.importorskip("fastnn.cuda.driver", reason="needs the CUDA wheels")
     from _many_emulator import Heap, make_driver
 
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks" / "kernels"))
-    import many_phases
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_many_kernels
 
-    shape = many_phases.Shape("tiny", (20, 10), 600, 40, folds=True)  # 600 // 132 SMs: tiles of 4
-    us = many_phases.measure(shape, 2, driver=make_driver(Heap()), cubin=b"emulated")
+    shape = bench_many_kernels.Shape("tiny", (20, 10), 600, 40, folds=True)  # 600 // 132 SMs: tiles of 4
+    us = bench_many_kernels.measure(shape, 2, driver=make_driver(Heap()), cubin=b"emulated")
     assert set(us) == {"loss model", "loss tiled", "update scalar", "update vec4"} and all(t > 0 for t in us.values())
-    assert many_phases.main(["--dry-run"]) == 0
+    assert bench_many_kernels.main(["--dry-run"]) == 0

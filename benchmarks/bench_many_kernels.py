@@ -1,8 +1,8 @@
 """The many-model GPU engine's loss and update kernels alone (native/many.cu), each variant against the default:
 the same bits, then the time of each, at the benchmark's shapes (docs/design/many-models.md, "Next kernels").
 
-    PYTHONPATH=$PWD python benchmarks/kernels/many_phases.py [--repeats 200]
-    PYTHONPATH=$PWD python benchmarks/kernels/many_phases.py --dry-run   # the shapes and launches, no GPU
+    PYTHONPATH=$PWD python benchmarks/bench_many_kernels.py [--repeats 200]
+    PYTHONPATH=$PWD python benchmarks/bench_many_kernels.py --dry-run   # the shapes and launches, no GPU
 
 Loss: many_xent (a block a model) and many_xent_tiled (a block a tile of models) on random logits (batch, K, 10) with
 labels, each model's rows at step 0 of its stream: every model the full batch, or (`folds`) alternate models a
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 if importlib.util.find_spec("fastnn") is None:  # run from a checkout without `pip install -e .`
-    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from fastnn import MLP, SGD  # noqa: E402
 from fastnn.engine.many.gpu import kernels, layout  # noqa: E402
