@@ -12,8 +12,10 @@ above that or where OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS or BL
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from .._model import MLP
 
@@ -41,10 +43,21 @@ def limited_blas(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency; a bare environment may lack it
+    controller = _controller()
+    if controller is None:  # pragma: no cover - threadpoolctl is a dependency; a bare environment may lack it
         yield
         return
-    with threadpool_limits(limits=threads, user_api="blas"):
+    with controller.limit(limits=threads, user_api="blas"):
         yield
+
+
+@functools.cache
+def _controller() -> Any:
+    """threadpoolctl's view of the loaded BLAS libraries, made once: `threadpool_limits` finds them again on every
+    call (~0.5-2 ms, paid per fit and per model of a many-model CPU fit), a kept controller's `limit` ~0.1 ms.
+    NumPy's BLAS is loaded before fastnn, so the controller made on first use sees it. None without threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover
+        return None
+    return ThreadpoolController()
