@@ -191,6 +191,10 @@ __device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, fl
     float v = 0.f;
     optim_update<OPT>(p, o, NS, g, w, m, v);
 }
+// (with the second state array the shared-memory elements' step passes: none for SGD)
+__device__ __forceinline__ void upd(const OptimParams& p, const OptimStep& o, float g, float& w, float& m, float& v) {
+    optim_update<OPT>(p, o, NS, g, w, m, v);
+}
 
 // ---- building blocks (each a warp's share) --------------------------------------------------------------------------
 // A fragments (16 units x 16 rows) of Hp^T [unit][row] of m-tile mt from a CTA-local [NB/8][32][8] fp16 tile: ah[kb]
@@ -288,154 +292,49 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][NBT][4]) {
 
 #define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2+B2, W3 update, R5 wait, B1 (MARK: grid_tc.cuh)
 
-// ---- the persistent kernel -------------------------------------------------------------------------------------------
-__device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
-                                  const int* __restrict__ y,
-                                  u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch,
-                                  float scale, OptimParams prm, u8* scr, u32* sync) {
-    extern __shared__ __align__(128) u8 sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int cta = blockIdx.x;
-    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
-    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
-    u8* Xs = sm + SL.x;
-    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
-    half_t* actp0 = reinterpret_cast<half_t*>(sm + SL.act);
-    const half_t* wrp0 = reinterpret_cast<const half_t*>(sm + SL.wr);
-    float* red = reinterpret_cast<float*>(sm + SL.red);
-    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
-    half_t* Hp1 = Hp0 + BR * NB;
-    half_t* Hp2 = Hp1 + BR * NB;
-    half_t* dZ0p = Hp2 + BR * NB;
-    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
-    float* b1s = b0s + NB;
-    float* b2s = b1s + NB;
-    float* b3s = b2s + NB;
-    float* w3s = b3s + 16;      // [16 classes][NB units]
-    float* lg = w3s + 16 * NB;  // [32][16]
-    float* dl = lg + BR * 16;   // [32][16]
-    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // momentum of b0, b1, b2, b3, the W3 slice (same layout)
-    float* mb1 = mb0 + NB;
-    float* mb2 = mb1 + NB;
-    float* mb3 = mb2 + NB;
-    float* mw3 = mb3 + 16;
-    int* lab = reinterpret_cast<int*>(sm + SL.lab);
-#ifdef GRID_PROFILE
-    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
-#endif
-    const u32 bar0 = smem_u32(sm + SL.bar);
-    const u32 xfull0 = bar0, xfull1 = bar0 + 8u;
-    auto full = [&](u32 i) { return bar0 + 16u + 8u * i; };
-    float4* W0F = reinterpret_cast<float4*>(scr + SC.w0f) + (long long)cta * NKS0 * NBT * 32;
-    float4* W1F = reinterpret_cast<float4*>(scr + SC.w1f) + (long long)cta * KS * NBT * 32;
-    float4* W2F = reinterpret_cast<float4*>(scr + SC.w2f) + (long long)cta * KS * NBT * 32;
-    float4* M0F = reinterpret_cast<float4*>(scr + SC.m0f) + (long long)cta * NKS0 * NBT * 32;  // MOM only
-    float4* M1F = reinterpret_cast<float4*>(scr + SC.m1f) + (long long)cta * KS * NBT * 32;
-    float4* M2F = reinterpret_cast<float4*>(scr + SC.m2f) + (long long)cta * KS * NBT * 32;
-    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
-    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
-    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
-    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
-    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
-    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
-    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
-    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
-    u32* counter = sync;
-    const int u0 = cta * NB;  // this CTA's first unit
-    const int own_chunk = u0 / CU, own_off = u0 % CU;  // the chunk holding this CTA's units, and where
-    const float zs = scale * 16777216.f;  // 2^24 * scale turns the fp16-subnormal pixels back into x * scale
+// ---- the CTA: grid_cta.cuh's views and phases, and this kernel's (the ring of stages, the streamed masters) ----------
+#include "grid_cta.cuh"
+struct StreamCta : GridCta<u8> {
+    const half_t*& wrp0;
+    const u32& bar0;
+    float4 *&W0F, *&M0F;
+    half_t*& HG2;
+    u32 &r_iss, &r_use, &arrived;  // the loop-carried counters, in this order (another order changes the SASS)
 
-    // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
-    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    if (tid == 0) {
-        mbar_init(xfull0, 1);
-        mbar_init(xfull1, 1);
-        for (u32 i = 0; i < NST; ++i) mbar_init(full(i), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // this CTA's arrival at the next round (grid_tc.cuh's counter barrier)
+    __device__ void arrive() {
+        round_arrive(counter);
+        ++arrived;
     }
-    // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
-    auto kofs = [&](int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); };
+    // the mbarrier of ring stage i
+    __device__ u32 full(u32 i) { return bar0 + 16u + 8u * i; }
     // the fragment (kk, tile j) of this lane in the flat training state: element q at base + 8j (*stride2) + kofs
-    // (W0: rows u0 + 8j + g, stride 1 along k; W1, W2: columns u0 + 8j + g, stride H along n)
-    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
-    // (src: the parameters, or the momentum buffer s1g)
-    auto get = [&](float (&w)[4], const float* src, long long base, int stride, int kk) {
+    // (W0: rows u0 + 8j + g, stride 1 along k; W1, W2: columns u0 + 8j + g, stride H along n; src: the parameters,
+    // or the momentum buffer s1g); put, put_m: back (a master with its fp16 copy, a momentum)
+    __device__ void get(float (&w)[4], const float* src, long long base, int stride, int kk) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) w[q] = src[base + (long long)kofs(kk, q) * stride];
-    };
-    auto put = [&](const float (&w)[4], long long base, int stride, int kk) {
+    }
+    __device__ void put(const float (&w)[4], long long base, int stride, int kk) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const long long e = base + (long long)kofs(kk, q) * stride;
             params[e] = w[q];
             if (w16 != nullptr) w16[e] = from_f<half_t>(w[q]);
         }
-    };
-    auto put_m = [&](const float (&m)[4], long long base, int stride, int kk) {
+    }
+    __device__ void put_m(const float (&m)[4], long long base, int stride, int kk) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) s1g[base + (long long)kofs(kk, q) * stride] = m[q];
-    };
-    // the lanes that stream a fragment in the steps convert it here and write it back in the epilogue
-    for (int kk = warp; kk < NKS0; kk += NW)
-#pragma unroll
-        for (int j = 0; j < NBT; ++j) {
-            float w[4];
-            get(w, params, e_w0 + 8LL * j * D, 1, kk);
-            stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
-            if constexpr (MOM) {
-                get(w, s1g, e_w0 + 8LL * j * D, 1, kk);
-                stcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
-            }
-        }
-#pragma unroll 1
-    for (int c = 0; c < NCH; ++c)
-#pragma unroll 1
-        for (int i = 0; i < KPW; ++i) {
-            const int kk = c * CKS + warp * KPW + i;
-            float w1[NBT][4], w2[NBT][4];
-#pragma unroll
-            for (int j = 0; j < NBT; ++j) {
-                get(w1[j], params, e_w1 + 8 * j, H, kk);
-                get(w2[j], params, e_w2 + 8 * j, H, kk);
-                stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
-                stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
-                if constexpr (MOM) {
-                    float m[4];
-                    get(m, s1g, e_w1 + 8 * j, H, kk);
-                    stcg_f(M1F + (kk * NBT + j) * 32 + lane, m);
-                    get(m, s1g, e_w2 + 8 * j, H, kk);
-                    stcg_f(M2F + (kk * NBT + j) * 32 + lane, m);
-                }
-            }
-            store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
-            store_w16(W16F2, cta, kk, w2, lane);
-        }
+    }
     // one element of a bias or of the W3 slice (shared memory: w, its momentum at *ms) from flat element e
-    auto get1 = [&](float& w, float* ms, long long e) {
+    __device__ void get1(float& w, float* ms, long long e) {
         w = params[e];
         if constexpr (MOM) *ms = s1g[e];
-    };
-    if (tid < NB) {
-        get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
-        get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
-        get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
     }
-    if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
-    // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
-    auto put_w3 = [&](int par, int c, int u, float wv) { store_w3<C, H>(W3A, W3B, par, c, u0 + u, wv); };
-    for (int e = tid; e < 16 * NB; e += NT) {
-        const int c = e / NB, u = e % NB;
-        if (c < C) get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
-        put_w3(0, c, u, w3s[e]);
-        put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
-    }
-
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
-    u32 keys[FEISTEL_ROUNDS];
-    round_keys(seed_lo, seed_hi, st->epoch, keys);
-    auto issue_x = [&](int s) {
+    __device__ void issue_x(int s) {
         const int m = min(batch, (int)n - s * batch);
         const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
         const int sg = s & 1;
@@ -445,14 +344,10 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         __syncwarp();
         fence_proxy_async();
         bulk_g2s(smem_u32(Xs + sg * XB + lane * D), x + (u64)idx * D, (u32)D, sg ? xfull1 : xfull0);
-    };
-    __syncthreads();
-    if (warp == 1 && steps > 0) issue_x(0);
-
+    }
     // the ring: every thread counts the issues and the uses alike; thread 0 issues (an activation chunk, and with it
     // `wbytes` of weights into the same stage's weight slot)
-    u32 r_iss = 0, r_use = 0;
-    auto issue_act = [&](const half_t* src, const half_t* wsrc, u32 wbytes) {
+    __device__ void issue_act(const half_t* src, const half_t* wsrc, u32 wbytes) {
         if (tid == 0) {
             const u32 sg = r_iss % NST;
             fence_proxy_async();
@@ -461,51 +356,28 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             if (wsrc) bulk_g2s(wr0 + sg * WB, wsrc, wbytes, full(sg));
         }
         ++r_iss;
-    };
-    auto wait_act = [&](int s) -> u32 {
+    }
+    __device__ u32 wait_act(int s) {
         const u32 sg = r_use % NST;
         mbar_wait(full(sg), (r_use / NST) & 1u, s);
         ++r_use;
         return sg;
-    };
-    u32 arrived = 0;  // rounds this CTA arrived at in this launch
-    auto arrive = [&]() {
-        round_arrive(counter);
-        ++arrived;
-    };
-
-#ifdef GRID_PROFILE
-    const bool prof_on = cta == 0 && tid == 0;
-    if (prof_on) profs[15] = clock64();
-#endif
-    const u32 epoch_in_fit = st->epoch_in_fit;
-    const u64 step0 = st->step0;
-    const float* lr_table = st->lr;
-    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
-    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate
-    // the SGD step of one shared-memory element (a bias, b3, the W3 slice) with its momentum at *ms
-    auto upd1 = [&](const OptimStep& o, float g, float& w, float* ms) {
-        float m = MOM ? *ms : 0.f;
-        upd(prm, o, g, w, m);
-        if constexpr (MOM) *ms = m;
-    };
-
+    }
     // one k-step's fragments (all NBT tiles) of a master or its momentum
-    auto load_ks = [&](const float4* base, int kk, float (&w)[NBT][4]) {
+    __device__ void load_ks(const float4* base, int kk, float (&w)[NBT][4]) {
 #pragma unroll
         for (int j = 0; j < NBT; ++j) ldcg_f(base + (kk * NBT + j) * 32 + lane, w[j]);
-    };
+    }
     // and back: one k-step of a master and (with momentum) its buffer, in the same order
-    auto store_ks = [&](float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
+    __device__ void store_ks(float4* wb, float4* mb, int kk, const float (&w)[NBT][4], const float (&m)[NBT][4]) {
 #pragma unroll
         for (int j = 0; j < NBT; ++j) {
             stcg_f(wb + (kk * NBT + j) * 32 + lane, w[j]);
             if constexpr (MOM) stcg_f(mb + (kk * NBT + j) * 32 + lane, m[j]);
         }
-    };
-
+    }
     // B0 of step s-1 (weight gradient of W0, SGD in the master fragments, streamed) fused with F0 of step s
-    auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
+    __device__ void b0f0(int s, bool do_b0, bool do_f0, float (&acc)[2][NBT][4], const OptimStep& ob) {
         const u8* xc = Xs + (s & 1) * XB;        // X(s)
         const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
         u32 ahz[AMT][2][4];
@@ -555,23 +427,16 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 }
             }
         }
-    };
+    }
     // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order
-    auto bias0 = [&](const OptimStep& ob) {
+    __device__ void bias0(const OptimStep& ob) {
         if (tid < NB) {
             const float sd = tile_col_sum(dZ0p, tid);
             upd1(ob, sd, b0s[tid], mb0 + tid);
         }
-    };
-    // the bias step of this CTA's units of a hidden layer from its dZ in a stage (at unit offset col0 of the chunk)
-    auto bias_step = [&](const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
-        if (tid < NB) {
-            const float sd = tile_col_sum(dz, col0 + tid);
-            upd1(o, sd, bs[tid], ms + tid);
-        }
-    };
+    }
     // forward epilogue: cross-warp sum, bias, ReLU, fp16 to the own tile and the exchange buffer
-    auto fwd_out = [&](float (&acc)[2][NBT][4], float sc, const float* bs, half_t* hp, half_t* hg) {
+    __device__ void fwd_out(float (&acc)[2][NBT][4], float sc, const float* bs, half_t* hp, half_t* hg) {
         store_red(red, warp, lane, acc);
         __syncthreads();
         for (int e = tid; e < BR * NB; e += NT) {
@@ -581,9 +446,9 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             hp[cg_idx(row, col)] = hv;
             hg[cg_idx(row, u0 + col)] = hv;
         }
-    };
+    }
     // dgrad epilogue: cross-warp sum, ReLU mask of the owned activations, fp16 (at unit offset col0 of `out`)
-    auto bwd_out = [&](float (&acc)[2][NBT][4], const half_t* hp, half_t* out, int col0) {
+    __device__ void bwd_out(float (&acc)[2][NBT][4], const half_t* hp, half_t* out, int col0) {
         store_red(red, warp, lane, acc);
         __syncthreads();
         for (int e = tid; e < BR * NB; e += NT) {
@@ -591,9 +456,9 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             const float dh = sum_red(red, row, col);
             out[cg_idx(row, col0 + col)] = from_f<half_t>(h_pos(hp[cg_idx(row, col)]) ? dh : 0.f);
         }
-    };
+    }
     // F1 / F2 over the chunks of one activation; the CTA's fp16 rows of W come with each chunk (same mbarrier)
-    auto fwd_layer = [&](int s, const half_t* src, const half_t* w16f, float (&acc)[2][NBT][4], int mk) {
+    __device__ void fwd_layer(int s, const half_t* src, const half_t* w16f, float (&acc)[2][NBT][4], int mk) {
         const half_t* wbase = w16f + (long long)cta * KS * NBT * 128;
         if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
@@ -625,27 +490,27 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 issue_act(src + (long long)(c + NST) * CU * BR, wbase + (long long)(c + NST) * CKS * NBT * 128,
                           (u32)WB);
         }
-    };
+    }
     // the head's sequence of chunks: q < NCH: pass 1 (H2 chunk + W3A chunk), else pass 2 (H2 chunk + W3B chunk)
-    auto issue_head = [&](int q, int par) {
+    __device__ void issue_head(int q, int par) {
         const int c = q % NCH;
         const half_t* w3 = q < NCH ? W3A + ((long long)par * KS + c * CKS) * 256
                                    : W3B + ((long long)par * (H / 8) + c * (CU / 8)) * 128;
         issue_act(HG2 + (long long)c * CU * BR, w3, (u32)(CKS * 512));
-    };
+    }
     // a warp's master fragments of chunk c (this warp's KPW k-steps) from HBM
-    auto load_masters = [&](const float4* base, int c, float (&w)[KPW][NBT][4]) {
+    __device__ void load_masters(const float4* base, int c, float (&w)[KPW][NBT][4]) {
 #pragma unroll
         for (int i = 0; i < KPW; ++i) load_ks(base, c * CKS + warp * KPW + i, w[i]);
-    };
+    }
     // the masters and momentum of chunk c into w, m (back a k-step at a time by store_ks; the fp16 copy by store_w16)
-    auto load_chunk = [&](const float4* wb, const float4* mb, int c, float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4]) {
+    __device__ void load_chunk(const float4* wb, const float4* mb, int c, float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4]) {
         load_masters(wb, c, w);
         if constexpr (MPRE) load_masters(mb, c, m);
-    };
+    }
     // the prefetched chunk (masters, and momentum where MPRE) into w, m: the prefetch registers are then free for the
     // next chunk's loads
-    auto take_chunk = [&](float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4], const float (&wn)[KPW][NBT][4],
+    __device__ void take_chunk(float (&w)[KPW][NBT][4], float (&m)[KPW][NBT][4], const float (&wn)[KPW][NBT][4],
                           const float (&mn)[KPW][NBT][4]) {
 #pragma unroll
         for (int i = 0; i < KPW; ++i)
@@ -656,7 +521,154 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     w[i][j][q] = wn[i][j][q];
                     if constexpr (MPRE) m[i][j][q] = mn[i][j][q];
                 }
-    };
+    }
+    __device__ void put1(long long e, float w, const float* ms) {
+        params[e] = w;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+        if constexpr (MOM) s1g[e] = *ms;
+    }
+};
+// ---- the persistent kernel -------------------------------------------------------------------------------------------
+__device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
+                                  const int* __restrict__ y,
+                                  u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* st, int steps, int batch,
+                                  float scale, OptimParams prm, u8* scr, u32* sync) {
+    extern __shared__ __align__(128) u8 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cta = blockIdx.x;
+    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
+    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
+    u8* Xs = sm + SL.x;
+    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
+    half_t* actp0 = reinterpret_cast<half_t*>(sm + SL.act);
+    const half_t* wrp0 = reinterpret_cast<const half_t*>(sm + SL.wr);
+    float* red = reinterpret_cast<float*>(sm + SL.red);
+    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
+    half_t* Hp1 = Hp0 + BR * NB;
+    half_t* Hp2 = Hp1 + BR * NB;
+    half_t* dZ0p = Hp2 + BR * NB;
+    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
+    float* b1s = b0s + NB;
+    float* b2s = b1s + NB;
+    float* b3s = b2s + NB;
+    float* w3s = b3s + 16;      // [16 classes][NB units]
+    float* lg = w3s + 16 * NB;  // [32][16]
+    float* dl = lg + BR * 16;   // [32][16]
+    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // momentum of b0, b1, b2, b3, the W3 slice (same layout)
+    float* mb1 = mb0 + NB;
+    float* mb2 = mb1 + NB;
+    float* mb3 = mb2 + NB;
+    float* mw3 = mb3 + 16;
+    int* lab = reinterpret_cast<int*>(sm + SL.lab);
+#ifdef GRID_PROFILE
+    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
+#endif
+    const u32 bar0 = smem_u32(sm + SL.bar);
+    const u32 xfull0 = bar0, xfull1 = bar0 + 8u;
+    float4* W0F = reinterpret_cast<float4*>(scr + SC.w0f) + (long long)cta * NKS0 * NBT * 32;
+    float4* W1F = reinterpret_cast<float4*>(scr + SC.w1f) + (long long)cta * KS * NBT * 32;
+    float4* W2F = reinterpret_cast<float4*>(scr + SC.w2f) + (long long)cta * KS * NBT * 32;
+    float4* M0F = reinterpret_cast<float4*>(scr + SC.m0f) + (long long)cta * NKS0 * NBT * 32;  // MOM only
+    float4* M1F = reinterpret_cast<float4*>(scr + SC.m1f) + (long long)cta * KS * NBT * 32;
+    float4* M2F = reinterpret_cast<float4*>(scr + SC.m2f) + (long long)cta * KS * NBT * 32;
+    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
+    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
+    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
+    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
+    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
+    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
+    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
+    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
+    u32* counter = sync;
+    const int u0 = cta * NB;  // this CTA's first unit
+    const int own_chunk = u0 / CU, own_off = u0 % CU;  // the chunk holding this CTA's units, and where
+    const float zs = scale * 16777216.f;  // 2^24 * scale turns the fp16-subnormal pixels back into x * scale
+    u32 keys[FEISTEL_ROUNDS];
+    u32 r_iss, r_use, arrived;
+#ifdef GRID_PROFILE
+    bool prof_on;
+#endif
+    StreamCta ph{{params, s1g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
+                  b0s, mb0, lab,
+#ifdef GRID_PROFILE
+                  profs, prof_on,
+#endif
+                  xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, dl, mb3, mw3},
+                 wrp0, bar0, W0F, M0F, HG2, r_iss, r_use, arrived};
+
+    // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
+    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (tid == 0) {
+        mbar_init(xfull0, 1);
+        mbar_init(xfull1, 1);
+        for (u32 i = 0; i < NST; ++i) mbar_init(ph.full(i), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+    // the lanes that stream a fragment in the steps convert it here and write it back in the epilogue
+    for (int kk = warp; kk < NKS0; kk += NW)
+#pragma unroll
+        for (int j = 0; j < NBT; ++j) {
+            float w[4];
+            ph.get(w, params, e_w0 + 8LL * j * D, 1, kk);
+            stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+            if constexpr (MOM) {
+                ph.get(w, s1g, e_w0 + 8LL * j * D, 1, kk);
+                stcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
+            }
+        }
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c)
+#pragma unroll 1
+        for (int i = 0; i < KPW; ++i) {
+            const int kk = c * CKS + warp * KPW + i;
+            float w1[NBT][4], w2[NBT][4];
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) {
+                ph.get(w1[j], params, e_w1 + 8 * j, H, kk);
+                ph.get(w2[j], params, e_w2 + 8 * j, H, kk);
+                stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
+                stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
+                if constexpr (MOM) {
+                    float m[4];
+                    ph.get(m, s1g, e_w1 + 8 * j, H, kk);
+                    stcg_f(M1F + (kk * NBT + j) * 32 + lane, m);
+                    ph.get(m, s1g, e_w2 + 8 * j, H, kk);
+                    stcg_f(M2F + (kk * NBT + j) * 32 + lane, m);
+                }
+            }
+            store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
+            store_w16(W16F2, cta, kk, w2, lane);
+        }
+    if (tid < NB) {
+        ph.get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
+        ph.get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
+        ph.get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
+    }
+    if (tid < C) ph.get1(b3s[tid], mb3 + tid, OB3 + tid);
+    for (int e = tid; e < 16 * NB; e += NT) {
+        const int c = e / NB, u = e % NB;
+        if (c < C) ph.get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
+        ph.put_w3(0, c, u, w3s[e]);
+        ph.put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+    }
+
+    // the keyed order of this epoch; step 0's batch
+    round_keys(seed_lo, seed_hi, st->epoch, keys);
+    __syncthreads();
+    if (warp == 1 && steps > 0) ph.issue_x(0);
+    r_iss = 0, r_use = 0;  // the ring's issues and uses
+    arrived = 0;  // rounds this CTA arrived at in this launch
+#ifdef GRID_PROFILE
+    prof_on = cta == 0 && tid == 0;
+    if (prof_on) profs[15] = clock64();
+#endif
+    const u32 epoch_in_fit = st->epoch_in_fit;
+    const u64 step0 = st->step0;
+    const float* lr_table = st->lr;
+    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
+    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate
 
     // s = steps runs only the last step's W0 and b0 update (one call site of the pass: code size)
 #pragma unroll 1
@@ -669,40 +681,40 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         MARK(0);
         // ================= B0(s-1) + F0(s)
         {
-            if (s > 0) bias0(o_prev);
+            if (s > 0) ph.bias0(o_prev);
             float acc[2][NBT][4];
             zero_acc(acc);
-            b0f0(s, s > 0, !last, acc, o_prev);
+            ph.b0f0(s, s > 0, !last, acc, o_prev);
             if (last) break;
-            fwd_out(acc, zs, b0s, Hp0, HG0);  // (its barrier also orders the b0 update before the reads of b0s)
+            ph.fwd_out(acc, zs, b0s, Hp0, HG0);  // (its barrier also orders the b0 update before the reads of b0s)
         }
         MARK(1);
-        arrive();  // R1
-        if (warp == 1 && s + 1 < steps) issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
+        ph.arrive();  // R1
+        if (warp == 1 && s + 1 < steps) ph.issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
         // ================= F1, then F2 (one call site: code size)
 #pragma unroll 1
         for (int l = 1; l <= 2; ++l) {
             float acc[2][NBT][4];
             zero_acc(acc);
-            fwd_layer(s, l == 1 ? HG0 : HG1, l == 1 ? W16F1 : W16F2, acc, 2 * l);
-            fwd_out(acc, 1.f, l == 1 ? b1s : b2s, l == 1 ? Hp1 : Hp2, l == 1 ? HG1 : HG2);
+            ph.fwd_layer(s, l == 1 ? HG0 : HG1, l == 1 ? W16F1 : W16F2, acc, 2 * l);
+            ph.fwd_out(acc, 1.f, l == 1 ? b1s : b2s, l == 1 ? Hp1 : Hp2, l == 1 ? HG1 : HG2);
             MARK(2 * l + 1);
-            arrive();  // R2, R3
+            ph.arrive();  // R2, R3
         }
         float w2m[KPW][NBT][4], m2m[KPW][NBT][4];  // the next chunk's W2 masters, momentum (chunk 0's fly during
-        load_chunk(W2F, M2F, 0, w2m, m2m);         // the head: own data)
+        ph.load_chunk(W2F, M2F, 0, w2m, m2m);         // the head: own data)
         // ================= head, pass 1: logits of the whole batch in every CTA
         {
             if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
-            for (int q = 0; q < NST; ++q) issue_head(q, par);
+            for (int q = 0; q < NST; ++q) ph.issue_head(q, par);
             float accL[4][4];
 #pragma unroll
             for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
             const int j4 = lane >> 3, r = lane & 7;
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
-                const u32 sg = wait_act(s);
+                const u32 sg = ph.wait_act(s);
                 if (c == 0) MARK(6);
                 const u32 a_st = act0 + sg * ACTB;
                 const half_t* wst = wrp0 + sg * (WB / 2);
@@ -713,7 +725,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     head_kstep(a_st, kl, af, j4, r, accL);
                 }
                 __syncthreads();  // the stage is free
-                if (c + NST < 2 * NCH) issue_head(c + NST, par);
+                if (c + NST < 2 * NCH) ph.issue_head(c + NST, par);
             }
             head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
             if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
@@ -739,16 +751,16 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
                 float wk[KPW][NBT][4], mk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
-                take_chunk(wk, mk, w2m, m2m);
-                if (c + 1 < NCH) load_chunk(W2F, M2F, c + 1, w2m, m2m);
-                const u32 sg = wait_act(s);
+                ph.take_chunk(wk, mk, w2m, m2m);
+                if (c + 1 < NCH) ph.load_chunk(W2F, M2F, c + 1, w2m, m2m);
+                const u32 sg = ph.wait_act(s);
                 const u32 a_st = act0 + sg * ACTB;
                 half_t* ap = actp0 + sg * (ACTB / 2);
                 const uint2* w3r = reinterpret_cast<const uint2*>(wrp0 + sg * (WB / 2)) + lane;
 #pragma unroll
                 for (int i = 0; i < KPW; ++i) {
                     const int kl = warp * KPW + i;
-                    if constexpr (MOM && !MPRE) load_ks(M2F, c * CKS + kl, mk[i]);
+                    if constexpr (MOM && !MPRE) ph.load_ks(M2F, c * CKS + kl, mk[i]);
                     u32 adz[2][4];
                     dz2_kstep<false>(adl, w3r, ap + 2 * t, kl, g, adz);
                     dgrad_ks(adz, wk[i], accD);  // the master before its update
@@ -756,41 +768,27 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     wgrad_ks(a_st, kl, ah1, smem_u32(Hp1), wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F2, cta, kk, wk[i], lane);
-                    store_ks(W2F, M2F, kk, wk[i], mk[i]);
+                    ph.store_ks(W2F, M2F, kk, wk[i], mk[i]);
                 }
                 fence_proxy_async();  // in-place generic writes before a later bulk copy into this stage
                 __syncthreads();
-                if (c == own_chunk) bias_step(ap, own_off, b2s, mb2, oc);
+                if (c == own_chunk) ph.bias_step(ap, own_off, b2s, mb2, oc);
                 __syncthreads();  // the stage is free
-                if (NCH + c + NST < 2 * NCH) issue_head(NCH + c + NST, par);
+                if (NCH + c + NST < 2 * NCH) ph.issue_head(NCH + c + NST, par);
             }
-            bwd_out(accD, Hp1, DZG1, u0);
+            ph.bwd_out(accD, Hp1, DZG1, u0);
         }
         MARK(8);
-        arrive();  // R5
-        {  // the owners' side of the head, off the critical path: b3 (replicated, the same order everywhere) and
-           // W3[:, U_p] (fp32 slice) with its fp16 copies for step s+1
-            if (tid < C) {
-                upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
-            }
-            for (int e = tid; e < 16 * NB; e += NT) {
-                const int c = e / NB, u = e % NB;
-                float wv = w3s[e];
-                if (c < C) {
-                    upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + e);
-                    w3s[e] = wv;
-                }
-                put_w3(par ^ 1, c, u, wv);
-            }
-        }
+        ph.arrive();  // R5
+        ph.head_update(par, oc);
         MARK(9);
         // ================= B1: dgrad to dZ0 (local), W1's weight gradient and update, chunk by chunk
         {
             float w1m[KPW][NBT][4], m1m[KPW][NBT][4];
-            load_chunk(W1F, M1F, 0, w1m, m1m);
+            ph.load_chunk(W1F, M1F, 0, w1m, m1m);
             if (tid == 0) round_wait(counter, (u32)P * arrived, s);
 #pragma unroll 1
-            for (int c = 0; c < NST; ++c) issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
+            for (int c = 0; c < NST; ++c) ph.issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
             u32 ah0[AMT][2][4];
             aop_load(ah0, smem_u32(Hp0), lane);
             float accD[2][NBT][4];
@@ -798,15 +796,15 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #pragma unroll 1
             for (int c = 0; c < NCH; ++c) {
                 float wk[KPW][NBT][4], mk[KPW][NBT][4];
-                take_chunk(wk, mk, w1m, m1m);
-                if (c + 1 < NCH) load_chunk(W1F, M1F, c + 1, w1m, m1m);
-                const u32 sg = wait_act(s);
+                ph.take_chunk(wk, mk, w1m, m1m);
+                if (c + 1 < NCH) ph.load_chunk(W1F, M1F, c + 1, w1m, m1m);
+                const u32 sg = ph.wait_act(s);
                 if (c == 0) MARK(10);
                 const u32 a_st = act0 + sg * ACTB;
 #pragma unroll
                 for (int i = 0; i < KPW; ++i) {
                     const int kl = warp * KPW + i;
-                    if constexpr (MOM && !MPRE) load_ks(M1F, c * CKS + kl, mk[i]);
+                    if constexpr (MOM && !MPRE) ph.load_ks(M1F, c * CKS + kl, mk[i]);
                     u32 az[2][4];
                     load_act_a(a_st, kl, 0, lane, az[0]);
                     load_act_a(a_st, kl, 1, lane, az[1]);
@@ -814,16 +812,16 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                     wgrad_ks(a_st, kl, ah0, smem_u32(Hp0), wk[i], mk[i], prm, oc, lane);
                     const int kk = c * CKS + kl;
                     store_w16(W16F1, cta, kk, wk[i], lane);
-                    store_ks(W1F, M1F, kk, wk[i], mk[i]);
+                    ph.store_ks(W1F, M1F, kk, wk[i], mk[i]);
                 }
                 if (c == own_chunk) {
                     __syncthreads();
-                    bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, mb1, oc);
+                    ph.bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, mb1, oc);
                 }
                 __syncthreads();  // the stage is free
-                if (c + NST < NCH) issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
+                if (c + NST < NCH) ph.issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
             }
-            bwd_out(accD, Hp0, dZ0p, 0);
+            ph.bwd_out(accD, Hp0, dZ0p, 0);
             __syncthreads();
         }
         MARK(11);
@@ -837,10 +835,10 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         for (int j = 0; j < NBT; ++j) {
             float w[4];
             ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
-            put(w, e_w0 + 8LL * j * D, 1, kk);
+            ph.put(w, e_w0 + 8LL * j * D, 1, kk);
             if constexpr (MOM) {
                 ldcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
-                put_m(w, e_w0 + 8LL * j * D, 1, kk);
+                ph.put_m(w, e_w0 + 8LL * j * D, 1, kk);
             }
         }
 #pragma unroll 1
@@ -852,29 +850,24 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             for (int j = 0; j < NBT; ++j) {
                 float w[4];
                 ldcg_f(W1F + (kk * NBT + j) * 32 + lane, w);
-                put(w, e_w1 + 8 * j, H, kk);
+                ph.put(w, e_w1 + 8 * j, H, kk);
                 ldcg_f(W2F + (kk * NBT + j) * 32 + lane, w);
-                put(w, e_w2 + 8 * j, H, kk);
+                ph.put(w, e_w2 + 8 * j, H, kk);
                 if constexpr (MOM) {
                     ldcg_f(M1F + (kk * NBT + j) * 32 + lane, w);
-                    put_m(w, e_w1 + 8 * j, H, kk);
+                    ph.put_m(w, e_w1 + 8 * j, H, kk);
                     ldcg_f(M2F + (kk * NBT + j) * 32 + lane, w);
-                    put_m(w, e_w2 + 8 * j, H, kk);
+                    ph.put_m(w, e_w2 + 8 * j, H, kk);
                 }
             }
         }
-    auto put1 = [&](long long e, float w, const float* ms) {
-        params[e] = w;
-        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
-        if constexpr (MOM) s1g[e] = *ms;
-    };
     if (tid < NB) {
-        put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
-        put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
-        put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
+        ph.put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
+        ph.put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
+        ph.put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
     }
-    for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
-    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
+    for (int e = tid; e < C * NB; e += NT) ph.put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
+    if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
 #ifdef GRID_PROFILE
     if (prof_on) profile_out(sync, profs, NPHASE, steps, arrived);

@@ -1,0 +1,82 @@
+// grid_cta.cuh: the CTA of the grid engine's column-master kernels (grid_fast.cu, grid_stream.cu) as an object whose
+// methods are the phases both kernels run alike: the optimizer step of one shared-memory element,
+// a bias step from a dZ tile, and the head's owned update (b3 and the W3 slice with its fp16 operand copies).
+// Included by a kernel after its shape constants (NB units a CTA, C classes, H hidden width, NT threads, NS state
+// arrays, MSF floats between a shared element's two state arrays) and its `upd` (the optimizer step of one element).
+//
+// Why a struct of references: the kernels' phases were lambdas capturing the epoch function's locals by reference;
+// a struct holding references to exactly those locals (and copies of the pointers no phase changes) is the same
+// closure with names, so the kernels' SASS stays byte-identical (benchmarks/sass_compare.py). Measured on the way:
+// a struct of values, or a reference to a local no lambda captured before, changed the SASS of every plan.
+#pragma once
+#include "grid_tc.cuh"
+
+// XT: the element type of the input rows as the kernel takes them (void: float32 or uint8, chosen by the plan)
+template <class XT> struct GridCta {
+    // by reference: the launch's arguments, this thread, and the views and counters the phases share
+    float*& params;
+    float*& s1g;
+    half_t*& w16;
+    const XT* __restrict__& x;
+    const int* __restrict__& y;
+    u32& n;
+    u32& half_bits;
+    int& batch;
+    OptimParams& prm;
+    const int &tid, &warp, &lane, &g, &t, &cta;
+    u8*& Xs;
+    const u32 &act0, &wr0;
+    float*& red;
+    half_t*& dZ0p;
+    float *&b0s, *&mb0;
+    int*& lab;
+#ifdef GRID_PROFILE
+    long long*& profs;
+    const bool& prof_on;
+#endif
+    const u32 &xfull0, &xfull1;
+    half_t *&W3A, *&W3B;
+    u32*& counter;
+    const int& u0;
+    const float& zs;
+    u32 (&keys)[FEISTEL_ROUNDS];
+    // by value: the head's views (no phase changes them)
+    half_t* Hp2;
+    float *b3s, *w3s, *dl, *mb3, *mw3;
+
+    // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
+    __device__ int kofs(int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); }
+    // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
+    __device__ void put_w3(int par, int c, int u, float wv) { store_w3<C, H>(W3A, W3B, par, c, u0 + u, wv); }
+    // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF]
+    __device__ void upd1(const OptimStep& o, float g, float& w, float* ms) {
+        float m = NS >= 1 ? ms[0] : 0.f, v = NS >= 2 ? ms[MSF] : 0.f;
+        upd(prm, o, g, w, m, v);
+        if constexpr (NS >= 1) ms[0] = m;
+        if constexpr (NS >= 2) ms[MSF] = v;
+    }
+    // the bias step of this CTA's units of a hidden layer from its dZ in an activation tile (unit offset col0)
+    __device__ void bias_step(const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
+        if (tid < NB) {
+            const float sd = tile_col_sum(dz, col0 + tid);
+            upd1(o, sd, bs[tid], ms + tid);
+        }
+    }
+    // the owners' side of the head: b3 (replicated, the same order everywhere) and W3[:, U_p] (the fp32 slice
+    // [16][NB] in shared memory) from dlogits and the CTA's H2 tile, with the slice's fp16 copies of parity `par`
+    // for the next step
+    __device__ void head_update(int par, const OptimStep& oc) {
+        if (tid < C) {
+            upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
+        }
+        for (int e = tid; e < 16 * NB; e += NT) {
+            const int c = e / NB, u = e % NB;
+            float wv = w3s[e];
+            if (c < C) {
+                upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + e);
+                w3s[e] = wv;
+            }
+            put_w3(par ^ 1, c, u, wv);
+        }
+    }
+};
