@@ -281,84 +281,26 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][4]) {
     for (int a = 0; a < 2; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
 }
 
+// the strides between a master fragment array's state arrays: W0 (S0), W2 (S2), and W1 (S1, MOMG only)
+enum : int { S0 = MOMG ? GST : NKS0 * 32, S2 = MOMG ? GST : KS * 32, S1 = GST };
+
 #define NPHASE 12  // batch wait, B0+F0, R1, F1, R2, F2, R3, head, dZ2 + B2 dgrad, R5 window, R5 wait, B1
 
-// ---- the persistent kernel -------------------------------------------------------------------------------------------
-__device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w16, const void* __restrict__ x,
-                                const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
-                                EpochState* st, int steps, int batch, float scale, float shift, OptimParams prm,
-                                u8* scr, u32* sync) {
-    extern __shared__ __align__(128) u8 sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int cta = blockIdx.x;
-    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
-    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
-    u8* Xs = sm + SL.x;
-    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
-    half_t* actp = reinterpret_cast<half_t*>(sm + SL.act);
-    const half_t* wrp = reinterpret_cast<const half_t*>(sm + SL.wr);
-    float* red = reinterpret_cast<float*>(sm + SL.red);
-    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
-    half_t* Hp1 = Hp0 + BR * NB;
-    half_t* Hp2 = Hp1 + BR * NB;
-    half_t* dZ0p = Hp2 + BR * NB;
-    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
-    float* b1s = b0s + NB;
-    float* b2s = b1s + NB;
-    float* b3s = b2s + NB;
-    float* w3s = b3s + 16;     // [16 classes][8 units]
-    float* lg = w3s + 16 * NB;  // [32][16]
-    float* dl = lg + BR * 16;   // [32][16]
-    float* rsum = dl + BR * 16;  // SHIFT: [warp][8] partial row sums of the fp16 W0 rows; then [8] bias gradients
-    float* gb0 = rsum + NW * NB;
-    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // state of b0, b1, b2, b3, W3 slice (same layout; v at +MSF)
-    float* mb1 = mb0 + NB;
-    float* mb2 = mb1 + NB;
-    float* mb3 = mb2 + NB;
-    float* mw3 = mb3 + 16;
-    int* lab = reinterpret_cast<int*>(sm + SL.lab);
-    int* sidx = lab + 2 * BR;
-#ifdef GRID_PROFILE
-    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
-#endif
-    float4* w0sm = reinterpret_cast<float4*>(sm + SL.w0);  // W0 master rows U_p [NKS0][32] (fragment order)
-    float4* w2sm = reinterpret_cast<float4*>(sm + SL.w2);  // W2 master columns U_p [KS][32]
-    // the optimizer state of W0 and W2 in the same fragment order (state array k at + k * S0 / S2): shared memory,
-    // or (MOMG) the CTA's global region, which also holds W1's (otherwise in registers beside its master)
-    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * NS * GST
-                        : reinterpret_cast<float4*>(sm + SL.m0);
-    float4* m2sm = MOMG ? m0sm + NKS0 * 32 : reinterpret_cast<float4*>(sm + SL.m2);
-    float4* m1g = m2sm + KS * 32;  // MOMG only
-    constexpr int S0 = MOMG ? GST : NKS0 * 32, S2 = MOMG ? GST : KS * 32, S1 = GST;
-    const u32 bar0 = smem_u32(sm + SL.bar);
-    const u32 xfull0 = bar0, xfull1 = bar0 + 8u, full = bar0 + 16u;
-    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
-    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
-    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
-    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
-    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
-    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
-    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
-    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
-    u32* counter = sync;
-    const int u0 = cta * NB;  // this CTA's first unit
-    // uint8: 2^24 * scale turns the fp16-subnormal pixels back into x * scale; float32: staged as x * scale + shift
-    const float zs = XF ? 1.f : scale * 16777216.f;
+// ---- the CTA: grid_cta.cuh's views and phases, and this kernel's (the on-chip masters, the staging of float rows) -----
+#include "grid_cta.cuh"
+struct FastCta : GridCta<void> {
+    float*& s2g;
+    int*& sidx;
+    float &scale, &shift;
+    float *&gb0, *&rsum;
+    float4 *&w0sm, *&m0sm;
+    const half_t*& wrp;
+    const u32& full;
+    u32 &r_use, &arrived;  // the loop-carried counters, in this order (another order changes the SASS)
 
-    // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
-    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    if (tid == 0) {
-        mbar_init(xfull0, 1);
-        mbar_init(xfull1, 1);
-        mbar_init(full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
-    auto kofs = [&](int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); };
     // a fragment of the flat training state at k-step kk: element q at base + kofs(kk, q) * stride (W0: the row
     // u0 + g, stride 1; W1, W2: the column u0 + g, stride H)
-    auto get = [&](Fr& f, long long base, int stride, int kk) {
+    __device__ void get(Fr& f, long long base, int stride, int kk) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const long long e = base + (long long)kofs(kk, q) * stride;
@@ -366,52 +308,16 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             f.m[q] = NS >= 1 ? s1g[e] : 0.f;
             f.v[q] = NS >= 2 ? s2g[e] : 0.f;
         }
-    };
-    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
-    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
-        Fr f;
-        get(f, e_w0, 1, kk);
-        st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
-    }
-    Fr w1f[KPW];  // the W1 master column block (and its state, unless MOMG) in registers
-#pragma unroll
-    for (int i = 0; i < KPW; ++i) {
-        const int kk = warp * KPW + i;
-        get(w1f[i], e_w1, H, kk);
-        if constexpr (MOMG) st_state(m1g, S1, kk * 32 + lane, w1f[i]);
-        Fr f2;
-        get(f2, e_w2, H, kk);
-        st_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
-        store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
-        store_w16(W16F2, cta, kk, f2.w, lane);
     }
     // one element of a bias or of the W3 slice (shared memory: w, its state at ms[0], ms[MSF]) from flat element e
-    auto get1 = [&](float& w, float* ms, long long e) {
+    __device__ void get1(float& w, float* ms, long long e) {
         w = params[e];
         if constexpr (NS >= 1) ms[0] = s1g[e];
         if constexpr (NS >= 2) ms[MSF] = s2g[e];
-    };
-    if (tid < NB) {
-        get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
-        get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
-        get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
     }
-    if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
-    // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
-    auto put_w3 = [&](int par, int c, int u, float wv) { store_w3<C, H>(W3A, W3B, par, c, u0 + u, wv); };
-    if (tid < 16 * NB) {
-        const int c = tid / NB, u = tid % NB;
-        if (c < C) get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
-        const float wv = w3s[tid];
-        put_w3(0, c, u, wv);
-        put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
-    }
-
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
-    u32 keys[FEISTEL_ROUNDS];
-    round_keys(seed_lo, seed_hi, st->epoch, keys);
-    auto issue_x = [&](int s) {
+    __device__ void issue_x(int s) {
         const int m = min(batch, (int)n - s * batch);
         const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
         const int sg = s & 1;
@@ -426,10 +332,10 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             bulk_g2s(smem_u32(Xs + sg * XB + lane * D), reinterpret_cast<const u8*>(x) + (u64)idx * D, (u32)D,
                      sg ? xfull1 : xfull0);
         }
-    };
+    }
     // float32: every thread converts 4 features at a time of the 32 rows issue_x indexed (sidx, after a barrier) into
     // stage sg, x * scale + shift rounded to fp16 (8 float4 loads in flight a thread)
-    auto stage_xf = [&](int sg) {
+    __device__ void stage_xf(int sg) {
         if constexpr (XF) {
             constexpr int UPR = D / 4, UNITS = BR * UPR;
             half_t* dst = reinterpret_cast<half_t*>(Xs + sg * XB);
@@ -443,52 +349,93 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                                pack_h2(__fmaf_rn(q.z, scale, shift), __fmaf_rn(q.w, scale, shift)));
             }
         }
-    };
-    __syncthreads();
-    if (warp == 1 && steps > 0) issue_x(0);
-    if constexpr (XF) {
-        __syncthreads();  // sidx
-        stage_xf(0);
-        __syncthreads();
     }
-
     // the activation tile (+ the CTA's forward weight rows): every thread counts its uses; thread 0 issues
-    u32 r_use = 0;
-    auto issue_act = [&](const half_t* src, const half_t* wsrc) {  // thread 0
+    __device__ void issue_act(const half_t* src, const half_t* wsrc) {  // thread 0
         fence_proxy_async();
         mbar_arm_tx(full, (u32)ACTB + (wsrc ? (u32)WB : 0u));
         bulk_g2s(act0, src, (u32)ACTB, full);
         if (wsrc) bulk_g2s(wr0, wsrc, (u32)WB, full);
-    };
-    auto wait_act = [&](int s) {
+    }
+    __device__ void wait_act(int s) {
         mbar_wait(full, r_use & 1u, s);
         ++r_use;
-    };
-    u32 arrived = 0;  // rounds this CTA arrived at in this launch
-    auto arrive = [&]() {
+    }
+    // this CTA's arrival at the next round (grid_tc.cuh's counter barrier)
+    __device__ void arrive() {
         round_arrive(counter);
         ++arrived;
-    };
-
-#ifdef GRID_PROFILE
-    const bool prof_on = cta == 0 && tid == 0;
-    if (prof_on) profs[15] = clock64();
-#endif
-    const u32 epoch_in_fit = st->epoch_in_fit;
-    const u64 step0 = st->step0;
-    const float* lr_table = st->lr;
-    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
-    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate and constants
-    // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF]
-    auto upd1 = [&](const OptimStep& o, float g, float& w, float* ms) {
-        float m = NS >= 1 ? ms[0] : 0.f, v = NS >= 2 ? ms[MSF] : 0.f;
-        upd(prm, o, g, w, m, v);
-        if constexpr (NS >= 1) ms[0] = m;
-        if constexpr (NS >= 2) ms[MSF] = v;
-    };
+    }
+    // forward epilogue: cross-warp sum, bias (+ shift * row sum for layer 0), ReLU, fp16 to the own tile and exchange
+    __device__ void fwd_out(float (&acc)[2][4], float sc, const float* bs, half_t* hp, half_t* hg, bool layer0) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        {
+            const int row = tid / NB, col = tid % NB;  // 256 threads: one output each
+            float z = sum_red(red, row, col) * sc + bs[col];
+            if constexpr (SHIFT) {
+                if (layer0) {
+                    float r = 0.f;
+#pragma unroll
+                    for (int w = 0; w < NW; ++w) r += rsum[w * NB + col];
+                    z = __fmaf_rn(shift, r, z);
+                }
+            }
+            const half_t hv = from_f<half_t>(z > 0.f ? z : 0.f);
+            hp[cg_idx(row, col)] = hv;
+            hg[cg_idx(row, u0 + col)] = hv;
+        }
+    }
+    // dgrad epilogue: cross-warp sum, ReLU mask of the owned activations, fp16
+    __device__ void bwd_out(float (&acc)[2][4], const half_t* hp, half_t* out, int col0) {
+        store_red(red, warp, lane, acc);
+        __syncthreads();
+        {
+            const int row = tid / NB, col = tid % NB;
+            const float dh = sum_red(red, row, col);
+            out[cg_idx(row, col0 + col)] = from_f<half_t>(h_pos(hp[cg_idx(row, col)]) ? dh : 0.f);
+        }
+    }
+    // F1 / F2: wait for the round, one bulk copy of the activation and the CTA's fp16 rows of W, the products
+    __device__ void fwd_layer(int s, const half_t* src, const half_t* w16f, float (&acc)[2][4], int mk) {
+        if (tid == 0) {
+            round_wait(counter, (u32)P * arrived, s);
+            issue_act(src, w16f + (long long)cta * KS * 128);
+        }
+        wait_act(s);
+        MARK(mk);
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            const uint2 bf = *reinterpret_cast<const uint2*>(wrp + (kl * 32 + lane) * 4);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                u32 a[4];
+                load_act_a(act0, kl, mt, lane, a);
+                mma16816(acc[mt], a[0], a[1], a[2], a[3], bf.x, bf.y);
+            }
+        }
+    }
+    // an element back to the flat training state (and the fp16 copy): master w, state at ms[0], ms[MSF]
+    __device__ void put1(long long e, float w, const float* ms) {
+        params[e] = w;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+        if constexpr (NS >= 1) s1g[e] = ms[0];
+        if constexpr (NS >= 2) s2g[e] = ms[MSF];
+    }
+    __device__ void put(const Fr& f, long long base, int stride, int kk) {  // a fragment, as get() reads it
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const long long e = base + (long long)kofs(kk, q) * stride;
+            params[e] = f.w[q];
+            if (w16 != nullptr) w16[e] = from_f<half_t>(f.w[q]);
+            if constexpr (NS >= 1) s1g[e] = f.m[q];
+            if constexpr (NS >= 2) s2g[e] = f.v[q];
+        }
+    }
 
     // B0 of step s-1 (weight gradient of W0, optimizer step in the master fragments) fused with F0 of step s
-    auto b0f0 = [&](int s, bool do_b0, bool do_f0, float (&acc)[2][4], const OptimStep& ob) {
+    __device__ void b0f0(int s, bool do_b0, bool do_f0, float (&acc)[2][4], const OptimStep& ob) {
         const u8* xc = Xs + (s & 1) * XB;        // X(s)
         const u8* xp = Xs + ((s & 1) ^ 1) * XB;  // X(s-1)
         const unsigned short* hc = reinterpret_cast<const unsigned short*>(xc);  // XF: fp16 rows
@@ -555,70 +502,153 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 if (t == 0) rsum[warp * NB + g] = rs;
             }
         }
-    };
+    }
+};
+
+// ---- the persistent kernel -------------------------------------------------------------------------------------------
+__device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w16, const void* __restrict__ x,
+                                const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits,
+                                EpochState* st, int steps, int batch, float scale, float shift, OptimParams prm,
+                                u8* scr, u32* sync) {
+    extern __shared__ __align__(128) u8 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cta = blockIdx.x;
+    // grid/plan.py compiled this kernel for this optimizer, batch and launch shape
+    if (prm.kind != OPT || batch > BR || batch < 1 || gridDim.x != P || blockDim.x != NT) __trap();
+    u8* Xs = sm + SL.x;
+    const u32 act0 = smem_u32(sm + SL.act), wr0 = smem_u32(sm + SL.wr);
+    half_t* actp = reinterpret_cast<half_t*>(sm + SL.act);
+    const half_t* wrp = reinterpret_cast<const half_t*>(sm + SL.wr);
+    float* red = reinterpret_cast<float*>(sm + SL.red);
+    half_t* Hp0 = reinterpret_cast<half_t*>(sm + SL.hp);
+    half_t* Hp1 = Hp0 + BR * NB;
+    half_t* Hp2 = Hp1 + BR * NB;
+    half_t* dZ0p = Hp2 + BR * NB;
+    float* b0s = reinterpret_cast<float*>(sm + SL.sf);
+    float* b1s = b0s + NB;
+    float* b2s = b1s + NB;
+    float* b3s = b2s + NB;
+    float* w3s = b3s + 16;     // [16 classes][8 units]
+    float* lg = w3s + 16 * NB;  // [32][16]
+    float* dl = lg + BR * 16;   // [32][16]
+    float* rsum = dl + BR * 16;  // SHIFT: [warp][8] partial row sums of the fp16 W0 rows; then [8] bias gradients
+    float* gb0 = rsum + NW * NB;
+    float* mb0 = reinterpret_cast<float*>(sm + SL.msf);  // state of b0, b1, b2, b3, W3 slice (same layout; v at +MSF)
+    float* mb1 = mb0 + NB;
+    float* mb2 = mb1 + NB;
+    float* mb3 = mb2 + NB;
+    float* mw3 = mb3 + 16;
+    int* lab = reinterpret_cast<int*>(sm + SL.lab);
+    int* sidx = lab + 2 * BR;
+#ifdef GRID_PROFILE
+    long long* profs = reinterpret_cast<long long*>(sm + SL.prof);
+#endif
+    float4* w0sm = reinterpret_cast<float4*>(sm + SL.w0);  // W0 master rows U_p [NKS0][32] (fragment order)
+    float4* w2sm = reinterpret_cast<float4*>(sm + SL.w2);  // W2 master columns U_p [KS][32]
+    // the optimizer state of W0 and W2 in the same fragment order (state array k at + k * S0 / S2): shared memory,
+    // or (MOMG) the CTA's global region, which also holds W1's (otherwise in registers beside its master)
+    float4* m0sm = MOMG ? reinterpret_cast<float4*>(scr + SC.mom) + (long long)blockIdx.x * NS * GST
+                        : reinterpret_cast<float4*>(sm + SL.m0);
+    float4* m2sm = MOMG ? m0sm + NKS0 * 32 : reinterpret_cast<float4*>(sm + SL.m2);
+    float4* m1g = m2sm + KS * 32;  // MOMG only
+    const u32 bar0 = smem_u32(sm + SL.bar);
+    const u32 xfull0 = bar0, xfull1 = bar0 + 8u, full = bar0 + 16u;
+    half_t* W16F1 = reinterpret_cast<half_t*>(scr + SC.w16f1);
+    half_t* W16F2 = reinterpret_cast<half_t*>(scr + SC.w16f2);
+    half_t* W3A = reinterpret_cast<half_t*>(scr + SC.w3a);
+    half_t* W3B = reinterpret_cast<half_t*>(scr + SC.w3b);
+    half_t* HG0 = reinterpret_cast<half_t*>(scr + SC.hg0);
+    half_t* HG1 = reinterpret_cast<half_t*>(scr + SC.hg1);
+    half_t* HG2 = reinterpret_cast<half_t*>(scr + SC.hg2);
+    half_t* DZG1 = reinterpret_cast<half_t*>(scr + SC.dzg1);
+    u32* counter = sync;
+    const int u0 = cta * NB;  // this CTA's first unit
+    // uint8: 2^24 * scale turns the fp16-subnormal pixels back into x * scale; float32: staged as x * scale + shift
+    const float zs = XF ? 1.f : scale * 16777216.f;
+    Fr w1f[KPW];  // the W1 master column block (and its state, unless MOMG) in registers
+    u32 keys[FEISTEL_ROUNDS];
+    u32 r_use, arrived;
+#ifdef GRID_PROFILE
+    bool prof_on;
+#endif
+    FastCta ph{{params, s1g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
+                b0s, mb0, lab,
+#ifdef GRID_PROFILE
+                profs, prof_on,
+#endif
+                xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, dl, mb3, mw3},
+               s2g, sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived};
+
+    // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
+    for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (tid == 0) {
+        mbar_init(xfull0, 1);
+        mbar_init(xfull1, 1);
+        mbar_init(full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
+        Fr f;
+        ph.get(f, e_w0, 1, kk);
+        st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
+    }
+#pragma unroll
+    for (int i = 0; i < KPW; ++i) {
+        const int kk = warp * KPW + i;
+        ph.get(w1f[i], e_w1, H, kk);
+        if constexpr (MOMG) st_state(m1g, S1, kk * 32 + lane, w1f[i]);
+        Fr f2;
+        ph.get(f2, e_w2, H, kk);
+        st_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
+        store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
+        store_w16(W16F2, cta, kk, f2.w, lane);
+    }
+    if (tid < NB) {
+        ph.get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
+        ph.get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
+        ph.get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
+    }
+    if (tid < C) ph.get1(b3s[tid], mb3 + tid, OB3 + tid);
+    if (tid < 16 * NB) {
+        const int c = tid / NB, u = tid % NB;
+        if (c < C) ph.get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
+        const float wv = w3s[tid];
+        ph.put_w3(0, c, u, wv);
+        ph.put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+    }
+
+    // the keyed order of this epoch; step 0's batch
+    round_keys(seed_lo, seed_hi, st->epoch, keys);
+    __syncthreads();
+    if (warp == 1 && steps > 0) ph.issue_x(0);
+    if constexpr (XF) {
+        __syncthreads();  // sidx
+        ph.stage_xf(0);
+        __syncthreads();
+    }
+
+    r_use = 0;  // the activation tile's uses
+    arrived = 0;  // rounds this CTA arrived at in this launch
+
+#ifdef GRID_PROFILE
+    prof_on = cta == 0 && tid == 0;
+    if (prof_on) profs[15] = clock64();
+#endif
+    const u32 epoch_in_fit = st->epoch_in_fit;
+    const u64 step0 = st->step0;
+    const float* lr_table = st->lr;
+    double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
+    OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate and constants
+
     // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order; the gradient kept for W0's shift term
+    // (a lambda: as a method beside b0f0 it changed the AdamW plans' register numbering, so their SASS)
     auto bias0 = [&](const OptimStep& ob) {
         if (tid < NB) {
             const float sd = tile_col_sum(dZ0p, tid);
             if constexpr (SHIFT) gb0[tid] = sd;
-            upd1(ob, sd, b0s[tid], mb0 + tid);
-        }
-    };
-    // the bias step of this CTA's units of a hidden layer from its dZ in an activation-layout tile
-    auto bias_step = [&](const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
-        if (tid < NB) {
-            const float sd = tile_col_sum(dz, col0 + tid);
-            upd1(o, sd, bs[tid], ms + tid);
-        }
-    };
-    // forward epilogue: cross-warp sum, bias (+ shift * row sum for layer 0), ReLU, fp16 to the own tile and exchange
-    auto fwd_out = [&](float (&acc)[2][4], float sc, const float* bs, half_t* hp, half_t* hg, bool layer0) {
-        store_red(red, warp, lane, acc);
-        __syncthreads();
-        {
-            const int row = tid / NB, col = tid % NB;  // 256 threads: one output each
-            float z = sum_red(red, row, col) * sc + bs[col];
-            if constexpr (SHIFT) {
-                if (layer0) {
-                    float r = 0.f;
-#pragma unroll
-                    for (int w = 0; w < NW; ++w) r += rsum[w * NB + col];
-                    z = __fmaf_rn(shift, r, z);
-                }
-            }
-            const half_t hv = from_f<half_t>(z > 0.f ? z : 0.f);
-            hp[cg_idx(row, col)] = hv;
-            hg[cg_idx(row, u0 + col)] = hv;
-        }
-    };
-    // dgrad epilogue: cross-warp sum, ReLU mask of the owned activations, fp16
-    auto bwd_out = [&](float (&acc)[2][4], const half_t* hp, half_t* out, int col0) {
-        store_red(red, warp, lane, acc);
-        __syncthreads();
-        {
-            const int row = tid / NB, col = tid % NB;
-            const float dh = sum_red(red, row, col);
-            out[cg_idx(row, col0 + col)] = from_f<half_t>(h_pos(hp[cg_idx(row, col)]) ? dh : 0.f);
-        }
-    };
-    // F1 / F2: wait for the round, one bulk copy of the activation and the CTA's fp16 rows of W, the products
-    auto fwd_layer = [&](int s, const half_t* src, const half_t* w16f, float (&acc)[2][4], int mk) {
-        if (tid == 0) {
-            round_wait(counter, (u32)P * arrived, s);
-            issue_act(src, w16f + (long long)cta * KS * 128);
-        }
-        wait_act(s);
-        MARK(mk);
-#pragma unroll
-        for (int i = 0; i < KPW; ++i) {
-            const int kl = warp * KPW + i;
-            const uint2 bf = *reinterpret_cast<const uint2*>(wrp + (kl * 32 + lane) * 4);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                u32 a[4];
-                load_act_a(act0, kl, mt, lane, a);
-                mma16816(acc[mt], a[0], a[1], a[2], a[3], bf.x, bf.y);
-            }
+            ph.upd1(ob, sd, b0s[tid], mb0 + tid);
         }
     };
 
@@ -636,34 +666,34 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             if constexpr (SHIFT) __syncthreads();  // gb0 before the pass (b0: before fwd_out's barrier)
             float acc[2][4];
             zero_acc(acc);
-            b0f0(s, s > 0, true, acc, o_prev);
-            fwd_out(acc, zs, b0s, Hp0, HG0, true);
+            ph.b0f0(s, s > 0, true, acc, o_prev);
+            ph.fwd_out(acc, zs, b0s, Hp0, HG0, true);
         }
         MARK(1);
-        arrive();  // R1
-        if (warp == 1 && s + 1 < steps) issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
+        ph.arrive();  // R1
+        if (warp == 1 && s + 1 < steps) ph.issue_x(s + 1);  // stage (s+1)&1 held X(s-1): B0(s-1) is done
         if constexpr (XF) {  // while the other CTAs arrive at R1
             __syncthreads();  // sidx
-            if (s + 1 < steps) stage_xf((s + 1) & 1);
+            if (s + 1 < steps) ph.stage_xf((s + 1) & 1);
         }
         // ================= F1
         {
             float acc[2][4];
             zero_acc(acc);
-            fwd_layer(s, HG0, W16F1, acc, 2);
-            fwd_out(acc, 1.f, b1s, Hp1, HG1, false);
+            ph.fwd_layer(s, HG0, W16F1, acc, 2);
+            ph.fwd_out(acc, 1.f, b1s, Hp1, HG1, false);
         }
         MARK(3);
-        arrive();  // R2
+        ph.arrive();  // R2
         // ================= F2
         {
             float acc[2][4];
             zero_acc(acc);
-            fwd_layer(s, HG1, W16F2, acc, 4);
-            fwd_out(acc, 1.f, b2s, Hp2, HG2, false);
+            ph.fwd_layer(s, HG1, W16F2, acc, 4);
+            ph.fwd_out(acc, 1.f, b2s, Hp2, HG2, false);
         }
         MARK(5);
-        arrive();  // R3
+        ph.arrive();  // R3
         // ================= head: logits of the whole batch in every CTA
         {
             // W3A (parity s) was written before R5(s-1), which this CTA has passed
@@ -673,13 +703,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 af[i] = ldcg16(W3A + ((long long)(par * KS + warp * KPW + i) * 32 + lane) * 8);
             if (tid == 0) {
                 round_wait(counter, (u32)P * arrived, s);
-                issue_act(HG2, nullptr);
+                ph.issue_act(HG2, nullptr);
             }
             float accL[4][4];
 #pragma unroll
             for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
             const int j4 = lane >> 3, r = lane & 7;
-            wait_act(s);
+            ph.wait_act(s);
             MARK(6);
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
@@ -702,18 +732,19 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             u32 adl[2][4];
             dlogits_operand(dl, g, t, adl);
             // owners' side of the head: b3 (replicated, the same order everywhere), W3[:, U_p] (fp32 slice) and its
-            // fp16 copies for step s+1
+            // fp16 copies for step s+1 (GridCta::head_update's arithmetic; inline here: as a call it changed the
+            // momentum plans' register numbering, so their SASS)
             if (tid < C) {
-                upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
+                ph.upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
             }
             if (tid < 16 * NB) {
                 const int c = tid / NB, u = tid % NB;
                 float wv = w3s[tid];
                 if (c < C) {
-                    upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
+                    ph.upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
                     w3s[tid] = wv;
                 }
-                put_w3(par ^ 1, c, u, wv);
+                ph.put_w3(par ^ 1, c, u, wv);
             }
             const uint2* w3b = reinterpret_cast<const uint2*>(W3B) + (long long)par * (H / 8) * 32 + lane;
             float accD[2][4];
@@ -728,10 +759,10 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 dgrad_ks(adz, wk, accD);
             }
             fence_proxy_async();  // in-place generic writes before a later bulk copy into this tile
-            bwd_out(accD, Hp1, DZG1, u0);
+            ph.bwd_out(accD, Hp1, DZG1, u0);
         }
         MARK(8);
-        arrive();  // R5
+        ph.arrive();  // R5
         {  // B2's weight gradient and bias, off the critical path (waiting for R5 anyway)
             u32 ah1[2][4];
             load_hpT(ah1, smem_u32(Hp1), lane);
@@ -744,7 +775,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 store_w16(W16F2, cta, kl, f.w, lane);
                 st_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
             }
-            bias_step(actp, u0, b2s, mb2, oc);
+            ph.bias_step(actp, u0, b2s, mb2, oc);
             __syncthreads();  // the tile is free for dZ1
         }
         MARK(9);
@@ -752,13 +783,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         {
             if (tid == 0) {
                 round_wait(counter, (u32)P * arrived, s);
-                issue_act(DZG1, nullptr);
+                ph.issue_act(DZG1, nullptr);
             }
             u32 ah0[2][4];
             load_hpT(ah0, smem_u32(Hp0), lane);
             float accD[2][4];
             zero_acc(accD);
-            wait_act(s);
+            ph.wait_act(s);
             MARK(10);
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
@@ -768,7 +799,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 load_act_a(act0, kl, 1, lane, az[1]);
                 dgrad_ks(az, w1f[i].w, accD);
             }
-            bwd_out(accD, Hp0, dZ0p, 0);
+            ph.bwd_out(accD, Hp0, dZ0p, 0);
 #pragma unroll
             for (int i = 0; i < KPW; ++i) {
                 const int kl = warp * KPW + i;
@@ -777,7 +808,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 if constexpr (MOMG) st_state(m1g, S1, kl * 32 + lane, w1f[i]);
                 store_w16(W16F1, cta, kl, w1f[i].w, lane);
             }
-            bias_step(actp, u0, b1s, mb1, oc);
+            ph.bias_step(actp, u0, b1s, mb1, oc);
             __syncthreads();
         }
         MARK(11);
@@ -790,47 +821,30 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         __syncthreads();
         float acc[2][4];
         zero_acc(acc);
-        b0f0(steps, true, false, acc, o_prev);
+        ph.b0f0(steps, true, false, acc, o_prev);
     }
     __syncthreads();
-    // an element back to the flat training state (and the fp16 copy): master w, state at ms[0], ms[MSF]
-    auto put1 = [&](long long e, float w, const float* ms) {
-        params[e] = w;
-        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
-        if constexpr (NS >= 1) s1g[e] = ms[0];
-        if constexpr (NS >= 2) s2g[e] = ms[MSF];
-    };
-    auto put = [&](const Fr& f, long long base, int stride, int kk) {  // a fragment, as get() reads it
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const long long e = base + (long long)kofs(kk, q) * stride;
-            params[e] = f.w[q];
-            if (w16 != nullptr) w16[e] = from_f<half_t>(f.w[q]);
-            if constexpr (NS >= 1) s1g[e] = f.m[q];
-            if constexpr (NS >= 2) s2g[e] = f.v[q];
-        }
-    };
     for (int kk = warp; kk < NKS0; kk += NW) {
         Fr f;
         ld_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
-        put(f, e_w0, 1, kk);
+        ph.put(f, e_w0, 1, kk);
     }
 #pragma unroll
     for (int i = 0; i < KPW; ++i) {
         const int kk = warp * KPW + i;
         Fr f2;
         ld_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
-        put(f2, e_w2, H, kk);
+        ph.put(f2, e_w2, H, kk);
         if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
-        put(w1f[i], e_w1, H, kk);
+        ph.put(w1f[i], e_w1, H, kk);
     }
     if (tid < NB) {
-        put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
-        put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
-        put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
+        ph.put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
+        ph.put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
+        ph.put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
     }
-    if (tid < C * NB) put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
-    if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
+    if (tid < C * NB) ph.put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
+    if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
 #ifdef GRID_PROFILE
     if (prof_on) profile_out(sync, profs, NPHASE, steps, arrived);
