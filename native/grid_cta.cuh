@@ -44,6 +44,24 @@ template <class XT> struct GridCta {
     half_t* Hp2;
     float *b3s, *w3s, *dl, *mb3, *mw3;
 
+    // the gather: the batch's row of this lane at step s, its keyed index (shuffle.cuh) and its label into stage
+    // s & 1's labels; rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
+    __device__ u32 row_index(int s) {
+        const int m = min(batch, (int)n - s * batch);
+        const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
+        const int sg = s & 1;
+        lab[sg * BR + lane] = lane < m ? y[idx] : -1;
+        return idx;
+    }
+    // and the row's d bytes into stage sg by one bulk copy (lane 0 arms the stage's mbarrier for the whole batch)
+    __device__ void bulk_row(int sg, u32 idx) {
+        __syncwarp();
+        if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
+        __syncwarp();
+        fence_proxy_async();
+        bulk_g2s(smem_u32(Xs + sg * XB + lane * D), reinterpret_cast<const u8*>(x) + (u64)idx * D, (u32)D,
+                 sg ? xfull1 : xfull0);
+    }
     // fragment element q of lane (g, t) at k-step kk: n-offset 16kk + 2t + (q & 1) + 8 (q >> 1)
     __device__ int kofs(int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); }
     // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)

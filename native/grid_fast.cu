@@ -318,19 +318,11 @@ struct FastCta : GridCta<void> {
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
     __device__ void issue_x(int s) {
-        const int m = min(batch, (int)n - s * batch);
-        const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
-        const int sg = s & 1;
-        lab[sg * BR + lane] = lane < m ? y[idx] : -1;
+        const u32 idx = row_index(s);
         if constexpr (XF) {
             sidx[lane] = (int)idx;  // stage_xf converts the rows
         } else {
-            __syncwarp();
-            if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
-            __syncwarp();
-            fence_proxy_async();
-            bulk_g2s(smem_u32(Xs + sg * XB + lane * D), reinterpret_cast<const u8*>(x) + (u64)idx * D, (u32)D,
-                     sg ? xfull1 : xfull0);
+            bulk_row(s & 1, idx);
         }
     }
     // float32: every thread converts 4 features at a time of the 32 rows issue_x indexed (sidx, after a barrier) into

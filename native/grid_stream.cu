@@ -335,15 +335,8 @@ struct StreamCta : GridCta<u8> {
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
     __device__ void issue_x(int s) {
-        const int m = min(batch, (int)n - s * batch);
-        const u32 idx = permuted_index(keys, half_bits, n, (u32)(s * batch + min(lane, m - 1)));
-        const int sg = s & 1;
-        lab[sg * BR + lane] = lane < m ? y[idx] : -1;
-        __syncwarp();
-        if (lane == 0) mbar_arm_tx(sg ? xfull1 : xfull0, (u32)XB);
-        __syncwarp();
-        fence_proxy_async();
-        bulk_g2s(smem_u32(Xs + sg * XB + lane * D), x + (u64)idx * D, (u32)D, sg ? xfull1 : xfull0);
+        const u32 idx = row_index(s);
+        bulk_row(s & 1, idx);
     }
     // the ring: every thread counts the issues and the uses alike; thread 0 issues (an activation chunk, and with it
     // `wbytes` of weights into the same stage's weight slot)
