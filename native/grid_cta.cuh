@@ -42,7 +42,7 @@ template <class XT> struct GridCta {
     u32 (&keys)[FEISTEL_ROUNDS];
     // by value: the head's views (no phase changes them)
     half_t* Hp2;
-    float *b3s, *w3s, *dl, *mb3, *mw3;
+    float *b3s, *w3s, *lg, *dl, *mb3, *mw3;
 
     // the gather: the batch's row of this lane at step s, its keyed index (shuffle.cuh) and its label into stage
     // s & 1's labels; rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)

@@ -568,7 +568,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #ifdef GRID_PROFILE
                 profs, prof_on,
 #endif
-                xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, dl, mb3, mw3},
+                xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3},
                s2g, sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state

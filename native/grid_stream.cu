@@ -520,6 +520,43 @@ struct StreamCta : GridCta<u8> {
         if (w16 != nullptr) w16[e] = from_f<half_t>(w);
         if constexpr (MOM) s1g[e] = *ms;
     }
+    // head, pass 1: the logits of the whole batch in every CTA (H2's chunks with W3A's through the ring), then warp
+    // 0's softmax cross-entropy into dlogits; returns the epoch's sums (in and out by value: softmax_row says why).
+    // Its arrays are the driver's, declared there in this order (owning them, it compiled to other SASS)
+    __device__ double2 head_pass1(int s, int par, double loss_acc, double ok_acc, float (&accL)[4][4], float (&l)[C],
+                                  float (&ex)[C]) {
+        if (tid == 0) round_wait(counter, (u32)P * arrived, s);
+#pragma unroll 1
+        for (int q = 0; q < NST; ++q) issue_head(q, par);
+#pragma unroll
+        for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
+        const int j4 = lane >> 3, r = lane & 7;
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c) {
+            const u32 sg = wait_act(s);
+            if (c == 0) MARK(6);
+            const u32 a_st = act0 + sg * ACTB;
+            const half_t* wst = wrp0 + sg * (WB / 2);
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                const uint4 af = *reinterpret_cast<const uint4*>(wst + (kl * 32 + lane) * 8);
+                head_kstep(a_st, kl, af, j4, r, accL);
+            }
+            __syncthreads();  // the stage is free
+            if (c + NST < 2 * NCH) issue_head(c + NST, par);
+        }
+        head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
+        if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
+            const int m = min(batch, (int)n - s * batch);
+            const double2 sums =
+                softmax_row<C>(lg, dl, lane, lab[par * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+            loss_acc = sums.x;
+            ok_acc = sums.y;
+        }
+        __syncthreads();
+        return make_double2(loss_acc, ok_acc);
+    }
 };
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
 __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
@@ -586,7 +623,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #ifdef GRID_PROFILE
                   profs, prof_on,
 #endif
-                  xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, dl, mb3, mw3},
+                  xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3},
                  wrp0, bar0, W0F, M0F, HG2, r_iss, r_use, arrived};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
@@ -696,40 +733,13 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         }
         float w2m[KPW][NBT][4], m2m[KPW][NBT][4];  // the next chunk's W2 masters, momentum (chunk 0's fly during
         ph.load_chunk(W2F, M2F, 0, w2m, m2m);         // the head: own data)
-        // ================= head, pass 1: logits of the whole batch in every CTA
+        // ================= head, pass 1: logits of the whole batch in every CTA, softmax cross-entropy
         {
-            if (tid == 0) round_wait(counter, (u32)P * arrived, s);
-#pragma unroll 1
-            for (int q = 0; q < NST; ++q) ph.issue_head(q, par);
             float accL[4][4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
-            const int j4 = lane >> 3, r = lane & 7;
-#pragma unroll 1
-            for (int c = 0; c < NCH; ++c) {
-                const u32 sg = ph.wait_act(s);
-                if (c == 0) MARK(6);
-                const u32 a_st = act0 + sg * ACTB;
-                const half_t* wst = wrp0 + sg * (WB / 2);
-#pragma unroll
-                for (int i = 0; i < KPW; ++i) {
-                    const int kl = warp * KPW + i;
-                    const uint4 af = *reinterpret_cast<const uint4*>(wst + (kl * 32 + lane) * 8);
-                    head_kstep(a_st, kl, af, j4, r, accL);
-                }
-                __syncthreads();  // the stage is free
-                if (c + NST < 2 * NCH) ph.issue_head(c + NST, par);
-            }
-            head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
-            if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-                const int m = min(batch, (int)n - s * batch);
-                float l[C], ex[C];  // the row's logits and exponentials
-                const double2 sums =
-                    softmax_row<C>(lg, dl, lane, lab[par * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
-                loss_acc = sums.x;
-                ok_acc = sums.y;
-            }
-            __syncthreads();
+            float l[C], ex[C];  // the row's logits and exponentials
+            const double2 sums = ph.head_pass1(s, par, loss_acc, ok_acc, accL, l, ex);
+            loss_acc = sums.x;
+            ok_acc = sums.y;
         }
         MARK(7);
         // ================= pass 2: dZ2 (a chunk of units at a time, in place in its stage), B2's dgrad, weight
