@@ -297,6 +297,10 @@ struct FastCta : GridCta<void> {
     const half_t*& wrp;
     const u32& full;
     u32 &r_use, &arrived;  // the loop-carried counters, in this order (another order changes the SASS)
+    // by value: views no phase changes
+    half_t *HG2, *actp, *Hp0, *Hp1, *W16F1, *W16F2, *DZG1;
+    float *b1s, *b2s, *mb1, *mb2;
+    float4 *w2sm, *m2sm, *m1g;
 
     // a fragment of the flat training state at k-step kk: element q at base + kofs(kk, q) * stride (W0: the row
     // u0 + g, stride 1; W1, W2: the column u0 + g, stride H)
@@ -495,6 +499,88 @@ struct FastCta : GridCta<void> {
             }
         }
     }
+    // the head: the logits of the whole batch in every CTA (H2 by one bulk copy, W3 as logits^T's A operand from
+    // W3A of parity par), then warp 0's softmax cross-entropy of the rows (labels of stage xs, m of them) into
+    // dlogits; returns the epoch's sums (in and out by value: softmax_row says why). Its arrays are the driver's,
+    // declared there in this order (owning them, it compiled to other SASS)
+    __device__ double2 head(int s, int xs, int par, int m, double loss_acc, double ok_acc, uint4 (&af)[KPW],
+                            float (&accL)[4][4], float (&l)[C], float (&ex)[C]) {
+        // W3A (parity s) was written before R5(s-1), which this CTA has passed
+#pragma unroll
+        for (int i = 0; i < KPW; ++i)
+            af[i] = ldcg16(W3A + ((long long)(par * KS + warp * KPW + i) * 32 + lane) * 8);
+        if (tid == 0) {
+            round_wait(counter, (u32)P * arrived, s);
+            issue_act(HG2, nullptr);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
+        const int j4 = lane >> 3, r = lane & 7;
+        wait_act(s);
+        MARK(6);
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            head_kstep(act0, kl, af[i], j4, r, accL);
+        }
+        head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
+        if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
+            const double2 sums =
+                softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+            loss_acc = sums.x;
+            ok_acc = sums.y;
+        }
+        __syncthreads();
+        return make_double2(loss_acc, ok_acc);
+    }
+    // B2's weight gradient and its optimizer step in the W2 master fragments (shared memory, with their state), their
+    // fp16 copies for step s+1, and b2: off the critical path (waiting for R5 anyway). Its arrays are the driver's,
+    // declared there in this order (owning them, it compiled to other SASS)
+    __device__ void b2_wgrad(const OptimStep& oc, u32 (&ah1)[2][4], Fr& f) {
+        load_hpT(ah1, smem_u32(Hp1), lane);
+#pragma unroll 1
+        for (int i = 0; i < KPW; ++i) {  // rolled: off the critical path, code size (grid.md rule 5)
+            const int kl = warp * KPW + i;
+            ld_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
+            wgrad_ks(act0, kl, ah1, f, prm, oc, lane);
+            store_w16(W16F2, cta, kl, f.w, lane);
+            st_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
+        }
+        bias_step(actp, u0, b2s, mb2, oc);
+        __syncthreads();  // the tile is free for dZ1
+    }
+    // B1: dZ1 by one bulk copy after R5; the dgrad dZ0[:, U_p] = dZ1 W1 (local, from the W1 master fragments w1f in
+    // registers) before their update; W1's weight gradient and optimizer step, its fp16 copies; b1. Its arrays are the
+    // driver's, declared there in this order (owning them, it compiled to other SASS)
+    __device__ void b1(int s, const OptimStep& oc, Fr (&w1f)[KPW], u32 (&ah0)[2][4], float (&accD)[2][4],
+                       u32 (&az)[2][4]) {
+        if (tid == 0) {
+            round_wait(counter, (u32)P * arrived, s);
+            issue_act(DZG1, nullptr);
+        }
+        load_hpT(ah0, smem_u32(Hp0), lane);
+        zero_acc(accD);
+        wait_act(s);
+        MARK(10);
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            load_act_a(act0, kl, 0, lane, az[0]);
+            load_act_a(act0, kl, 1, lane, az[1]);
+            dgrad_ks(az, w1f[i].w, accD);
+        }
+        bwd_out(accD, Hp0, dZ0p, 0);
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            if constexpr (MOMG) ld_state(m1g, S1, kl * 32 + lane, w1f[i]);
+            wgrad_ks(act0, kl, ah0, w1f[i], prm, oc, lane);
+            if constexpr (MOMG) st_state(m1g, S1, kl * 32 + lane, w1f[i]);
+            store_w16(W16F1, cta, kl, w1f[i].w, lane);
+        }
+        bias_step(actp, u0, b1s, mb1, oc);
+        __syncthreads();
+    }
 };
 
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
@@ -569,7 +655,8 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
                 profs, prof_on,
 #endif
                 xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3},
-               s2g, sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived};
+               s2g, sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived, HG2, actp, Hp0, Hp1, W16F1, W16F2,
+               DZG1, b1s, b2s, mb1, mb2, w2sm, m2sm, m1g};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
     for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
@@ -686,37 +773,14 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         }
         MARK(5);
         ph.arrive();  // R3
-        // ================= head: logits of the whole batch in every CTA
+        // ================= head: logits of the whole batch in every CTA, softmax cross-entropy
         {
-            // W3A (parity s) was written before R5(s-1), which this CTA has passed
             uint4 af[KPW];
-#pragma unroll
-            for (int i = 0; i < KPW; ++i)
-                af[i] = ldcg16(W3A + ((long long)(par * KS + warp * KPW + i) * 32 + lane) * 8);
-            if (tid == 0) {
-                round_wait(counter, (u32)P * arrived, s);
-                ph.issue_act(HG2, nullptr);
-            }
             float accL[4][4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) accL[a][0] = accL[a][1] = accL[a][2] = accL[a][3] = 0.f;
-            const int j4 = lane >> 3, r = lane & 7;
-            ph.wait_act(s);
-            MARK(6);
-#pragma unroll
-            for (int i = 0; i < KPW; ++i) {
-                const int kl = warp * KPW + i;
-                head_kstep(act0, kl, af[i], j4, r, accL);
-            }
-            head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
-            if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-                float l[C], ex[C];  // the row's logits and exponentials
-                const double2 sums =
-                    softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
-                loss_acc = sums.x;
-                ok_acc = sums.y;
-            }
-            __syncthreads();
+            float l[C], ex[C];  // the row's logits and exponentials
+            const double2 sums = ph.head(s, xs, par, m, loss_acc, ok_acc, af, accL, l, ex);
+            loss_acc = sums.x;
+            ok_acc = sums.y;
         }
         MARK(7);
         // ================= dZ2 (all units, in place in the activation tile) and B2's dgrad
@@ -757,51 +821,16 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         ph.arrive();  // R5
         {  // B2's weight gradient and bias, off the critical path (waiting for R5 anyway)
             u32 ah1[2][4];
-            load_hpT(ah1, smem_u32(Hp1), lane);
-#pragma unroll 1
-            for (int i = 0; i < KPW; ++i) {  // rolled: off the critical path, code size (grid.md rule 5)
-                const int kl = warp * KPW + i;
-                Fr f;
-                ld_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
-                wgrad_ks(act0, kl, ah1, f, prm, oc, lane);
-                store_w16(W16F2, cta, kl, f.w, lane);
-                st_frag(w2sm, m2sm, S2, kl * 32 + lane, f);
-            }
-            ph.bias_step(actp, u0, b2s, mb2, oc);
-            __syncthreads();  // the tile is free for dZ1
+            Fr f;
+            ph.b2_wgrad(oc, ah1, f);
         }
         MARK(9);
         // ================= B1: dgrad to dZ0 (local), W1's weight gradient
         {
-            if (tid == 0) {
-                round_wait(counter, (u32)P * arrived, s);
-                ph.issue_act(DZG1, nullptr);
-            }
             u32 ah0[2][4];
-            load_hpT(ah0, smem_u32(Hp0), lane);
             float accD[2][4];
-            zero_acc(accD);
-            ph.wait_act(s);
-            MARK(10);
-#pragma unroll
-            for (int i = 0; i < KPW; ++i) {
-                const int kl = warp * KPW + i;
-                u32 az[2][4];
-                load_act_a(act0, kl, 0, lane, az[0]);
-                load_act_a(act0, kl, 1, lane, az[1]);
-                dgrad_ks(az, w1f[i].w, accD);
-            }
-            ph.bwd_out(accD, Hp0, dZ0p, 0);
-#pragma unroll
-            for (int i = 0; i < KPW; ++i) {
-                const int kl = warp * KPW + i;
-                if constexpr (MOMG) ld_state(m1g, S1, kl * 32 + lane, w1f[i]);
-                wgrad_ks(act0, kl, ah0, w1f[i], prm, oc, lane);
-                if constexpr (MOMG) st_state(m1g, S1, kl * 32 + lane, w1f[i]);
-                store_w16(W16F1, cta, kl, w1f[i].w, lane);
-            }
-            ph.bias_step(actp, u0, b1s, mb1, oc);
-            __syncthreads();
+            u32 az[2][4];
+            ph.b1(s, oc, w1f, ah0, accD, az);
         }
         MARK(11);
         o_prev = oc;
