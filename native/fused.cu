@@ -41,6 +41,11 @@
 // (reduce-scatter of dH): logistic regression 2, 784-h-h-h-10 6. Every buffer written remotely is read
 // before at least one further barrier separates it from its next write (checked in the comments below).
 // Rows of a step are processed in chunks of R with gradients accumulated, so any batch size works.
+//
+// Code: fused_epoch is a driver over phase functions: per chunk prefetch (the next rows' indices, labels and inputs
+// by cp.async), stage_rows, fwd_hidden_all, logits_push, head, the last layer's backward and bwd_hidden_all; per
+// step opt_step over the owned tensors; move_state at both ends. The split kept every production plan's SASS
+// byte-identical (benchmarks/sass_compare.py --only fused; the profile build's counters are ordered differently).
 #include "activation.cuh"
 #include "common.cuh"
 #include "loss.cuh"
@@ -717,6 +722,164 @@ __device__ __forceinline__ void bwd_hidden_all(float* sm, int m, u32 r, int& rs_
     }
 }
 
+// ---- the chunk's rows ---------------------------------------------------------------------------------------
+// Start fetching the rows at epoch positions [pos0, pos0 + m): sample indices (the keyed order), then their labels
+// and this CTA's columns of their inputs, by cp.async into lab_n and the raw buffer.
+__device__ __forceinline__ void prefetch(const TX* __restrict__ x, const int* __restrict__ y,
+                                         const u32 (&keys)[FEISTEL_ROUNDS], u32 half_bits, u32 n, u32 r, int pos0,
+                                         int m) {
+    extern __shared__ __align__(16) float sm[];  // the kernel's own symbol: a pointer argument compiles differently
+    const int tid = threadIdx.x;
+    int* idx_n = reinterpret_cast<int*>(sm + LY.idx_n);
+    int* lab_n = reinterpret_cast<int*>(sm + LY.lab_n);
+    for (int i = tid; i < m; i += NT) idx_n[i] = (int)permuted_index(keys, half_bits, n, (u32)(pos0 + i));
+    __syncthreads();
+    const int col0 = L == 1 ? (int)r * KP : 0;
+    for (int i = tid; i < m; i += NT) {
+        if constexpr (FUSED_LOSS == LOSS_MSE) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
+        else cp_async4(smem_u32(lab_n + i), y + idx_n[i]);
+    }
+    if constexpr (XASYNC) {
+        constexpr int WORDS = XW * (int)sizeof(TX) / 4;  // 4-byte words per row
+        const int valid = min(XW, SZ[0] - col0) * (int)sizeof(TX) / 4;
+        u8* raw = reinterpret_cast<u8*>(sm + LY.xr);
+        for (int e = tid; e < m * WORDS; e += NT) {
+            const int i = e / WORDS, w = e % WORDS;
+            if (w < valid)
+                cp_async4(smem_u32(raw + (i * WORDS + w) * 4),
+                          reinterpret_cast<const u8*>(x + (u64)idx_n[i] * SZ[0] + col0) + 4 * w);
+        }
+    } else {
+        TX* raw = reinterpret_cast<TX*>(sm + LY.xr);
+        for (int e = tid; e < m * XW; e += NT) {
+            const int i = e / XW, k = e % XW;
+            if (col0 + k < SZ[0]) raw[i * XW + k] = x[(u64)idx_n[i] * SZ[0] + col0 + k];
+        }
+    }
+    cp_async_commit();
+}
+
+// The chunk's rows arrived: this CTA's columns converted to operands (x * scale + shift, rounded as the products
+// take them; pads zero) into xs, their labels into lab.
+__device__ __forceinline__ void stage_rows(float* sm, u32 r, int m, float scale, float shift) {
+    const int tid = threadIdx.x;
+    int* lab = reinterpret_cast<int*>(sm + LY.lab);
+    const int* lab_n = reinterpret_cast<const int*>(sm + LY.lab_n);
+    constexpr int D = SZ[0];
+    const int col0 = L == 1 ? (int)r * KP : 0;
+    const TX* raw = reinterpret_cast<const TX*>(sm + LY.xr);
+    float* xs = sm + LY.xs;
+    if constexpr (XW % 4 == 0) {  // 4 elements per thread and access
+        constexpr int XW4 = XW / 4;
+        for (int e = tid; e < m * XW4; e += NT) {
+            const int i = e / XW4, k = (e % XW4) * 4;
+            float4 v;
+            v.x = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
+            v.y = col0 + k + 1 < D ? rnd(to_f(raw[i * XW + k + 1]) * scale + shift) : 0.f;
+            v.z = col0 + k + 2 < D ? rnd(to_f(raw[i * XW + k + 2]) * scale + shift) : 0.f;
+            v.w = col0 + k + 3 < D ? rnd(to_f(raw[i * XW + k + 3]) * scale + shift) : 0.f;
+            *reinterpret_cast<float4*>(xs + i * XLD + k) = v;
+        }
+    } else {
+        for (int e = tid; e < m * XW; e += NT) {
+            const int i = e / XW, k = e % XW;
+            xs[i * XLD + k] = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
+        }
+    }
+    for (int i = tid; i < m; i += NT) lab[i] = lab_n[i];
+}
+
+// The last layer's partial logits over this CTA's input columns, pushed to each row's reducer CTA (row i to CTA
+// i % CL). lrecv is read only between the next cluster barrier and the one after it, and written again only after
+// a further barrier of the next chunk: no overlap.
+__device__ __forceinline__ void logits_push(float* sm, int m, u32 r) {
+    const int tid = threadIdx.x;
+    const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
+    constexpr int lda = NH >= 1 ? KP : XLD;
+    if constexpr (!MMA && C <= 16 && R >= NT / 2) {
+        logits_push_rows<C, KP, lda>(sm, A, m, r);
+    } else if constexpr (MMA) {
+        // Staged in this CTA's dlogits rows (free until the head, which other CTAs write only after
+        // the barrier below; pads stay zero), then each row pushed to its reducer as 16-byte stores.
+        constexpr int V = up4(C) / 4;
+        float* stage = sm + LY.dzl;
+        gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) { stage[i * up4(C) + c] = v; });
+        __syncthreads();
+        for (int e = tid; e < m * V; e += NT) {
+            const int i = e / V, v = e % V;
+            const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + i / CL) * up4(C) + 4 * v);
+            const float4 val = *reinterpret_cast<const float4*>(stage + i * up4(C) + 4 * v);
+            st_remote4(mapa(a, (u32)(i % CL)), val);
+        }
+    } else {
+        gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
+            const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
+            const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
+            st_remote(mapa(a, q), v);
+        });
+    }
+}
+
+// The head: each warp reduces one of this CTA's rows (i = r + CL*ii): the logits (the CL partial rows summed in a
+// fixed order, plus the bias), the loss (softmax cross-entropy, or MSE against the targets of the row's sample), the
+// argmax and the dlogits, pushed to every CTA's dlogits rows. Returns loss_acc and ok_acc with these rows added (lane
+// 0's are the warp's sums): returned, not updated through references, they keep the registers of the code in place.
+struct HeadSums {
+    double loss, ok;
+};
+__device__ __forceinline__ HeadSums head(float* sm, const int* __restrict__ y, const int* lab, int m, u32 r, int warp,
+                                         int lane, float inv_rows, float mse_scale, double loss_acc, double ok_acc) {
+    for (int ii = warp; ii < RR; ii += NW) {
+        const int i = (int)r + CL * ii;
+        if (i >= m) continue;
+        int best = 0x7fffffff;
+        float zmax = __int_as_float(0xff800000);  // -inf
+        for (int c = lane; c < C; c += 32) {
+            float z = sm[LY.b[L - 1] + c];
+            for (int q = 0; q < CL; ++q) z += sm[LY.lrecv + (q * RR + ii) * up4(C) + c];
+            sm[LY.dzl + i * up4(C) + c] = z;  // the logits, until dlogits replace them below
+        }
+        __syncwarp();
+        if constexpr (FUSED_LOSS == LOSS_MSE) {  // the mean over the outputs of (z - t)^2; dz = 2 (z - t) / (rows * C)
+            const float* t = reinterpret_cast<const float*>(y) + (u64)lab[i] * C;
+            float sq = 0.f;
+            for (int c = lane; c < C; c += 32) sq = mse_add_sq(sq, mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]));
+            sq = warp_sum(sq);
+            if (lane == 0) loss_acc += (double)mse_row_loss(sq, C);
+            __syncwarp();
+            for (int c = lane; c < C; c += 32) {
+                const float d = mse_grad(mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]), mse_scale);
+                const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
+                for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
+            }
+            continue;
+        }
+        for (int c = lane; c < C; c += 32) {
+            const float z = sm[LY.dzl + i * up4(C) + c];
+            if (argmax_takes(z, zmax)) { zmax = z; best = c; }
+        }
+        warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
+        float sum = 0.f;
+        for (int c = lane; c < C; c += 32) sum = xent_add(sum, xent_exp(sm[LY.dzl + i * up4(C) + c], zmax));
+        sum = warp_sum(sum);
+        const int label = lab[i];
+        const float zl = sm[LY.dzl + i * up4(C) + label];
+        if (lane == 0) {
+            loss_acc += (double)xent_row_loss(sum, zl, zmax);
+            ok_acc += best == label ? 1.0 : 0.0;
+        }
+        __syncwarp();
+        const float inv = xent_inv(sum);
+        for (int c = lane; c < C; c += 32) {
+            const float d = xent_grad(xent_exp(sm[LY.dzl + i * up4(C) + c], zmax), inv, c == label ? 1.f : 0.f,
+                                            inv_rows);
+            const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
+            for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
+        }
+    }
+    return HeadSums{loss_acc, ok_acc};
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------------------
 template <typename TP>
 __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, const TX* __restrict__ x,
@@ -737,39 +900,8 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
     int* lab = reinterpret_cast<int*>(sm + LY.lab);
     double loss_acc = 0.0, ok_acc = 0.0;  // lane 0 of each warp: the rows this warp reduced
     int rs_cur = 0;
-    int* idx_n = reinterpret_cast<int*>(sm + LY.idx_n);
-    int* lab_n = reinterpret_cast<int*>(sm + LY.lab_n);
-    // Start fetching the rows at epoch positions [pos0, pos0 + m): sample indices (the keyed order), then
-    // their labels and this CTA's columns of their inputs, by cp.async into lab_n and the raw buffer.
-    auto prefetch = [&](int pos0, int m) {
-        for (int i = tid; i < m; i += NT) idx_n[i] = (int)permuted_index(keys, half_bits, n, (u32)(pos0 + i));
-        __syncthreads();
-        const int col0 = L == 1 ? (int)r * KP : 0;
-        for (int i = tid; i < m; i += NT) {
-            if constexpr (FUSED_LOSS == LOSS_MSE) lab_n[i] = idx_n[i];  // the sample index: the head reads its targets
-            else cp_async4(smem_u32(lab_n + i), y + idx_n[i]);
-        }
-        if constexpr (XASYNC) {
-            constexpr int WORDS = XW * (int)sizeof(TX) / 4;  // 4-byte words per row
-            const int valid = min(XW, SZ[0] - col0) * (int)sizeof(TX) / 4;
-            u8* raw = reinterpret_cast<u8*>(sm + LY.xr);
-            for (int e = tid; e < m * WORDS; e += NT) {
-                const int i = e / WORDS, w = e % WORDS;
-                if (w < valid)
-                    cp_async4(smem_u32(raw + (i * WORDS + w) * 4),
-                              reinterpret_cast<const u8*>(x + (u64)idx_n[i] * SZ[0] + col0) + 4 * w);
-            }
-        } else {
-            TX* raw = reinterpret_cast<TX*>(sm + LY.xr);
-            for (int e = tid; e < m * XW; e += NT) {
-                const int i = e / XW, k = e % XW;
-                if (col0 + k < SZ[0]) raw[i * XW + k] = x[(u64)idx_n[i] * SZ[0] + col0 + k];
-            }
-        }
-        cp_async_commit();
-    };
     __syncthreads();
-    prefetch(0, min(R, min(batch, (int)n)));
+    prefetch(x, y, keys, half_bits, n, r, 0, min(R, min(batch, (int)n)));
 #ifdef FUSED_PROFILE
     long long prof[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     long long prof_t = clock64();
@@ -790,122 +922,31 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             cp_async_wait_all();
             __syncthreads();
             PROF_MARK(0);  // waiting for the rows
-            {
-                constexpr int D = SZ[0];
-                const int col0 = L == 1 ? (int)r * KP : 0;
-                const TX* raw = reinterpret_cast<const TX*>(sm + LY.xr);
-                float* xs = sm + LY.xs;
-                if constexpr (XW % 4 == 0) {  // 4 elements per thread and access
-                    constexpr int XW4 = XW / 4;
-                    for (int e = tid; e < m * XW4; e += NT) {
-                        const int i = e / XW4, k = (e % XW4) * 4;
-                        float4 v;
-                        v.x = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
-                        v.y = col0 + k + 1 < D ? rnd(to_f(raw[i * XW + k + 1]) * scale + shift) : 0.f;
-                        v.z = col0 + k + 2 < D ? rnd(to_f(raw[i * XW + k + 2]) * scale + shift) : 0.f;
-                        v.w = col0 + k + 3 < D ? rnd(to_f(raw[i * XW + k + 3]) * scale + shift) : 0.f;
-                        *reinterpret_cast<float4*>(xs + i * XLD + k) = v;
-                    }
-                } else {
-                    for (int e = tid; e < m * XW; e += NT) {
-                        const int i = e / XW, k = e % XW;
-                        xs[i * XLD + k] = col0 + k < D ? rnd(to_f(raw[i * XW + k]) * scale + shift) : 0.f;
-                    }
-                }
-                for (int i = tid; i < m; i += NT) lab[i] = lab_n[i];
-            }
+            stage_rows(sm, r, m, scale, shift);
             __syncthreads();
             {
                 int ns = s, nc = c0 + R;
                 if (nc >= rows) { ns = s + 1; nc = 0; }
-                if (ns < steps) prefetch(ns * batch + nc, min(R, min(batch, (int)n - ns * batch) - nc));
+                if (ns < steps)
+                    prefetch(x, y, keys, half_bits, n, r, ns * batch + nc,
+                             min(R, min(batch, (int)n - ns * batch) - nc));
             }
 
             PROF_MARK(1);  // convert + prefetch issue
             fwd_hidden_all<0>(sm, m, r);
             __syncthreads();
 
-            // -- last layer, partial logits over this CTA's input columns, pushed to each row's reducer CTA.
-            // lrecv is read only between the next barrier and the one after it, and written again only after
-            // a further barrier of the next chunk: no overlap.
-            {
-                const float* A = NH >= 1 ? sm + LY.hs : sm + LY.xs;
-                constexpr int lda = NH >= 1 ? KP : XLD;
-                if constexpr (!MMA && C <= 16 && R >= NT / 2) {
-                    logits_push_rows<C, KP, lda>(sm, A, m, r);
-                } else if constexpr (MMA) {
-                    // Staged in this CTA's dlogits rows (free until the head, which other CTAs write only after
-                    // the barrier below; pads stay zero), then each row pushed to its reducer as 16-byte stores.
-                    constexpr int V = up4(C) / 4;
-                    float* stage = sm + LY.dzl;
-                    gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) { stage[i * up4(C) + c] = v; });
-                    __syncthreads();
-                    for (int e = tid; e < m * V; e += NT) {
-                        const int i = e / V, v = e % V;
-                        const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + i / CL) * up4(C) + 4 * v);
-                        const float4 val = *reinterpret_cast<const float4*>(stage + i * up4(C) + 4 * v);
-                        st_remote4(mapa(a, (u32)(i % CL)), val);
-                    }
-                } else {
-                    gemm_fwd<L - 1, C, KP, lda>(sm, A, m, [&](int i, int c, float v) {
-                        const u32 q = (u32)(i % CL), ii = (u32)(i / CL);
-                        const u32 a = smem_u32(sm + LY.lrecv + ((int)r * RR + (int)ii) * up4(C) + c);
-                        st_remote(mapa(a, q), v);
-                    });
-                }
-            }
+            // -- last layer: partial logits over this CTA's input columns, pushed to each row's reducer CTA
+            logits_push(sm, m, r);
             PROF_MARK(2);  // forward
             cluster_sync_full();
             PROF_MARK(3);  // barrier after the partial logits
 
-            // -- head: each warp reduces one of this CTA's rows (i = r + CL*ii): logits, loss, dlogits to all
-            for (int ii = warp; ii < RR; ii += NW) {
-                const int i = (int)r + CL * ii;
-                if (i >= m) continue;
-                float zmax = __int_as_float(0xff800000);  // -inf
-                int best = 0x7fffffff;
-                for (int c = lane; c < C; c += 32) {
-                    float z = sm[LY.b[L - 1] + c];
-                    for (int q = 0; q < CL; ++q) z += sm[LY.lrecv + (q * RR + ii) * up4(C) + c];
-                    sm[LY.dzl + i * up4(C) + c] = z;  // the logits, until dlogits replace them below
-                }
-                __syncwarp();
-                if constexpr (FUSED_LOSS == LOSS_MSE) {  // the mean over the outputs of (z - t)^2; dz = 2 (z - t) / (rows * C)
-                    const float* t = reinterpret_cast<const float*>(y) + (u64)lab[i] * C;
-                    float sq = 0.f;
-                    for (int c = lane; c < C; c += 32) sq = mse_add_sq(sq, mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]));
-                    sq = warp_sum(sq);
-                    if (lane == 0) loss_acc += (double)mse_row_loss(sq, C);
-                    __syncwarp();
-                    for (int c = lane; c < C; c += 32) {
-                        const float d = mse_grad(mse_diff(sm[LY.dzl + i * up4(C) + c], t[c]), mse_scale);
-                        const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
-                        for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
-                    }
-                    continue;
-                }
-                for (int c = lane; c < C; c += 32) {
-                    const float z = sm[LY.dzl + i * up4(C) + c];
-                    if (argmax_takes(z, zmax)) { zmax = z; best = c; }
-                }
-                warp_argmax(zmax, best);  // first maximum (and first NaN) wins, as numpy.argmax
-                float sum = 0.f;
-                for (int c = lane; c < C; c += 32) sum = xent_add(sum, xent_exp(sm[LY.dzl + i * up4(C) + c], zmax));
-                sum = warp_sum(sum);
-                const int label = lab[i];
-                const float zl = sm[LY.dzl + i * up4(C) + label];
-                if (lane == 0) {
-                    loss_acc += (double)xent_row_loss(sum, zl, zmax);
-                    ok_acc += best == label ? 1.0 : 0.0;
-                }
-                __syncwarp();
-                const float inv = xent_inv(sum);
-                for (int c = lane; c < C; c += 32) {
-                    const float d = xent_grad(xent_exp(sm[LY.dzl + i * up4(C) + c], zmax), inv, c == label ? 1.f : 0.f,
-                                                    inv_rows);
-                    const u32 a = smem_u32(sm + LY.dzl + i * up4(C) + c);
-                    for (u32 q = 0; q < CL; ++q) st_remote(mapa(a, q), d);
-                }
+            // -- head: logits, loss, dlogits of this CTA's rows, pushed to all
+            {
+                const HeadSums h = head(sm, y, lab, m, r, warp, lane, inv_rows, mse_scale, loss_acc, ok_acc);
+                loss_acc = h.loss;
+                ok_acc = h.ok;
             }
             cluster_sync_full();  // dlogits of every row everywhere
             PROF_MARK(4);  // head + barrier
