@@ -16,6 +16,7 @@ template <class XT> struct GridCta {
     // by reference: the launch's arguments, this thread, and the views and counters the phases share
     float*& params;
     float*& s1g;
+    float*& s2g;  // (a kernel with at most one state array binds it to s1g; it is never read there)
     half_t*& w16;
     const XT* __restrict__& x;
     const int* __restrict__& y;
@@ -43,6 +44,7 @@ template <class XT> struct GridCta {
     // by value: the head's views (no phase changes them)
     half_t* Hp2;
     float *b3s, *w3s, *lg, *dl, *mb3, *mw3;
+    float *b1s, *b2s, *mb1, *mb2;
 
     // the gather: the batch's row of this lane at step s, its keyed index (shuffle.cuh) and its label into stage
     // s & 1's labels; rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
@@ -66,12 +68,47 @@ template <class XT> struct GridCta {
     __device__ int kofs(int kk, int q) { return 16 * kk + 2 * t + (q & 1) + 8 * (q >> 1); }
     // W3's fp16 operand copies: element (class c, unit u) of this CTA's slice at parity par (pads: zeros)
     __device__ void put_w3(int par, int c, int u, float wv) { store_w3<C, H>(W3A, W3B, par, c, u0 + u, wv); }
+    // one element of a bias or of the W3 slice (shared memory: w, its state at ms[0], ms[MSF]) from flat element e,
+    // and back (with the fp16 copy)
+    __device__ void get1(float& w, float* ms, long long e) {
+        w = params[e];
+        if constexpr (NS >= 1) ms[0] = s1g[e];
+        if constexpr (NS >= 2) ms[MSF] = s2g[e];
+    }
+    __device__ void put1(long long e, float w, const float* ms) {
+        params[e] = w;
+        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
+        if constexpr (NS >= 1) s1g[e] = ms[0];
+        if constexpr (NS >= 2) s2g[e] = ms[MSF];
+    }
+    // the biases of the owned units (b0, b1, b2) and b3 from the flat training state, and the owned ones back
+    __device__ void get_biases() {
+        if (tid < NB) {
+            get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
+            get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
+            get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
+        }
+        if (tid < C) get1(b3s[tid], mb3 + tid, OB3 + tid);
+    }
+    __device__ void put_biases() {
+        if (tid < NB) {
+            put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
+            put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
+            put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
+        }
+    }
     // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF]
     __device__ void upd1(const OptimStep& o, float g, float& w, float* ms) {
         float m = NS >= 1 ? ms[0] : 0.f, v = NS >= 2 ? ms[MSF] : 0.f;
         upd(prm, o, g, w, m, v);
         if constexpr (NS >= 1) ms[0] = m;
         if constexpr (NS >= 2) ms[MSF] = v;
+    }
+    // warp 0, after the logits: the softmax cross-entropy of row `lane` (label yl; m rows in the batch, the rest give
+    // zero dlogits and no loss) into dlogits; the epoch's sums in and out by value and the row's logits and
+    // exponentials l, ex in the caller's arrays (grid_tc.cuh's softmax_row says why)
+    __device__ double2 head_loss(int yl, int m, double loss_acc, double ok_acc, float (&l)[C], float (&ex)[C]) {
+        return softmax_row<C>(lg, dl, lane, yl, m, cta == 0, loss_acc, ok_acc, l, ex);
     }
     // the bias step of this CTA's units of a hidden layer from its dZ in an activation tile (unit offset col0)
     __device__ void bias_step(const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {

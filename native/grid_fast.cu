@@ -289,7 +289,6 @@ enum : int { S0 = MOMG ? GST : NKS0 * 32, S2 = MOMG ? GST : KS * 32, S1 = GST };
 // ---- the CTA: grid_cta.cuh's views and phases, and this kernel's (the on-chip masters, the staging of float rows) -----
 #include "grid_cta.cuh"
 struct FastCta : GridCta<void> {
-    float*& s2g;
     int*& sidx;
     float &scale, &shift;
     float *&gb0, *&rsum;
@@ -299,7 +298,6 @@ struct FastCta : GridCta<void> {
     u32 &r_use, &arrived;  // the loop-carried counters, in this order (another order changes the SASS)
     // by value: views no phase changes
     half_t *HG2, *actp, *Hp0, *Hp1, *W16F1, *W16F2, *DZG1;
-    float *b1s, *b2s, *mb1, *mb2;
     float4 *w2sm, *m2sm, *m1g;
 
     // a fragment of the flat training state at k-step kk: element q at base + kofs(kk, q) * stride (W0: the row
@@ -312,12 +310,6 @@ struct FastCta : GridCta<void> {
             f.m[q] = NS >= 1 ? s1g[e] : 0.f;
             f.v[q] = NS >= 2 ? s2g[e] : 0.f;
         }
-    }
-    // one element of a bias or of the W3 slice (shared memory: w, its state at ms[0], ms[MSF]) from flat element e
-    __device__ void get1(float& w, float* ms, long long e) {
-        w = params[e];
-        if constexpr (NS >= 1) ms[0] = s1g[e];
-        if constexpr (NS >= 2) ms[MSF] = s2g[e];
     }
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
@@ -411,13 +403,6 @@ struct FastCta : GridCta<void> {
                 mma16816(acc[mt], a[0], a[1], a[2], a[3], bf.x, bf.y);
             }
         }
-    }
-    // an element back to the flat training state (and the fp16 copy): master w, state at ms[0], ms[MSF]
-    __device__ void put1(long long e, float w, const float* ms) {
-        params[e] = w;
-        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
-        if constexpr (NS >= 1) s1g[e] = ms[0];
-        if constexpr (NS >= 2) s2g[e] = ms[MSF];
     }
     __device__ void put(const Fr& f, long long base, int stride, int kk) {  // a fragment, as get() reads it
 #pragma unroll
@@ -525,8 +510,7 @@ struct FastCta : GridCta<void> {
         }
         head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
         if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-            const double2 sums =
-                softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+            const double2 sums = head_loss(lab[xs * BR + lane], m, loss_acc, ok_acc, l, ex);
             loss_acc = sums.x;
             ok_acc = sums.y;
         }
@@ -649,14 +633,14 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 #ifdef GRID_PROFILE
     bool prof_on;
 #endif
-    FastCta ph{{params, s1g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
+    FastCta ph{{params, s1g, s2g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
                 b0s, mb0, lab,
 #ifdef GRID_PROFILE
                 profs, prof_on,
 #endif
-                xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3},
-               s2g, sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived, HG2, actp, Hp0, Hp1, W16F1, W16F2,
-               DZG1, b1s, b2s, mb1, mb2, w2sm, m2sm, m1g};
+                xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3, b1s, b2s, mb1, mb2},
+               sidx, scale, shift, gb0, rsum, w0sm, m0sm, wrp, full, r_use, arrived, HG2, actp, Hp0, Hp1, W16F1, W16F2,
+               DZG1, w2sm, m2sm, m1g};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters and their state from the flat training state
     for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
@@ -684,12 +668,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
         store_w16(W16F2, cta, kk, f2.w, lane);
     }
-    if (tid < NB) {
-        ph.get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
-        ph.get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
-        ph.get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
-    }
-    if (tid < C) ph.get1(b3s[tid], mb3 + tid, OB3 + tid);
+    ph.get_biases();
     if (tid < 16 * NB) {
         const int c = tid / NB, u = tid % NB;
         if (c < C) ph.get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
@@ -859,11 +838,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
         ph.put(w1f[i], e_w1, H, kk);
     }
-    if (tid < NB) {
-        ph.put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
-        ph.put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
-        ph.put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
-    }
+    ph.put_biases();
     if (tid < C * NB) ph.put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
     if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's

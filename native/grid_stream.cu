@@ -327,11 +327,6 @@ struct StreamCta : GridCta<u8> {
 #pragma unroll
         for (int q = 0; q < 4; ++q) s1g[base + (long long)kofs(kk, q) * stride] = m[q];
     }
-    // one element of a bias or of the W3 slice (shared memory: w, its momentum at *ms) from flat element e
-    __device__ void get1(float& w, float* ms, long long e) {
-        w = params[e];
-        if constexpr (MOM) *ms = s1g[e];
-    }
     // the batch of step s into stage s & 1: warp 1, one row a lane (keyed index, label, one d-byte bulk copy);
     // rows past the batch's m copy row m-1 and carry label -1 (their dlogits are zero)
     __device__ void issue_x(int s) {
@@ -515,11 +510,6 @@ struct StreamCta : GridCta<u8> {
                     if constexpr (MPRE) m[i][j][q] = mn[i][j][q];
                 }
     }
-    __device__ void put1(long long e, float w, const float* ms) {
-        params[e] = w;
-        if (w16 != nullptr) w16[e] = from_f<half_t>(w);
-        if constexpr (MOM) s1g[e] = *ms;
-    }
     // head, pass 1: the logits of the whole batch in every CTA (H2's chunks with W3A's through the ring), then warp
     // 0's softmax cross-entropy into dlogits; returns the epoch's sums (in and out by value: softmax_row says why).
     // Its arrays are the driver's, declared there in this order (owning them, it compiled to other SASS)
@@ -549,8 +539,7 @@ struct StreamCta : GridCta<u8> {
         head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
         if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
             const int m = min(batch, (int)n - s * batch);
-            const double2 sums =
-                softmax_row<C>(lg, dl, lane, lab[par * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+            const double2 sums = head_loss(lab[par * BR + lane], m, loss_acc, ok_acc, l, ex);
             loss_acc = sums.x;
             ok_acc = sums.y;
         }
@@ -618,12 +607,12 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 #ifdef GRID_PROFILE
     bool prof_on;
 #endif
-    StreamCta ph{{params, s1g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
+    StreamCta ph{{params, s1g, s1g, w16, x, y, n, half_bits, batch, prm, tid, warp, lane, g, t, cta, Xs, act0, wr0, red, dZ0p,
                   b0s, mb0, lab,
 #ifdef GRID_PROFILE
                   profs, prof_on,
 #endif
-                  xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3},
+                  xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3, b1s, b2s, mb1, mb2},
                  wrp0, bar0, W0F, M0F, HG2, r_iss, r_use, arrived};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
@@ -671,12 +660,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
             store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
             store_w16(W16F2, cta, kk, w2, lane);
         }
-    if (tid < NB) {
-        ph.get1(b0s[tid], mb0 + tid, OB0 + u0 + tid);
-        ph.get1(b1s[tid], mb1 + tid, OB1 + u0 + tid);
-        ph.get1(b2s[tid], mb2 + tid, OB2 + u0 + tid);
-    }
-    if (tid < C) ph.get1(b3s[tid], mb3 + tid, OB3 + tid);
+    ph.get_biases();
     for (int e = tid; e < 16 * NB; e += NT) {
         const int c = e / NB, u = e % NB;
         if (c < C) ph.get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
@@ -864,11 +848,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 }
             }
         }
-    if (tid < NB) {
-        ph.put1(OB0 + u0 + tid, b0s[tid], mb0 + tid);
-        ph.put1(OB1 + u0 + tid, b1s[tid], mb1 + tid);
-        ph.put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
-    }
+    ph.put_biases();
     for (int e = tid; e < C * NB; e += NT) ph.put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
     if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
     if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
