@@ -1,13 +1,17 @@
 // grid_cta.cuh: the CTA of the grid engine's column-master kernels (grid_fast.cu, grid_stream.cu) as an object whose
-// methods are the phases both kernels run alike: the optimizer step of one shared-memory element,
-// a bias step from a dZ tile, and the head's owned update (b3 and the W3 slice with its fp16 operand copies).
-// Included by a kernel after its shape constants (NB units a CTA, C classes, H hidden width, NT threads, NS state
-// arrays, MSF floats between a shared element's two state arrays) and its `upd` (the optimizer step of one element).
+// methods are the phases both kernels run alike: the gather (a step's rows: keyed index, label, bulk copy), the
+// reads and writes of the biases and of one bias or W3 element with its state, the optimizer step of one
+// shared-memory element, a bias step from a dZ tile, warp 0's softmax cross-entropy of the batch's rows, and the
+// head's owned update (b3 and the W3 slice with its fp16 operand copies). Each kernel's struct (FastCta, StreamCta)
+// adds its own phases; its epoch function is the driver. Included by a kernel after its shape constants (NB units a
+// CTA, C classes, H hidden width, NT threads, D inputs, XB staged batch bytes, NS state arrays, MSF floats between a
+// shared element's two state arrays, the parameter offsets OB0..OB3) and its `upd` (one element's optimizer step).
 //
 // Why a struct of references: the kernels' phases were lambdas capturing the epoch function's locals by reference;
 // a struct holding references to exactly those locals (and copies of the pointers no phase changes) is the same
 // closure with names, so the kernels' SASS stays byte-identical (benchmarks/sass_compare.py). Measured on the way:
-// a struct of values, or a reference to a local no lambda captured before, changed the SASS of every plan.
+// a struct of values, or a reference to a local no lambda captured before, changed the SASS of every plan; so did a
+// phase owning a local array (the driver declares them: docs/design/grid-engine.md, "Kernel code").
 #pragma once
 #include "grid_tc.cuh"
 

@@ -64,6 +64,9 @@
 //     parity 0 before the CTA's first arrival.
 // Masters and optimizer state come from the engine's flat training state (params, s1 at the parameter layout's
 // offsets) at the start and go back at the end with the fp16 copy w16, as fused.cu writes them.
+//
+// Code: grid_fast_epoch is the driver (the CTA's views, the prologue, the steps, the write-back) over the phases of
+// FastCta, a GridCta (grid_cta.cuh: what grid_stream.cu runs alike) with this kernel's own.
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"

@@ -65,6 +65,10 @@
 // CTA's own H0, H1, H2, dZ0 tiles [NB/8][32][8] fp16; biases, the W3 slice [16][NB], logits and dlogits [32][16]
 // (and the momentum of the biases, b3 and the W3 slice);
 // labels; the profile; the mbarriers.
+//
+// Code: grid_stream_epoch is the driver (the CTA's views, the prologue, the steps, the write-back) over the phases of
+// StreamCta, a GridCta (grid_cta.cuh: what grid_fast.cu runs alike) with this kernel's own (the ring, the streamed
+// masters).
 #include "common.cuh"
 #include "optim.cuh"
 #include "shuffle.cuh"
