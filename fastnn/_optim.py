@@ -4,7 +4,10 @@ The NumPy engine calls `sgd_step` / `adamw_step`; `native/optim.cuh` is the same
 GPU (every kernel's update calls it), and the GPU tests compare the two. Each optimizer describes itself
 to the kernels by `kernel_params`, the fields of optim.cuh's OptimParams; the engines pack that, never
 the optimizer's own fields. Weight decay applies to every parameter, biases included, as in PyTorch with
-a single parameter group. Adding an optimizer: a class here (with its NumPy step and `kernel_params`),
+a single parameter group, unless `bias_decay` says otherwise: the decay of the biases (None, the default: the same
+as weight_decay; fastnn.sklearn passes 0, as scikit-learn penalises coef_ / coefs_ only, never the intercepts).
+Every engine applies it alike: the NumPy step below per parameter, the kernels through optim.cuh's optim_bias at
+each bias update. Adding an optimizer: a class here (with its NumPy step and `kernel_params`),
 its kind and update in native/optim.cuh, and its step in the NumPy engine.
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 from ._checks import number, shown
 from ._errors import ConfigError
 
-__all__ = ["OPTIMIZERS", "SGD", "AdamW", "KernelParams", "Optimizer", "adamw_step", "sgd_step"]
+__all__ = ["OPTIMIZERS", "SGD", "AdamW", "KernelParams", "Optimizer", "adamw_step", "decay_of", "sgd_step"]
 
 #: Optimizer kinds as the kernels number them (native/optim.cuh's OPTIM_SGD, OPTIM_ADAMW).
 KIND_SGD = 0
@@ -40,6 +43,12 @@ class KernelParams:
     beta1: float = 0.0
     beta2: float = 0.0
     eps: float = 0.0
+    bias_decay: float = 0.0  # the weight_decay of the biases (optim.cuh's optim_bias)
+
+    def for_bias(self) -> KernelParams:
+        """These parameters as a bias is updated with them: weight_decay replaced by bias_decay (optim.cuh's
+        optim_bias), for a kernel that updates biases in launches of their own (the graph engine's update.cu)."""
+        return dataclasses.replace(self, weight_decay=self.bias_decay)
 
     def c_fields(self) -> tuple[tuple[str, str, int | float], ...]:
         """(name, C type, value) of each field in the struct's order, as `fastnn.cuda.driver.arg_struct` takes them."""
@@ -69,14 +78,25 @@ def _check_range(name: str, value: object, lo: float, hi: float, hi_open: bool =
     return v
 
 
+def _check_bias_decay(value: object) -> float | None:
+    return None if value is None else _check_range("bias_decay", value, 0.0, 1e6)
+
+
+def decay_of(opt: Optimizer, is_bias: bool) -> float:
+    """The weight decay `opt` applies to a weight (is_bias False) or a bias: bias_decay, where given, for biases."""
+    return opt.weight_decay if not is_bias or opt.bias_decay is None else opt.bias_decay
+
+
 @dataclass(frozen=True)
 class SGD:
-    """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay."""
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay (`bias_decay`: the
+    biases' own decay; None = weight_decay, as PyTorch with one parameter group)."""
 
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
+    bias_decay: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr", _check_lr(self.lr))
@@ -85,6 +105,7 @@ class SGD:
         if not isinstance(self.nesterov, (bool, np.bool_)):
             raise ConfigError(f"nesterov must be True or False, got {self.nesterov!r}")
         object.__setattr__(self, "nesterov", bool(self.nesterov))
+        object.__setattr__(self, "bias_decay", _check_bias_decay(self.bias_decay))
         if self.nesterov and self.momentum == 0.0:
             raise ConfigError("nesterov=True needs momentum > 0, got momentum=0.0")
 
@@ -94,17 +115,20 @@ class SGD:
 
     def kernel_params(self) -> KernelParams:
         """This optimizer as the GPU kernels take it (native/optim.cuh's OptimParams)."""
-        return KernelParams(KIND_SGD, self.momentum, self.weight_decay, nesterov=int(self.nesterov))
+        return KernelParams(KIND_SGD, self.momentum, self.weight_decay, nesterov=int(self.nesterov),
+                            bias_decay=decay_of(self, True))  # fmt: skip
 
 
 @dataclass(frozen=True)
 class AdamW:
-    """Adam with decoupled weight decay (Loshchilov & Hutter), as `torch.optim.AdamW`."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as `torch.optim.AdamW` (`bias_decay`: the biases'
+    own decay; None = weight_decay)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
+    bias_decay: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr", _check_lr(self.lr))
@@ -120,6 +144,7 @@ class AdamW:
             raise ConfigError(f"eps must be > 0, also in float32, got {shown(self.eps)}")
         object.__setattr__(self, "eps", eps)
         object.__setattr__(self, "weight_decay", _check_range("weight_decay", self.weight_decay, 0.0, 1e6))
+        object.__setattr__(self, "bias_decay", _check_bias_decay(self.bias_decay))
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -128,7 +153,8 @@ class AdamW:
     def kernel_params(self) -> KernelParams:
         """This optimizer as the GPU kernels take it (native/optim.cuh's OptimParams)."""
         b1, b2 = self.betas
-        return KernelParams(KIND_ADAMW, weight_decay=self.weight_decay, beta1=b1, beta2=b2, eps=self.eps)
+        return KernelParams(KIND_ADAMW, weight_decay=self.weight_decay, beta1=b1, beta2=b2, eps=self.eps,
+                            bias_decay=decay_of(self, True))  # fmt: skip
 
 
 Optimizer = SGD | AdamW
@@ -136,10 +162,13 @@ Optimizer = SGD | AdamW
 OPTIMIZERS: tuple[type, ...] = (SGD, AdamW)
 
 
-def sgd_step(opt: SGD, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float) -> None:
-    """One in-place SGD step on `w` (float32 arrays), as torch.optim.SGD with dampening 0."""
-    if opt.weight_decay:
-        g = g + opt.weight_decay * w
+def sgd_step(opt: SGD, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float,
+             is_bias: bool = False) -> None:  # fmt: skip
+    """One in-place SGD step on `w` (float32 arrays), as torch.optim.SGD with dampening 0; `is_bias`: decayed by
+    bias_decay."""
+    decay = decay_of(opt, is_bias)
+    if decay:
+        g = g + decay * w
     if opt.momentum:
         buf = state["momentum"]
         buf *= opt.momentum
@@ -148,11 +177,12 @@ def sgd_step(opt: SGD, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray
     w -= lr * g
 
 
-def adamw_step(opt: AdamW, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float, t: int) -> None:
-    """One in-place AdamW step; `t` counts steps from 1 (bias correction)."""
+def adamw_step(opt: AdamW, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], lr: float, t: int,
+               is_bias: bool = False) -> None:  # fmt: skip
+    """One in-place AdamW step; `t` counts steps from 1 (bias correction); `is_bias`: decayed by bias_decay."""
     b1, b2 = opt.betas
     m, v = state["exp_avg"], state["exp_avg_sq"]
-    w *= 1.0 - lr * opt.weight_decay
+    w *= 1.0 - lr * decay_of(opt, is_bias)
     m *= b1
     m += (1.0 - b1) * g
     v *= b2

@@ -751,7 +751,8 @@ __device__ void logreg_epoch(TParam* params, float* s1g, float* s2g, half_t* w16
                 }
                 if (warp == NCW - 1 && lane < C) {
                     float b = bias[lane], m1 = NS >= 1 ? bias[16 + lane] : 0.f, m2 = NS >= 2 ? bias[32 + lane] : 0.f;
-                    optim_update<OPT>(p, o, NS, gsum, b, m1, m2);
+                    // a bias: its decay is bias_decay (optim.cuh)
+                    optim_update<OPT>(optim_bias(p), o, NS, gsum, b, m1, m2);
                     if constexpr (PREC == 2) b = rnd16(b);
                     bias[lane] = b;
                     if (NS >= 1) bias[16 + lane] = m1;

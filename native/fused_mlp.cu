@@ -708,7 +708,8 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     const int l = tid >> 4, mm = tid & 15;
                     if (mm < nreal(l)) {
                         float w = F(LY.b[l])[mm], v = MOM ? F(LY.bs[l])[mm] : 0.f, u = 0.f;
-                        optim_update<OPTIM_SGD>(p, o, NS, F(LY.bg[l])[mm], w, v, u);
+                        // a bias: its decay is bias_decay (optim.cuh)
+                        optim_update<OPTIM_SGD>(optim_bias(p), o, NS, F(LY.bg[l])[mm], w, v, u);
                         if constexpr (PREC == 2) w = rnd16(w);
                         F(LY.b[l])[mm] = w;
                         if (MOM) F(LY.bs[l])[mm] = v;
@@ -716,7 +717,8 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 } else if (tid >= 128 && tid < 128 + C) {  // the replicated bias: the same arithmetic everywhere
                     const int cc = tid - 128;
                     float w = F(LY.bl)[cc], v = MOM ? F(LY.bls)[cc] : 0.f, u = 0.f;
-                    optim_update<OPTIM_SGD>(p, o, NS, F(LY.blg)[cc], w, v, u);
+                    // a bias: its decay is bias_decay (optim.cuh)
+                    optim_update<OPTIM_SGD>(optim_bias(p), o, NS, F(LY.blg)[cc], w, v, u);
                     if constexpr (PREC == 2) w = rnd16(w);
                     F(LY.bl)[cc] = w;
                     if (MOM) F(LY.bls)[cc] = v;

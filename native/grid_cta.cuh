@@ -101,10 +101,11 @@ template <class XT> struct GridCta {
             put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
         }
     }
-    // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF]
-    __device__ void upd1(const OptimStep& o, float g, float& w, float* ms) {
+    // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF], by q:
+    // prm for a weight, optim_bias(prm) for a bias (its decay is bias_decay: optim.cuh)
+    __device__ void upd1(const OptimParams& q, const OptimStep& o, float g, float& w, float* ms) {
         float m = NS >= 1 ? ms[0] : 0.f, v = NS >= 2 ? ms[MSF] : 0.f;
-        upd(prm, o, g, w, m, v);
+        upd(q, o, g, w, m, v);
         if constexpr (NS >= 1) ms[0] = m;
         if constexpr (NS >= 2) ms[MSF] = v;
     }
@@ -118,7 +119,7 @@ template <class XT> struct GridCta {
     __device__ void bias_step(const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {
         if (tid < NB) {
             const float sd = tile_col_sum(dz, col0 + tid);
-            upd1(o, sd, bs[tid], ms + tid);
+            upd1(optim_bias(prm), o, sd, bs[tid], ms + tid);
         }
     }
     // the owners' side of the head: b3 (replicated, the same order everywhere) and W3[:, U_p] (the fp32 slice
@@ -126,13 +127,13 @@ template <class XT> struct GridCta {
     // for the next step
     __device__ void head_update(int par, const OptimStep& oc) {
         if (tid < C) {
-            upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
+            upd1(optim_bias(prm), oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
         }
         for (int e = tid; e < 16 * NB; e += NT) {
             const int c = e / NB, u = e % NB;
             float wv = w3s[e];
             if (c < C) {
-                upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + e);
+                upd1(prm, oc, w3_grad(dl, Hp2, c, u), wv, mw3 + e);
                 w3s[e] = wv;
             }
             put_w3(par ^ 1, c, u, wv);

@@ -709,7 +709,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         if (tid < NB) {
             const float sd = tile_col_sum(dZ0p, tid);
             if constexpr (SHIFT) gb0[tid] = sd;
-            ph.upd1(ob, sd, b0s[tid], mb0 + tid);
+            ph.upd1(optim_bias(prm), ob, sd, b0s[tid], mb0 + tid);
         }
     };
 
@@ -773,13 +773,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             // fp16 copies for step s+1 (GridCta::head_update's arithmetic; inline here: as a call it changed the
             // momentum plans' register numbering, so their SASS)
             if (tid < C) {
-                ph.upd1(oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
+                ph.upd1(optim_bias(prm), oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
             }
             if (tid < 16 * NB) {
                 const int c = tid / NB, u = tid % NB;
                 float wv = w3s[tid];
                 if (c < C) {
-                    ph.upd1(oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
+                    ph.upd1(prm, oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
                     w3s[tid] = wv;
                 }
                 ph.put_w3(par ^ 1, c, u, wv);

@@ -424,7 +424,7 @@ struct StreamCta : GridCta<u8> {
     __device__ void bias0(const OptimStep& ob) {
         if (tid < NB) {
             const float sd = tile_col_sum(dZ0p, tid);
-            upd1(ob, sd, b0s[tid], mb0 + tid);
+            upd1(optim_bias(prm), ob, sd, b0s[tid], mb0 + tid);
         }
     }
     // forward epilogue: cross-warp sum, bias, ReLU, fp16 to the own tile and the exchange buffer

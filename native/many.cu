@@ -432,11 +432,12 @@ extern "C" __global__ void many_update(float* __restrict__ w, const float* __res
     for (int ti = 0; ti < tensors; ++ti) {
         if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
         const u64 base = starts[ti] + (u64)k * sizes[ti];
+        const OptimParams q = ti & 1 ? optim_bias(p) : p;  // the tensors alternate weight, bias (param_names' order)
         for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
             const u64 i = base + j;
             float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
-            if (adamw) optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
-            else optim_update<OPTIM_SGD>(p, os, states, g[i], wv, m, v);
+            if (adamw) optim_update<OPTIM_ADAMW>(q, os, 2, g[i], wv, m, v);
+            else optim_update<OPTIM_SGD>(q, os, states, g[i], wv, m, v);
             w[i] = wv;
             if (s1) s1[i] = m;
             if (s2) s2[i] = v;
@@ -549,9 +550,9 @@ extern "C" __global__ void many_scale_bias(float* __restrict__ z, const float* _
     z[at] = fmaf(wscale[j / out], z[at], params[b_off + j]);
 }
 
-// Per model (grid K, block 256): the bias gradient (dZ's column sums) and its SGD update with L2, then dZ's columns
-// scaled by lr / wscale' for the accumulating GEMM, and wscale' stored. A model that does not train has its dZ
-// columns zeroed (they may hold anything: a diverged model's NaN), so the GEMM leaves its weights alone.
+// Per model (grid K, block 256): the bias gradient (dZ's column sums) and its SGD update with L2 (bias_decay), then
+// dZ's columns scaled by lr / wscale' for the accumulating GEMM, and wscale' stored. A model that does not train has
+// its dZ columns zeroed (they may hold anything: a diverged model's NaN), so the GEMM leaves its weights alone.
 extern "C" __global__ void many_fold_sgd(float* __restrict__ dz, int out, int models, float* __restrict__ params,
                                          u64 b_off, float* __restrict__ wscale, const OptimParams* __restrict__ opt,
                                          const float* __restrict__ lr, int lr_stride, const Step st) {
@@ -570,7 +571,7 @@ extern "C" __global__ void many_fold_sgd(float* __restrict__ dz, int out, int mo
         float g = 0.f;
         for (int r = 0; r < rows; ++r) g += dz[((u64)r * models + k) * out + o];
         float b = params[b_off + (u64)k * out + o], m = 0.f, v = 0.f;
-        optim_update<OPTIM_SGD>(p, os, 0, g, b, m, v);
+        optim_update<OPTIM_SGD>(optim_bias(p), os, 0, g, b, m, v);  // a bias: its decay is bias_decay
         params[b_off + (u64)k * out + o] = b;
     }
     __syncthreads();  // every column sum read dZ before it is scaled

@@ -2,7 +2,8 @@
 // (OptimParams, one kernel argument) and its update of one element in fp32. update.cu (the graph engine's update
 // over the flat buffers) and fused.cu (the fused engine's update on chip) both call optim_update. The arithmetic
 // is fastnn/_optim.py's (PyTorch's SGD with dampening 0, and AdamW) in the same order, so every engine agrees with
-// the NumPy engine to rounding, and the graph and fused engines round an update of the same numbers alike.
+// the NumPy engine to rounding, and the graph and fused engines round an update of the same numbers alike. A bias is
+// updated with optim_bias(p): its own decay, bias_decay.
 //
 // Adding an optimizer touches three places, and no kernel or engine:
 //   - fastnn/_optim.py: the class (its checks, state_names, NumPy step and kernel_params) and its KIND_ number;
@@ -28,7 +29,16 @@ struct OptimParams {
     float beta1;         // AdamW
     float beta2;         // AdamW
     float eps;           // AdamW
+    float bias_decay;    // the weight_decay of the biases (= weight_decay unless the optimizer says otherwise)
 };
+
+// The optimizer as it updates a bias: weight_decay replaced by bias_decay (fastnn/_optim.py's bias_decay; fastnn.sklearn
+// sets it to 0, as scikit-learn penalises weights only). Every kernel's update of a bias passes optim_bias(p) where it
+// passes p for a weight: the one place where a bias differs from a weight.
+__device__ __forceinline__ OptimParams optim_bias(OptimParams p) {
+    p.weight_decay = p.bias_decay;
+    return p;
+}
 
 // What changes from step to step: the learning rate, and AdamW's bias corrections 1 - beta^t.
 struct OptimStep {

@@ -425,7 +425,8 @@ def _dgrad(act: str):
 
 
 _OPT_FIELDS = [("kind", np.int32), ("momentum", np.float32), ("weight_decay", np.float32), ("nesterov", np.int32),
-               ("beta1", np.float32), ("beta2", np.float32), ("eps", np.float32)]  # fmt: skip
+               ("beta1", np.float32), ("beta2", np.float32), ("eps", np.float32),
+               ("bias_decay", np.float32)]  # fmt: skip
 
 
 def _blocks(heap: Heap, starts: int, sizes: int, tensors: int, models: int) -> list[tuple[int, int]]:
@@ -453,14 +454,15 @@ def _update(heap: Heap, grid, args) -> None:
             at = 4 * (first + k * size)
             wk = heap.view(_v(w) + at, np.float32, size)
             gk = heap.view(_v(g) + at, np.float32, size)
+            decay = float(p["bias_decay"] if t_index & 1 else p["weight_decay"])  # weight, bias alternate
             if p["kind"] == 1:
                 o = AdamW(lr=rate, betas=(float(p["beta1"]), float(p["beta2"])), eps=float(p["eps"]),
-                          weight_decay=float(p["weight_decay"]))  # fmt: skip
+                          weight_decay=decay)  # fmt: skip
                 state = {"exp_avg": heap.view(_v(s1) + at, np.float32, size),
                          "exp_avg_sq": heap.view(_v(s2) + at, np.float32, size)}  # fmt: skip
                 adamw_step(o, wk, gk, state, rate, t)
             else:
-                o = SGD(lr=rate, momentum=float(p["momentum"]), weight_decay=float(p["weight_decay"]),
+                o = SGD(lr=rate, momentum=float(p["momentum"]), weight_decay=decay,
                         nesterov=bool(p["nesterov"]))  # fmt: skip
                 state = {"momentum": heap.view(_v(s1) + at, np.float32, size)} if o.momentum else {}
                 sgd_step(o, wk, gk, state, rate)
@@ -510,7 +512,7 @@ def _fold_sgd(heap: Heap, grid, args) -> None:
         p = records[k]
         rate = np.float32(heap.view(_v(lr) + 4 * (k * lr_stride + st["step"]), np.float32, 1)[0])
         d = _rows_of(heap, _v(dz), k, models, out, rows)
-        o = SGD(lr=float(rate), weight_decay=float(p["weight_decay"]))
+        o = SGD(lr=float(rate), weight_decay=float(p["bias_decay"]))  # the bias's decay
         sgd_step(o, heap.view(_v(params) + 4 * (b_off + k * out), np.float32, out), d.sum(axis=0), {}, float(rate))
         new = scale[k] * (np.float32(1) - rate * p["weight_decay"])
         d *= rate / new

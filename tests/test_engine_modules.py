@@ -120,6 +120,33 @@ def test_the_graph_engine_compiles_update_cu_at_build(loads):
                         ("epoch.cu", "check_state"), ("epoch.cu", "snapshot"), ("epoch.cu", "advance")]  # fmt: skip
 
 
+def test_the_graph_update_gives_the_biases_their_own_decay(loads, monkeypatch):
+    """bias_decay != weight_decay (fastnn.sklearn's 0): update.cu runs once per tensor, each with its decay (a bias's
+    as optim.cuh's optim_bias, KernelParams.for_bias), the next batch's gather fused with the last launch; with
+    bias_decay = weight_decay (None), one launch over every parameter, as before."""
+    rec = []
+    monkeypatch.setattr(_Function, "launch", lambda self, grid, block, args, stream=None: rec.append((self.kernel,
+                                                                                                     args)))
+    monkeypatch.setattr(kernels, "gather_args", lambda *a: ("u8", [], [], []))
+    model = MLP([784, 32, 10])
+    for bias_decay, gather in ((0.0, None), (0.0, (0,) * 8), (None, None)):
+        cfg = EngineConfig(model=model, optimizer=SGD(lr=0.1, weight_decay=0.25, bias_decay=bias_decay),
+                           batch_size=128, precision="fp32")  # fmt: skip
+        res = graph.GraphEngine(cfg, init_parameters(model, 0)).resources
+        rec.clear()
+        kernels.record_update(res, 0, 10, gather)
+        got = [(k, a[0].value - res.train_state.ptr, a[5].value, a[9].weight_decay) for k, a in rec]
+        ends = (*res.layout.offsets[1:], res.layout.total)
+        if bias_decay is None:
+            assert got == [(res.spec.update_kernel, 0, res.layout.total, 0.25)]
+            continue
+        want = [(res.spec.update_kernel, 4 * lo, hi - lo, 0.0 if name.endswith(".bias") else 0.25)
+                for name, lo, hi in zip(res.layout.names, res.layout.offsets, ends)]  # fmt: skip
+        if gather is not None:
+            want[-1] = (res.spec.update_gather_kernel("u8"), *want[-1][1:])
+        assert got == want
+
+
 def test_auto_grid_takes_the_graph_step_only_where_the_fast_kernel_cannot_serve_the_rows(loads):
     """engine="auto" chooses the grid engine before it sees the data (prefer_grid); float32 rows at h = 1024 do not fit
     grid_fast.cu, so that engine trains them with the graph step. A forced engine="grid" refuses them by name before

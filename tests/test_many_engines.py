@@ -111,11 +111,17 @@ def test_gpu_engine_equals_numpy_with_folds(backend, tuning, batch):
     np.testing.assert_allclose(t.state_dict()["0.weight"], c.state_dict()["0.weight"], rtol=rtol, atol=atol)
 
 
+#: The optimizers' bias_decay: None (the biases decay as the weights) and 0 (fastnn.sklearn's: weights only).
+BIAS_DECAY = pytest.mark.parametrize("bias_decay", [None, 0.0], ids=["bias-decayed", "bias_decay=0"])
+
+
+@BIAS_DECAY
 @pytest.mark.parametrize("fast", [True, False], ids=["layer0-gemm", "kernels"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_gpu_engine_equals_numpy_adamw(backend, tuning, activation, fast):
+def test_gpu_engine_equals_numpy_adamw(backend, tuning, activation, fast, bias_decay):
     x, y = _data(n=70)
-    cpu, gpu = _pair(MLP([10, 6, 5, 3], activation=activation), AdamW(lr=1e-2), tuning, lr=[1e-2, 3e-3],
+    cpu, gpu = _pair(MLP([10, 6, 5, 3], activation=activation), AdamW(lr=1e-2, bias_decay=bias_decay), tuning,
+                     lr=[1e-2, 3e-3],
                      betas=[(0.9, 0.999), (0.8, 0.99)], weight_decay=[0.0, 0.1], seeds=[1, 9], batch_size=16,
                      drop_last=True, precision="fp32")  # fmt: skip
     gpu._engine.fast_layer0 = fast  # one stream: layer 0 as one cuBLASLt GEMM, or the per-model kernels
@@ -219,8 +225,9 @@ def test_fashion_mnist_shapes(backend, tuning, sizes, batch):
     _close(cpu, gpu, (10 * backend[0], 10 * backend[1]))
 
 
+@BIAS_DECAY
 @pytest.mark.parametrize("sizes, batch", [((784, 10), 128), ((784, 32, 10), 32)], ids=["logreg", "mlp"])
-def test_fold_sgd_equals_numpy(backend, tuning, sizes, batch):
+def test_fold_sgd_equals_numpy(backend, tuning, sizes, batch, bias_decay):
     """fold_sgd: layer 0's SGD update (L2 included) folded into its weight-gradient GEMM through per-model weight
     scales; the same models as the NumPy engine's, to rounding; epochs of several streams use the plain path."""
     rng = np.random.default_rng(2)
@@ -228,7 +235,7 @@ def test_fold_sgd_equals_numpy(backend, tuning, sizes, batch):
     y = rng.integers(0, 10, size=300)
     # (rates up to 0.05: at 0.5 on 784 raw inputs the run is chaotic enough that fp32 rounding differences between
     # any two engines grow by 10x an epoch)
-    cpu, gpu = _pair(MLP(list(sizes)), SGD(lr=0.1), tuning, lr=np.geomspace(0.005, 0.05, 12),
+    cpu, gpu = _pair(MLP(list(sizes)), SGD(lr=0.1, bias_decay=bias_decay), tuning, lr=np.geomspace(0.005, 0.05, 12),
                      weight_decay=np.geomspace(1e-4, 1e-1, 12), seeds=3, batch_size=batch)  # fmt: skip
     gpu._engine.fold_sgd = True
     for mt in (cpu, gpu):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -161,6 +162,24 @@ def test_optimizer_step_matches_torch_formulas(opt: SGD | AdamW) -> None:
     assert not np.allclose(w, w0)
 
 
+@pytest.mark.parametrize("opt", [SGD(lr=0.1, weight_decay=0.5, bias_decay=0.0),
+                                 AdamW(lr=0.1, weight_decay=0.5, bias_decay=0.0)], ids=repr)  # fmt: skip
+def test_bias_decay_decays_biases_only(opt: SGD | AdamW) -> None:
+    """A zero gradient leaves only the decay: the weights shrink, the biases (bias_decay=0) stay; bias_decay=None
+    decays them as the weights (PyTorch's one parameter group)."""
+    model = MLP([3, 4])
+    for bias_decay, bias_factor in ((0.0, 1.0), (None, 1 - 0.1 * 0.5)):
+        o = dataclasses.replace(opt, bias_decay=bias_decay)
+        engine = NumpyEngine(EngineConfig(model, o, batch_size=4), init_parameters(model, 0), dtype=np.float64)
+        for name, w in engine.params.items():
+            w0, state = w.copy(), engine.opt_state[name]
+            if isinstance(o, AdamW):
+                adamw_step(o, w, np.zeros_like(w), state, o.lr, 1, name.endswith(".bias"))
+            else:
+                sgd_step(o, w, np.zeros_like(w), state, o.lr, name.endswith(".bias"))
+            np.testing.assert_allclose(w, w0 * (bias_factor if name.endswith(".bias") else 1 - 0.1 * 0.5))
+
+
 # ---- the engine's loop against a manual loop ---------------------------------------------------------------
 
 
@@ -194,14 +213,15 @@ def _reference_run(cfg: EngineConfig, x, y, lrs, first_epoch=0, first_step=0):
             lr, t = float(lrs[step]), first_step + step + 1
             for name in params:
                 g, w = grads[name], params[name]
+                wd = opt.bias_decay if name.endswith(".bias") and opt.bias_decay is not None else opt.weight_decay
                 if isinstance(opt, AdamW):
-                    w = w * (1 - lr * opt.weight_decay)
+                    w = w * (1 - lr * wd)
                     m[name] = opt.betas[0] * m[name] + (1 - opt.betas[0]) * g
                     v2[name] = opt.betas[1] * v2[name] + (1 - opt.betas[1]) * g * g
                     mh, vh = m[name] / (1 - opt.betas[0] ** t), v2[name] / (1 - opt.betas[1] ** t)
                     params[name] = w - lr * mh / (np.sqrt(vh) + opt.eps)
                 else:
-                    g = g + opt.weight_decay * w
+                    g = g + wd * w
                     if opt.momentum:
                         m[name] = g if t == 1 else opt.momentum * m[name] + g
                         g = g + opt.momentum * m[name] if opt.nesterov else m[name]
@@ -218,6 +238,9 @@ def _reference_run(cfg: EngineConfig, x, y, lrs, first_epoch=0, first_step=0):
         (SGD(lr=0.2, momentum=0.9, weight_decay=0.01), [6, 8, 3], "relu", (0.5, 0.25), False),
         (SGD(lr=0.2, momentum=0.9, nesterov=True), [6, 8, 5, 3], "gelu", None, True),
         (AdamW(lr=0.01, weight_decay=0.05), [6, 8, 3], "gelu", (0.3, 0.2), False),
+        # bias_decay: the biases' own decay (fastnn.sklearn's 0: scikit-learn penalises weights only)
+        (SGD(lr=0.2, momentum=0.9, weight_decay=0.3, bias_decay=0.0), [6, 8, 3], "relu", None, False),
+        (AdamW(lr=0.01, weight_decay=0.5, bias_decay=0.02), [6, 8, 3], "gelu", None, False),
     ],
 )
 def test_engine_matches_manual_loop(opt, sizes, act, normalize, drop_last) -> None:

@@ -22,8 +22,8 @@ from fastnn.engine.fused.plan import fused_plan
 REPO = Path(__file__).resolve().parent.parent
 #: One instance of every optimizer, each field away from its default where it has one.
 EXAMPLES = {
-    optim.SGD: optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True),
-    optim.AdamW: optim.AdamW(lr=2e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    optim.SGD: optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=True, bias_decay=0.0),
+    optim.AdamW: optim.AdamW(lr=2e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, bias_decay=0.02),
 }
 
 
@@ -52,9 +52,13 @@ def test_every_optimizer_class_is_listed_and_packed():
 
 def test_kernel_params_carry_each_optimizers_fields():
     sgd, adamw = EXAMPLES[optim.SGD].kernel_params(), EXAMPLES[optim.AdamW].kernel_params()
-    assert sgd == optim.KernelParams(optim.KIND_SGD, momentum=0.9, weight_decay=1e-3, nesterov=1)
-    assert adamw == optim.KernelParams(optim.KIND_ADAMW, weight_decay=0.1, beta1=0.8, beta2=0.99, eps=1e-6)
+    assert sgd == optim.KernelParams(optim.KIND_SGD, momentum=0.9, weight_decay=1e-3, nesterov=1, bias_decay=0.0)
+    assert adamw == optim.KernelParams(optim.KIND_ADAMW, weight_decay=0.1, beta1=0.8, beta2=0.99, eps=1e-6,
+                                       bias_decay=0.02)  # fmt: skip
     assert optim.SGD().kernel_params() == optim.KernelParams(optim.KIND_SGD)  # unused fields are zero
+    # bias_decay=None (the default): the biases decay as the weights, PyTorch's one parameter group
+    assert optim.SGD(weight_decay=1e-3).kernel_params().bias_decay == 1e-3
+    assert optim.AdamW().kernel_params().bias_decay == 0.01
 
 
 def test_fused_plan_compiles_for_the_optimizers_kind_and_state():

@@ -173,10 +173,11 @@ class NumpyEngine(Engine):
             losses, dlogits = weighted(losses, dlogits, wb)
         grads = backward(self.params, cache, dlogits, model)
         for n in self._names:
+            is_bias = n.endswith(".bias")  # decayed by the optimizer's bias_decay (fastnn/_optim.py)
             if isinstance(opt, AdamW):
-                adamw_step(opt, self.params[n], grads[n], self.opt_state[n], lr, t)
+                adamw_step(opt, self.params[n], grads[n], self.opt_state[n], lr, t, is_bias)
             else:
-                sgd_step(opt, self.params[n], grads[n], self.opt_state[n], lr)
+                sgd_step(opt, self.params[n], grads[n], self.opt_state[n], lr, is_bias)
         return losses, logits.argmax(axis=1) == yb if labels else None
 
     def fit_epochs(

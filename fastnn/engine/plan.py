@@ -45,6 +45,17 @@ class ParamLayout:
         count = (stop - start) // self.shards
         return start + rank * count, count
 
+    def tensor_runs(self, first: int, count: int) -> list[tuple[int, int, bool]]:
+        """[first, first + count) cut at the tensors' boundaries: (start, count, is_bias) of each piece, a tensor's
+        padding with it; what an update whose biases decay otherwise than the weights launches one by one."""
+        ends = (*self.offsets[1:], self.total)
+        runs = []
+        for i, (lo, hi) in enumerate(zip(self.offsets, ends)):
+            a, b = max(lo, first), min(hi, first + count)
+            if a < b:
+                runs.append((a, b - a, self.names[i].endswith(".bias")))
+        return runs
+
     def slot(self, name: str) -> tuple[int, tuple[int, ...]]:
         i = self.names.index(name)
         return self.offsets[i], self.shapes[i]

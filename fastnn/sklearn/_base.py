@@ -250,7 +250,8 @@ class FastnnEstimator(BaseEstimator):
         self._optimizer(1)  # the optimizer's own checks (float32 ranges), before any data is read
 
     def _optimizer(self, n_samples: int) -> SGD | AdamW:
-        """The optimizer for a fit on `n_samples` rows; its refusals name the estimator's parameters."""
+        """The optimizer for a fit on `n_samples` rows; its refusals name the estimator's parameters. The penalty
+        (alpha, C) decays the weights only, bias_decay=0: scikit-learn penalises coef_ / coefs_, never intercepts."""
         try:
             if self.solver == "sgd":
                 return SGD(
@@ -258,12 +259,14 @@ class FastnnEstimator(BaseEstimator):
                     momentum=float(self.momentum),
                     nesterov=bool(self.nesterovs_momentum) and self.momentum > 0,
                     weight_decay=self._decay(n_samples),
+                    bias_decay=0.0,
                 )
             return AdamW(
                 lr=float(self.learning_rate_init),
                 betas=(self.beta_1, self.beta_2),
                 eps=self.epsilon,
                 weight_decay=self._decay(n_samples),
+                bias_decay=0.0,
             )
         except ConfigError as exc:
             message = str(exc)

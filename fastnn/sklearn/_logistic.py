@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .._optim import decay_of
 from ._base import keep_params, trained_layers
 from ._classifier import FastnnClassifier
 
@@ -182,8 +183,9 @@ class LogisticRegression(FastnnClassifier):
         p /= p.sum(axis=1, keepdims=True)
         p[np.arange(len(y)), y] -= 1.0
         p *= (1.0 / len(y)) if w is None else (np.asarray(w, np.float64) / float(np.sum(w)))[:, None]
-        decay = float(self.trainer_.optimizer.weight_decay)
-        return np.concatenate([(p.T @ X64 + decay * W).ravel(), p.sum(axis=0) + decay * b])
+        opt = self.trainer_.optimizer
+        decay, bias_decay = decay_of(opt, False), decay_of(opt, True)  # bias_decay 0: the intercept unpenalised
+        return np.concatenate([(p.T @ X64 + decay * W).ravel(), p.sum(axis=0) + bias_decay * b])
 
     def _class_weighted(self, sample_weight: Any, y: np.ndarray) -> Any:
         """`sample_weight` (None: ones) times each row's weight from `class_weight` (scikit-learn's: a dict of

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..._data import input_affine
+from ..._optim import KernelParams
 from ..._shuffle import feistel_bits, split_u64
 from ...cuda import driver, nvrtc
 from ...cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
@@ -188,19 +189,15 @@ def record_update(res: Resources, step: int, steps: int, gather: tuple | None = 
     pos0, rows, out, out_y), the same kernel gathers the next step's batch (native/update.cu's UPDATE_GATHER)."""
     first, n = part if part is not None else (0, res.layout.total)
     stream = stream if stream is not None else res.stream
-    n_state = len(res.opt_names)
-    s1 = res.train_state.ptr + res.param_bytes + 4 * first if n_state >= 1 else 0
-    s2 = res.train_state.ptr + res.param_bytes + res.opt_bytes + 4 * first if n_state >= 2 else 0
-    w = res.train_state.ptr + first * itemsize(res.spec.param)
-    g = res.grads.ptr + first * itemsize(res.spec.grad)
-    w16 = res.w16.ptr + 2 * first if res.w16 is not None else 0
-    args = [
-        arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
-        arg_ptr(res.epoch_state.ptr), arg_i32(step), arg_i32(steps),
-        arg_struct(res.config.optimizer.kernel_params().c_fields()),
-    ]  # fmt: skip
+    params = res.config.optimizer.kernel_params()
+    # Biases that decay otherwise than the weights (bias_decay: fastnn.sklearn's 0) take a launch per tensor, each
+    # with its own decay (optim.cuh's optim_bias as KernelParams.for_bias); the gather goes with the last launch.
+    runs = [(first, n, False)] if params.bias_decay == params.weight_decay else res.layout.tensor_runs(first, n)
+    for i, (first, n, is_bias) in enumerate(runs):
+        args = _update_args(res, first, n, step, steps, params.for_bias() if is_bias else params)
+        if gather is None or i + 1 < len(runs):
+            launch_elementwise(res, res.update_mod, res.spec.update_kernel, n, args, stream)
     if gather is None:
-        launch_elementwise(res, res.update_mod, res.spec.update_kernel, n, args, stream)
         return
     x_dev, y_dev, n_data, x_dtype, pos0, rows, out, out_y = gather
     src, data, affine, dest = gather_args(res, x_dev, y_dev, n_data, x_dtype, out, out_y)
@@ -209,6 +206,20 @@ def record_update(res: Resources, step: int, steps: int, gather: tuple | None = 
         (blocks, 1, 1), (UPDATE_THREADS, 1, 1), args + data + [arg_i32(pos0), arg_i32(rows)] + affine + dest,
         stream,
     )  # fmt: skip
+
+
+def _update_args(res: Resources, first: int, n: int, step: int, steps: int, params: KernelParams) -> list:
+    """update.cu's arguments (before a gather's) for the n elements from `first` of the flat buffers, with `params`."""
+    n_state = len(res.opt_names)
+    s1 = res.train_state.ptr + res.param_bytes + 4 * first if n_state >= 1 else 0
+    s2 = res.train_state.ptr + res.param_bytes + res.opt_bytes + 4 * first if n_state >= 2 else 0
+    w = res.train_state.ptr + first * itemsize(res.spec.param)
+    g = res.grads.ptr + first * itemsize(res.spec.grad)
+    w16 = res.w16.ptr + 2 * first if res.w16 is not None else 0
+    return [
+        arg_ptr(w), arg_ptr(g), arg_ptr(s1), arg_ptr(s2), arg_ptr(w16), arg_u64(n),
+        arg_ptr(res.epoch_state.ptr), arg_i32(step), arg_i32(steps), arg_struct(params.c_fields()),
+    ]  # fmt: skip
 
 
 def record_zero_grads(res: Resources) -> None:
