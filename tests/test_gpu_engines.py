@@ -188,6 +188,11 @@ CASES = [
     ([16, 400], "relu", SGD(lr=0.05), 1000, 1500),  # 400 classes: the loss kernel's bias sums over many warps
     # issue 9's widest required model: the fused engine holds it only in its lean layout, 4 rows a chunk
     ([784, 256, 256, 256, 10], "relu", SGD(lr=0.02, momentum=0.9, weight_decay=1e-4), 32, 200),
+    # bias_decay=0 (fastnn.sklearn's penalty: weights only), decays large enough that a bias decayed as a weight is
+    # several tolerances away
+    ([20, 37, 2], "relu", SGD(lr=0.05, momentum=0.9, weight_decay=0.1, bias_decay=0.0), 32, 300),
+    ([20, 100, 37, 10], "gelu", AdamW(lr=1e-3, weight_decay=5.0, bias_decay=0.0), 128, 1000),
+    ([784, 10], "relu", SGD(lr=0.1, weight_decay=0.1, bias_decay=0.0), 128, 1000),
 ]
 
 
@@ -273,6 +278,9 @@ LOGREG_CASES = [
     # float32 rows, converted to fp16 operands by the producers (x_dtype is the test's, not a Trainer argument)
     ([784, 10], SGD(lr=0.05, momentum=0.9), 128, 1000, "mixed", {"x_dtype": np.float32}),
     ([784, 10], AdamW(lr=1e-3), 128, 1000, "fp16", {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
+    # bias_decay=0: the bias's update with optim.cuh's optim_bias
+    ([784, 10], SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, bias_decay=0.0), 128, 1000, "mixed", {}),
+    ([784, 10], AdamW(lr=1e-3, weight_decay=5.0, bias_decay=0.0), 128, 1000, "mixed", {}),
     ([30, 5], SGD(lr=0.05, momentum=0.9, nesterov=True), 32, 301, "mixed", {"x_dtype": np.float32}),
 ]
 
@@ -358,6 +366,7 @@ MLP_CASES = [
     ([784, 128, 10], "gelu", SGD(lr=0.02), 1, 60, "mixed", {}),
     ([784, 100, 100, 7], "relu", SGD(lr=0.01, momentum=0.9), 24, 500, "mixed", {"drop_last": True}),
     ([784, 128, 128, 10], "relu", SGD(lr=0.02, momentum=0.9), 32, 500, "mixed", {"normalize": (0.0, 2.0)}),
+    ([784, 64, 10], "relu", SGD(lr=0.02, momentum=0.9, weight_decay=0.1, bias_decay=0.0), 32, 500, "mixed", {}),
 ]
 
 
@@ -419,6 +428,9 @@ GRID_FAST_CASES = [
     # float32 rows, staged as fp16 operands (x_dtype is the test's, not a Trainer argument)
     ([784, 256, 256, 256, 10], SGD(lr=0.05), 32, 32 * 20 + 13, {"x_dtype": np.float32}),
     ([64, 128, 128, 128, 7], SGD(lr=0.01, momentum=0.9), 20, 301, {"x_dtype": np.float32, "normalize": (0.1, 2.0)}),
+    # bias_decay=0: every bias (b0, the hidden ones, the replicated b3) with optim.cuh's optim_bias
+    ([784, 128, 128, 128, 10], SGD(lr=0.01, momentum=0.9, weight_decay=0.1, bias_decay=0.0), 32, 500, {}),
+    ([784, 256, 256, 256, 10], AdamW(lr=1e-4, weight_decay=20.0, bias_decay=0.0), 32, 32 * 20 + 13, {}),
 ]  # fmt: skip
 
 
@@ -462,6 +474,7 @@ GRID_STREAM_CASES = [
     ([784, 4096, 4096, 4096, 10], SGD(lr=0.01, momentum=0.9), 32, 32 * 6 + 7, {}),
     ([784, 2048, 2048, 2048, 10], SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-3), 16, 16 * 8 + 5, {}),
     ([784, 8192, 8192, 8192, 10], SGD(lr=0.01), 32, 32 * 3 + 5, {}),  # 64 units a CTA, 128-unit chunks
+    ([784, 2048, 2048, 2048, 10], SGD(lr=0.01, momentum=0.9, weight_decay=0.1, bias_decay=0.0), 16, 16 * 8 + 5, {}),
 ]  # fmt: skip
 
 
