@@ -72,10 +72,12 @@ def test_lr_rows_and_its_refusals():
 
 @pytest.mark.bindings  # fastnn.cuda.driver imports cuda.bindings: skipped on a CPU-only install, as CI's is
 def test_optim_records_are_optim_cuh_structs():
-    recs = layout.optim_records((SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True), SGD(lr=0.2)))
-    assert recs.itemsize == 28 and recs.dtype.names == ("kind", "momentum", "weight_decay", "nesterov", "beta1",
-                                                          "beta2", "eps")  # fmt: skip
+    recs = layout.optim_records((SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
+                                 SGD(lr=0.2, weight_decay=0.01, bias_decay=0.0)))  # fmt: skip
+    assert recs.itemsize == 32 and recs.dtype.names == ("kind", "momentum", "weight_decay", "nesterov", "beta1",
+                                                          "beta2", "eps", "bias_decay")  # fmt: skip
     assert recs[0]["nesterov"] == 1 and recs[0]["momentum"] == np.float32(0.9) and recs[1]["momentum"] == 0
+    assert recs[0]["bias_decay"] == np.float32(0.01) and recs[1]["bias_decay"] == 0  # None: the weights' decay
     from fastnn.cuda.driver import arg_struct  # the ctypes struct the single-model kernels get: the same bytes
 
     one = arg_struct(SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True).kernel_params().c_fields())
