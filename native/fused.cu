@@ -572,7 +572,7 @@ __device__ __forceinline__ void fold_prep(float* sm, const OptimParams& p) {
             for (int e = threadIdx.x; e < n; e += NT)
                 sm[LY.s1[l] + e] = sgd_fold_carry(p, sm[LY.s1[l] + e], sm[LY.w[l] + e]);
             for (int e = threadIdx.x; e < nb; e += NT)
-                sm[LY.s1b[l] + e] = sgd_fold_carry(optim_bias(p), sm[LY.s1b[l] + e], sm[LY.b[l] + e]);  // bias_decay
+                sm[LY.s1b[l] + e] = sgd_fold_carry(optim_bias(p), sm[LY.s1b[l] + e], sm[LY.b[l] + e]);  // bias
         }
     }
 }
@@ -983,7 +983,8 @@ __device__ void fused_epoch(TP* params, float* s1g, float* s2g, half_t* w16, con
             half_t* op = OPC ? reinterpret_cast<half_t*>(sm + LY.op[l]) : nullptr;
             opt_step(p, o, prep, sm + LY.w[l], sm + gacc_w(l), sm + LY.s1[l], sm + LY.s2[l], op, n);
             // a bias: its decay is bias_decay (optim.cuh)
-            opt_step(optim_bias(p), o, prep, sm + LY.b[l], sm + gacc_b(l), sm + LY.s1b[l], sm + LY.s2b[l], nullptr, nb);
+            opt_step(optim_bias(p), o, prep, sm + LY.b[l], sm + gacc_b(l), sm + LY.s1b[l], sm + LY.s2b[l], nullptr,
+                     nb);
         }
         __syncthreads();
         PROF_MARK(6);  // update

@@ -432,12 +432,12 @@ extern "C" __global__ void many_update(float* __restrict__ w, const float* __res
     for (int ti = 0; ti < tensors; ++ti) {
         if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
         const u64 base = starts[ti] + (u64)k * sizes[ti];
-        const OptimParams q = ti & 1 ? optim_bias(p) : p;  // the tensors alternate weight, bias (param_names' order)
+        const OptimParams pt = ti & 1 ? optim_bias(p) : p;  // the tensors alternate weight, bias (param_names' order)
         for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < sizes[ti]; j += (u64)gridDim.x * blockDim.x) {
             const u64 i = base + j;
             float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
-            if (adamw) optim_update<OPTIM_ADAMW>(q, os, 2, g[i], wv, m, v);
-            else optim_update<OPTIM_SGD>(q, os, states, g[i], wv, m, v);
+            if (adamw) optim_update<OPTIM_ADAMW>(pt, os, 2, g[i], wv, m, v);
+            else optim_update<OPTIM_SGD>(pt, os, states, g[i], wv, m, v);
             w[i] = wv;
             if (s1) s1[i] = m;
             if (s2) s2[i] = v;
@@ -482,14 +482,15 @@ extern "C" __global__ void many_update_vec(float* __restrict__ w, const float* _
         if (skip >> ti & 1u) continue;  // updated elsewhere (the folded SGD of layer 0)
         const u64 size = sizes[ti], base = starts[ti] + (u64)k * size;
         const u64 quads = aligned && ((base | size) & 3) == 0 ? size / 4 : 0;
+        const OptimParams pt = ti & 1 ? optim_bias(p) : p;  // the tensors alternate weight, bias (param_names' order)
         for (u64 q = first; q < quads; q += stride) {
             const u64 i = base + 4 * q;
             float4 wv = *(const float4*)(w + i);
             const float4 gv = *(const float4*)(g + i);
             float4 m = s1 ? *(const float4*)(s1 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 v = s2 ? *(const float4*)(s2 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (adamw) update4<OPTIM_ADAMW>(p, os, 2, wv, gv, m, v);
-            else update4<OPTIM_SGD>(p, os, states, wv, gv, m, v);
+            if (adamw) update4<OPTIM_ADAMW>(pt, os, 2, wv, gv, m, v);
+            else update4<OPTIM_SGD>(pt, os, states, wv, gv, m, v);
             *(float4*)(w + i) = wv;
             if (s1) *(float4*)(s1 + i) = m;
             if (s2) *(float4*)(s2 + i) = v;
@@ -497,8 +498,8 @@ extern "C" __global__ void many_update_vec(float* __restrict__ w, const float* _
         for (u64 j = 4 * quads + first; j < size; j += stride) {  // what is not in float4s: as many_update
             const u64 i = base + j;
             float wv = w[i], m = s1 ? s1[i] : 0.f, v = s2 ? s2[i] : 0.f;
-            if (adamw) optim_update<OPTIM_ADAMW>(p, os, 2, g[i], wv, m, v);
-            else optim_update<OPTIM_SGD>(p, os, states, g[i], wv, m, v);
+            if (adamw) optim_update<OPTIM_ADAMW>(pt, os, 2, g[i], wv, m, v);
+            else optim_update<OPTIM_SGD>(pt, os, states, g[i], wv, m, v);
             w[i] = wv;
             if (s1) s1[i] = m;
             if (s2) s2[i] = v;
