@@ -88,3 +88,19 @@ def test_precision_specs_name_existing_kernels():
 def test_aux_leading_dimensions():
     assert relu_aux_ld(10) == 128 and relu_aux_ld(128) == 128 and relu_aux_ld(129) == 256
     assert gelu_aux_ld(37) == 40 and gelu_aux_ld(8) == 8
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_tensor_runs_cut_a_range_at_the_tensors(shards):
+    """What the graph engine's update launches one by one where the biases decay otherwise (bias_decay): each
+    tensor with its padding, flagged as a bias or not; a sharded part cut the same way, nothing lost."""
+    layout = param_layout(MLP([7, 5, 3]), shards=shards)
+    ends = (*layout.offsets[1:], layout.total)
+    runs = layout.tensor_runs(0, layout.total)
+    assert [(a, c) for a, c, _ in runs] == [(lo, hi - lo) for lo, hi in zip(layout.offsets, ends)]
+    assert [bias for *_, bias in runs] == [False, True, False, True]
+    for layer in range(2):
+        for rank in range(shards):
+            first, count = layout.shard(layer, rank)
+            part = layout.tensor_runs(first, count)
+            assert part[0][0] == first and sum(c for _, c, _ in part) == count
