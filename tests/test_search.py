@@ -126,12 +126,18 @@ def test_regressor_randomized_matches_scikit_learn(regression):
 
 
 def test_logistic_regression_c_uses_each_folds_rows(digits):
-    """C is weight decay 1 / (C n) with n the fold's rows: unequal folds still batch, each with its own decay."""
+    """C is weight decay 1 / (C n) with n the fold's rows: unequal folds still batch, each with its own decay; each
+    fold is its own group, trained on its rows less their mean as the estimator's fit trains (`_centred`)."""
     X, y = digits
     est = fs.LogisticRegression(max_iter=5, learning_rate="constant", random_state=0, device="cpu")
     ours, theirs = both("GridSearchCV", est, {"C": [0.01, 1.0, 100.0]}, X[:500], y[:500], cv=3)
     assert_same_results(ours, theirs)
-    assert len(ours.plan_.groups) == 1 and ours.best_params_ == theirs.best_params_
+    assert len(ours.plan_.groups) == 3 and ours.best_params_ == theirs.best_params_
+    from sklearn.model_selection import StratifiedKFold  # cv=3's folds for a classifier
+
+    for (train, _), group in zip(StratifiedKFold(3).split(X[:500], y[:500]), ours.plan_.groups, strict=True):
+        assert len(group.models) == 3
+        np.testing.assert_allclose(group.centre, X[:500][train].astype(np.float32).mean(axis=0), rtol=1e-6)
     adaptive = fs.GridSearchCV(est.set_params(learning_rate="adaptive"), {"C": [0.01, 1.0]}, cv=3).fit(X[:300], y[:300])
     assert adaptive.plan_.groups == [] and "adaptive" in adaptive.plan_.reasons[0]  # LogisticRegression's default
 

@@ -91,7 +91,8 @@ def test_the_estimator_is_trainer_training():
         warnings.simplefilter("ignore", ConvergenceWarning)
         clf.fit(x, y)
     seed = int(np.random.RandomState(7).randint(0, 2**31 - 1))
-    t = fastnn.Trainer(fastnn.MLP([5, 8, 3]), fastnn.SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    t = fastnn.Trainer(fastnn.MLP([5, 8, 3]), fastnn.SGD(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4,
+                                                                bias_decay=0.0),  # alpha: the weights only
                        batch_size=32, device="cpu", seed=seed)  # fmt: skip
     t.fit(x.astype(np.float32), np.searchsorted(clf.classes_, y), epochs=3, progress=False)
     for k, v in t.state_dict().items():
@@ -295,27 +296,24 @@ def test_what_fastnn_cannot_honour_is_refused_with_the_reason(make, match):
 
 
 def test_logistic_regression_c_is_scikit_learns_penalty():
-    """C=1 is weight decay 1/(C n) on the mean loss: SGD goes to scikit-learn's optimum (bias decayed too)."""
+    """C=1 is weight decay 1/(C n) on the mean loss, of the weights only (bias_decay=0: scikit-learn penalises
+    coef_, never intercept_); the optimum itself is checked by the convergence tests below."""
     from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
     x, y = load_digits(return_X_y=True)
     x = StandardScaler().fit_transform(x)
     n = len(x)
-
-    def objective(proba, w):  # scikit-learn's: mean log loss + ||W||^2 / (2 C n), with C = 1
-        return -np.log(proba[np.arange(n), y]).mean() + (w**2).sum() / (2 * n)
-
-    ref = SkLogisticRegression(C=1.0).fit(x, y)
-    ours = LogisticRegression(C=1.0, random_state=0, device="cpu").fit(x, y)
-    assert ours.trainer_.optimizer.weight_decay == pytest.approx(1 / n)
-    best = objective(ref.predict_proba(x), ref.coef_)
-    assert objective(ours.predict_proba(x), ours.trainer_.state_dict()["0.weight"]) < 1.05 * best
-    assert (ours.predict(x) == ref.predict(x)).mean() > 0.99
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # unpenalised, the separable digits never settle
+        ours = LogisticRegression(C=1.0, max_iter=2, random_state=0, device="cpu").fit(x, y)
+        assert ours.trainer_.optimizer.weight_decay == pytest.approx(1 / n)
+        assert ours.trainer_.optimizer.bias_decay == 0.0
         for unpenalised in (LogisticRegression(C=np.inf, max_iter=2), LogisticRegression(penalty=None, max_iter=2)):
             assert unpenalised.set_params(device="cpu").fit(x, y).trainer_.optimizer.weight_decay == 0
+    mlp = MLPClassifier((4,), alpha=1e-3, max_iter=1, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert mlp.fit(x, y).trainer_.optimizer.bias_decay == 0.0  # alpha: coefs_ only, as scikit-learn's
 
 
 @pytest.mark.parametrize("kwargs", [{"tol": 10, "n_iter_no_change": 3}, {"tol": 0.05, "n_iter_no_change": 2}])
@@ -366,7 +364,8 @@ def test_invscaling_is_a_schedule_of_the_samples_seen():
         clf.fit(x, y)
     seed = int(np.random.RandomState(7).randint(0, 2**31 - 1))
     n, spe = len(x), 5  # 240 rows at batch 50: 5 steps per epoch
-    t = fastnn.Trainer(fastnn.MLP([5, 8, 3]), fastnn.SGD(lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    t = fastnn.Trainer(fastnn.MLP([5, 8, 3]), fastnn.SGD(lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4,
+                                                                bias_decay=0.0),
                        batch_size=50, device="cpu", seed=seed,
                        schedule=lambda step: 0.5 / ((step // spe) * n + 1) ** 0.3)  # fmt: skip
     t.fit(x.astype(np.float32), np.searchsorted(clf.classes_, y), epochs=3, progress=False)
@@ -431,8 +430,8 @@ def test_a_failed_first_partial_fit_sets_nothing(first, match):
 
 
 def test_readme_example_and_logistic_regression_defaults_converge_on_digits():
-    """The README's scikit-learn example stops on tol (no ConvergenceWarning); LogisticRegression's defaults stop
-    on tol or say they did not."""
+    """The README's scikit-learn example stops on tol (no ConvergenceWarning); so do LogisticRegression's
+    defaults."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -445,12 +444,10 @@ def test_readme_example_and_logistic_regression_defaults_converge_on_digits():
         assert mlp.fit(X_train, y_train).score(X_test, y_test) > 0.96
         assert mlp[-1].n_iter_ < 50
     lr = make_pipeline(StandardScaler(), LogisticRegression(random_state=0, device="cpu"))
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always", ConvergenceWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # it stops on tol
         assert lr.fit(X_train, y_train).score(X_test, y_test) > 0.95  # scikit-learn's: 0.967
-    if not [w for w in seen if w.category is ConvergenceWarning]:  # it stopped on tol: the exact gradient says so
-        Xs = lr[0].transform(X_train).astype(np.float32)
-        assert np.abs(lr[-1]._objective_gradient(Xs, lr[-1]._encode(y_train))).max() <= lr[-1].tol
+    assert lr[-1].n_iter_ < lr[-1].max_iter
 
 
 def test_a_classifier_given_continuous_targets_points_to_the_regressor():
@@ -519,40 +516,69 @@ def _sk_objective(x: np.ndarray, y: np.ndarray, coef: np.ndarray, intercept: np.
     return float(-log_p[np.arange(len(y)), y].mean() + (coef**2).sum() / (2 * C * len(y)))
 
 
-def test_logistic_regression_reaches_scikit_learns_objective_by_default():
-    """make_classification(15000 x 50, 3 classes), C=1: within 1e-3 of scikit-learn's objective by default (it
-    stopped 15% above it at epoch 20, silently, before); with tol=1e-3 it stops on tol, the exact gradient says so."""
-    from sklearn.datasets import make_classification
+def _convergence_case(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Issue 43's cases: make_classification(15000 x 50, 3 classes), and load_digits scaled as users scale it."""
+    from sklearn.datasets import load_digits, make_classification
+
+    if name == "make_classification":
+        return make_classification(15000, 50, n_informative=10, n_classes=3, random_state=0)
+    x, y = load_digits(return_X_y=True)
+    return (StandardScaler().fit_transform(x) if name == "digits-standardised" else x / 16.0), y
+
+
+@pytest.mark.parametrize("case", ["make_classification", "digits-standardised", "digits-16"])
+def test_logistic_regression_reaches_scikit_learns_objective_by_default(case):
+    """Issue 43: within 1e-3 of scikit-learn's objective (the optimum its lbfgs reaches at a tight tol) by default,
+    stopping on tol before max_iter, without a ConvergenceWarning. Before: make_classification stopped 15% above it
+    at epoch 20, silently; load_digits ended 1.3% (standardised) and 0.8% (/16) above it with a warning."""
     from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
-    x, y = make_classification(15000, 50, n_informative=10, n_classes=3, random_state=0)
-    ref = SkLogisticRegression(C=1.0, max_iter=1000).fit(x, y)
+    x, y = _convergence_case(case)
+    ref = SkLogisticRegression(C=1.0, tol=1e-8, max_iter=5000).fit(x, y)
     best = _sk_objective(x, y, ref.coef_, ref.intercept_)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)  # float32 steps settle near 7e-4 > tol=1e-4
-        ours = LogisticRegression(random_state=0, device="cpu").fit(x, y)
-    w, b = ours.trainer_.state_dict()["0.weight"], ours.trainer_.state_dict()["0.bias"]
-    assert _sk_objective(x, y, w.astype(np.float64), b.astype(np.float64)) <= best * (1 + 1e-3)
-    with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        stopped = LogisticRegression(tol=1e-3, random_state=0, device="cpu").fit(x, y)
-    assert np.abs(stopped._objective_gradient(x.astype(np.float32), y)).max() <= 1e-3
-    w, b = stopped.trainer_.state_dict()["0.weight"], stopped.trainer_.state_dict()["0.bias"]
-    assert _sk_objective(x, y, w.astype(np.float64), b.astype(np.float64)) <= best * (1 + 1e-3)
-    assert stopped.n_iter_ < stopped.max_iter
+        ours = LogisticRegression(random_state=0, device="cpu").fit(x, y)
+    assert _sk_objective(x, y, ours.coef_, ours.intercept_) <= best * (1 + 1e-3)
+    assert ours.n_iter_ < ours.max_iter
+    np.testing.assert_allclose(ours.decision_function(x), x @ ours.coef_.T + ours.intercept_, rtol=1e-6, atol=1e-6)
 
 
 def test_logistic_regression_honours_tol_and_warns_when_max_iter_runs_out():
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    x = StandardScaler().fit_transform(x).astype(np.float32)
+    """tol bounds the exact objective's change over a phase of the adaptive rate: a looser tol stops sooner, a
+    tighter one ends lower; a ConvergenceWarning only where max_iter (or a rate that cannot fall) comes first."""
+    x, y = _convergence_case("digits-standardised")
+    fits = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        loose = LogisticRegression(tol=5e-2, random_state=0, device="cpu").fit(x, y)
-    assert np.abs(loose._objective_gradient(x, y)).max() <= 5e-2
+        for tol in (1e-2, 1e-4):
+            fits[tol] = LogisticRegression(tol=tol, random_state=0, device="cpu").fit(x, y)
+    loose, tight = fits[1e-2], fits[1e-4]
+    assert loose.n_iter_ < tight.n_iter_ < tight.max_iter
+    assert _sk_objective(x, y, tight.coef_, tight.intercept_) < _sk_objective(x, y, loose.coef_, loose.intercept_)
     with pytest.warns(ConvergenceWarning, match="max_iter=3 epochs reached without convergence"):
         short = LogisticRegression(tol=1e-6, max_iter=3, random_state=0, device="cpu").fit(x, y)
     assert short.n_iter_ == 3
     with pytest.warns(ConvergenceWarning, match='learning_rate="adaptive" goes on'):
         LogisticRegression(learning_rate="constant", tol=1e-9, random_state=0, device="cpu").fit(x, y)
+
+
+def test_logistic_regression_trains_on_centred_rows_and_answers_in_the_rows_own_terms():
+    """The network sees x less the training mean (the same objective, the intercept unpenalised); coef_,
+    intercept_, decision_function and predict_proba are those of the rows as given, warm starts and partial fits
+    keep the first fit's centre."""
+    x, y = _convergence_case("digits-16")
+    est = LogisticRegression(max_iter=5, random_state=0, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x, y)
+    np.testing.assert_allclose(est._centre_, x.mean(axis=0))
+    z = x @ est.coef_.T + est.intercept_
+    proba = np.exp(z - z.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(est.predict_proba(x), proba / proba.sum(axis=1, keepdims=True), atol=1e-5)
+    centre = est._centre_.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.set_params(warm_start=True).fit(x[:500] + 1.0, y[:500])
+        est.partial_fit(x[:300], y[:300])
+    np.testing.assert_array_equal(est._centre_, centre)

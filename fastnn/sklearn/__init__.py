@@ -10,7 +10,7 @@ same engines, devices, precisions and speed. Needs scikit-learn (in a fastnn che
 Differences from scikit-learn's estimators, by design:
 
 - `activation` is "relu" or "gelu" (tanh form); `solver` is "adam" (AdamW: `alpha` is its decoupled weight
-  decay) or "sgd" (`alpha` is L2 weight decay on the mean loss), biases included, rather than scikit-learn's
+  decay) or "sgd" (`alpha` is L2 weight decay on the mean loss), of the weights only, rather than scikit-learn's
   penalty alpha / (2 * batch rows) * ||W||^2 in the loss; "lbfgs" is refused.
 - `learning_rate` ("constant", "invscaling", "adaptive") applies to either solver (scikit-learn: "sgd" only).
 - Inputs are used as float32 values as given (no /255 scaling of integer inputs); scale features yourself

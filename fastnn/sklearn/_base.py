@@ -52,10 +52,10 @@ def auto_batch(batch_size: Any, n: int) -> int:
 class Rate:
     """scikit-learn's `learning_rate` rule as a fastnn schedule (global step -> rate).
 
-    `lr` is the current base rate ("adaptive" divides it by 5 at each plateau); "invscaling" divides it by
-    (samples seen + 1) ** power_t, the samples seen before each epoch (scikit-learn's `t_`), which `begin`
-    describes for the fit call about to train: its first step, the samples seen before it, its rows per epoch
-    and steps per epoch."""
+    `lr` is the current base rate ("adaptive" divides it at each plateau: by 5, LogisticRegression by 2);
+    "invscaling" divides it by (samples seen + 1) ** power_t, the samples seen before each epoch (scikit-learn's
+    `t_`), which `begin` describes for the fit call about to train: its first step, the samples seen before it,
+    its rows per epoch and steps per epoch."""
 
     def __init__(self, kind: str, lr: float, power_t: float) -> None:
         self.kind, self.lr, self.power_t = kind, lr, power_t
@@ -351,7 +351,7 @@ class FastnnEstimator(BaseEstimator):
             self.loss_curve_: list[float] = []
             self.t_ = 0
         self.n_iter_ = 0
-        self._plateau_ = Plateau(float(self.tol), self.n_iter_no_change)
+        self._plateau_ = Plateau(self._plateau_tol(), self.n_iter_no_change)
 
     def _continued(self, n_samples: int) -> None:
         """Before a partial_fit on `n_samples` rows: as scikit-learn, batch_size="auto" takes min(200, n) of each
@@ -377,7 +377,7 @@ class FastnnEstimator(BaseEstimator):
     def _fit_new(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
         """`fit`'s training: up to max_iter epochs, stopping as scikit-learn does (tol, n_iter_no_change; with
         early_stopping on a held-out score, ending with the best epoch's weights); "adaptive" divides the rate
-        by 5 at each plateau instead of stopping, until it is at most 1e-6."""
+        by `_rate_divisor` at each plateau instead of stopping, until it is at most 1e-6."""
         trainer, plateau, rate = self.trainer_, self._plateau_, self._rate_
         eval_data, w = None, getattr(self, "_fit_weight", None)
         if self.early_stopping:
@@ -404,7 +404,7 @@ class FastnnEstimator(BaseEstimator):
                     converged = verdict is None
                     why = f"stopped at a plateau of the learning rate {rate.lr:.3g}"
                     break
-                rate.lr /= 5.0
+                rate.lr /= self._rate_divisor
                 plateau.count, plateau.triggered = 0, False
         finally:
             plateau.trainer = plateau.score = None  # this fit's: the estimator pickles without them
@@ -425,6 +425,14 @@ class FastnnEstimator(BaseEstimator):
                 ConvergenceWarning,
             )
 
+    #: What "adaptive" divides the rate by at a plateau (scikit-learn's MLPs: 5).
+    _rate_divisor = 5.0
+
+    def _plateau_tol(self) -> float:
+        """How much an epoch must improve the training loss (or the validation score) not to count towards a
+        plateau: scikit-learn's MLPs' `tol`."""
+        return float(self.tol)
+
     def _at_plateau(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> bool | None:
         """At a plateau of the training loss: True if converged, False if not (go on with a smaller rate under
         "adaptive"), None if the plateau itself is the stopping rule (scikit-learn's MLPs)."""
@@ -435,7 +443,8 @@ class FastnnEstimator(BaseEstimator):
 
     def _fit_one_epoch(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
         """`partial_fit`'s training: one epoch; the stopping count goes on across calls, and with "adaptive" a
-        plateau divides the rate by 5 (scikit-learn's partial_fit does neither early stopping nor stopping)."""
+        plateau divides the rate by `_rate_divisor` (scikit-learn's partial_fit does neither early stopping nor
+        stopping)."""
         trainer, plateau, rate = self.trainer_, self._plateau_, self._rate_
         rate.begin(trainer.step, self.t_, X.shape[0], steps_per_epoch(X.shape[0], trainer.config.batch_size, False))
         # A new array object over the caller's memory, so that every call uploads what X holds now. The GPU engines
@@ -452,7 +461,7 @@ class FastnnEstimator(BaseEstimator):
         for record in history:
             plateau(record)
         if plateau.triggered and self.learning_rate == "adaptive" and rate.lr > _ADAPTIVE_MIN_LR:
-            rate.lr /= 5.0
+            rate.lr /= self._rate_divisor
             plateau.count, plateau.triggered = 0, False
         self.best_loss_ = plateau.best_loss
 

@@ -127,7 +127,8 @@ class MLPClassifier(LayersMixin, FastnnClassifier):
         activation: "relu" or "gelu" (tanh form); scikit-learn's "identity", "logistic", "tanh" are refused.
         solver: "adam" (AdamW with `beta_1`, `beta_2`, `epsilon`) or "sgd" (with `momentum`, Nesterov if
             `nesterovs_momentum`); "lbfgs" is refused.
-        alpha: weight decay (AdamW's decoupled decay, SGD's L2 decay), biases included.
+        alpha: weight decay (AdamW's decoupled decay, SGD's L2 decay) of the weights; the biases are not decayed
+            (bias_decay=0), as scikit-learn penalises coefs_ only.
         batch_size: rows per step, or "auto" = min(200, n_samples) of each fit or partial_fit call.
         learning_rate: "constant"; "invscaling" (learning_rate_init / (samples seen + 1) ** power_t, updated
             each epoch); "adaptive" (divided by 5 where a plateau would stop training, until at most 1e-6).

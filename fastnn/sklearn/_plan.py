@@ -51,7 +51,7 @@ class ModelSpec:
     hparams: dict[str, Any]  #: the optimizer's per-model fields
     seed: int  #: its initial weights' seed
     max_iter: int
-    tol: float
+    tol: float  #: its plateau's threshold (`_plateau_tol`: LogisticRegression's is 0)
     patience: float  #: n_iter_no_change
     name: str  #: the estimator's class name (ConvergenceWarning's text)
 
@@ -72,6 +72,8 @@ class Group:
     head_fold: int | None  #: a Pipeline's fits: the fold whose transformed rows (its other steps' output) it trains on
     classes: np.ndarray | None  #: a classifier's classes (labels are encoded as indices into them)
     models: list[ModelSpec] = dataclasses.field(default_factory=list)
+    #: LogisticRegression's: the fold's training mean, which its rows (trained and scored) are less, as its fit's
+    centre: np.ndarray | None = None
 
     def cost(self) -> float:
         """Rough work (models x rows x epochs x parameters), to balance groups over devices."""
@@ -212,6 +214,11 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
     except ValueError as exc:
         return f"the fit refuses its parameters ({exc})", None
     own = None if head_fold is not None or _ascending(train) else train  # the fit sees X[train] in this order
+    centre = None
+    if isinstance(est, LogisticRegression):  # it trains on rows less its fit's mean: each fold's own (`_centred`)
+        rows = heads[fold][0] if head_fold is not None else X[train]  # type: ignore[index]
+        centre = rows.mean(axis=0, dtype=np.float64) if rows.shape[0] else None
+        own = None if head_fold is not None else train
     n = int(train.size)
     classes = None
     if isinstance(est, (MLPClassifier, LogisticRegression)):
@@ -235,10 +242,10 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
     )  # fmt: skip
     group = Group(key=key, model=model, loss=est._loss, optimizer=type(opt)(**{**shared, **hparams}),
                   batch_size=batch, precision=est.precision, device=est.device, shuffle_seed=seed, own_rows=own,
-                  head_fold=head_fold, classes=classes)  # fmt: skip
+                  head_fold=head_fold, classes=classes, centre=centre)  # fmt: skip
     patience = est.n_iter_no_change
     spec = ModelSpec(pair=-1, fold=fold, rows=train if group.masked else np.arange(n), hparams=hparams,
-                     seed=est._seed() if seed is None else seed, max_iter=int(est.max_iter), tol=float(est.tol),
+                     seed=est._seed() if seed is None else seed, max_iter=int(est.max_iter), tol=est._plateau_tol(),
                      patience=patience if isinstance(patience, numbers.Real) else float(patience),
                      name=type(est).__name__)  # fmt: skip
     return None, (group, spec)

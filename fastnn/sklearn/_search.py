@@ -150,6 +150,10 @@ class _ManyModelSearch:
                 data.append((X32[g.own_rows], t[g.own_rows], X32, rows))
             else:
                 data.append((X32, t, X32, rows))
+            if g.centre is not None:  # LogisticRegression's rows less its fold's mean, as its fit's (`_centred`)
+                x_train, y_train, x_score, rows = data[-1]
+                data[-1] = ((x_train - g.centre).astype(np.float32), y_train, (x_score - g.centre).astype(np.float32),
+                            rows)  # fmt: skip
         if remote_backend():
             results = Parallel(n_jobs=self.n_jobs)(delayed(train_group)(g, *d) for g, d in zip(plan.groups, data))
         else:
