@@ -54,6 +54,13 @@
 // [S][32][24]), masters, momentum and the fp16 copy of W_1, W_2 (16 x 128 each), the last layer's 16 x 16 slice, its
 // gradient and fp16 copy, biases and their state, the partial logits [S][32][C], fp32 dlogits, reduce-scatter receive
 // and send buffers ([S][32][16] fp32 each). Registers: W_0's masters and momentum (8 a lane a chunk, up to 8 chunks).
+//
+// Code: mlp_epoch is the driver: start_cta (shared memory zeroed, mbarriers); the consumers' state load, then per step
+// layer 0's partials (in place: they read the register masters), layer0_out, the hidden layers, logits_tile, the
+// softmax, last_bwd, the hidden layers' backward, layer 0's weight gradient into the registers and the element-wise
+// update; the write-back; the producer warp's produce. The SASS of this split is not byte-identical to the code in
+// place (same registers, stack and instruction mix; -0.4% to +0.1% instructions): docs/design/fused-engine.md,
+// "Kernel code: phases", has the numbers to check on the device, and why the other phases stay in the driver.
 #include "activation.cuh"
 #include "fused_head.cuh"
 #include "optim.cuh"
@@ -169,6 +176,20 @@ struct StepInfo {
     int rows;
 };
 
+// The mbarriers, 8 bytes each from bar0: full[ST], empty[ST], then one per exchange round (NX).
+struct Bars {
+    u32 bar0;
+    __device__ __forceinline__ u32 full(int i) const { return bar0 + 8u * (u32)i; }
+    __device__ __forceinline__ u32 empty(int i) const { return bar0 + 8u * (u32)(ST + i); }
+    __device__ __forceinline__ u32 xbar(int i) const { return bar0 + 8u * (u32)(2 * ST + i); }
+};
+// Bytes a CTA receives in exchange round i: an all-gather of H, the logits', a reduce-scatter of dH.
+__device__ __forceinline__ u32 xbytes(int i) {
+    if (i < XL) return (u32)(S - 1) * BR * SLD * 2;
+    if (i == XL) return (u32)(S - 1) * BR * CE * 4;
+    return (u32)(S - 1) * BR * 16 * 4;
+}
+
 #if MP_PREC == 2
 typedef half_t TParam;
 #else
@@ -213,6 +234,189 @@ template <typename V> __device__ __forceinline__ float col_sum32(V v) {
     return a + b;
 }
 
+// The CTA's start: shared memory zeroed (every pad stays zero), the mbarriers initialised (each round's armed for
+// step 0 before any peer can send), every CTA's barriers in place before anyone sends.
+__device__ __forceinline__ void start_cta() {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr Lay LY = make_lay();
+    const Bars bar{smem_u32(sm + LY.bar)};
+    for (int i = threadIdx.x; i < LY.total / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST; ++i) {
+            mbar_init(bar.full(i), 32 + 1);  // each producer lane's cp.async arrival, and lane 0's release
+            mbar_init(bar.empty(i), NCW);
+        }
+        for (int i = 0; i < NX; ++i) {
+            mbar_init(bar.xbar(i), 1);
+            if (S > 1) mbar_arm_tx(bar.xbar(i), xbytes(i));  // step 0's; re-armed after each wait (see the header)
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if constexpr (S > 1) cluster_sync_full();
+}
+
+// Layer 0's outputs: its warps' partials summed in a fixed order, scaled back to x * scale (zs), the bias, the
+// activation -> Z_0 and the own slot of H_0 (or H_last); two neurons of one row a thread.
+__device__ __forceinline__ void layer0_out(float zs, u32 rank) {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr int SZ[L + 1] = MP_SIZES;
+    constexpr Lay LY = make_lay();
+    const int tid = threadIdx.x;
+    const int n0 = 16 * (int)rank;
+    auto F = [&](int off) { return reinterpret_cast<float*>(sm + off); };
+    auto Hh = [&](int off) { return reinterpret_cast<half_t*>(sm + off); };
+    auto nreal = [&](int l) { return min(16, max(0, SZ[l + 1] - n0)); };
+    const int r = tid >> 3, m = 2 * (tid & 7);
+    float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < NCW; ++w) {
+        const float2 q = *reinterpret_cast<const float2*>(F(LY.red) + (w * BR + r) * 16 + m);
+        v.x += q.x;
+        v.y += q.y;
+    }
+    float z[2] = {v.x * zs, v.y * zs}, h[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (m + i < nreal(0)) {
+            z[i] += rnd16(F(LY.b[0])[m + i]);
+            h[i] = rnd16(activation<ACT>(z[i]));
+            z[i] = rnd16(z[i]);
+        } else {
+            z[i] = h[i] = 0.f;
+        }
+    }
+    *reinterpret_cast<float2*>(F(LY.z[0]) + r * 16 + m) = make_float2(z[0], z[1]);
+    half_t* hd = NH == 1 ? Hh(LY.hlast) : Hh(LY.hb[0]) + (int)rank * BR * SLD;
+    *reinterpret_cast<u32*>(hd + r * SLD + m) = pack_h2(h[0], h[1]);
+}
+
+// The last layer's partial logits of the own 16 columns into lown, warps 0-3 (a 16 x 8 tile each).
+__device__ __forceinline__ void logits_tile(float* lown) {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr Lay LY = make_lay();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    auto Hh = [&](int off) { return reinterpret_cast<half_t*>(sm + off); };
+    const int mt = warp >> 1, nt = warp & 1;
+    if (nt == 0 || C > 8) {
+        u32 a[4], b[2];
+        float d[4];
+        zero4(d);
+        frag_a(Hh(LY.hlast), SLD, mt * 16, 0, a);
+        frag_b_nk(Hh(LY.wl16), SLD, 0, nt * 8, b);
+        mma16816(d, a, b);
+        const int c = nt * 8 + 2 * t, r = mt * 16 + g;
+        if (c < C) {
+            *reinterpret_cast<float2*>(lown + r * CE + c) = make_float2(d[0], d[1]);
+            *reinterpret_cast<float2*>(lown + (r + 8) * CE + c) = make_float2(d[2], d[3]);
+        }
+    }
+}
+
+// The last layer's backward: dH of the own slice times act'(Z) -> dZ_{NH-1} (warps 0-3), its weight gradient
+// (warps 4-5), the replicated bias gradient (warp 6).
+__device__ __forceinline__ void last_bwd(u32 rank) {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr int SZ[L + 1] = MP_SIZES;
+    constexpr Lay LY = make_lay();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int n0 = 16 * (int)rank;
+    auto F = [&](int off) { return reinterpret_cast<float*>(sm + off); };
+    auto Hh = [&](int off) { return reinterpret_cast<half_t*>(sm + off); };
+    auto nreal = [&](int l) { return min(16, max(0, SZ[l + 1] - n0)); };
+    if (warp < 4) {
+        const int mt = warp >> 1, nt = warp & 1;
+        u32 a[4], b[2];
+        float d[4];
+        zero4(d);
+        frag_a(Hh(LY.dzlr), SLD, mt * 16, 0, a);     // dlogits [row][class]
+        frag_b_kn(Hh(LY.wl16), SLD, 0, nt * 8, b);   // W_L [class][neuron]: k = class, n = neuron
+        mma16816(d, a, b);
+        const int l = NH - 1;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = mt * 16 + g + 8 * hr, m = nt * 8 + 2 * t;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float zz = F(LY.z[l])[r * 16 + m + i];
+                const float dz = m + i < nreal(l) ? rnd16(d[2 * hr + i] * activation_grad<ACT>(zz)) : 0.f;
+                const half_t dh = from_f<half_t>(dz);
+                Hh(LY.dzt[l])[(m + i) * TLD + r] = dh;
+                Hh(LY.dzr[l])[r * SLD + m + i] = dh;
+            }
+        }
+    } else if (warp < 6) {
+        const int nt = warp - 4;
+        float d[4];
+        zero4(d);
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            u32 a[4], b[2];
+            frag_a(Hh(LY.dzlt), TLD, 0, ks * 16, a);          // dlogits^T [class][row]
+            frag_b_kn(Hh(LY.hlast), SLD, ks * 16, nt * 8, b);  // H [row][neuron]: k = row, n = neuron
+            mma16816(d, a, b);
+        }
+        const int m = nt * 8 + 2 * t;
+        *reinterpret_cast<float2*>(F(LY.wlg) + g * 16 + m) = make_float2(d[0], d[1]);
+        *reinterpret_cast<float2*>(F(LY.wlg) + (g + 8) * 16 + m) = make_float2(d[2], d[3]);
+    } else if (warp == 6 && lane < C) {
+        F(LY.blg)[lane] = col_sum32([&](int r) { return F(LY.dz32)[lane * DLD + r]; });
+    }
+}
+
+// ---- the producer warp: up to ST steps ahead, a batch row a lane ---------------------------------------------------
+// Per step: wait empty[stage]; the Feistel index and label of each row; the rows by cp.async (G bytes a unit) or plain
+// copies, completing on full[stage]; the step constants by lane 0, released by a plain arrive. (A phase of its own,
+// its SASS is not byte-identical to the code in place: issue 37's notes in docs/design/fused-engine.md.)
+__device__ __forceinline__ void produce(const u8* __restrict__ x, const int* __restrict__ y, u32 n, u32 seed_lo,
+                                        u32 seed_hi, u32 half_bits, u32 epoch, u32 epoch_in_fit,
+                                        const float* const& lr_table, int steps, int batch) {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr Lay LY = make_lay();
+    const int lane = threadIdx.x & 31;
+    u8* X = sm + LY.x;
+    int* lab = reinterpret_cast<int*>(sm + LY.lab);
+    int* idxs = reinterpret_cast<int*>(sm + LY.idx);
+    StepInfo* info = reinterpret_cast<StepInfo*>(sm + LY.info);
+    const Bars bar{smem_u32(sm + LY.bar)};
+    u32 keys[FEISTEL_ROUNDS];
+    round_keys(seed_lo, seed_hi, epoch, keys);
+    constexpr int GF = G > 1 ? G : 1;
+    constexpr int UPR = NCHUNK * 16 / GF;  // copy units a staged row
+    int stg = 0;
+    u32 epar = 1u;
+    for (int s = 0; s < steps; ++s) {
+        wait_warp<false>(bar.empty(stg), epar, s, W_EMPTY);
+        const int rows = min(batch, (int)n - s * batch);
+        int* ix = idxs + stg * BR;
+        if (lane < rows) {
+            const u32 id = permuted_index(keys, half_bits, n, (u32)(s * batch + lane));
+            ix[lane] = (int)id;
+            if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + lane), y + id);
+            else lab[stg * BR + lane] = y[id];
+        }
+        __syncwarp();
+        u8* xd = X + stg * XST;
+        for (int u = lane; u < rows * UPR; u += 32) {
+            const int r = u / UPR, c = u - r * UPR, f = c * GF;
+            if (f >= D) continue;  // pad features stay zero
+            copy_unit<G>(xd + r * ROWB + f, x + (u64)ix[r] * D + f);
+        }
+        if constexpr (G > 1) cp_async_arrive_noinc(bar.full(stg));
+        else mbar_arrive(bar.full(stg));
+        if (lane == 0) {  // the step constants, after the copies are on their way (a global load), released
+            info[stg] = StepInfo{lr_table[(u64)epoch_in_fit * steps + s], rows};
+            mbar_arrive(bar.full(stg));
+        }
+        __syncwarp();  // the stage's indices are read by every lane before the next step rewrites another stage
+        if (++stg == ST) {
+            stg = 0;
+            epar ^= 1u;
+        }
+    }
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------------------------
 __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __restrict__ x,
                           const int* __restrict__ y, u32 n, u32 seed_lo, u32 seed_hi, u32 half_bits, EpochState* est,
@@ -231,34 +435,11 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
     int* lab = reinterpret_cast<int*>(sm + LY.lab);
     int* idxs = reinterpret_cast<int*>(sm + LY.idx);
     StepInfo* info = reinterpret_cast<StepInfo*>(sm + LY.info);
-    const u32 bar0 = smem_u32(sm + LY.bar);
-    auto full = [&](int i) { return bar0 + 8u * (u32)i; };
-    auto empty = [&](int i) { return bar0 + 8u * (u32)(ST + i); };
-    auto xbar = [&](int i) { return bar0 + 8u * (u32)(2 * ST + i); };
-    // bytes a CTA receives in each round
-    auto xbytes = [&](int i) -> u32 {
-        if (i < XL) return (u32)(S - 1) * BR * SLD * 2;
-        if (i == XL) return (u32)(S - 1) * BR * CE * 4;
-        return (u32)(S - 1) * BR * 16 * 4;
-    };
+    const Bars bar{smem_u32(sm + LY.bar)};
     // real neurons of hidden layer l in this CTA, and real input columns of layer l
     auto nreal = [&](int l) { return min(16, max(0, SZ[l + 1] - n0)); };
 
-    for (int i = tid; i < LY.total / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    if (tid == 0) {
-        for (int i = 0; i < ST; ++i) {
-            mbar_init(full(i), 32 + 1);  // each producer lane's cp.async arrival, and lane 0's release
-            mbar_init(empty(i), NCW);
-        }
-        for (int i = 0; i < NX; ++i) {
-            mbar_init(xbar(i), 1);
-            if (S > 1) mbar_arm_tx(xbar(i), xbytes(i));  // step 0's; re-armed after each wait (see the header)
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    if constexpr (S > 1) cluster_sync_full();
+    start_cta();
     if (p.kind != OPTIM_SGD) __trap();  // fused/plan.py sends AdamW to fused.cu
     const u32 epoch = est->epoch, epoch_in_fit = est->epoch_in_fit;
     const float* lr_table = est->lr;
@@ -344,7 +525,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
             if constexpr (S > 1) {
                 if (warp == 0 && lane < S - 1) {
                     const u32 q = (u32)lane < rank ? (u32)lane : (u32)lane + 1u;
-                    bulk_s2cluster(mapa(slot_addr, q), slot_addr, bytes, mapa(xbar(round), q));
+                    bulk_s2cluster(mapa(slot_addr, q), slot_addr, bytes, mapa(bar.xbar(round), q));
                 }
             }
         };
@@ -352,7 +533,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
         u32 fpar = 0;
         for (int s = 0; s < steps; ++s) {
             const u32 xpar = (u32)(s & 1);  // every round's barrier completes once a step
-            wait_warp<false>(full(stg), fpar, s, W_FULL);
+            wait_warp<false>(bar.full(stg), fpar, s, W_FULL);
             const StepInfo si = info[stg];
             const int rows = si.rows;
             const float inv_rows = 1.f / (float)rows;
@@ -398,30 +579,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     }
             }
             bar_consumers();
-            {  // the fixed-order sum over the warps, bias, activation: two neurons of one row a thread
-                const int r = tid >> 3, m = 2 * (tid & 7);
-                float2 v = make_float2(0.f, 0.f);
-#pragma unroll
-                for (int w = 0; w < NCW; ++w) {
-                    const float2 q = *reinterpret_cast<const float2*>(F(LY.red) + (w * BR + r) * 16 + m);
-                    v.x += q.x;
-                    v.y += q.y;
-                }
-                float z[2] = {v.x * zs, v.y * zs}, h[2];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    if (m + i < nreal(0)) {
-                        z[i] += rnd16(F(LY.b[0])[m + i]);
-                        h[i] = rnd16(activation<ACT>(z[i]));
-                        z[i] = rnd16(z[i]);
-                    } else {
-                        z[i] = h[i] = 0.f;
-                    }
-                }
-                *reinterpret_cast<float2*>(F(LY.z[0]) + r * 16 + m) = make_float2(z[0], z[1]);
-                half_t* hd = NH == 1 ? Hh(LY.hlast) : Hh(LY.hb[0]) + (int)rank * BR * SLD;
-                *reinterpret_cast<u32*>(hd + r * SLD + m) = pack_h2(h[0], h[1]);
-            }
+            layer0_out(zs, rank);  // the fixed-order sum over the warps, bias, activation
             if constexpr (NH >= 2) send_slot(smem_u32(Hh(LY.hb[0]) + (int)rank * BR * SLD), BR * SLD * 2, 0);
             else bar_consumers();
             FUSED_PROF(1);
@@ -430,7 +588,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
 #pragma unroll
             for (int l = 1; l < NH; ++l) {
                 FUSED_PROF(2);  // hidden forward: compute and the send (the first: layer 0's send)
-                if constexpr (S > 1) wait_warp<true>(xbar(l - 1), xpar, s, W_XCHG + l - 1);
+                if constexpr (S > 1) wait_warp<true>(bar.xbar(l - 1), xpar, s, W_XCHG + l - 1);
                 FUSED_PROF(8);  // hidden forward: the all-gather's wait
                 if (warp < 4) {
                     const int mt = warp >> 1, nt = warp & 1;
@@ -465,30 +623,15 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 }
                 if (l < NH - 1) send_slot(smem_u32(Hh(LY.hb[l]) + (int)rank * BR * SLD), BR * SLD * 2, l);
                 else bar_consumers();
-                if (S > 1 && tid == 0) mbar_arm_tx(xbar(l - 1), xbytes(l - 1));  // every warp passed its wait
+                if (S > 1 && tid == 0) mbar_arm_tx(bar.xbar(l - 1), xbytes(l - 1));  // every warp passed its wait
             }
             FUSED_PROF(2);
 
             // ---- last layer: partial logits of the own 16 columns (4 tiles), all-gathered
             float* lown = F(LY.lbuf) + (int)rank * BR * CE;
-            if (warp < 4) {
-                const int mt = warp >> 1, nt = warp & 1;
-                if (nt == 0 || C > 8) {
-                    u32 a[4], b[2];
-                    float d[4];
-                    zero4(d);
-                    frag_a(Hh(LY.hlast), SLD, mt * 16, 0, a);
-                    frag_b_nk(Hh(LY.wl16), SLD, 0, nt * 8, b);
-                    mma16816(d, a, b);
-                    const int c = nt * 8 + 2 * t, r = mt * 16 + g;
-                    if (c < C) {
-                        *reinterpret_cast<float2*>(lown + r * CE + c) = make_float2(d[0], d[1]);
-                        *reinterpret_cast<float2*>(lown + (r + 8) * CE + c) = make_float2(d[2], d[3]);
-                    }
-                }
-            }
+            if (warp < 4) logits_tile(lown);
             send_slot(smem_u32(lown), BR * CE * 4, XL);
-            if constexpr (S > 1) wait_warp<true>(xbar(XL), xpar, s, W_XCHG + XL);
+            if constexpr (S > 1) wait_warp<true>(bar.xbar(XL), xpar, s, W_XCHG + XL);
             FUSED_PROF(3);
 
             // ---- softmax, loss, argmax, dlogits of all 32 rows (warps 0 and 1, two lanes a row), as fused_logreg.cu
@@ -510,49 +653,12 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 }
             }
             bar_consumers();
-            if (S > 1 && tid == 0) mbar_arm_tx(xbar(XL), xbytes(XL));
+            if (S > 1 && tid == 0) mbar_arm_tx(bar.xbar(XL), xbytes(XL));
             FUSED_PROF(4);
 
             // ---- last layer backward: dH of the own slice (warps 0-3), its weight gradient (warps 4-5), the
             // replicated bias gradient (warp 6)
-            if (warp < 4) {
-                const int mt = warp >> 1, nt = warp & 1;
-                u32 a[4], b[2];
-                float d[4];
-                zero4(d);
-                frag_a(Hh(LY.dzlr), SLD, mt * 16, 0, a);     // dlogits [row][class]
-                frag_b_kn(Hh(LY.wl16), SLD, 0, nt * 8, b);   // W_L [class][neuron]: k = class, n = neuron
-                mma16816(d, a, b);
-                const int l = NH - 1;
-#pragma unroll
-                for (int hr = 0; hr < 2; ++hr) {
-                    const int r = mt * 16 + g + 8 * hr, m = nt * 8 + 2 * t;
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        const float zz = F(LY.z[l])[r * 16 + m + i];
-                        const float dz = m + i < nreal(l) ? rnd16(d[2 * hr + i] * activation_grad<ACT>(zz)) : 0.f;
-                        const half_t dh = from_f<half_t>(dz);
-                        Hh(LY.dzt[l])[(m + i) * TLD + r] = dh;
-                        Hh(LY.dzr[l])[r * SLD + m + i] = dh;
-                    }
-                }
-            } else if (warp < 6) {
-                const int nt = warp - 4;
-                float d[4];
-                zero4(d);
-#pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                    u32 a[4], b[2];
-                    frag_a(Hh(LY.dzlt), TLD, 0, ks * 16, a);          // dlogits^T [class][row]
-                    frag_b_kn(Hh(LY.hlast), SLD, ks * 16, nt * 8, b);  // H [row][neuron]: k = row, n = neuron
-                    mma16816(d, a, b);
-                }
-                const int m = nt * 8 + 2 * t;
-                *reinterpret_cast<float2*>(F(LY.wlg) + g * 16 + m) = make_float2(d[0], d[1]);
-                *reinterpret_cast<float2*>(F(LY.wlg) + (g + 8) * 16 + m) = make_float2(d[2], d[3]);
-            } else if (warp == 6 && lane < C) {
-                F(LY.blg)[lane] = col_sum32([&](int r) { return F(LY.dz32)[lane * DLD + r]; });
-            }
+            last_bwd(rank);
             bar_consumers();
             FUSED_PROF(5);
 
@@ -590,7 +696,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                         if (lane == 0) {
                             const u32 src = smem_u32(dst);
                             const u32 rdst = smem_u32(F(LY.rs[l]) + (int)rank * BR * 16);
-                            bulk_s2cluster(mapa(rdst, (u32)q), src, BR * 16 * 4, mapa(xbar(rr), (u32)q));
+                            bulk_s2cluster(mapa(rdst, (u32)q), src, BR * 16 * 4, mapa(bar.xbar(rr), (u32)q));
                         }
                     }
                 }
@@ -632,7 +738,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 }
                 // dZ_{l-1} = (the S partials summed in a fixed order) * act'(Z_{l-1})
                 FUSED_PROF(9);  // hidden backward: B, weight gradient and update
-                if constexpr (S > 1) wait_warp<true>(xbar(rr), xpar, s, W_XCHG + rr);
+                if constexpr (S > 1) wait_warp<true>(bar.xbar(rr), xpar, s, W_XCHG + rr);
                 FUSED_PROF(10);  // hidden backward: the reduce-scatter's wait
                 {
                     const int r = tid >> 3, m = 2 * (tid & 7);
@@ -654,7 +760,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     }
                 }
                 bar_consumers();
-                if (S > 1 && tid == 0) mbar_arm_tx(xbar(rr), xbytes(rr));
+                if (S > 1 && tid == 0) mbar_arm_tx(bar.xbar(rr), xbytes(rr));
                 FUSED_PROF(11);  // hidden backward: dZ of the layer below, B
             }
             FUSED_PROF(6);
@@ -689,7 +795,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                     F(LY.bg[0])[lane] = col_sum32([&](int r) { return to_f(Hh(LY.dzr[0])[r * SLD + lane]); });
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(empty(stg));
+            if (lane == 0) mbar_arrive(bar.empty(stg));
             bar_consumers();
             FUSED_PROF(7);
 
@@ -797,41 +903,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
         epoch_history<NCW>(loss_acc, ok_acc, reinterpret_cast<double*>(sm + LY.hist), est, epoch_in_fit, rank);
     } else {
         // =============================== the producer warp ===============================
-        u32 keys[FEISTEL_ROUNDS];
-        round_keys(seed_lo, seed_hi, epoch, keys);
-        constexpr int GF = G > 1 ? G : 1;
-        constexpr int UPR = NCHUNK * 16 / GF;  // copy units a staged row
-        int stg = 0;
-        u32 epar = 1u;
-        for (int s = 0; s < steps; ++s) {
-            wait_warp<false>(empty(stg), epar, s, W_EMPTY);
-            const int rows = min(batch, (int)n - s * batch);
-            int* ix = idxs + stg * BR;
-            if (lane < rows) {
-                const u32 id = permuted_index(keys, half_bits, n, (u32)(s * batch + lane));
-                ix[lane] = (int)id;
-                if constexpr (G > 1) cp_async4(smem_u32(lab + stg * BR + lane), y + id);
-                else lab[stg * BR + lane] = y[id];
-            }
-            __syncwarp();
-            u8* xd = X + stg * XST;
-            for (int u = lane; u < rows * UPR; u += 32) {
-                const int r = u / UPR, c = u - r * UPR, f = c * GF;
-                if (f >= D) continue;  // pad features stay zero
-                copy_unit<G>(xd + r * ROWB + f, x + (u64)ix[r] * D + f);
-            }
-            if constexpr (G > 1) cp_async_arrive_noinc(full(stg));
-            else mbar_arrive(full(stg));
-            if (lane == 0) {  // the step constants, after the copies are on their way (a global load), released
-                info[stg] = StepInfo{lr_table[(u64)epoch_in_fit * steps + s], rows};
-                mbar_arrive(full(stg));
-            }
-            __syncwarp();  // the stage's indices are read by every lane before the next step rewrites another stage
-            if (++stg == ST) {
-                stg = 0;
-                epar ^= 1u;
-            }
-        }
+        produce(x, y, n, seed_lo, seed_hi, half_bits, epoch, epoch_in_fit, lr_table, steps, batch);
     }
     __syncthreads();
     if constexpr (S > 1) cluster_sync_full();
