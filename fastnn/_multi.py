@@ -11,6 +11,7 @@ divergence) is per model; the engine trains every model that is still going, one
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import reprlib
 import threading
@@ -431,6 +432,36 @@ class MultiTrainer:
         trainer.history = self.histories[k][:]
         trainer._given_weights = self._given_weights
         return trainer
+
+    def set_lr(self, k: int, lr: float) -> None:
+        """Set model k's learning rate for its next epochs (a per-model rule between epochs, e.g. from a fit
+        callback: `fastnn.sklearn`'s searches halve or rescale each model's rate as its own fit would); its
+        optimizer (`optimizers[k]`, `trainer(k)`) takes the new lr, the others are unchanged.
+
+        Raises:
+            ConfigError: k is not a model's index, lr is not a number > 0 finite and nonzero in float32, or the
+                trainer was given a `schedule` (which gives every step's rate).
+        """
+        self._check_open()
+        k = self._index(k)
+        if self._schedule is not None:
+            raise ConfigError(f"set_lr({k}, {lr!r}): this MultiTrainer's schedule gives every step's rate; "
+                              f"a per-model lr is set only without a schedule")  # fmt: skip
+        optimizers = list(self._config.optimizers)
+        try:
+            optimizers[k] = dataclasses.replace(optimizers[k], lr=lr)
+        except ConfigError as exc:
+            raise ConfigError(f"set_lr({k}, {lr!r}): {exc}") from None
+        self._config = dataclasses.replace(self._config, optimizers=tuple(optimizers))
+        self._schedules[k] = bind(None, optimizers[k].lr)
+
+    def state_dict(self, k: int) -> dict[str, np.ndarray]:
+        """Model k's parameters as float32 copies, keyed like `Trainer.state_dict` (one model's of
+        `state_dicts`; a fit callback may read them)."""
+        self._check_open()
+        k = self._index(k)
+        state = self._engine.get_state(k)
+        return {n: state[n] for n in param_names(self._config.model)}
 
     def state_dicts(self) -> list[dict[str, np.ndarray]]:
         """Each model's parameters as float32 copies, keyed like `Trainer.state_dict`."""

@@ -275,3 +275,46 @@ def test_constant_rate_tables_are_lr_tables():
     for k, steps in ((0, 7), (1, 5), (3, 6)):
         np.testing.assert_array_equal(tables[k], lr_table(bind(None, lrs[k]), 0, steps))
         assert tables[k].dtype == np.float32
+
+
+def test_set_lr_changes_one_models_rate_between_epochs():
+    """set_lr(k, lr) from a fit callback: model k trains its next epochs at lr, as a separate fit whose schedule
+    changes its rate there (SGD with momentum: its velocity comes along); the other models are unchanged."""
+    x, y = _data()
+    model = MLP([12, 8, 3])
+    mt = MultiTrainer(model, SGD(lr=0.1, momentum=0.9), models=2, seeds=4, batch_size=16, device="cpu")
+
+    def halve(k: int, record: dict) -> bool:
+        if k == 1:
+            mt.set_lr(1, mt.optimizers[1].lr / 2)
+        return False
+
+    mt.fit(x, y, epochs=3, callbacks=[halve])
+    spe = 10  # 150 rows in batches of 16
+    assert mt.optimizers[0].lr == 0.1 and mt.optimizers[1].lr == 0.1 / 8 and mt.trainer(1).optimizer.lr == 0.1 / 8
+    ref = Trainer(model, SGD(lr=0.1, momentum=0.9), batch_size=16, device="cpu", seed=0,
+                  schedule=lambda step: 0.1 / 2 ** (step // spe))  # fmt: skip
+    ref.load_state_dict(init_parameters(model, 5))
+    ref.fit(x, y, epochs=3, progress=False)
+    _same_state(mt.state_dict(1), ref.state_dict())
+    _same_state(mt.state_dict(0), _separate(model, SGD(lr=0.1, momentum=0.9), 4, x, y, epochs=3).state_dict())
+    _same_state(mt.state_dict(1), mt.state_dicts()[1])
+
+
+@pytest.mark.parametrize(
+    "k, lr, match",
+    [(2, 0.1, "k must be"), (-1, 0.1, "k must be"), (0, 0.0, "lr must be"), (0, float("nan"), "lr must be"),
+     (0, 1e300, "lr must be"), (0, 1e-50, "lr must be"), (0, "0.1", "lr must be"), (0, True, "lr must be")],
+)  # fmt: skip
+def test_set_lr_refuses_bad_values_by_name(k, lr, match):
+    mt = MultiTrainer(MLP([4, 3]), SGD(lr=0.1), models=2, batch_size=8, device="cpu")
+    with pytest.raises(ConfigError, match=match):
+        mt.set_lr(k, lr)
+    assert [o.lr for o in mt.optimizers] == [0.1, 0.1]
+
+
+def test_set_lr_is_refused_under_a_schedule():
+    mt = MultiTrainer(MLP([4, 3]), SGD(lr=0.1), models=2, batch_size=8, device="cpu",
+                      schedule=fastnn.schedules.Cosine(total_steps=100))  # fmt: skip
+    with pytest.raises(ConfigError, match="schedule"):
+        mt.set_lr(0, 0.05)
