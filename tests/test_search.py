@@ -138,18 +138,83 @@ def test_logistic_regression_c_uses_each_folds_rows(digits):
     for (train, _), group in zip(StratifiedKFold(3).split(X[:500], y[:500]), ours.plan_.groups, strict=True):
         assert len(group.models) == 3
         np.testing.assert_allclose(group.centre, X[:500][train].astype(np.float32).mean(axis=0), rtol=1e-6)
-    adaptive = fs.GridSearchCV(est.set_params(learning_rate="adaptive"), {"C": [0.01, 1.0]}, cv=3).fit(X[:300], y[:300])
-    assert adaptive.plan_.groups == [] and "adaptive" in adaptive.plan_.reasons[0]  # LogisticRegression's default
 
 
-def test_logistic_regressions_adaptive_rate_falls_back(digits):
-    """LogisticRegression's default learning_rate="adaptive" goes on at a smaller rate where its gradient test
-    fails, model by model: its fits take scikit-learn's path."""
+def _same_as_own_fits(monkeypatch, est, grid, X, y, cv):
+    """Run both searches, recording each batched model's epochs and convergence, and check them against the
+    estimator's own fit on that fold (candidate-major pairs, as the plan numbers them); returns the searches and
+    the own fits."""
+    from sklearn.base import clone, is_classifier
+
+    from fastnn.sklearn import _search
+
+    trained = {}
+
+    def recording(*args, **kwargs):
+        result = train_group(*args, **kwargs)
+        trained.update({r.pair: r for r in result.models})
+        return result
+
+    train_group = _search.train_group
+    monkeypatch.setattr(_search, "train_group", recording)
+    ours, theirs = both("GridSearchCV", est, grid, X, y, cv=cv)
+    assert ours.plan_.fallback == [] and sorted(trained) == list(range(len(ours.cv_results_["params"]) * cv))
+    splits = list(model_selection.check_cv(cv, y, classifier=is_classifier(est)).split(X, y))
+    own = {}
+    for pair, r in trained.items():
+        params, (train, _) = ours.cv_results_["params"][pair // cv], splits[pair % cv]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit = clone(est).set_params(**params).fit(X[train], y[train])
+        own[pair] = fit
+        assert r.n_iter == fit.n_iter_, (pair, params)
+        assert r.converged == (not any("without convergence" in str(w.message) for w in caught)), (pair, params)
+    return ours, theirs, own
+
+
+def test_logistic_regressions_adaptive_rate_batches(digits, monkeypatch):
+    """LogisticRegression's default learning_rate="adaptive" batches: each model halves its own rate at its
+    plateaus and stops when its exact objective changed by at most tol over a phase, at the epoch its own fit
+    stops; the scores are scikit-learn's search's."""
     X, y = digits
-    est = fs.LogisticRegression(max_iter=3, random_state=0, device="cpu")
-    ours, theirs = both("GridSearchCV", est, {"C": [0.01, 1.0]}, X[:300], y[:300], cv=2)
+    est = fs.LogisticRegression(max_iter=60, n_iter_no_change=2, tol=1e-3, random_state=0, device="cpu")
+    ours, theirs, own = _same_as_own_fits(monkeypatch, est, {"C": [0.01, 1.0, 100.0]}, X[:300], y[:300], 2)
     assert_same_results(ours, theirs)
-    assert not ours.plan_.groups and "adaptive" in ours.plan_.reasons[0]
+    assert ours.best_params_ == theirs.best_params_ and len(ours.plan_.groups) == 2  # a group per fold
+    assert any(f._rate_.lr < est.learning_rate_init / 2 for f in own.values())  # the rate was halved, twice at least
+    assert any(f.n_iter_ < est.max_iter for f in own.values())  # and some stopped on tol
+
+
+def test_mlp_adaptive_and_invscaling_rates_batch(digits, monkeypatch):
+    """MLPClassifier's "adaptive" (the rate divided by 5 at each plateau until 1e-6) and "invscaling" (scaled by
+    the samples seen before each epoch) batch beside "constant", each model at its own fit's rates."""
+    X, y = digits
+    est = mlp(max_iter=25, n_iter_no_change=1, tol=1e-2, learning_rate_init=0.05)
+    grid = {"learning_rate": ["constant", "adaptive", "invscaling"], "power_t": [0.5, 0.25], "alpha": [1e-4]}
+    ours, theirs, own = _same_as_own_fits(monkeypatch, est, grid, X, y, 2)
+    assert_same_results(ours, theirs)
+    assert ours.best_params_ == theirs.best_params_ and len(ours.plan_.groups) == 1
+    assert any(f.learning_rate == "adaptive" and f._rate_.lr < est.learning_rate_init / 5 for f in own.values())
+
+
+def test_regressor_adaptive_and_invscaling_rates_batch(regression, monkeypatch):
+    X, y = regression
+    est = fs.MLPRegressor(hidden_layer_sizes=(8,), max_iter=30, n_iter_no_change=1, tol=1e-2, random_state=0,
+                          device="cpu", learning_rate_init=0.01)  # fmt: skip
+    grid = {"learning_rate": ["adaptive", "invscaling"], "alpha": [1e-4, 1.0]}
+    ours, theirs, own = _same_as_own_fits(monkeypatch, est, grid, X, y, 3)
+    assert_same_results(ours, theirs)
+    assert ours.best_params_ == theirs.best_params_
+    assert any(f.learning_rate == "adaptive" and f._rate_.lr < est.learning_rate_init for f in own.values())
+
+
+def test_an_invscaling_rate_that_reaches_zero_falls_back(digits):
+    """A rate that "invscaling" takes to 0 in float32 within max_iter is one a MultiTrainer cannot train at: that
+    fit takes scikit-learn's path, with its reason."""
+    X, y = digits
+    ours, theirs = both("GridSearchCV", mlp(learning_rate="invscaling"), {"power_t": [0.5, 50.0]}, X, y, cv=2)
+    assert_same_results(ours, theirs)
+    assert ours.plan_.fallback == [2, 3] and "float32" in ours.plan_.reasons[2]
 
 
 def test_shuffled_folds_train_on_their_own_copy(digits):
@@ -182,10 +247,10 @@ def test_a_pipeline_fits_its_other_steps_once_per_fold(digits):
 
 
 def test_what_falls_back_is_scikit_learns_fit(digits):
-    """An adaptive rate and a refused parameter take the per-fit path (the refusal becoming error_score), next to
+    """early_stopping and a refused parameter take the per-fit path (the refusal becoming error_score), next to
     batched candidates in the same search."""
     X, y = digits
-    grid = [{"learning_rate": ["constant", "adaptive"]}, {"activation": ["tanh"]}]
+    grid = [{"early_stopping": [False, True]}, {"activation": ["tanh"]}]
     with pytest.warns(FitFailedWarning):
         ours = fs.GridSearchCV(mlp(), grid, cv=2).fit(X, y)
     with pytest.warns(FitFailedWarning):
@@ -193,7 +258,7 @@ def test_what_falls_back_is_scikit_learns_fit(digits):
     assert_same_results(ours, theirs)
     plan = ours.plan_
     assert sorted(plan.fallback) == [2, 3, 4, 5]
-    assert "adaptive" in plan.reasons[2] and "tanh" in plan.reasons[4]
+    assert "early_stopping" in plan.reasons[2] and "tanh" in plan.reasons[4]
     assert np.isnan(ours.cv_results_["mean_test_score"][2])
 
 

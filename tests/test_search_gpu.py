@@ -59,6 +59,24 @@ def test_classifier_scores_match_scikit_learns_search(digits, precision, atol):
     assert ours.best_estimator_.trainer_.device == "cuda"
 
 
+@pytest.mark.parametrize(
+    "est, grid",
+    [(fs.LogisticRegression(max_iter=100, random_state=0, device="cuda", precision="fp32"), {"C": [1e-4, 1.0]}),
+     (fs.MLPClassifier(hidden_layer_sizes=(32,), max_iter=30, n_iter_no_change=2, random_state=0, device="cuda",
+                       precision="fp32"), {"learning_rate": ["adaptive", "invscaling"], "alpha": [1e-4, 1.0]})],
+    ids=["logistic-default", "mlp-adaptive-invscaling"],
+)  # fmt: skip
+def test_adaptive_rates_batch_on_the_gpu(digits, est, grid):
+    """The default LogisticRegression (learning_rate="adaptive") and MLPs with "adaptive" / "invscaling" batch:
+    each model's rate set between epochs (`MultiTrainer.set_lr`) reaches the many-model GPU engine's lr tables;
+    the scores are those of scikit-learn's search over the single-model engines, to a few test rows."""
+    X, y = digits
+    ours = fit_quietly(fs.GridSearchCV(est, grid, cv=3), X, y)
+    theirs = fit_quietly(model_selection.GridSearchCV(est, grid, cv=3), X, y)
+    assert not ours.plan_.fallback and ours.best_params_ == theirs.best_params_
+    np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"], atol=0.03)
+
+
 def test_regressor_scores_match_scikit_learns_search():
     X, y = make_regression(n_samples=2000, n_features=20, noise=10.0, random_state=0)
     X, y = X.astype(np.float32), y / y.std()

@@ -30,8 +30,8 @@ from ..engine.base import steps_per_epoch
 from ..engine.select import EngineRefused
 
 __all__ = [
-    "FastnnEstimator", "Guard", "LayersMixin", "Plateau", "Rate", "auto_batch", "keep_params", "trained_layers",
-    "unchanged_on_error",
+    "FastnnEstimator", "Guard", "LayersMixin", "Plateau", "Rate", "at_plateau", "auto_batch", "keep_params",
+    "trained_layers", "unchanged_on_error",
 ]
 
 _SOLVERS = ("adam", "sgd")
@@ -72,6 +72,18 @@ class Rate:
             return self.lr / (seen + 1) ** self.power_t
         except OverflowError:  # (seen + 1) ** power_t beyond a float: scikit-learn's NumPy power gives inf, rate 0
             return 0.0
+
+
+def at_plateau(kind: str, rate: Rate, divisor: float, verdict: bool | None) -> tuple[bool, bool, str]:
+    """`learning_rate`'s rule at a plateau of the training loss, given the estimator's `_at_plateau` verdict:
+    (stop, converged, why not converged). Under "adaptive" short of the smallest rate, the fit goes on with
+    `rate.lr` divided by `divisor` (a fit's and a search's batched models both follow this)."""
+    if verdict is True:
+        return True, True, ""
+    if kind != "adaptive" or rate.lr <= _ADAPTIVE_MIN_LR:
+        return True, verdict is None, f"stopped at a plateau of the learning rate {rate.lr:.3g}"
+    rate.lr /= divisor
+    return False, False, ""
 
 
 class Plateau:
@@ -397,14 +409,10 @@ class FastnnEstimator(BaseEstimator):
                 if not plateau.triggered:
                     break
                 verdict = self._at_plateau(X, y, w)  # None: the plateau is the stopping rule
-                if verdict is True:
-                    converged = True
+                stop, converged, reason = at_plateau(self.learning_rate, rate, self._rate_divisor, verdict)
+                if stop:
+                    why = reason or why
                     break
-                if self.learning_rate != "adaptive" or rate.lr <= _ADAPTIVE_MIN_LR:
-                    converged = verdict is None
-                    why = f"stopped at a plateau of the learning rate {rate.lr:.3g}"
-                    break
-                rate.lr /= self._rate_divisor
                 plateau.count, plateau.triggered = 0, False
         finally:
             plateau.trainer = plateau.score = None  # this fit's: the estimator pickles without them

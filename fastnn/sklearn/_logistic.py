@@ -13,7 +13,7 @@ from .._optim import decay_of
 from ._base import keep_params, trained_layers
 from ._classifier import FastnnClassifier
 
-__all__ = ["LogisticRegression"]
+__all__ = ["LogisticRegression", "objective"]
 
 
 class LogisticRegression(FastnnClassifier):
@@ -216,17 +216,8 @@ class LogisticRegression(FastnnClassifier):
             '; learning_rate="adaptive" goes on at a smaller rate')  # fmt: skip
 
     def _objective(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> float:
-        """scikit-learn's per-sample objective at the trained parameters (float64, exact over the rows): the mean
-        log-loss (weighted by `w`) plus the trainer's decay, ||W||^2 / (2 C n) (the intercept unpenalised), for
-        the rows `X` as the network sees them (centred) and encoded labels `y`."""
-        state = self.trainer_.state_dict()
-        W, b = state["0.weight"].astype(np.float64), state["0.bias"].astype(np.float64)
-        z = X.astype(np.float64) @ W.T + b
-        z -= z.max(axis=1, keepdims=True)
-        loss = np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]
-        mean = float(loss.mean() if w is None else np.average(loss, weights=np.asarray(w, np.float64)))
-        opt = self.trainer_.optimizer
-        return mean + 0.5 * (decay_of(opt, False) * float((W**2).sum()) + decay_of(opt, True) * float((b**2).sum()))
+        """scikit-learn's per-sample objective at the trained parameters (`objective`)."""
+        return objective(self.trainer_.state_dict(), self.trainer_.optimizer, X, y, w)
 
     def _class_weighted(self, sample_weight: Any, y: np.ndarray) -> Any:
         """`sample_weight` (None: ones) times each row's weight from `class_weight` (scikit-learn's: a dict of
@@ -251,3 +242,16 @@ class LogisticRegression(FastnnClassifier):
             return 0.0
         total = getattr(self, "_fit_weight_sum", None) or n_samples  # scikit-learn: C times the weights' sum
         return min(1.0 / (float(self.C) * total), 1e6)  # fastnn's optimizers take weight decay up to 1e6
+
+
+def objective(state: dict[str, np.ndarray], opt: Any, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None
+              ) -> float:  # fmt: skip
+    """scikit-learn's per-sample objective of the parameters `state` (float64, exact over the rows): the mean
+    log-loss (weighted by `w`) plus the optimizer `opt`'s decay, ||W||^2 / (2 C n) (the intercept unpenalised), for
+    the rows `X` as the network sees them (centred) and encoded labels `y` (a fit's and a search's models both)."""
+    W, b = state["0.weight"].astype(np.float64), state["0.bias"].astype(np.float64)
+    z = X.astype(np.float64) @ W.T + b
+    z -= z.max(axis=1, keepdims=True)
+    loss = np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]
+    mean = float(loss.mean() if w is None else np.average(loss, weights=np.asarray(w, np.float64)))
+    return mean + 0.5 * (decay_of(opt, False) * float((W**2).sum()) + decay_of(opt, True) * float((b**2).sum()))

@@ -1,6 +1,7 @@
-"""One group of a search's fits trained as one `MultiTrainer`: each model stops as its own `fit` would
-(scikit-learn's tol / n_iter_no_change on the training loss, or max_iter), and its outputs on the rows it is
-scored on are taken at that epoch."""
+"""One group of a search's fits trained as one `MultiTrainer`: each model follows its own `fit`'s rules (its rate
+rule between epochs, through `MultiTrainer.set_lr`; scikit-learn's tol / n_iter_no_change on the training loss,
+LogisticRegression's exact objective at each plateau, or max_iter), and its outputs on the rows it is scored on
+are taken at the epoch it stopped after."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Plateau
+from ..engine.base import steps_per_epoch
+from ._base import Plateau, Rate, at_plateau
+from ._logistic import objective
 from ._plan import Group
 
 __all__ = ["GroupResult", "ModelResult", "train_group"]
@@ -29,6 +32,7 @@ class ModelResult:
     error: BaseException | None  #: what its own fit would have raised (TrainingDiverged), or None
     n_iter: int
     converged: bool
+    why: str = ""  #: why it did not converge (the ConvergenceWarning's words, as its own fit's)
 
 
 @dataclasses.dataclass
@@ -63,20 +67,46 @@ def train_group(group: Group, x: np.ndarray, y: np.ndarray, x_score: np.ndarray,
                       devices=devices, **hparams)  # fmt: skip
     plateaus = [Plateau(m.tol, m.patience) for m in models]
     converged = [False] * count
+    whys = [f"max_iter={m.max_iter} epochs reached" for m in models]
+    rates = [Rate(m.learning_rate, m.hparams["lr"], m.power_t) for m in models]
+    objectives: list[float | None] = [None] * count  # LogisticRegression's objective at each one's last plateau
+    for k, m in enumerate(models):  # a fresh fit's: no samples seen before its first step
+        rates[k].begin(0, 0, m.rows.size, steps_per_epoch(m.rows.size, group.batch_size, False))
+
+    def verdict(k: int) -> bool | None:
+        """The estimator's `_at_plateau`: None for the MLPs (the plateau is the rule); LogisticRegression's
+        converged once its exact objective over its rows changed by at most tol times its value since its last
+        plateau."""
+        m = models[k]
+        if m.objective_tol is None:
+            return None
+        value = objective(mt.state_dict(k), mt.optimizers[k], x[m.rows], y[m.rows])
+        before, objectives[k] = objectives[k], value
+        return before is not None and abs(before - value) <= m.objective_tol * value
 
     def stop(k: int, record: dict[str, Any]) -> bool:
-        """The estimator's own rule (`_fit_new`): a plateau of the training loss converges; max_iter ends."""
-        if plateaus[k](record):
-            converged[k] = True
+        """The estimator's own rules (`_fit_new`): at a plateau of the training loss, converge, stop, or go on at
+        a divided rate ("adaptive"); max_iter ends; "invscaling" rescales the rate for the next epoch."""
+        plateau, rate = plateaus[k], rates[k]
+        if plateau(record):
+            done, converged[k], why = at_plateau(rate.kind, rate, models[k].divisor, verdict(k))
+            if done:
+                whys[k] = why or whys[k]
+                return True
+            plateau.count, plateau.triggered = 0, False
+        if record["epoch"] >= models[k].max_iter:
             return True
-        return record["epoch"] >= models[k].max_iter
+        lr = rate(int(mt.steps[k]))
+        if lr != mt.optimizers[k].lr:
+            mt.set_lr(k, lr)
+        return False
 
     try:
         mt.fit(x, y, epochs=max(m.max_iter for m in models), masks=masks, callbacks=[stop])
         outputs = _outputs(mt, x_score)  # each model's weights are those of the epoch it stopped after
         results = [
             ModelResult(m.pair, None, mt.divergences[k], int(mt.epochs[k]), False) if mt.diverged[k]
-            else ModelResult(m.pair, outputs[k][score_rows[k]], None, int(mt.epochs[k]), converged[k])
+            else ModelResult(m.pair, outputs[k][score_rows[k]], None, int(mt.epochs[k]), converged[k], whys[k])
             for k, m in enumerate(models)
         ]  # fmt: skip
         device = mt.device

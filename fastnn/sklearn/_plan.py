@@ -2,20 +2,23 @@
 the `Trainer` its own `fit` would build, split into what one `MultiTrainer` must share (the group key) and what
 may differ per model. Fits that cannot be described so go to scikit-learn's own per-fit path.
 
-What may differ per model (batched): `learning_rate_init` (lr), `alpha` / `C` (weight decay, C with the fold's
-rows), `momentum`, `nesterovs_momentum`, `beta_1`, `beta_2`, `epsilon`, `max_iter`, `tol`, `n_iter_no_change`
+What may differ per model (batched): `learning_rate_init` (lr), `learning_rate` and `power_t` (each model's rate
+follows its own fit's rule between epochs: "adaptive" divides it at each plateau, LogisticRegression's judging `tol`
+by its exact objective there; "invscaling" scales it by the samples seen), `alpha` / `C` (weight decay, C with the
+fold's rows), `momentum`, `nesterovs_momentum`, `beta_1`, `beta_2`, `epsilon`, `max_iter`, `tol`, `n_iter_no_change`
 (each model stops on its own, on the host), `penalty`, `warm_start` (a search's clones start afresh), the fold (a
 mask over one copy of the data). What must be the same (group key): the estimator class, `hidden_layer_sizes`,
 `activation`, `solver`, the batch size (`batch_size`, "auto" with the fold's rows), `precision`, `device`, the
-classes of the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of
-a fit, and the models of one MultiTrainer share one shuffle, so candidates with different seeds train in
-different groups. A Pipeline ending in one of fastnn's estimators: its other steps are fitted once per fold, and
-the final step's candidates train on their output, a group (at least) per fold.
+classes of the fold, and `random_state`: an int (or RandomState) keys both the initial weights and the shuffle of a
+fit, and the models of one MultiTrainer share one shuffle, so candidates with different seeds train in different
+groups. A Pipeline ending in one of fastnn's estimators: its other steps are fitted once per fold, and the final
+step's candidates train on their output, a group (at least) per fold.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -23,7 +26,7 @@ import numpy as np
 from sklearn.base import clone
 
 from .._model import MLP
-from ._base import auto_batch
+from ._base import Rate, auto_batch
 from ._classifier import MLPClassifier
 from ._logistic import LogisticRegression
 from ._regressor import MLPRegressor
@@ -33,8 +36,9 @@ __all__ = ["BATCHED_PARAMS", "GROUP_PARAMS", "Group", "ModelSpec", "Plan", "make
 #: The estimator classes whose fits batch (exactly these: a subclass may train differently).
 BATCHABLE = (MLPClassifier, MLPRegressor, LogisticRegression)
 #: Parameters that may differ between the models of one many-model fit.
-BATCHED_PARAMS = ("learning_rate_init", "alpha", "C", "penalty", "momentum", "beta_1", "beta_2", "epsilon",
-                  "nesterovs_momentum", "max_iter", "tol", "n_iter_no_change", "warm_start", "max_fun")  # fmt: skip
+BATCHED_PARAMS = ("learning_rate_init", "learning_rate", "power_t", "alpha", "C", "penalty", "momentum", "beta_1",
+                  "beta_2", "epsilon", "nesterovs_momentum", "max_iter", "tol", "n_iter_no_change", "warm_start",
+                  "max_fun")  # fmt: skip
 #: Parameters whose values split the fits into several many-model fits.
 GROUP_PARAMS = ("hidden_layer_sizes", "activation", "solver", "batch_size", "precision", "device", "random_state")
 #: Optimizer fields a MultiTrainer takes per model (all of SGD's and AdamW's).
@@ -54,6 +58,10 @@ class ModelSpec:
     tol: float  #: its plateau's threshold (`_plateau_tol`: LogisticRegression's is 0)
     patience: float  #: n_iter_no_change
     name: str  #: the estimator's class name (ConvergenceWarning's text)
+    learning_rate: str = "constant"  #: its rate rule ("constant", "adaptive", "invscaling"), as its fit's `Rate`
+    power_t: float = 0.5
+    divisor: float = 5.0  #: what "adaptive" divides its rate by at a plateau (`_rate_divisor`)
+    objective_tol: float | None = None  #: LogisticRegression's `tol` on its exact objective at plateaus, else None
 
 
 @dataclasses.dataclass
@@ -118,8 +126,6 @@ def not_batchable(est: Any) -> str | None:
     """Why this estimator's fits take scikit-learn's per-fit path, or None when they batch."""
     if type(est) not in BATCHABLE:
         return f"{type(est).__name__} is not one of fastnn's estimators {[c.__name__ for c in BATCHABLE]}"
-    if est.learning_rate != "constant":
-        return f"learning_rate={est.learning_rate!r} changes each model's rate on its own"
     if est.early_stopping:
         return "early_stopping=True holds out rows and keeps each model's best epoch"
     if est.verbose:
@@ -244,8 +250,22 @@ def _describe(base: Any, params: dict[str, Any], train: np.ndarray, fold: int, X
                   batch_size=batch, precision=est.precision, device=est.device, shuffle_seed=seed, own_rows=own,
                   head_fold=head_fold, classes=classes, centre=centre)  # fmt: skip
     patience = est.n_iter_no_change
+    if est.learning_rate == "invscaling" and not _rates_fit(est, n, int(est.max_iter)):
+        return (f"learning_rate='invscaling' with power_t={est.power_t!r} takes the rate to 0 in float32 within "
+                f"max_iter={est.max_iter} epochs, which a MultiTrainer's rate cannot be"), None
     spec = ModelSpec(pair=-1, fold=fold, rows=train if group.masked else np.arange(n), hparams=hparams,
                      seed=est._seed() if seed is None else seed, max_iter=int(est.max_iter), tol=est._plateau_tol(),
                      patience=patience if isinstance(patience, numbers.Real) else float(patience),
-                     name=type(est).__name__)  # fmt: skip
+                     name=type(est).__name__, learning_rate=est.learning_rate, power_t=float(est.power_t),
+                     divisor=float(est._rate_divisor),
+                     objective_tol=float(est.tol) if isinstance(est, LogisticRegression) else None)  # fmt: skip
     return None, (group, spec)
+
+
+def _rates_fit(est: Any, n: int, max_iter: int) -> bool:
+    """Whether "invscaling"'s rate stays finite and nonzero in float32 up to the fit's last epoch (it falls:
+    lr / (samples seen + 1) ** power_t, as the fit's `Rate` gives it), as a MultiTrainer's lr must."""
+    rate = Rate("invscaling", float(est.learning_rate_init), float(est.power_t))
+    rate.begin(0, 0, n, 1)
+    last = float(np.float32(rate(max(0, max_iter - 1))))
+    return math.isfinite(last) and last > 0

@@ -167,7 +167,8 @@ class _ManyModelSearch:
         for g, result in zip(plan.groups, results):
             for m, r in zip(g.models, result.models):
                 if r.error is None and not r.converged:
-                    warnings.warn(f"{m.name}: max_iter={m.max_iter} epochs reached without convergence (tol={m.tol})",
+                    tol = m.tol if m.objective_tol is None else m.objective_tol  # the estimator's own tol
+                    warnings.warn(f"{m.name}: {r.why} without convergence (tol={tol})",
                                   ConvergenceWarning, stacklevel=4)  # fmt: skip
         return results
 
