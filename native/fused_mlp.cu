@@ -56,10 +56,10 @@
 // and send buffers ([S][32][16] fp32 each). Registers: W_0's masters and momentum (8 a lane a chunk, up to 8 chunks).
 //
 // Code: mlp_epoch is the driver: start_cta (shared memory zeroed, mbarriers); the consumers' state load, then per step
-// layer 0's partials (in place: they read the register masters), layer0_out, the hidden layers, logits_tile, the
+// layer 0's partials (in place: they read the register masters), layer0_out, hidden_fwd, logits_tile, the
 // softmax, last_bwd, the hidden layers' backward, layer 0's weight gradient into the registers and the element-wise
 // update; the write-back; the producer warp's produce. The SASS of this split is not byte-identical to the code in
-// place (same registers, stack and instruction mix; -0.4% to +0.1% instructions): docs/design/fused-engine.md,
+// place (same registers, stack and instruction mix; -0.4% to +0.6% instructions): docs/design/fused-engine.md,
 // "Kernel code: phases", has the numbers to check on the device, and why the other phases stay in the driver.
 #include "activation.cuh"
 #include "fused_head.cuh"
@@ -365,6 +365,48 @@ __device__ __forceinline__ void last_bwd(u32 rank) {
     }
 }
 
+// Hidden layer l >= 1 forward, warps 0-3 (a 16 x 8 tile each): Z_l = H_{l-1} W_l^T from the gathered H_{l-1}, the
+// bias, the activation -> Z_l and the own slot of H_l (or H_last).
+__device__ __forceinline__ void hidden_fwd(int l, u32 rank) {
+    extern __shared__ __align__(128) u8 sm[];  // the kernel's own symbol
+    constexpr int SZ[L + 1] = MP_SIZES;
+    constexpr Lay LY = make_lay();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int n0 = 16 * (int)rank;
+    auto F = [&](int off) { return reinterpret_cast<float*>(sm + off); };
+    auto Hh = [&](int off) { return reinterpret_cast<half_t*>(sm + off); };
+    auto nreal = [&](int l) { return min(16, max(0, SZ[l + 1] - n0)); };
+    const int mt = warp >> 1, nt = warp & 1;
+    float d[4];
+    zero4(d);
+    const half_t* hb = Hh(LY.hb[l - 1]);
+#pragma unroll
+    for (int q = 0; q < S; ++q) {  // k-step q: the 16 neurons of CTA q
+        u32 a[4], b[2];
+        frag_a(hb + q * BR * SLD, SLD, mt * 16, 0, a);
+        frag_b_nk(Hh(LY.w16[l]), WLD, q * 16, nt * 8, b);
+        mma16816(d, a, b);
+    }
+    half_t* hd = l == NH - 1 ? Hh(LY.hlast) : Hh(LY.hb[l]) + (int)rank * BR * SLD;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = mt * 16 + g + 8 * hr, m = nt * 8 + 2 * t;
+        float z[2] = {d[2 * hr], d[2 * hr + 1]}, h[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (m + i < nreal(l)) {
+                z[i] += rnd16(F(LY.b[l])[m + i]);
+                h[i] = rnd16(activation<ACT>(z[i]));
+                z[i] = rnd16(z[i]);
+            } else {
+                z[i] = h[i] = 0.f;
+            }
+        }
+        *reinterpret_cast<float2*>(F(LY.z[l]) + r * 16 + m) = make_float2(z[0], z[1]);
+        *reinterpret_cast<u32*>(hd + r * SLD + m) = pack_h2(h[0], h[1]);
+    }
+}
+
 // ---- the producer warp: up to ST steps ahead, a batch row a lane ---------------------------------------------------
 // Per step: wait empty[stage]; the Feistel index and label of each row; the rows by cp.async (G bytes a unit) or plain
 // copies, completing on full[stage]; the step constants by lane 0, released by a plain arrive. (A phase of its own,
@@ -590,37 +632,7 @@ __device__ void mlp_epoch(TParam* params, float* s1g, half_t* w16g, const u8* __
                 FUSED_PROF(2);  // hidden forward: compute and the send (the first: layer 0's send)
                 if constexpr (S > 1) wait_warp<true>(bar.xbar(l - 1), xpar, s, W_XCHG + l - 1);
                 FUSED_PROF(8);  // hidden forward: the all-gather's wait
-                if (warp < 4) {
-                    const int mt = warp >> 1, nt = warp & 1;
-                    float d[4];
-                    zero4(d);
-                    const half_t* hb = Hh(LY.hb[l - 1]);
-#pragma unroll
-                    for (int q = 0; q < S; ++q) {  // k-step q: the 16 neurons of CTA q
-                        u32 a[4], b[2];
-                        frag_a(hb + q * BR * SLD, SLD, mt * 16, 0, a);
-                        frag_b_nk(Hh(LY.w16[l]), WLD, q * 16, nt * 8, b);
-                        mma16816(d, a, b);
-                    }
-                    half_t* hd = l == NH - 1 ? Hh(LY.hlast) : Hh(LY.hb[l]) + (int)rank * BR * SLD;
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int r = mt * 16 + g + 8 * hr, m = nt * 8 + 2 * t;
-                        float z[2] = {d[2 * hr], d[2 * hr + 1]}, h[2];
-#pragma unroll
-                        for (int i = 0; i < 2; ++i) {
-                            if (m + i < nreal(l)) {
-                                z[i] += rnd16(F(LY.b[l])[m + i]);
-                                h[i] = rnd16(activation<ACT>(z[i]));
-                                z[i] = rnd16(z[i]);
-                            } else {
-                                z[i] = h[i] = 0.f;
-                            }
-                        }
-                        *reinterpret_cast<float2*>(F(LY.z[l]) + r * 16 + m) = make_float2(z[0], z[1]);
-                        *reinterpret_cast<u32*>(hd + r * SLD + m) = pack_h2(h[0], h[1]);
-                    }
-                }
+                if (warp < 4) hidden_fwd(l, rank);
                 if (l < NH - 1) send_slot(smem_u32(Hh(LY.hb[l]) + (int)rank * BR * SLD), BR * SLD * 2, l);
                 else bar_consumers();
                 if (S > 1 && tid == 0) mbar_arm_tx(bar.xbar(l - 1), xbytes(l - 1));  // every warp passed its wait
