@@ -1,8 +1,9 @@
 // grid_cta.cuh: the CTA of the grid engine's column-master kernels (grid_fast.cu, grid_stream.cu) as an object whose
 // methods are the phases both kernels run alike: the gather (a step's rows: keyed index, label, bulk copy), the
 // reads and writes of the biases and of one bias or W3 element with its state, the optimizer step of one
-// shared-memory element, a bias step from a dZ tile, warp 0's softmax cross-entropy of the batch's rows, and the
-// head's owned update (b3 and the W3 slice with its fp16 operand copies). Each kernel's struct (FastCta, StreamCta)
+// shared-memory element, a bias step from a dZ tile, the head's end (the logits, warp 0's softmax cross-entropy of
+// the batch's rows), the head's owned update (b3 and the W3 slice with its fp16 operand copies) and the epoch's end
+// (the biases, the W3 slice and b3 back, the history, the profile). Each kernel's struct (FastCta, StreamCta)
 // adds its own phases; its epoch function is the driver. Included by a kernel after its shape constants (NB units a
 // CTA, C classes, H hidden width, NT threads, D inputs, XB staged batch bytes, NS state arrays, MSF floats between a
 // shared element's two state arrays, the parameter offsets OB0..OB3) and its `upd` (one element's optimizer step).
@@ -101,6 +102,24 @@ template <class XT> struct GridCta {
             put1(OB2 + u0 + tid, b2s[tid], mb2 + tid);
         }
     }
+    // the end of the epoch: the owned biases, the W3 slice and (CTA 0) b3 back to the flat training state; CTA 0's
+    // loss sum and correct count (it computed every row's) into the history; the phase profile
+    // (W3_LOOP: the slice's elements in a loop over the threads, else one a thread, grid_fast.cu's C * NB <= NT: each
+    // kernel's own form, which its SASS keeps)
+    template <bool W3_LOOP>
+    __device__ void finish(EpochState* st, u32 epoch_in_fit, double loss_acc, double ok_acc, int steps, u32 arrived) {
+        put_biases();
+        if constexpr (W3_LOOP) {
+            for (int e = tid; e < C * NB; e += NT) put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
+        } else if (tid < C * NB) {
+            put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
+        }
+        if (cta == 0 && tid < C) put1(OB3 + tid, b3s[tid], mb3 + tid);
+        if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);
+#ifdef GRID_PROFILE
+        if (prof_on) profile_out(counter, profs, NPHASE, steps, arrived);
+#endif
+    }
     // the optimizer step of one shared-memory element (a bias, the W3 slice) with its state at ms[0], ms[MSF], by q:
     // prm for a weight, optim_bias(prm) for a bias (its decay is bias_decay: optim.cuh)
     __device__ void upd1(const OptimParams& q, const OptimStep& o, float g, float& w, float* ms) {
@@ -109,11 +128,25 @@ template <class XT> struct GridCta {
         if constexpr (NS >= 1) ms[0] = m;
         if constexpr (NS >= 2) ms[MSF] = v;
     }
-    // warp 0, after the logits: the softmax cross-entropy of row `lane` (label yl; m rows in the batch, the rest give
-    // zero dlogits and no loss) into dlogits; the epoch's sums in and out by value and the row's logits and
-    // exponentials l, ex in the caller's arrays (grid_tc.cuh's softmax_row says why)
-    __device__ double2 head_loss(int yl, int m, double loss_acc, double ok_acc, float (&l)[C], float (&ex)[C]) {
-        return softmax_row<C>(lg, dl, lane, yl, m, cta == 0, loss_acc, ok_acc, l, ex);
+    // the head's end, after its k-steps' sums accL: the logits, then warp 0's softmax cross-entropy of row `lane`
+    // (labels of stage xs; step s's m rows, the rest give zero dlogits and no loss) into dlogits; the epoch's sums
+    // in and out by value and the row's logits and exponentials l, ex in the caller's arrays (grid_tc.cuh's
+    // softmax_row says why)
+    // (M_IN_BRANCH: m computed in warp 0's branch, grid_stream.cu's form, else by the caller, grid_fast.cu's: each
+    // kernel's own, which its SASS keeps; m = min(batch, n - s * batch))
+    template <bool M_IN_BRANCH>
+    __device__ double2 head_end(int s, int xs, int m, double loss_acc, double ok_acc, float (&accL)[4][4],
+                                float (&l)[C], float (&ex)[C]) {
+        head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
+        if (warp == 0) {
+            if constexpr (M_IN_BRANCH) m = min(batch, (int)n - s * batch);
+            const double2 sums =
+                softmax_row<C>(lg, dl, lane, lab[xs * BR + lane], m, cta == 0, loss_acc, ok_acc, l, ex);
+            loss_acc = sums.x;
+            ok_acc = sums.y;
+        }
+        __syncthreads();
+        return make_double2(loss_acc, ok_acc);
     }
     // the bias step of this CTA's units of a hidden layer from its dZ in an activation tile (unit offset col0)
     __device__ void bias_step(const half_t* dz, int col0, float* bs, float* ms, const OptimStep& o) {

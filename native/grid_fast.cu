@@ -511,14 +511,7 @@ struct FastCta : GridCta<void> {
             const int kl = warp * KPW + i;
             head_kstep(act0, kl, af[i], j4, r, accL);
         }
-        head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
-        if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-            const double2 sums = head_loss(lab[xs * BR + lane], m, loss_acc, ok_acc, l, ex);
-            loss_acc = sums.x;
-            ok_acc = sums.y;
-        }
-        __syncthreads();
-        return make_double2(loss_acc, ok_acc);
+        return head_end<false>(s, xs, m, loss_acc, ok_acc, accL, l, ex);
     }
     // B2's weight gradient and its optimizer step in the W2 master fragments (shared memory, with their state), their
     // fp16 copies for step s+1, and b2: off the critical path (waiting for R5 anyway). Its arrays are the driver's,
@@ -841,13 +834,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
         ph.put(w1f[i], e_w1, H, kk);
     }
-    ph.put_biases();
-    if (tid < C * NB) ph.put1(OW3 + (long long)(tid / NB) * H + u0 + tid % NB, w3s[tid], mw3 + tid);
-    if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
-    if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
-#ifdef GRID_PROFILE
-    if (prof_on) profile_out(sync, profs, NPHASE, steps, arrived);
-#endif
+    ph.finish<false>(st, epoch_in_fit, loss_acc, ok_acc, steps, arrived);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)

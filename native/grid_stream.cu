@@ -304,6 +304,10 @@ struct StreamCta : GridCta<u8> {
     float4 *&W0F, *&M0F;
     half_t*& HG2;
     u32 &r_iss, &r_use, &arrived;  // the loop-carried counters, in this order (another order changes the SASS)
+    // by value: views no phase changes
+    float4 *W1F, *W2F, *M1F, *M2F;
+    half_t *actp0, *Hp0, *Hp1, *DZG1, *W16F1, *W16F2;
+    int own_chunk, own_off;
 
     // this CTA's arrival at the next round (grid_tc.cuh's counter barrier)
     __device__ void arrive() {
@@ -540,15 +544,86 @@ struct StreamCta : GridCta<u8> {
             __syncthreads();  // the stage is free
             if (c + NST < 2 * NCH) issue_head(c + NST, par);
         }
-        head_logits<C>(accL, red, b3s, lg, tid, warp, g, t);
-        if (warp == 0) {  // softmax cross-entropy, one row a lane; rows past m: dlogits zero, no loss
-            const int m = min(batch, (int)n - s * batch);
-            const double2 sums = head_loss(lab[par * BR + lane], m, loss_acc, ok_acc, l, ex);
-            loss_acc = sums.x;
-            ok_acc = sums.y;
+        return head_end<true>(s, par, 0, loss_acc, ok_acc, accL, l, ex);
+    }
+    // head, pass 2 (B2): per chunk of H2's units, dZ2 = (dlogits W3[:, chunk]) * [H2 > 0] in place in its stage; the
+    // dgrad dZ1[:, U_p] += dZ2 W2 from the chunk's W2 masters (prefetched a chunk ahead into w2m, m2m) before their
+    // update, W2's weight gradient and SGD step, their fp16 copies, and b2 in the chunk holding the owned units. Its
+    // arrays are the driver's, declared there in this order (owning them, a phase compiled to other SASS)
+    __device__ void pass2(int s, int par, const OptimStep& oc, float (&w2m)[KPW][NBT][4], float (&m2m)[KPW][NBT][4],
+                          u32 (&adl)[2][4], u32 (&ah1)[AMT][2][4], float (&accD)[2][NBT][4], float (&wk)[KPW][NBT][4],
+                          float (&mk)[KPW][NBT][4], u32 (&adz)[2][4]) {
+        dlogits_operand(dl, g, t, adl);
+        aop_load(ah1, smem_u32(Hp1), lane);
+        zero_acc(accD);
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c) {
+            take_chunk(wk, mk, w2m, m2m);  // this chunk's masters; the next chunk's load meanwhile
+            if (c + 1 < NCH) load_chunk(W2F, M2F, c + 1, w2m, m2m);
+            const u32 sg = wait_act(s);
+            const u32 a_st = act0 + sg * ACTB;
+            half_t* ap = actp0 + sg * (ACTB / 2);
+            const uint2* w3r = reinterpret_cast<const uint2*>(wrp0 + sg * (WB / 2)) + lane;
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                if constexpr (MOM && !MPRE) load_ks(M2F, c * CKS + kl, mk[i]);
+                dz2_kstep<false>(adl, w3r, ap + 2 * t, kl, g, adz);
+                dgrad_ks(adz, wk[i], accD);  // the master before its update
+                __syncwarp();  // the warp's dZ2 columns are in the stage
+                wgrad_ks(a_st, kl, ah1, smem_u32(Hp1), wk[i], mk[i], prm, oc, lane);
+                const int kk = c * CKS + kl;
+                store_w16(W16F2, cta, kk, wk[i], lane);
+                store_ks(W2F, M2F, kk, wk[i], mk[i]);
+            }
+            fence_proxy_async();  // in-place generic writes before a later bulk copy into this stage
+            __syncthreads();
+            if (c == own_chunk) bias_step(ap, own_off, b2s, mb2, oc);
+            __syncthreads();  // the stage is free
+            if (NCH + c + NST < 2 * NCH) issue_head(NCH + c + NST, par);
         }
+        bwd_out(accD, Hp1, DZG1, u0);
+    }
+    // B1: dZ1's chunks through the ring after R5; the dgrad dZ0[:, U_p] += dZ1 W1 (local) from the chunk's W1 masters
+    // (prefetched a chunk ahead into w1m, m1m) before their update, W1's weight gradient and SGD step, their fp16
+    // copies, and b1. Its arrays are the driver's, declared there in this order (as pass2's)
+    __device__ void b1(int s, const OptimStep& oc, float (&w1m)[KPW][NBT][4], float (&m1m)[KPW][NBT][4],
+                       u32 (&ah0)[AMT][2][4], float (&accD)[2][NBT][4], float (&wk)[KPW][NBT][4],
+                       float (&mk)[KPW][NBT][4], u32 (&az)[2][4]) {
+        load_chunk(W1F, M1F, 0, w1m, m1m);
+        if (tid == 0) round_wait(counter, (u32)P * arrived, s);
+#pragma unroll 1
+        for (int c = 0; c < NST; ++c) issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
+        aop_load(ah0, smem_u32(Hp0), lane);
+        zero_acc(accD);
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c) {
+            take_chunk(wk, mk, w1m, m1m);
+            if (c + 1 < NCH) load_chunk(W1F, M1F, c + 1, w1m, m1m);
+            const u32 sg = wait_act(s);
+            if (c == 0) MARK(10);
+            const u32 a_st = act0 + sg * ACTB;
+#pragma unroll
+            for (int i = 0; i < KPW; ++i) {
+                const int kl = warp * KPW + i;
+                if constexpr (MOM && !MPRE) load_ks(M1F, c * CKS + kl, mk[i]);
+                load_act_a(a_st, kl, 0, lane, az[0]);
+                load_act_a(a_st, kl, 1, lane, az[1]);
+                dgrad_ks(az, wk[i], accD);
+                wgrad_ks(a_st, kl, ah0, smem_u32(Hp0), wk[i], mk[i], prm, oc, lane);
+                const int kk = c * CKS + kl;
+                store_w16(W16F1, cta, kk, wk[i], lane);
+                store_ks(W1F, M1F, kk, wk[i], mk[i]);
+            }
+            if (c == own_chunk) {
+                __syncthreads();
+                bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, mb1, oc);
+            }
+            __syncthreads();  // the stage is free
+            if (c + NST < NCH) issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
+        }
+        bwd_out(accD, Hp0, dZ0p, 0);
         __syncthreads();
-        return make_double2(loss_acc, ok_acc);
     }
 };
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
@@ -617,7 +692,8 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                   profs, prof_on,
 #endif
                   xfull0, xfull1, W3A, W3B, counter, u0, zs, keys, Hp2, b3s, w3s, lg, dl, mb3, mw3, b1s, b2s, mb1, mb2},
-                 wrp0, bar0, W0F, M0F, HG2, r_iss, r_use, arrived};
+                 wrp0, bar0, W0F, M0F, HG2, r_iss, r_use, arrived, W1F, W2F, M1F, M2F, actp0, Hp0, Hp1, DZG1, W16F1,
+                 W16F2, own_chunk, own_off};
 
     // ---- prologue: shared memory zeroed, mbarriers, the masters from the flat training state into fragment order
     for (int i = tid; i < SL.bar / 16; i += NT) reinterpret_cast<uint4*>(sm)[i] = make_uint4(0, 0, 0, 0);
@@ -734,40 +810,11 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         // gradient and update of the W2 masters of the chunk
         {
             u32 adl[2][4];
-            dlogits_operand(dl, g, t, adl);
             u32 ah1[AMT][2][4];
-            aop_load(ah1, smem_u32(Hp1), lane);
             float accD[2][NBT][4];
-            zero_acc(accD);
-#pragma unroll 1
-            for (int c = 0; c < NCH; ++c) {
-                float wk[KPW][NBT][4], mk[KPW][NBT][4];  // this chunk's masters; the next chunk's load meanwhile
-                ph.take_chunk(wk, mk, w2m, m2m);
-                if (c + 1 < NCH) ph.load_chunk(W2F, M2F, c + 1, w2m, m2m);
-                const u32 sg = ph.wait_act(s);
-                const u32 a_st = act0 + sg * ACTB;
-                half_t* ap = actp0 + sg * (ACTB / 2);
-                const uint2* w3r = reinterpret_cast<const uint2*>(wrp0 + sg * (WB / 2)) + lane;
-#pragma unroll
-                for (int i = 0; i < KPW; ++i) {
-                    const int kl = warp * KPW + i;
-                    if constexpr (MOM && !MPRE) ph.load_ks(M2F, c * CKS + kl, mk[i]);
-                    u32 adz[2][4];
-                    dz2_kstep<false>(adl, w3r, ap + 2 * t, kl, g, adz);
-                    dgrad_ks(adz, wk[i], accD);  // the master before its update
-                    __syncwarp();  // the warp's dZ2 columns are in the stage
-                    wgrad_ks(a_st, kl, ah1, smem_u32(Hp1), wk[i], mk[i], prm, oc, lane);
-                    const int kk = c * CKS + kl;
-                    store_w16(W16F2, cta, kk, wk[i], lane);
-                    ph.store_ks(W2F, M2F, kk, wk[i], mk[i]);
-                }
-                fence_proxy_async();  // in-place generic writes before a later bulk copy into this stage
-                __syncthreads();
-                if (c == own_chunk) ph.bias_step(ap, own_off, b2s, mb2, oc);
-                __syncthreads();  // the stage is free
-                if (NCH + c + NST < 2 * NCH) ph.issue_head(NCH + c + NST, par);
-            }
-            ph.bwd_out(accD, Hp1, DZG1, u0);
+            float wk[KPW][NBT][4], mk[KPW][NBT][4];
+            u32 adz[2][4];
+            ph.pass2(s, par, oc, w2m, m2m, adl, ah1, accD, wk, mk, adz);
         }
         MARK(8);
         ph.arrive();  // R5
@@ -776,44 +823,11 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         // ================= B1: dgrad to dZ0 (local), W1's weight gradient and update, chunk by chunk
         {
             float w1m[KPW][NBT][4], m1m[KPW][NBT][4];
-            ph.load_chunk(W1F, M1F, 0, w1m, m1m);
-            if (tid == 0) round_wait(counter, (u32)P * arrived, s);
-#pragma unroll 1
-            for (int c = 0; c < NST; ++c) ph.issue_act(DZG1 + (long long)c * CU * BR, nullptr, 0u);
             u32 ah0[AMT][2][4];
-            aop_load(ah0, smem_u32(Hp0), lane);
             float accD[2][NBT][4];
-            zero_acc(accD);
-#pragma unroll 1
-            for (int c = 0; c < NCH; ++c) {
-                float wk[KPW][NBT][4], mk[KPW][NBT][4];
-                ph.take_chunk(wk, mk, w1m, m1m);
-                if (c + 1 < NCH) ph.load_chunk(W1F, M1F, c + 1, w1m, m1m);
-                const u32 sg = ph.wait_act(s);
-                if (c == 0) MARK(10);
-                const u32 a_st = act0 + sg * ACTB;
-#pragma unroll
-                for (int i = 0; i < KPW; ++i) {
-                    const int kl = warp * KPW + i;
-                    if constexpr (MOM && !MPRE) ph.load_ks(M1F, c * CKS + kl, mk[i]);
-                    u32 az[2][4];
-                    load_act_a(a_st, kl, 0, lane, az[0]);
-                    load_act_a(a_st, kl, 1, lane, az[1]);
-                    dgrad_ks(az, wk[i], accD);
-                    wgrad_ks(a_st, kl, ah0, smem_u32(Hp0), wk[i], mk[i], prm, oc, lane);
-                    const int kk = c * CKS + kl;
-                    store_w16(W16F1, cta, kk, wk[i], lane);
-                    ph.store_ks(W1F, M1F, kk, wk[i], mk[i]);
-                }
-                if (c == own_chunk) {
-                    __syncthreads();
-                    ph.bias_step(actp0 + sg * (ACTB / 2), own_off, b1s, mb1, oc);
-                }
-                __syncthreads();  // the stage is free
-                if (c + NST < NCH) ph.issue_act(DZG1 + (long long)(c + NST) * CU * BR, nullptr, 0u);
-            }
-            ph.bwd_out(accD, Hp0, dZ0p, 0);
-            __syncthreads();
+            float wk[KPW][NBT][4], mk[KPW][NBT][4];
+            u32 az[2][4];
+            ph.b1(s, oc, w1m, m1m, ah0, accD, wk, mk, az);
         }
         MARK(11);
         o_prev = oc;
@@ -852,13 +866,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
                 }
             }
         }
-    ph.put_biases();
-    for (int e = tid; e < C * NB; e += NT) ph.put1(OW3 + (long long)(e / NB) * H + u0 + e % NB, w3s[e], mw3 + e);
-    if (cta == 0 && tid < C) ph.put1(OB3 + tid, b3s[tid], mb3 + tid);
-    if (cta == 0 && warp == 0) add_history(st, epoch_in_fit, loss_acc, ok_acc);  // CTA 0 computed every row's
-#ifdef GRID_PROFILE
-    if (prof_on) profile_out(sync, profs, NPHASE, steps, arrived);
-#endif
+    ph.finish<true>(st, epoch_in_fit, loss_acc, ok_acc, steps, arrived);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
