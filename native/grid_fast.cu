@@ -487,6 +487,14 @@ struct FastCta : GridCta<void> {
             }
         }
     }
+    // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order; the gradient kept for W0's shift term
+    __device__ void bias0(const OptimStep& ob) {
+        if (tid < NB) {
+            const float sd = tile_col_sum(dZ0p, tid);
+            if constexpr (SHIFT) gb0[tid] = sd;
+            upd1(optim_bias(prm), ob, sd, b0s[tid], mb0 + tid);
+        }
+    }
     // the head: the logits of the whole batch in every CTA (H2 by one bulk copy, W3 as logits^T's A operand from
     // W3A of parity par), then warp 0's softmax cross-entropy of the rows (labels of stage xs, m of them) into
     // dlogits; returns the epoch's sums (in and out by value: softmax_row says why). Its arrays are the driver's,
@@ -512,6 +520,39 @@ struct FastCta : GridCta<void> {
             head_kstep(act0, kl, af[i], j4, r, accL);
         }
         return head_end<false>(s, xs, m, loss_acc, ok_acc, accL, l, ex);
+    }
+    // dZ2 of all units (in place in the activation tile, from dlogits and W3B of parity par) and B2's dgrad dZ1[:, U_p]
+    // = dZ2 W2 from the W2 master fragments before their update, into DZG1; before it, the owners' side of the head:
+    // b3 (replicated, the same order everywhere), W3[:, U_p] (the fp32 slice) and its fp16 copies for step s+1
+    // (GridCta::head_update's arithmetic, written out: called here, it changed the momentum plans' register numbering,
+    // so their SASS). Its arrays are the driver's, declared there in this order (as head's)
+    __device__ void b2_dgrad(int par, const OptimStep& oc, u32 (&adl)[2][4], float (&accD)[2][4], u32 (&adz)[2][4],
+                             float (&wk)[4]) {
+        dlogits_operand(dl, g, t, adl);
+        if (tid < C) {
+            upd1(optim_bias(prm), oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
+        }
+        if (tid < 16 * NB) {
+            const int c = tid / NB, u = tid % NB;
+            float wv = w3s[tid];
+            if (c < C) {
+                upd1(prm, oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
+                w3s[tid] = wv;
+            }
+            put_w3(par ^ 1, c, u, wv);
+        }
+        const uint2* w3b = reinterpret_cast<const uint2*>(W3B) + (long long)par * (H / 8) * 32 + lane;
+        zero_acc(accD);
+#pragma unroll 2
+        for (int i = 0; i < KPW; ++i) {
+            const int kl = warp * KPW + i;
+            dz2_kstep<true>(adl, w3b, actp + 2 * t, kl, g, adz);
+            const float4 v = w2sm[kl * 32 + lane];  // the master before its update
+            f4(v, wk);
+            dgrad_ks(adz, wk, accD);
+        }
+        fence_proxy_async();  // in-place generic writes before a later bulk copy into this tile
+        bwd_out(accD, Hp1, DZG1, u0);
     }
     // B2's weight gradient and its optimizer step in the W2 master fragments (shared memory, with their state), their
     // fp16 copies for step s+1, and b2: off the critical path (waiting for R5 anyway). Its arrays are the driver's,
@@ -560,6 +601,54 @@ struct FastCta : GridCta<void> {
         }
         bias_step(actp, u0, b1s, mb1, oc);
         __syncthreads();
+    }
+    // the prologue's pass over what this CTA owns, from the flat training state: W0's rows U_p (shared memory), W1's
+    // column block (the registers w1f, the driver's), W2's (shared memory), with their state; step 0's fp16 copies of
+    // W1 and W2; the biases; the W3 slice and its fp16 copies of both parities (the pads stay zero: zeroed before)
+    __device__ void get_masters(Fr (&w1f)[KPW]) {
+        const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+        for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
+            Fr f;
+            get(f, e_w0, 1, kk);
+            st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
+        }
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kk = warp * KPW + i;
+            get(w1f[i], e_w1, H, kk);
+            if constexpr (MOMG) st_state(m1g, S1, kk * 32 + lane, w1f[i]);
+            Fr f2;
+            get(f2, e_w2, H, kk);
+            st_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
+            store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
+            store_w16(W16F2, cta, kk, f2.w, lane);
+        }
+        get_biases();
+        if (tid < 16 * NB) {
+            const int c = tid / NB, u = tid % NB;
+            if (c < C) get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
+            const float wv = w3s[tid];
+            put_w3(0, c, u, wv);
+            put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+        }
+    }
+    // and back at the end of the epoch (the masters with their fp16 copies and state; the rest: GridCta::finish)
+    __device__ void put_masters(Fr (&w1f)[KPW]) {
+        const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+        for (int kk = warp; kk < NKS0; kk += NW) {
+            Fr f;
+            ld_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
+            put(f, e_w0, 1, kk);
+        }
+#pragma unroll
+        for (int i = 0; i < KPW; ++i) {
+            const int kk = warp * KPW + i;
+            Fr f2;
+            ld_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
+            put(f2, e_w2, H, kk);
+            if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
+            put(w1f[i], e_w1, H, kk);
+        }
     }
 };
 
@@ -647,31 +736,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         mbar_init(full, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
-    for (int kk = warp; kk < NKS0; kk += NW) {  // W0[u0 + g][k]
-        Fr f;
-        ph.get(f, e_w0, 1, kk);
-        st_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
-    }
-#pragma unroll
-    for (int i = 0; i < KPW; ++i) {
-        const int kk = warp * KPW + i;
-        ph.get(w1f[i], e_w1, H, kk);
-        if constexpr (MOMG) st_state(m1g, S1, kk * 32 + lane, w1f[i]);
-        Fr f2;
-        ph.get(f2, e_w2, H, kk);
-        st_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
-        store_w16(W16F1, cta, kk, w1f[i].w, lane);  // step 0's forward copies
-        store_w16(W16F2, cta, kk, f2.w, lane);
-    }
-    ph.get_biases();
-    if (tid < 16 * NB) {
-        const int c = tid / NB, u = tid % NB;
-        if (c < C) ph.get1(w3s[tid], mw3 + tid, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
-        const float wv = w3s[tid];
-        ph.put_w3(0, c, u, wv);
-        ph.put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
-    }
+    ph.get_masters(w1f);
 
     // the keyed order of this epoch; step 0's batch
     round_keys(seed_lo, seed_hi, st->epoch, keys);
@@ -696,16 +761,6 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
     double loss_acc = 0.0, ok_acc = 0.0;  // CTA 0, warp 0: the rows each lane took
     OptimStep o_prev{};  // the step of W0 and b0 runs a step late: its rate and constants
 
-    // b0 of the owned units from dZ0 (fp16, this CTA's tile), fixed order; the gradient kept for W0's shift term
-    // (a lambda: as a method beside b0f0 it changed the AdamW plans' register numbering, so their SASS)
-    auto bias0 = [&](const OptimStep& ob) {
-        if (tid < NB) {
-            const float sd = tile_col_sum(dZ0p, tid);
-            if constexpr (SHIFT) gb0[tid] = sd;
-            ph.upd1(optim_bias(prm), ob, sd, b0s[tid], mb0 + tid);
-        }
-    };
-
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
         const int xs = s & 1, par = s & 1;
@@ -716,7 +771,7 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
         MARK(0);
         // ================= B0(s-1) + F0(s)
         {
-            if (s > 0) bias0(o_prev);
+            if (s > 0) ph.bias0(o_prev);
             if constexpr (SHIFT) __syncthreads();  // gb0 before the pass (b0: before fwd_out's barrier)
             float acc[2][4];
             zero_acc(acc);
@@ -758,39 +813,13 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
             ok_acc = sums.y;
         }
         MARK(7);
-        // ================= dZ2 (all units, in place in the activation tile) and B2's dgrad
+        // ================= dZ2 (all units, in place in the activation tile), the head's owned update, B2's dgrad
         {
             u32 adl[2][4];
-            dlogits_operand(dl, g, t, adl);
-            // owners' side of the head: b3 (replicated, the same order everywhere), W3[:, U_p] (fp32 slice) and its
-            // fp16 copies for step s+1 (GridCta::head_update's arithmetic; inline here: as a call it changed the
-            // momentum plans' register numbering, so their SASS)
-            if (tid < C) {
-                ph.upd1(optim_bias(prm), oc, b3_grad(dl, tid), b3s[tid], mb3 + tid);
-            }
-            if (tid < 16 * NB) {
-                const int c = tid / NB, u = tid % NB;
-                float wv = w3s[tid];
-                if (c < C) {
-                    ph.upd1(prm, oc, w3_grad(dl, Hp2, c, u), wv, mw3 + tid);
-                    w3s[tid] = wv;
-                }
-                ph.put_w3(par ^ 1, c, u, wv);
-            }
-            const uint2* w3b = reinterpret_cast<const uint2*>(W3B) + (long long)par * (H / 8) * 32 + lane;
             float accD[2][4];
-            zero_acc(accD);
-#pragma unroll 2
-            for (int i = 0; i < KPW; ++i) {
-                const int kl = warp * KPW + i;
-                u32 adz[2][4];
-                dz2_kstep<true>(adl, w3b, actp + 2 * t, kl, g, adz);
-                const float4 v = w2sm[kl * 32 + lane];  // the master before its update
-                const float wk[4] = {v.x, v.y, v.z, v.w};
-                dgrad_ks(adz, wk, accD);
-            }
-            fence_proxy_async();  // in-place generic writes before a later bulk copy into this tile
-            ph.bwd_out(accD, Hp1, DZG1, u0);
+            u32 adz[2][4];
+            float wk[4];
+            ph.b2_dgrad(par, oc, adl, accD, adz, wk);
         }
         MARK(8);
         ph.arrive();  // R5
@@ -813,27 +842,14 @@ __device__ void grid_fast_epoch(float* params, float* s1g, float* s2g, half_t* w
 
     // ---- the last step's W0 and b0 update, then everything this CTA owns back to the flat training state
     if (steps > 0) {
-        bias0(o_prev);
+        ph.bias0(o_prev);
         __syncthreads();
         float acc[2][4];
         zero_acc(acc);
         ph.b0f0(steps, true, false, acc, o_prev);
     }
     __syncthreads();
-    for (int kk = warp; kk < NKS0; kk += NW) {
-        Fr f;
-        ld_frag(w0sm, m0sm, S0, kk * 32 + lane, f);
-        ph.put(f, e_w0, 1, kk);
-    }
-#pragma unroll
-    for (int i = 0; i < KPW; ++i) {
-        const int kk = warp * KPW + i;
-        Fr f2;
-        ld_frag(w2sm, m2sm, S2, kk * 32 + lane, f2);
-        ph.put(f2, e_w2, H, kk);
-        if constexpr (MOMG) ld_state(m1g, S1, kk * 32 + lane, w1f[i]);
-        ph.put(w1f[i], e_w1, H, kk);
-    }
+    ph.put_masters(w1f);
     ph.finish<false>(st, epoch_in_fit, loss_acc, ok_acc, steps, arrived);
 }
 

@@ -625,6 +625,89 @@ struct StreamCta : GridCta<u8> {
         bwd_out(accD, Hp0, dZ0p, 0);
         __syncthreads();
     }
+    // the prologue's pass over what this CTA owns, from the flat training state: the masters W0 (rows U_p), W1 and W2
+    // (column blocks U_p) and their momentum into fragment order in the global scratch (the lanes that stream a
+    // fragment in the steps convert it here), step 0's fp16 copies of W1 and W2; the biases; the W3 slice and its fp16
+    // copies of both parities (the pads stay zero: zeroed before)
+    __device__ void get_masters() {
+        const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+            for (int kk = warp; kk < NKS0; kk += NW)
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) {
+                float w[4];
+                get(w, params, e_w0 + 8LL * j * D, 1, kk);
+                stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+                if constexpr (MOM) {
+                    get(w, s1g, e_w0 + 8LL * j * D, 1, kk);
+                    stcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
+                }
+            }
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c)
+#pragma unroll 1
+            for (int i = 0; i < KPW; ++i) {
+                const int kk = c * CKS + warp * KPW + i;
+                float w1[NBT][4], w2[NBT][4];
+#pragma unroll
+                for (int j = 0; j < NBT; ++j) {
+                    get(w1[j], params, e_w1 + 8 * j, H, kk);
+                    get(w2[j], params, e_w2 + 8 * j, H, kk);
+                    stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
+                    stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
+                    if constexpr (MOM) {
+                        float m[4];
+                        get(m, s1g, e_w1 + 8 * j, H, kk);
+                        stcg_f(M1F + (kk * NBT + j) * 32 + lane, m);
+                        get(m, s1g, e_w2 + 8 * j, H, kk);
+                        stcg_f(M2F + (kk * NBT + j) * 32 + lane, m);
+                    }
+                }
+                store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
+                store_w16(W16F2, cta, kk, w2, lane);
+            }
+        get_biases();
+        for (int e = tid; e < 16 * NB; e += NT) {
+            const int c = e / NB, u = e % NB;
+            if (c < C) get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
+            put_w3(0, c, u, w3s[e]);
+            put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
+        }
+    }
+    // and back at the end of the epoch (the masters with their fp16 copies, the momentum; the rest: GridCta::finish)
+    __device__ void put_masters() {
+        const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
+        for (int kk = warp; kk < NKS0; kk += NW)
+#pragma unroll
+            for (int j = 0; j < NBT; ++j) {
+                float w[4];
+                ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
+                put(w, e_w0 + 8LL * j * D, 1, kk);
+                if constexpr (MOM) {
+                    ldcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
+                    put_m(w, e_w0 + 8LL * j * D, 1, kk);
+                }
+            }
+#pragma unroll 1
+        for (int c = 0; c < NCH; ++c)
+#pragma unroll 1
+            for (int i = 0; i < KPW; ++i) {
+                const int kk = c * CKS + warp * KPW + i;
+#pragma unroll
+                for (int j = 0; j < NBT; ++j) {
+                    float w[4];
+                    ldcg_f(W1F + (kk * NBT + j) * 32 + lane, w);
+                    put(w, e_w1 + 8 * j, H, kk);
+                    ldcg_f(W2F + (kk * NBT + j) * 32 + lane, w);
+                    put(w, e_w2 + 8 * j, H, kk);
+                    if constexpr (MOM) {
+                        ldcg_f(M1F + (kk * NBT + j) * 32 + lane, w);
+                        put_m(w, e_w1 + 8 * j, H, kk);
+                        ldcg_f(M2F + (kk * NBT + j) * 32 + lane, w);
+                        put_m(w, e_w2 + 8 * j, H, kk);
+                    }
+                }
+            }
+    }
 };
 // ---- the persistent kernel -------------------------------------------------------------------------------------------
 __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const u8* __restrict__ x,
@@ -704,49 +787,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
         for (u32 i = 0; i < NST; ++i) mbar_init(ph.full(i), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const long long e_w0 = OW0 + (long long)(u0 + g) * D, e_w1 = OW1 + u0 + g, e_w2 = OW2 + u0 + g;
-    // the lanes that stream a fragment in the steps convert it here and write it back in the epilogue
-    for (int kk = warp; kk < NKS0; kk += NW)
-#pragma unroll
-        for (int j = 0; j < NBT; ++j) {
-            float w[4];
-            ph.get(w, params, e_w0 + 8LL * j * D, 1, kk);
-            stcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
-            if constexpr (MOM) {
-                ph.get(w, s1g, e_w0 + 8LL * j * D, 1, kk);
-                stcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
-            }
-        }
-#pragma unroll 1
-    for (int c = 0; c < NCH; ++c)
-#pragma unroll 1
-        for (int i = 0; i < KPW; ++i) {
-            const int kk = c * CKS + warp * KPW + i;
-            float w1[NBT][4], w2[NBT][4];
-#pragma unroll
-            for (int j = 0; j < NBT; ++j) {
-                ph.get(w1[j], params, e_w1 + 8 * j, H, kk);
-                ph.get(w2[j], params, e_w2 + 8 * j, H, kk);
-                stcg_f(W1F + (kk * NBT + j) * 32 + lane, w1[j]);
-                stcg_f(W2F + (kk * NBT + j) * 32 + lane, w2[j]);
-                if constexpr (MOM) {
-                    float m[4];
-                    ph.get(m, s1g, e_w1 + 8 * j, H, kk);
-                    stcg_f(M1F + (kk * NBT + j) * 32 + lane, m);
-                    ph.get(m, s1g, e_w2 + 8 * j, H, kk);
-                    stcg_f(M2F + (kk * NBT + j) * 32 + lane, m);
-                }
-            }
-            store_w16(W16F1, cta, kk, w1, lane);  // step 0's forward copies
-            store_w16(W16F2, cta, kk, w2, lane);
-        }
-    ph.get_biases();
-    for (int e = tid; e < 16 * NB; e += NT) {
-        const int c = e / NB, u = e % NB;
-        if (c < C) ph.get1(w3s[e], mw3 + e, OW3 + (long long)c * H + u0 + u);  // pads stay zero (zeroed above)
-        ph.put_w3(0, c, u, w3s[e]);
-        ph.put_w3(1, c, u, 0.f);  // parity 1's pads (its real entries are written by step 0)
-    }
+    ph.get_masters();
 
     // the keyed order of this epoch; step 0's batch
     round_keys(seed_lo, seed_hi, st->epoch, keys);
@@ -835,37 +876,7 @@ __device__ void grid_stream_epoch(float* params, float* s1g, half_t* w16, const 
 
     // ---- everything this CTA owns back to the flat training state (the loop's s = steps did the last W0 update)
     __syncthreads();
-    for (int kk = warp; kk < NKS0; kk += NW)
-#pragma unroll
-        for (int j = 0; j < NBT; ++j) {
-            float w[4];
-            ldcg_f(W0F + (kk * NBT + j) * 32 + lane, w);
-            ph.put(w, e_w0 + 8LL * j * D, 1, kk);
-            if constexpr (MOM) {
-                ldcg_f(M0F + (kk * NBT + j) * 32 + lane, w);
-                ph.put_m(w, e_w0 + 8LL * j * D, 1, kk);
-            }
-        }
-#pragma unroll 1
-    for (int c = 0; c < NCH; ++c)
-#pragma unroll 1
-        for (int i = 0; i < KPW; ++i) {
-            const int kk = c * CKS + warp * KPW + i;
-#pragma unroll
-            for (int j = 0; j < NBT; ++j) {
-                float w[4];
-                ldcg_f(W1F + (kk * NBT + j) * 32 + lane, w);
-                ph.put(w, e_w1 + 8 * j, H, kk);
-                ldcg_f(W2F + (kk * NBT + j) * 32 + lane, w);
-                ph.put(w, e_w2 + 8 * j, H, kk);
-                if constexpr (MOM) {
-                    ldcg_f(M1F + (kk * NBT + j) * 32 + lane, w);
-                    ph.put_m(w, e_w1 + 8 * j, H, kk);
-                    ldcg_f(M2F + (kk * NBT + j) * 32 + lane, w);
-                    ph.put_m(w, e_w2 + 8 * j, H, kk);
-                }
-            }
-        }
+    ph.put_masters();
     ph.finish<true>(st, epoch_in_fit, loss_acc, ok_acc, steps, arrived);
 }
 
