@@ -235,7 +235,9 @@ class Trainer:
         sample_weight: None, or (N,) finite weights >= 0, not all zero: each row's loss and gradient are
         multiplied by its weight and a batch's loss is their sum over the batch's weight sum (PyTorch's weighted
         mean; `fastnn/engine/numpy_engine.py`); the history's train_loss is the weighted mean. Equal weights change
-        nothing. Unequal weights train on the CPU only (the GPU engines refuse them by name), and not with
+        nothing. Unequal weights train on the CPU and on the graph engine (its weighted loss kernels; one GPU,
+        drop_last=False); engine="fused" or "grid" refuses them by name, and an engine="auto" trainer that chose
+        either trains that fit with the graph engine's step (`Trainer.engine` then says "graph"). Not with
         validation_split.
 
         progress: True, False, or "auto" (on when stdout is a terminal): a line per epoch, or on the CPU with

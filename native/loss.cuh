@@ -100,7 +100,8 @@ LOSS_FN float huber_grad(float d, float delta, float scale) {
     return loss_mul(fminf(fmaxf(d, -delta), delta), scale);
 }
 
-// Which kernels serve which kinds: loss.cu (the graph engine) LOSS_XENT and LOSS_MSE; fused.cu LOSS_XENT and
+// Which kernels serve which kinds: loss.cu (the graph engine) LOSS_XENT and LOSS_MSE, and a weighted fit's LOSS_WXENT
+// (wxent, and wmse: the squared error weighted alike); fused.cu LOSS_XENT and
 // LOSS_MSE (FUSED_LOSS); fused_logreg.cu and fused_mlp.cu (fused_head.cuh) and the grid engine's grid_fast.cu and
 // grid_stream.cu (grid_tc.cuh) LOSS_XENT only, each plan refusing another kind by name. Why the grid kernels refuse
 // MSE rather than serve it: their batch stage carries one int32 label a row and their head is a softmax over one m16

@@ -89,9 +89,10 @@ class _FakeFused(NumpyEngine):
         widest = max(config.model.sizes)
         return None if widest <= cls.limit else f"a layer of {widest} is wider than {cls.limit}"
 
-    def __init__(self, config, state, ordinal: int = 0) -> None:
+    def __init__(self, config, state, ordinal: int = 0, graph_fallback: bool = False) -> None:
         type(self).built += 1
         self.ordinal = ordinal
+        self.graph_fallback = graph_fallback  # what select passed: True only when engine="auto" chose it
         super().__init__(config, state)
 
 
@@ -173,7 +174,10 @@ def test_auto_gives_grid_what_both_rules_take_unless_a_fast_fused_kernel_serves_
     monkeypatch.setattr(sys.modules["fastnn.engine.grid"], "prefer_grid", lambda config, device: True)
     fast = lambda config, device: config.model.sizes[1] == 40  # noqa: E731
     monkeypatch.setattr(sys.modules["fastnn.engine.fused"], "fast_kernel_serves", fast)
-    assert Trainer(MLP([20, 40, 10]), device="cuda").engine == "fused"  # a fast fused kernel serves it
+    fused_auto = Trainer(MLP([20, 40, 10]), device="cuda")
+    assert fused_auto.engine == "fused"  # a fast fused kernel serves it
+    assert fused_auto._engine.graph_fallback  # auto: a weighted fit trains with the graph step (issue 43)
+    assert not Trainer(MLP([20, 40, 10]), device="cuda", engine="fused")._engine.graph_fallback  # forced: refuses
     auto = Trainer(MLP([20, 50, 10]), device="cuda")
     assert auto.engine == "grid" and auto._engine.graph_fallback  # fused.cu only: the grid engine
     assert Trainer(MLP([20, 50, 10]), device="cuda", engine="fused").engine == "fused"  # a forced choice is kept

@@ -252,7 +252,9 @@ def test_every_native_kernel_compiles(path, arch, cache):
 
 def _launched_kernels() -> dict[str, set[str]]:
     """The kernels the graph engine launches, by file: every precision's loss (cross-entropy and a regression's
-    squared error), gather and update variants, and the epoch-end kernels."""
+    squared error, each unweighted and weighted), gather and update variants, a weighted fit's gather_weights, and
+    the epoch-end kernels."""
+    from fastnn.engine.graph import kernels
     from fastnn.engine.plan import precision_spec
 
     names: dict[str, set[str]] = {"loss.cu": set(), "gather.cu": set(), "update.cu": set(), "epoch.cu": set()}
@@ -261,6 +263,8 @@ def _launched_kernels() -> dict[str, set[str]]:
         names["loss.cu"] |= {spec.loss_kernel, spec.mse_kernel}
         names["update.cu"] |= {spec.update_kernel} | {spec.update_gather_kernel(src) for src in ("u8", "f32")}
         names["gather.cu"] |= {f"gather_{src}_{spec.gather_kernel_suffix}" for src in ("u8", "f32")}
+        names["loss.cu"] |= {kernels.weighted_loss_kernel(spec, regression) for regression in (False, True)}
+    names["gather.cu"].add("gather_weights")  # a weighted fit's (kernels.weighted_files)
     names["epoch.cu"] |= {"cast_f32_f16", "check_state", "snapshot", "history_stage", "advance"}
     return names
 

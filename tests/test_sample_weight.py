@@ -1,5 +1,6 @@
 """Per-row sample weights (issue 43): the NumPy engine's weighted mean loss (numpy_engine.weighted), Trainer.fit's
-sample_weight, its checks, and the GPU engines' refusal by name."""
+sample_weight, its checks, the graph engine's weighted fit (pinned to the NumPy engine on the GPU) and the kernel
+engines' refusal by name (engine="auto": the graph step trains the weighted fit)."""
 
 from __future__ import annotations
 
@@ -86,22 +87,151 @@ def test_bad_weights_are_named_before_any_work(weight, match):
     assert t.epoch == 0
 
 
-def test_the_gpu_engines_refuse_unequal_weights_by_name():
-    for name in ("graph", "fused", "grid"):
-        with pytest.raises(fastnn.ConfigError, match=f"sample_weight: the {name} engine's loss kernels"):
-            Engine.set_sample_weight(types.SimpleNamespace(name=name), np.ones(3, np.float32))
-        Engine.set_sample_weight(types.SimpleNamespace(name=name), None)  # unweighted: fine
+def _engine_without_gpu(cls: type, graph_fallback: bool = False, drop_last: bool = False, group: object = None):
+    """An engine of class `cls` as far as set_sample_weight reads it (no GPU: its constructor is skipped)."""
+    eng = object.__new__(cls)
+    eng.resources = types.SimpleNamespace(group=group, config=None)
+    eng.config = types.SimpleNamespace(drop_last=drop_last)
+    eng.graph_fallback = graph_fallback
+    return eng
+
+
+def test_the_graph_engine_takes_unequal_weights_and_the_kernel_engines_refuse_them_by_name():
+    """Issue 43: the graph engine's step trains a weighted fit (its weighted loss kernels); engine="fused" and
+    "grid" refuse one by name, and so does an engine whose weighted mean would need every rank's weights or whose
+    history divides by other rows (drop_last); an engine="auto" fused or grid engine takes it, for the graph step."""
+    from fastnn.engine.fused import FusedEngine
+    from fastnn.engine.graph import GraphEngine
+    from fastnn.engine.grid import GridEngine
+
+    w = np.linspace(0.5, 2.0, 3).astype(np.float32)
+    graph = _engine_without_gpu(GraphEngine)
+    graph.set_sample_weight(w)
+    assert graph._weight is w
+    graph.set_sample_weight(None)
+    assert graph._weight is None
+    for cls, name in ((FusedEngine, "fused"), (GridEngine, "grid")):
+        forced = _engine_without_gpu(cls)
+        refusal = f"sample_weight: the {name} engine's loss kernels.*engine='graph'"
+        with pytest.raises(fastnn.ConfigError, match=refusal):
+            forced.set_sample_weight(w)
+        forced.set_sample_weight(None)  # unweighted: fine
+        auto = _engine_without_gpu(cls, graph_fallback=True)
+        auto.set_sample_weight(w)
+        assert auto._weight is w
+    with pytest.raises(fastnn.ConfigError, match="sample_weight: the graph engine trains weighted fits on one GPU"):
+        _engine_without_gpu(GraphEngine, group=object()).set_sample_weight(w)
+    with pytest.raises(fastnn.ConfigError, match="sample_weight: .*drop_last=False"):
+        _engine_without_gpu(GraphEngine, drop_last=True).set_sample_weight(w)
+    with pytest.raises(fastnn.ConfigError, match="sample_weight: the replicas engine's loss kernels"):
+        Engine.set_sample_weight(types.SimpleNamespace(name="replicas"), w)  # any other GPU engine: by name
+
+
+def test_an_auto_grid_engine_trains_a_weighted_set_with_the_graph_step_and_goes_back_after():
+    """GridEngine.step_for: "graph" while the fit is weighted (engine="auto" only), and the held context is
+    replaced when the next fit changes that (context_serves)."""
+    from fastnn.engine.grid import GridEngine
+    from fastnn.engine.grid.engine import GridTrainContext
+    from fastnn.engine.grid.plan import GridPlan
+
+    auto = _engine_without_gpu(GridEngine, graph_fallback=True)
+    auto.plan_for = lambda dtype: object.__new__(GridPlan)  # grid_fast.cu serves these rows
+    weighted_ctx = auto._for_weights = types.SimpleNamespace()  # the graph step's, made for a weighted fit
+    other_ctx = types.SimpleNamespace()  # the graph step's, for rows or a set size the kernel cannot take
+    grid_ctx = object.__new__(GridTrainContext)
+    assert auto.step_for(np.uint8) == "grid" and auto.context_serves(grid_ctx) and auto.context_serves(other_ctx)
+    assert not auto.context_serves(weighted_ctx)  # the unweighted fit after a weighted one: the kernel's again
+    auto.set_sample_weight(np.ones(3, np.float32))
+    assert auto.step_for(np.uint8) == "graph" and auto.context_serves(weighted_ctx) and auto.context_serves(other_ctx)
+    assert not auto.context_serves(grid_ctx)
+
+
+def _weighted_case(loss: str, n: int = 200):
+    x, y, w = _data(n)
+    if loss == "mse":
+        y = np.random.default_rng(2).normal(size=(n, 3)).astype(np.float32)
+    w[::7] = 0.0  # rows of no weight, and batches of unequal sums
+    return x, y, w
 
 
 @pytest.mark.gpu
-def test_a_gpu_trainer_refuses_unequal_weights_before_training_and_takes_equal_ones():
-    x, y, w = _data(256)
-    t = fastnn.Trainer(fastnn.MLP([5, 3]), fastnn.SGD(lr=0.1), batch_size=32, device="cuda", seed=0)
-    with pytest.raises(fastnn.ConfigError, match=f"sample_weight: the {t.engine} engine"):
-        t.fit(x, y, sample_weight=w)
-    assert t.epoch == 0
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+def test_a_weighted_gpu_fit_matches_numpy_or_is_refused_by_name(engine, loss):
+    """Issue 43 on the engine matrix: the graph engine's weighted fit (gather_weights, wxent / wmse) follows the
+    NumPy engine's: per-epoch weighted mean loss, accuracy and weights; every other entry refuses by name, before
+    any work."""
+    x, y, w = _weighted_case(loss)
+    kw = dict(batch_size=32, precision="fp32", seed=7, loss=loss)
+    model, opt = fastnn.MLP([5, 16, 3]), fastnn.SGD(lr=0.05, momentum=0.9)
+    gpu = fastnn.Trainer(model, opt, device="cuda", **kw, **engine)
+    if set(engine) != {"engine"} or engine["engine"] != "graph":  # fused, or a data-parallel graph engine
+        with pytest.raises(fastnn.ConfigError, match="sample_weight: the"):
+            gpu.fit(x, y, epochs=1, sample_weight=w)
+        assert gpu.epoch == 0
+        gpu.close()
+        return
+    cpu = fastnn.Trainer(model, opt, device="cpu", **kw)
+    hc = cpu.fit(x, y, epochs=3, sample_weight=w)
+    hg = gpu.fit(x, y, epochs=3, sample_weight=w)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4, atol=1e-6)
+    if loss == "cross_entropy":
+        np.testing.assert_allclose(hg["train_accuracy"], hc["train_accuracy"], atol=1e-9)
+    for name, value in cpu.state_dict().items():
+        np.testing.assert_allclose(gpu.state_dict()[name], value, rtol=1e-3, atol=1e-5, err_msg=name)
+    # the next unweighted fit replays the unweighted epoch again, as the CPU's does
+    np.testing.assert_allclose(gpu.fit(x, y, epochs=1)["train_loss"], cpu.fit(x, y, epochs=1)["train_loss"],
+                               rtol=1e-4, atol=1e-6)  # fmt: skip
+    gpu.close()
+
+
+@pytest.mark.gpu
+def test_weights_are_gathered_in_the_batch_rows_order():
+    """gather_weights reads the shuffle's order (shuffle.cuh) as the batch's rows were gathered."""
+    from fastnn._shuffle import permutation
+    from fastnn.engine.base import EngineConfig
+    from fastnn.engine.graph import GraphEngine, kernels
+    from fastnn.engine.numpy_engine import init_parameters
+
+    n, B = 1000, 64
+    x, y = np.zeros((n, 4), np.float32), (np.arange(n) % 3).astype(np.int32)
+    model = fastnn.MLP([4, 3])
+    cfg = EngineConfig(model=model, optimizer=fastnn.SGD(lr=0.1), batch_size=B, precision="fp32", seed=12345678901)
+    eng = GraphEngine(cfg, init_parameters(model, 0))
+    try:
+        eng.set_train_data(x, y)
+        ctx = eng.train_context
+        ctx.use_weights(np.arange(1, n + 1, dtype=np.float32))  # weight i + 1 (exact in fp32): the sample's index
+        scale = np.float32(n / (n * (n + 1) / 2))
+        mod = ctx.weight_mods[0]
+        for epoch in (0, 3):
+            eng.write_epoch_state(epoch, 0)
+            seen = []
+            for s, rows in enumerate(ctx.rows):
+                kernels.record_weight_gather(eng.resources, mod, ctx.weights.ptr, n, s * B, rows, ctx.w_batch.ptr)
+                wb = np.empty(rows, dtype=np.float32)
+                eng.stream.synchronize()
+                ctx.w_batch.download(wb)
+                seen.append(np.rint(wb / scale).astype(np.int64) - 1)
+            np.testing.assert_array_equal(np.concatenate(seen), permutation(cfg.seed, epoch, n))
+    finally:
+        eng.close()
+
+
+@pytest.mark.gpu
+def test_an_auto_trainer_trains_a_weighted_fit_on_the_gpu_and_goes_back_after():
+    """engine="auto": a weighted fit on the engine it chose trains with the graph step (Trainer.engine "graph"),
+    as the NumPy engine would; the next unweighted fit is the chosen engine's again."""
+    x, y, w = _weighted_case("cross_entropy", 256)
+    kw = dict(batch_size=32, precision="fp32", seed=0)
+    t = fastnn.Trainer(fastnn.MLP([5, 3]), fastnn.SGD(lr=0.1), device="cuda", **kw)
+    chosen = t.engine
+    cpu = fastnn.Trainer(fastnn.MLP([5, 3]), fastnn.SGD(lr=0.1), device="cpu", **kw)
+    hg, hc = t.fit(x, y, epochs=2, sample_weight=w), cpu.fit(x, y, epochs=2, sample_weight=w)
+    np.testing.assert_allclose(hg["train_loss"], hc["train_loss"], rtol=1e-4, atol=1e-6)
+    assert t.engine == "graph" and t.epoch == 2
     t.fit(x, y, epochs=1, sample_weight=np.full(len(x), 2.0))  # equal weights: the unweighted mean, any engine
-    assert t.epoch == 1
+    assert t.engine == chosen and t.epoch == 3
+    t.close()
 
 
 # ---- the estimators: sample_weight and LogisticRegression's class_weight -------------------------------------
@@ -203,3 +333,20 @@ def test_a_search_over_class_weighted_fits_fits_each_as_the_estimator_would():
                                 random_state=0, device="cpu")  # fmt: skip
     search = fs.GridSearchCV(est, {"C": [0.1, 1.0]}, cv=2).fit(x[:600], y[:600])
     assert search.plan_.groups == [] and "class_weight='balanced'" in search.plan_.reasons[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", ["MLPClassifier", "MLPRegressor"])
+def test_the_estimators_train_weighted_fits_on_the_gpu_as_on_the_cpu(make):
+    """Issue 43: an estimator's weighted fit (engine="auto") trains on the GPU, with the graph engine's weighted
+    loss, and its loss curve is the CPU's."""
+    import fastnn.sklearn as fs
+
+    x, y = _imbalanced()
+    y = y if make == "MLPClassifier" else x @ np.arange(10.0)
+    w = np.random.default_rng(0).random(len(y))
+    kw = dict(hidden_layer_sizes=(6,), max_iter=3, tol=0.0, random_state=0, precision="fp32")
+    gpu = getattr(fs, make)(device="cuda", **kw).fit(x, y, sample_weight=w)
+    cpu = getattr(fs, make)(device="cpu", **kw).fit(x, y, sample_weight=w)
+    assert gpu.trainer_.device == "cuda"
+    np.testing.assert_allclose(gpu.loss_curve_, cpu.loss_curve_, rtol=1e-4)

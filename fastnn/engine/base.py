@@ -116,12 +116,14 @@ class Engine(ABC):
 
     def set_sample_weight(self, weight: np.ndarray | None) -> None:
         """Per-row weights of the training set for the next `fit_epochs` (None: unweighted), validated, > 0 in
-        sum. Only the NumPy engine's loss takes them (numpy_engine.py defines the weighted mean); the GPU engines'
-        loss kernels compute the unweighted mean, so they refuse weights by name, before any work."""
+        sum. The NumPy engine's loss defines the weighted mean (numpy_engine.py) and the graph engine's step
+        computes it (graph/engine.py); engines whose kernels compute only the unweighted mean refuse weights by name,
+        before any work."""
         if weight is not None:
             raise ConfigError(
                 f"sample_weight: the {self.name} engine's loss kernels compute the unweighted mean loss; train a "
-                f"weighted fit on the CPU (device='cpu', the NumPy engine), or pass equal weights"
+                f"weighted fit with engine='graph' or 'auto' (the graph engine's weighted loss), on the CPU, or pass "
+                f"equal weights"
             )
 
     @abstractmethod

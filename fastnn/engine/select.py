@@ -10,7 +10,10 @@ grid engine's rule holds too, only on a fast fused kernel: `fused.fast_kernel_se
 grid engine where it serves the model and its rule (`grid.prefer_grid`, data in tuning.GRID_RULE) says so, else
 the graph engine. The engine is chosen here, once, when the trainer is made, before any data is seen; the one
 choice data makes later is the auto-chosen grid engine's, per training set (`GridEngine.step_for`: the graph engine's
-step for a set its kernels cannot serve), and the engine's `name` (`Trainer.engine`) then says "graph". Several GPUs
+step for a set its kernels cannot serve), and the engine's `name` (`Trainer.engine`) then says "graph". So too a
+weighted fit (`Trainer.fit(sample_weight=...)` with unequal weights) on an auto-chosen fused or grid engine: its
+kernels compute the unweighted mean, so that fit trains with the graph engine's step (weighted loss kernels), and the
+next unweighted fit goes back to the kernel; engine="fused" or "grid" refuses unequal weights by name. Several GPUs
 of one process get the replica engine (`replicas.py`). The GPU modules are
 imported only when a GPU is asked for, so CPU training never needs them. A new engine joins as a package beside
 these, with its name in ENGINES (and KERNEL_ENGINES, with a branch in `_kernel_engine`, if it has an
@@ -157,7 +160,8 @@ def _gpu_engine(
             verdicts["fused"] = (verdicts["fused"][0], False)
     choice = choose_gpu_engine(engine, *verdicts["fused"], *verdicts["grid"])
     if choice in engines:
-        if choice == "grid" and engine == "auto":  # chosen for the fast kernel: never grid.cu (GridEngine)
+        if engine == "auto":  # chosen for its fast kernel: the graph step trains what that cannot (a weighted fit;
+            # the grid engine: data never grid.cu's)
             return engines[choice][0](config, state, ordinal, graph_fallback=True)
         return engines[choice][0](config, state, ordinal)
     return graph_class(config, state, ordinal)

@@ -17,7 +17,8 @@ Differences from scikit-learn's estimators, by design:
   (for example with a `StandardScaler` in a `Pipeline`).
 - `sample_weight` (and `LogisticRegression`'s `class_weight`) weigh each row's loss: a minibatch's loss is the
   weighted mean (`Trainer.fit`). Equal weights change nothing (LogisticRegression: C is scaled by their sum, as
-  in scikit-learn); unequal ones train on the CPU, as the GPU engines' loss kernels compute an unweighted mean.
+  in scikit-learn); unequal ones train on the GPU with the graph engine's weighted loss (engine="auto"; engine
+  "fused" or "grid" refuses them).
 - With `early_stopping`, the held-out rows are those `Trainer(validation_split=...)` holds out (seeded, not
   stratified).
 - `MLPRegressor`'s `loss_curve_` is the mean squared error (scikit-learn's is half of it); with several

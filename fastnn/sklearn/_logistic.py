@@ -53,7 +53,7 @@ class LogisticRegression(FastnnClassifier):
         n_jobs: accepted likewise; no effect (a fit trains on one device).
         class_weight: None, a dict label -> weight, or "balanced" (n_samples / (n_classes * the label's count)),
             as scikit-learn's: each row's loss is weighted by its class's weight (times its `sample_weight`).
-            Unequal weights train on the CPU (the GPU engines' loss kernels are unweighted: see `Trainer.fit`).
+            Unequal weights train on the GPU with the graph engine's weighted loss (engine="auto": see `Trainer.fit`).
         learning_rate: "adaptive" (the default: halved at each plateau short of `tol`), "constant" (stop at the
             first plateau, with a warning: one plateau gives no change to judge `tol` by) or "invscaling".
         max_iter: epochs at most (1000, scikit-learn's SGDClassifier's: minibatch steps need more epochs than

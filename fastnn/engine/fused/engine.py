@@ -21,7 +21,7 @@ from ...cuda import driver
 from ..base import EngineConfig, kernel_engine_limits
 from ..graph import GraphEngine
 from ..graph.contexts import TrainContext
-from ..graph.kernels import module, persistent_epoch_args, record_epoch_end
+from ..graph.kernels import module, persistent_epoch_args, record_epoch_end, update_file
 from ..graph.upload import DataKey
 from .plan import MIN_CC, FusedPlan, fused_plan
 
@@ -59,7 +59,6 @@ def fast_kernel_serves(config: EngineConfig, device) -> bool:
 class FusedEngine(GraphEngine):
     """engine="fused": one persistent cluster kernel per epoch; the graph engine's math, on chip."""
 
-    name = "fused"
     #: The epoch is one kernel of its own: cuBLASLt's and cuDNN's handles, the workspace and the gather and loss
     #: kernels are made on a thread while the first fit trains, for the first evaluation or prediction (graph/ready.py).
     step_libraries_at_build = False
@@ -73,11 +72,30 @@ class FusedEngine(GraphEngine):
         plan = fused_plan(config, _x_dtype_for_plan(config), device.max_shared_memory_optin)
         return plan if isinstance(plan, str) else None
 
-    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0) -> None:
+    def __init__(self, config: EngineConfig, state: dict[str, np.ndarray], ordinal: int = 0,
+                 graph_fallback: bool = False) -> None:  # fmt: skip
         reason = self.unsupported_reason(config, driver.get_device(ordinal))
         if reason is not None:
             raise ConfigError(f"engine='fused' cannot train this model: {reason}")
         super().__init__(config, state, ordinal)
+        #: engine="auto" chose this engine before it saw the data: a weighted fit (whose weighted mean the fused
+        #: kernels do not compute) trains with the graph engine's step instead; engine="fused" refuses it by name.
+        self.graph_fallback = graph_fallback
+
+    @property
+    def name(self) -> str:
+        """The engine whose kernels train (`Trainer.engine`): "fused", or "graph" while a weighted fit's set trains
+        with the graph engine's step (only on a fused engine engine="auto" chose)."""
+        train = getattr(self, "_train", None)
+        return "graph" if train is not None and not isinstance(train, FusedTrainContext) else "fused"
+
+    @property
+    def weighted_fits(self) -> bool:
+        """Unequal sample weights train only on a fused engine engine="auto" chose, with the graph step."""
+        return self.graph_fallback
+
+    def context_serves(self, ctx: TrainContext) -> bool:
+        return isinstance(ctx, FusedTrainContext) == (self._weight is None or not self.graph_fallback)
 
     def fused_kernel(self, x_dtype: np.dtype) -> tuple[object, FusedPlan]:
         """The compiled kernel and its plan for training data of `x_dtype`."""
@@ -92,8 +110,15 @@ class FusedEngine(GraphEngine):
             )
         return kernel, plan
 
-    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> FusedTrainContext:
-        return FusedTrainContext(self, x, y, key)
+    def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
+        """The fused kernel's context, or for a weighted fit on an engine engine="auto" chose the graph step's (its
+        libraries and update.cu made once, before any capture)."""
+        if self._weight is None or not self.graph_fallback:
+            return FusedTrainContext(self, x, y, key)
+        self.load_step_libraries()
+        if self.update_mod is None:
+            self.update_mod = module(self.dev, *update_file(self.spec))
+        return super().make_train_context(x, y, key)
 
 
 class FusedTrainContext(TrainContext):

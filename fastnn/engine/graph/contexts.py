@@ -48,6 +48,7 @@ class TrainContext(Owner):
         self.rows = [m for _, m in parts]
         self.graph = None
         self.capacity = 0
+        self.weights = self.w_batch = self.weight_mods = self._weight_mods = None  # a weighted fit's: use_weights
         try:
             buf = lambda nbytes: self.own(driver.DeviceBuffer(max(int(nbytes), 256)))  # noqa: E731
             self.placement = choose_placement(cfg.data_placement, x.nbytes, res.dev.mem_info()[0])
@@ -88,6 +89,29 @@ class TrainContext(Owner):
             plans.backward_plans(res, self.layers, rows, own=self.own)
             if res.loss.softmax:
                 self.softmax[rows] = self.own(plans.softmax(res, rows))
+
+    def use_weights(self, weight: np.ndarray | None) -> None:
+        """The next fit's row weights (None: unweighted), before its capture: uploaded scaled by n / sum(w), so the
+        history's sum of w * loss over the epoch's n rows is the NumPy engine's weighted mean (native/loss.cu's
+        wxent says how); the captured epoch is dropped where the fit changes between weighted and unweighted, so
+        an unweighted fit replays exactly the graph it always did. Its kernels are compiled here, never in capture."""
+        res = self.res
+        if weight is not None:
+            if self.weights is None:
+                R = max(self.rows, default=0) or 1
+                files = kernels.weighted_files(res.spec, not res.loss.softmax)
+                mods = tuple(kernels.module(res.dev, *f) for f in files)
+                self.weights = self.own(driver.DeviceBuffer(max(4 * self.n, 256)))
+                self.w_batch = self.own(driver.DeviceBuffer(max(4 * R, 256)))
+                self._weight_mods = mods
+            w = np.asarray(weight, dtype=np.float64)
+            res.upload(self.weights, np.ascontiguousarray(w * (self.n / w.sum()), dtype=np.float32))
+        mods = self._weight_mods if weight is not None else None
+        if mods is not self.weight_mods and self.graph is not None:
+            res.stream.synchronize()  # a queued replay may still run the old graph
+            self.drop(self.graph)
+            self.graph = None
+        self.weight_mods = mods
 
     def require_resident(self, engine: str) -> None:
         """For an engine whose kernel reads the training set from GPU memory: refuse a set placed in host memory.

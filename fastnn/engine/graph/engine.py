@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._data import input_affine
+from ..._errors import ConfigError
 from ..._gpu_arrays import CudaArray
 from ..._loss import describe
 from ...cuda import cublaslt, cudnn, driver, nccl  # nccl: the module only, NCCL itself loads on first use (optional)
@@ -58,6 +59,9 @@ class GraphEngine(Engine):
     #: their evaluation needs while the first fit trains (ready.py), and update.cu (about a second of NVRTC on a cold
     #: cache) is never compiled.
     step_libraries_at_build = True
+    #: Whether unequal sample weights train here (set_sample_weight): the graph step's, not one-kernel epochs'.
+    weighted_fits = True
+    _weight: np.ndarray | None = None  # the next fit's row weights (set_sample_weight)
 
     # The record's fields, read and written through the engine: self.stream is self.resources.stream.
     loss = _resource("loss")
@@ -190,6 +194,25 @@ class GraphEngine(Engine):
         if self.loss_mod is None:
             self.loss_mod = kernels.module(self.dev, *kernels.loss_file(self.spec, not self.loss.softmax))
 
+    def set_sample_weight(self, weight: np.ndarray | None) -> None:
+        """The next fit's row weights (None: unweighted): the graph step gathers each batch's weights beside its
+        labels and launches the weighted loss (native/loss.cu's wxent / wmse), the NumPy engine's weighted mean.
+
+        Raises:
+            ConfigError: unequal weights on an engine whose epoch is one kernel (fused, grid: Engine's refusal), on
+                a data-parallel group, or with drop_last (what the history divides by is the whole set's weight).
+        """
+        if weight is not None:
+            if not self.weighted_fits:
+                Engine.set_sample_weight(self, weight)
+            if self.group is not None:
+                raise ConfigError("sample_weight: the graph engine trains weighted fits on one GPU, not across a "
+                                  "data-parallel group; train a weighted fit with devices= one GPU")  # fmt: skip
+            if self.config.drop_last:
+                raise ConfigError("sample_weight: the graph engine's weighted fits need drop_last=False (each "
+                                  "epoch's weighted mean is over every row)")  # fmt: skip
+        self._weight = weight
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         if self._closed:
@@ -303,6 +326,11 @@ class GraphEngine(Engine):
         """Record `record()` on the stream into a graph and instantiate it (Resources.capture)."""
         return self.resources.capture(record)
 
+    def context_serves(self, ctx: TrainContext) -> bool:
+        """Whether the held training context's kind still serves the next fit (a kernel engine engine="auto" chose
+        trains a weighted fit with the graph step: GridEngine, FusedEngine)."""
+        return True
+
     def make_train_context(self, x: np.ndarray, y: np.ndarray, key: DataKey) -> TrainContext:
         """The training context for a new resident set (the fused engine makes its own)."""
         return TrainContext(self.resources, x, y, key)
@@ -315,6 +343,10 @@ class GraphEngine(Engine):
             self.parallel.check_data_agrees(x.shape[0])
         key = data_key(x, y)
         ctx = self._train
+        if ctx is not None and not self.context_serves(ctx):  # a kernel engine's fit moved to or from the graph step
+            self.stream.synchronize()
+            ctx.release()
+            self._train = ctx = None
         if ctx is not None and ctx.key == key:
             return  # the very same arrays: already resident
         if ctx is not None and (ctx.n, ctx.dtype) == (x.shape[0], x.dtype):
@@ -337,6 +369,9 @@ class GraphEngine(Engine):
             self.dev.make_current()
             stoppable = self.parallel.check_call_agrees(self._train.steps, first_epoch, first_step, lrs, end_epoch,
                                                         stoppable)  # fmt: skip
+        if self._train is not None:  # before EpochRun captures: a weighted fit's nodes differ (contexts.use_weights)
+            self.dev.make_current()
+            self._train.use_weights(self._weight)
         run = EpochRun(self, first_epoch, first_step, lrs, eval_data, eval_after)
         vote = self.parallel.vote_stop if self.parallel is not None else None
         drive_epochs(self, EpochRuns([run], stop_vote=vote), on_epoch, stoppable)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = [
     "GATHER_THREADS", "ResidentSet", "UPDATE_THREADS", "elementwise_blocks", "gather_args", "gather_file",
     "launch_elementwise", "loss_file", "module", "only", "persistent_epoch_args", "record_epoch_end", "record_gather",
-    "record_loss", "record_mse", "record_update", "record_zero_grads", "refresh_half_copy", "update_file",
+    "record_loss", "record_mse", "record_update", "record_weight_gather", "record_weighted_loss", "record_zero_grads",
+    "refresh_half_copy", "update_file", "weighted_files",
 ]  # fmt: skip
 
 class ResidentSet(Protocol):
@@ -97,6 +98,18 @@ def update_file(spec: PrecisionSpec) -> tuple[str, tuple[str, ...]]:
     batch's gather (three of update.cu's nine)."""
     names = [spec.update_kernel, *(spec.update_gather_kernel(src) for src in ("u8", "f32"))]
     return "update.cu", only(names)
+
+
+def weighted_files(spec: PrecisionSpec, regression: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """(file, options) of what a weighted fit launches besides the step's kernels, compiled only when a fit is
+    weighted: gather.cu's gather_weights and loss.cu's weighted loss (wxent, or a regression's wmse). The unweighted
+    kernels and their compile options stay as they are."""
+    return [("gather.cu", only(["gather_weights"])), ("loss.cu", only([weighted_loss_kernel(spec, regression)]))]
+
+
+def weighted_loss_kernel(spec: PrecisionSpec, regression: bool) -> str:
+    """native/loss.cu's weighted loss in the types of the unweighted one: "w" + its name."""
+    return "w" + (spec.mse_kernel if regression else spec.loss_kernel)
 
 
 def elementwise_blocks(res: Resources, n: int) -> int:
@@ -173,6 +186,34 @@ def record_mse(res: Resources, outputs: int, targets: int, rows: int, dout: int,
         (_loss_threads(res, rows), 1, 1),
         [arg_ptr(outputs), arg_ptr(targets), arg_i32(rows), arg_i32(k), arg_f32(2.0 / ((batch_rows or rows) * k)),
          arg_ptr(dout), arg_ptr(dbias), arg_ptr(acc), arg_ptr(sse), arg_ptr(state)],
+        res.stream,
+    )  # fmt: skip
+
+
+def record_weight_gather(res: Resources, mod: driver.Module, weights: int, n: int, pos0: int, rows: int,
+                         out_w: int) -> None:  # fmt: skip
+    """Queue gather_weights (native/gather.cu): the weights of batch positions pos0..pos0+rows into out_w, in the
+    epoch's shuffled order (read at replay), the order the batch's rows and labels were gathered in."""
+    seed_lo, seed_hi = split_u64(res.config.seed)
+    args = [arg_ptr(weights), arg_u32(n), arg_u32(seed_lo), arg_u32(seed_hi), arg_u32(feistel_bits(n) // 2),
+            arg_ptr(res.epoch_state.ptr), arg_i32(pos0), arg_i32(rows), arg_ptr(out_w)]  # fmt: skip
+    mod.function("gather_weights").launch((-(-rows // GATHER_THREADS), 1, 1), (GATHER_THREADS, 1, 1), args,
+                                          res.stream)  # fmt: skip
+
+
+def record_weighted_loss(res: Resources, mod: driver.Module, outputs: int, probs: int, targets: int, weights: int,
+                         rows: int, dout: int, dbias: int, state: int) -> None:  # fmt: skip
+    """Queue the weighted one-block loss (native/loss.cu's wxent, or wmse for a regression: probs unused): the sum
+    of w_r * loss_r (and the correct count) into the epoch's history, and the gradient of the batch's weighted mean
+    sum(w * loss) / sum(w) (fastnn/_loss.py's `weighted`). One GPU only: the batch's weights are all here."""
+    regression = not res.loss.softmax
+    k = res.config.model.classes
+    head = [arg_ptr(outputs), arg_ptr(targets)] if regression else [arg_ptr(outputs), arg_ptr(probs), arg_ptr(targets)]
+    mod.function(weighted_loss_kernel(res.spec, regression)).launch(
+        (1, 1, 1),
+        (_loss_threads(res, rows), 1, 1),
+        head + [arg_ptr(weights), arg_i32(rows), arg_i32(k), arg_ptr(dout), arg_ptr(dbias), arg_ptr(0),
+                arg_ptr(state)],
         res.stream,
     )  # fmt: skip
 

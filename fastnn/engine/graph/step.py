@@ -4,7 +4,9 @@ A step, all on one stream: gather (the shuffle computed on the device) -> per la
 activation fused in its epilogue -> cuDNN softmax -> the fused loss kernel (loss, accuracy, logits gradient, last
 bias gradient) -> per layer, last to first, the weight-gradient GEMM (hidden bias gradient fused, BGRADB) and the
 input-gradient GEMM (activation gradient fused) -> one update kernel over all parameters, which also gathers the
-next step's batch. A regression (loss "mse") has no softmax: its loss kernel reads the linear outputs and the
+next step's batch. A weighted fit (Trainer.fit(sample_weight=...)) gathers the batch's weights before its loss
+and launches the weighted loss kernel (native/loss.cu's wxent / wmse) instead; an unweighted one records exactly
+the nodes it did before. A regression (loss "mse") has no softmax: its loss kernel reads the linear outputs and the
 gathered targets. In a data-parallel run each layer's gradient is summed over the ranks on a side stream as soon
 as its GEMM has made it (parallel.py). The epoch ends with the state check, snapshot and counter advance
 (kernels.record_epoch_end), so replays need no host work between them.
@@ -42,6 +44,11 @@ class StepContext(kernels.ResidentSet, Protocol):
     layers: list[Layer]
     probs: driver.DeviceBuffer | None
     softmax: dict[int, cudnn.Softmax]
+    #: A weighted fit's (TrainContext.use_weights): the set's weights, the batch's, and the modules of
+    #: gather_weights and the weighted loss; None for an unweighted fit, whose nodes are the same as before.
+    weights: driver.DeviceBuffer | None
+    w_batch: driver.DeviceBuffer | None
+    weight_mods: tuple[driver.Module, driver.Module] | None
 
 
 #: One operation of a step: its name (profile_step reports it) and a call that queues it on the stream.
@@ -72,7 +79,17 @@ def step_nodes(ctx: StepContext, s: int, autotune: bool = False) -> list[Node]:
     nodes += forward_nodes(res, ctx.layers, ctx.x_batch.ptr, rows, autotune)
     last = ctx.layers[-1]
     last_bias = res.grad_ptr(names[-1])
-    if not res.loss.softmax:  # linear outputs: the squared error straight from them, against the gathered targets
+    if ctx.weight_mods is not None:  # a weighted fit: the batch's weights (its rows' order), then the weighted loss
+        gather_mod, loss_mod = ctx.weight_mods
+        nodes.append(("weights", partial(kernels.record_weight_gather, res, gather_mod, ctx.weights.ptr, ctx.n, pos0,
+                                         rows, ctx.w_batch.ptr)))  # fmt: skip
+        if res.loss.softmax:
+            nodes.append(("softmax", partial(ctx.softmax[rows].forward, last.out.ptr, ctx.probs.ptr)))
+        probs = ctx.probs.ptr if res.loss.softmax else 0
+        nodes.append(("loss", partial(kernels.record_weighted_loss, res, loss_mod, last.out.ptr, probs,
+                                      ctx.y_batch.ptr, ctx.w_batch.ptr, rows, last.dout.ptr, last_bias,
+                                      res.epoch_state.ptr)))  # fmt: skip
+    elif not res.loss.softmax:  # linear outputs: the squared error straight from them, against the gathered targets
         nodes.append(("loss", partial(kernels.record_mse, res, last.out.ptr, ctx.y_batch.ptr, rows, last.dout.ptr,
                                       last_bias, 0, 0, res.epoch_state.ptr, ctx.batch_rows[s])))  # fmt: skip
     else:

@@ -120,6 +120,8 @@ class GridEngine(GraphEngine):
         #: falls back: it refuses such rows by name.
         self.graph_fallback = graph_fallback
 
+    _for_weights: TrainContext | None = None  # the graph step's context made for a weighted fit (context_serves)
+
     def plan_for(self, x_dtype: np.dtype) -> GridPlan | str:
         """The kernel's plan for training data of `x_dtype` on this GPU, or why neither kernel serves it."""
         return grid_plan(self.config, x_dtype, self.dev.sm_count, self.dev.max_shared_memory_optin)
@@ -133,18 +135,34 @@ class GridEngine(GraphEngine):
 
     def step_for(self, x_dtype: np.dtype) -> str:
         """Whose step trains a training set of `x_dtype` rows, decided once, when the set arrives: "grid" where
-        grid_fast.cu or grid_stream.cu serves them, else "graph" on a grid engine engine="auto" chose
+        grid_fast.cu or grid_stream.cu serves them (and the fit is unweighted), else "graph" on a grid engine
+        engine="auto" chose
         (graph_fallback; so too where the set and the kernel's scratch do not fit in GPU memory: make_train_context).
 
         Raises:
             ConfigError: engine="grid" and neither kernel serves rows of `x_dtype`.
         """
+        if self.graph_fallback and self._weight is not None:  # a weighted fit: the graph step's weighted loss
+            return "graph"
         plan = self.plan_for(x_dtype)
         if isinstance(plan, GridPlan):
             return "grid"
         if not self.graph_fallback:
             raise ConfigError(f"engine='grid' cannot train {np.dtype(x_dtype)} rows of this model: {plan}")
         return "graph"
+
+    @property
+    def weighted_fits(self) -> bool:
+        """Unequal sample weights train only on a grid engine engine="auto" chose: with the graph step (step_for);
+        grid_fast.cu and grid_stream.cu compute the unweighted mean, and engine="grid" refuses weights by name."""
+        return self.graph_fallback
+
+    def context_serves(self, ctx: TrainContext) -> bool:
+        """A weighted fit needs the graph step's context; an unweighted one any but a weighted fit's (then the kernel
+        serves the set again; a graph context made for the rows' type or memory is kept, as before)."""
+        if self.graph_fallback and self._weight is not None:
+            return not isinstance(ctx, GridTrainContext)
+        return ctx is not self._for_weights
 
     def runs_graph_step(self, x_dtype: np.dtype) -> bool:
         """Whether training data of `x_dtype` trains with the graph engine's step (graph_fallback, and neither
@@ -185,7 +203,9 @@ class GridEngine(GraphEngine):
         self.load_step_libraries()
         if self.update_mod is None:
             self.update_mod = module(self.dev, *update_file(self.spec))
-        return super().make_train_context(x, y, key)
+        ctx = super().make_train_context(x, y, key)
+        self._for_weights = ctx if self._weight is not None else None  # context_serves: an unweighted fit replaces it
+        return ctx
 
 
 class GridTrainContext(TrainContext):
