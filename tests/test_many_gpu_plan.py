@@ -123,7 +123,7 @@ def test_step_record_matches_the_c_struct():
 
 
 def test_xent_tile_takes_about_k_over_sms_models_a_block():
-    from fastnn.engine.many.gpu.kernels import XENT_TILE_FLOATS, xent_tile
+    from fastnn.engine.many.gpu.layout import XENT_TILE_FLOATS, xent_tile  # CUDA-free: the CPU-only install runs it
 
     assert [xent_tile(k, 10, 132) for k in (1, 32, 128, 131, 264, 1024, 65_535)] == [1, 1, 1, 1, 2, 4, 4]
     assert xent_tile(1024, 2000, 132) == 2  # a tile's row in the shared tile

@@ -10,9 +10,11 @@ from functools import partial
 
 from ....cuda import driver
 from ....cuda.driver import arg_f32, arg_i32, arg_ptr, arg_struct, arg_u32, arg_u64
+from .layout import XENT_TILE_FLOATS, XENT_TILE_MODELS, xent_tile  # the tile's rule is CUDA-free (layout.py)
 
 __all__ = [
-    "KERNELS", "LOSS_KERNELS", "STEP_FIELDS", "UPDATE_KERNELS", "Net", "Node", "StepTables", "forward_nodes",
+    "KERNELS", "LOSS_KERNELS", "STEP_FIELDS", "UPDATE_KERNELS", "XENT_TILE_FLOATS", "XENT_TILE_MODELS", "Net", "Node",
+    "StepTables", "forward_nodes",
     "loss_node", "record_check", "record_forward", "record_loss", "record_step", "step_arg", "step_nodes", "xent_tile",
 ]  # fmt: skip
 
@@ -37,8 +39,6 @@ STEP_FIELDS = (
 )  # fmt: skip
 GATHER_THREADS = 256
 LOSS_THREADS = 256  #: native/many.cu's LOSS_SLOTS: many_xent_tiled adds its sums in many_xent's slots and order
-XENT_TILE_MODELS = 4  #: native/many.cu's XENT_TILE_MODELS: the most models a block of many_xent_tiled
-XENT_TILE_FLOATS = 5120  #: native/many.cu's XENT_TILE_FLOATS: its shared tile of logits (floats)
 ELEMENTWISE_THREADS = 256
 TILE = 16  # native/many.cu's TILE: the GEMMs' 16 x 16 blocks
 
@@ -112,15 +112,6 @@ class Net:
     #: Models a block of many_xent_tiled (`xent_tile`); 0: many_xent, a block a model (Tuning.many_loss_kernel)
     loss_tile: int = 0
     update_kernel: str = "many_update"  #: UPDATE_KERNELS[Tuning.many_update_kernel]
-
-
-def xent_tile(models: int, classes: int, sm_count: int) -> int:
-    """Models a block of many_xent_tiled: about K / SMs (a block an SM, more blocks than SMs once K >= 2 SMs' worth),
-    at most XENT_TILE_MODELS, and at least one row of the tile in its shared memory; 0 where no tile fits (more
-    classes than XENT_TILE_FLOATS: many_xent serves)."""
-    if classes > XENT_TILE_FLOATS:
-        return 0
-    return max(1, min(XENT_TILE_MODELS, models // max(1, sm_count), XENT_TILE_FLOATS // classes))
 
 
 def _grid2(cols: int, rows: int, models: int) -> tuple[int, int, int]:

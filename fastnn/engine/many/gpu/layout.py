@@ -16,7 +16,7 @@ from ..plan import Streams
 
 __all__ = [
     "GroupTables", "ModelLayout", "StreamTables", "group_tables", "lr_rows", "model_layout", "optim_records",
-    "row_groups", "rows_at", "samples", "stream_tables",
+    "row_groups", "rows_at", "samples", "stream_tables", "xent_tile", "XENT_TILE_FLOATS", "XENT_TILE_MODELS",
 ]  # fmt: skip
 
 #: Floats each tensor's block (of all K models) is rounded up to: 256 bytes, the alignment cuBLASLt's plans promise.
@@ -182,3 +182,18 @@ def optim_records(optimizers: tuple[Optimizer, ...]) -> np.ndarray:
         for name, _, value in opt.kernel_params().c_fields():
             out[k][name] = value
     return out
+
+
+#: native/many.cu's XENT_TILE_MODELS: the most models a block of many_xent_tiled.
+XENT_TILE_MODELS = 4
+#: native/many.cu's XENT_TILE_FLOATS: many_xent_tiled's shared tile of logits (floats).
+XENT_TILE_FLOATS = 5120
+
+
+def xent_tile(models: int, classes: int, sm_count: int) -> int:
+    """Models a block of many_xent_tiled: about K / SMs (a block an SM, more blocks than SMs once K >= 2 SMs' worth),
+    at most XENT_TILE_MODELS, and at least one row of the tile in its shared memory; 0 where no tile fits (more
+    classes than XENT_TILE_FLOATS: many_xent serves)."""
+    if classes > XENT_TILE_FLOATS:
+        return 0
+    return max(1, min(XENT_TILE_MODELS, models // max(1, sm_count), XENT_TILE_FLOATS // classes))
