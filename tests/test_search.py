@@ -172,6 +172,17 @@ def _same_as_own_fits(monkeypatch, est, grid, X, y, cv):
     return ours, theirs, own
 
 
+def test_logistic_regressions_lbfgs_fits_one_at_a_time(digits):
+    """solver="lbfgs" is scikit-learn's solve on the CPU: its candidates take the per-fit path, with the reason in
+    plan_, and the search's results are scikit-learn's search's over the same estimator."""
+    X, y = digits
+    est = fs.LogisticRegression(solver="lbfgs", random_state=0, device="cpu")
+    ours, theirs = both("GridSearchCV", est, {"C": [0.1, 1.0, 10.0]}, X[:300], y[:300], cv=2)
+    assert_same_results(ours, theirs, atol=0)
+    assert not ours.plan_.groups and sorted(ours.plan_.fallback) == list(range(6))
+    assert all("solver='lbfgs'" in ours.plan_.reasons[i] for i in ours.plan_.fallback)
+
+
 def test_logistic_regressions_adaptive_rate_batches(digits, monkeypatch):
     """LogisticRegression's default learning_rate="adaptive" batches: each model halves its own rate at its
     plateaus and stops when its exact objective changed by at most tol over a phase, at the epoch its own fit

@@ -21,7 +21,8 @@ import fastnn  # noqa: E402
 from fastnn.sklearn import LogisticRegression, MLPClassifier, MLPRegressor  # noqa: E402
 
 #: The estimators with their defaults (on the CPU: CI has no GPU): scikit-learn's checks pass with them.
-CHECKED = [MLPClassifier(device="cpu"), LogisticRegression(device="cpu"), MLPRegressor(device="cpu")]
+CHECKED = [MLPClassifier(device="cpu"), LogisticRegression(device="cpu"), MLPRegressor(device="cpu"),
+           LogisticRegression(solver="lbfgs", device="cpu")]  # fmt: skip
 
 #: Checks that fail by design, with the reason (scikit-learn reports them as xfail).
 EXPECTED_FAILED = {
@@ -32,6 +33,10 @@ EXPECTED_FAILED = {
 
 
 def _expected_failed(estimator):
+    if getattr(estimator, "solver", None) == "lbfgs":  # full batch: a weight and a repeated row are the same sum
+        return {**EXPECTED_FAILED, "check_sample_weight_equivalence_on_dense_data": "the two fits' probabilities "
+                "agree to 6e-8 (the float32 weights' rounding: the trainer holds the solution in float32), and the "
+                "check asks 1e-7 relative"}  # fmt: skip
     return EXPECTED_FAILED
 
 
@@ -278,7 +283,9 @@ def test_scikit_learns_parameters_are_taken_as_they_are(ours, theirs):
         (lambda: MLPClassifier(shuffle=False), "shuffle=False is not implemented: fastnn draws a new order"),
         (lambda: MLPClassifier(learning_rate="optimal"), "learning_rate must be one of"),
         (lambda: MLPRegressor(loss="poisson"), "loss='poisson' is not implemented: fastnn trains squared error"),
-        (lambda: LogisticRegression(solver="lbfgs"), "solver='lbfgs' is not implemented: .* use 'sgd'"),
+        (lambda: LogisticRegression(solver="newton-cg"), "solver='newton-cg' is not implemented: .* use 'sgd'"),
+        (lambda: LogisticRegression(solver="lbfgs", early_stopping=True), "early_stopping=True is not implemented "
+         "for solver='lbfgs'"),
         (lambda: LogisticRegression(solver="saga"), "solver='saga' is not implemented"),
         (lambda: LogisticRegression(penalty="l1"), "penalty='l1' is not implemented: .* proximal solver"),
         (lambda: LogisticRegression(fit_intercept=False), "fit_intercept=False is not implemented: every fastnn"),

@@ -108,8 +108,8 @@ def test_trainer_predict_before_fit_is_an_error_until_it_has_weights(tmp_path):
 
 def test_scikit_learns_logistic_regression_parameters_build_this_one():
     """fastnn.sklearn.LogisticRegression(**sklearn's LogisticRegression().get_params()) builds (class_weight, dual,
-    intercept_scaling, l1_ratio, n_jobs were a TypeError); its default solver, lbfgs, is refused at fit by name,
-    and with solver="sgd" the rest fits."""
+    intercept_scaling, l1_ratio, n_jobs were a TypeError); its default solver, lbfgs, fits (scikit-learn's solve:
+    at max_iter=3 it warns), and with solver="sgd" the rest fits."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -119,8 +119,8 @@ def test_scikit_learns_logistic_regression_parameters_build_this_one():
     est = LogisticRegression(**params, device="cpu")
     assert {k: est.get_params()[k] for k in params} == params
     x, y = _data()
-    with pytest.raises(ValueError, match="solver='lbfgs' is not implemented"):
-        est.fit(x, y)
+    with pytest.warns(ConvergenceWarning, match="lbfgs failed to converge after 3 iteration"):
+        assert est.fit(x, y).n_iter_ == 3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         assert est.set_params(solver="sgd").fit(x, y).n_iter_ == 3
@@ -128,3 +128,66 @@ def test_scikit_learns_logistic_regression_parameters_build_this_one():
                        ({"l1_ratio": 0.5}, "l1_ratio=0.5 is not implemented")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             LogisticRegression(**bad, device="cpu").fit(x, y)
+
+
+def _sk_digits():
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return x / 16, y
+
+
+@pytest.mark.parametrize("case", ["digits", "binary"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "balanced+sample_weight"])
+def test_lbfgs_is_scikit_learns_fit(case, weighted):
+    """Issue 43: solver="lbfgs" (scikit-learn's default) is scikit-learn's own solve: from its default get_params
+    the swap fits and gives its coef_, intercept_ and predict_proba (same iterations: same iterates), with
+    class_weight="balanced" (the classes counted by their sample weights, as scikit-learn counts them) and
+    sample_weight."""
+    from sklearn.linear_model import LogisticRegression as SkLogisticRegression
+
+    x, y = _sk_digits()
+    if case == "binary":
+        x, y = x[y < 2], y[y < 2]
+    kw = {"class_weight": "balanced"} if weighted else {}
+    fit = {"sample_weight": np.random.default_rng(0).uniform(0.5, 2.0, len(y))} if weighted else {}
+    sk = SkLogisticRegression(**kw).fit(x, y, **fit)
+    est = LogisticRegression(**SkLogisticRegression(**kw).get_params(), device="cpu").fit(x, y, **fit)
+    assert est.n_iter_ == sk.n_iter_[0]
+    np.testing.assert_allclose(est.coef_, sk.coef_, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(est.intercept_, sk.intercept_, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(est.predict_proba(x), sk.predict_proba(x), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(est.decision_function(x), sk.decision_function(x), rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(est.predict(x), sk.predict(x))
+    assert est.score(x, y) == sk.score(x, y)
+
+
+def test_lbfgs_fit_behaves_like_any_fit():
+    """After an lbfgs fit: the trainer holds the weights (its predictions are the estimator's), pickling keeps them,
+    warm_start starts from them (converged: no further iterations are needed), there is no partial_fit (an
+    AttributeError saying why, as scikit-learn's MLPs for lbfgs), and
+    penalty=None drops the penalty (a larger coef_)."""
+    import pickle
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    x, y = _data()
+    est = LogisticRegression(solver="lbfgs", tol=1e-8, device="cpu").fit(x, y)
+    np.testing.assert_array_equal(est.trainer_.predict_proba(est._validate(x, reset=False)), est.predict_proba(x))
+    back = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(back.predict_proba(x), est.predict_proba(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        warm = back.set_params(warm_start=True, tol=1e-6).fit(x, y)
+    assert warm.n_iter_ <= 1
+    np.testing.assert_allclose(warm.coef_, est.coef_, rtol=0, atol=1e-5)
+    with pytest.raises(AttributeError, match="has no attribute 'partial_fit'") as refused:
+        est.partial_fit(x, y, classes=np.unique(y))
+    assert "partial_fit is not implemented for solver='lbfgs'" in str(refused.value.__cause__)
+    assert not hasattr(est, "partial_fit") and hasattr(est.set_params(solver="sgd"), "partial_fit")
+    est.set_params(solver="lbfgs")
+    free = LogisticRegression(solver="lbfgs", penalty=None, max_iter=20, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert np.abs(free.fit(x, y).coef_).sum() > np.abs(est.coef_).sum()

@@ -204,6 +204,9 @@ class FastnnEstimator(BaseEstimator):
         """The optimizer's weight decay for a fit on `n_samples` rows (partial_fit: the rows seen so far)."""
         return float(self.alpha)
 
+    #: Whether solver="lbfgs" is honoured (LogisticRegression: scipy's, on the CPU); the MLPs refuse it.
+    _lbfgs = False
+
     def _check_params(self) -> None:
         """Every parameter's value, or a ValueError naming it (ConfigError is a ValueError too)."""
         hidden = self._hidden()
@@ -223,13 +226,14 @@ class FastnnEstimator(BaseEstimator):
             )
         if self._activation() not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self._activation()!r}")
-        if self.solver == "lbfgs":
+        if self.solver == "lbfgs" and not self._lbfgs:
             raise ValueError(
                 "solver='lbfgs' is not implemented: fastnn trains by minibatch gradient steps (one CUDA graph or "
                 "kernel per epoch on a GPU), and L-BFGS is a full-batch quasi-Newton method; use 'adam' or 'sgd'"
             )
-        if self.solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
+        solvers = (*_SOLVERS, "lbfgs") if self._lbfgs else _SOLVERS
+        if self.solver not in solvers:
+            raise ValueError(f"solver must be one of {solvers}, got {self.solver!r}")
         if self.learning_rate not in _LEARNING_RATES:
             raise ValueError(f"learning_rate must be one of {_LEARNING_RATES}, got {self.learning_rate!r}")
         for name in ("learning_rate_init", "alpha", "momentum", "tol", "validation_fraction", "power_t"):
@@ -265,7 +269,7 @@ class FastnnEstimator(BaseEstimator):
         """The optimizer for a fit on `n_samples` rows; its refusals name the estimator's parameters. The penalty
         (alpha, C) decays the weights only, bias_decay=0: scikit-learn penalises coef_ / coefs_, never intercepts."""
         try:
-            if self.solver == "sgd":
+            if self.solver in ("sgd", "lbfgs"):  # lbfgs: the trainer holds the solution and the penalty as decay
                 return SGD(
                     lr=float(self.learning_rate_init),
                     momentum=float(self.momentum),

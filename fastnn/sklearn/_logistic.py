@@ -3,14 +3,18 @@ decay."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Any
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.metaestimators import available_if
 
 from .._optim import decay_of
-from ._base import keep_params, trained_layers
+from .._warn import warn_at_caller
+from ._base import Guard, keep_params, trained_layers
 from ._classifier import FastnnClassifier
 
 __all__ = ["LogisticRegression", "objective"]
@@ -24,8 +28,14 @@ class LogisticRegression(FastnnClassifier):
     1 / (C * n_samples) on the mean loss, of the weights only (bias_decay=0: the intercept is unpenalised, as
     scikit-learn's), so with solver="sgd" (the default) training goes to the optimum scikit-learn's solvers find;
     with solver="adam" it is AdamW's decoupled decay, a different regulariser of the same strength.
-    scikit-learn's solvers ("lbfgs", "newton-cg", "liblinear", "sag", "saga", ...) are refused: fastnn trains by
-    minibatch gradient steps.
+
+    solver="lbfgs" (scikit-learn's default, so that its `get_params()` builds a working estimator) is scikit-learn's
+    own solve, on the CPU: scipy's L-BFGS-B, full batch, in float64, on scikit-learn's objective (binomial on one row
+    for two classes, else multinomial), with `max_iter` as its iterations and `tol` as its gradient tolerance (the
+    options scikit-learn passes): exact parity with scikit-learn's fit, not fastnn's GPU speed ("sgd" is the fast
+    path, to the same optimum). It has no partial_fit and refuses early_stopping, as scikit-learn has neither; the
+    minibatch parameters (batch_size, learning_rate, ...) do not apply. scikit-learn's other solvers ("newton-cg",
+    "liblinear", "sag", "saga", ...) are refused.
 
     `partial_fit` takes n_samples as the samples seen so far, this call's included (`t_`: every row given counts,
     as in "invscaling"): the penalty is ||W||^2 / (2 C) on the summed loss of all the data seen, however it was
@@ -56,10 +66,11 @@ class LogisticRegression(FastnnClassifier):
             Unequal weights train on the GPU with the graph engine's weighted loss (engine="auto": see `Trainer.fit`).
         learning_rate: "adaptive" (the default: halved at each plateau short of `tol`), "constant" (stop at the
             first plateau, with a warning: one plateau gives no change to judge `tol` by) or "invscaling".
+        solver: "sgd" (the default, fastnn's fast path), "adam", or "lbfgs" (scikit-learn's solve, on the CPU).
         max_iter: epochs at most (1000, scikit-learn's SGDClassifier's: minibatch steps need more epochs than
-            lbfgs needs iterations).
+            lbfgs needs iterations); with solver="lbfgs", L-BFGS iterations (scikit-learn's default is 100).
         tol: the relative change of the exact objective over a phase of the adaptive rate at which training
-            stops.
+            stops; with solver="lbfgs", L-BFGS-B's gradient tolerance (`gtol`), as scikit-learn's.
     """
 
     def __init__(
@@ -102,12 +113,19 @@ class LogisticRegression(FastnnClassifier):
     alpha = 0.0
     max_fun = 15000
 
+    #: solver="lbfgs" is scikit-learn's solve, on the CPU (`_fit_lbfgs`).
+    _lbfgs = True
+
     def _check_params(self) -> None:
-        if self.solver in ("lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"):
+        if self.solver in ("liblinear", "newton-cg", "newton-cholesky", "sag", "saga"):
             raise ValueError(
                 f"solver={self.solver!r} is not implemented: fastnn trains by minibatch gradient steps on the GPU; "
-                f"use 'sgd' (the default: with C it reaches the same optimum) or 'adam'"
+                f"use 'sgd' (the default: with C it reaches the same optimum), 'adam', or 'lbfgs' (scikit-learn's "
+                f"solver, on the CPU)"
             )
+        if self.solver == "lbfgs" and self.early_stopping is True:
+            raise ValueError("early_stopping=True is not implemented for solver='lbfgs': a full-batch solve has no "
+                             "epochs to hold out rows for; pass early_stopping=False or solver='sgd'")  # fmt: skip
         if self.dual is not False and not (isinstance(self.dual, np.bool_) and not self.dual):
             raise ValueError(f"dual={self.dual!r} is not implemented: it is liblinear's dual formulation; pass False")
         if self.l1_ratio not in (None, 0, 0.0):
@@ -158,9 +176,21 @@ class LogisticRegression(FastnnClassifier):
         scores = super()._validate(X, reset=False).astype(np.float64) @ coef.T + intercept  # the rows as given
         return scores[:, 0] if coef.shape[0] == 1 else scores
 
+    def _minibatch(self) -> bool:
+        """True, or with solver="lbfgs" an AttributeError saying why there is no `partial_fit` (as scikit-learn's
+        MLPs hide theirs for lbfgs: `hasattr(est, "partial_fit")` is then False)."""
+        if self.solver == "lbfgs":
+            raise AttributeError(
+                "partial_fit is not implemented for solver='lbfgs': L-BFGS solves on the whole data at once "
+                "(scikit-learn's LogisticRegression has no partial_fit); use fit, or solver='sgd'"
+            )
+        return True
+
+    @available_if(_minibatch)
     def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> LogisticRegression:
         """One more epoch on (X, y), as `MLPClassifier.partial_fit`. class_weight="balanced" is refused, as by
-        scikit-learn's SGDClassifier: its weights would follow each call's rows, not the whole stream's."""
+        scikit-learn's SGDClassifier: its weights would follow each call's rows, not the whole stream's. There is
+        none with solver="lbfgs" (a full-batch solve: scikit-learn's LogisticRegression has no partial_fit)."""
         if isinstance(self.class_weight, str) and self.class_weight == "balanced":
             raise ValueError(
                 "class_weight='balanced' is not supported for partial_fit: each call's rows would set it; pass "
@@ -187,6 +217,7 @@ class LogisticRegression(FastnnClassifier):
 
     def _validate_xy(self, X: Any, y: Any, sample_weight: Any, reset: bool) -> tuple[np.ndarray, np.ndarray]:
         X, y = super()._validate_xy(X, y, sample_weight, reset=reset)
+        self._rows_ = X if self.solver == "lbfgs" else None  # this fit's rows as given, for `_fit_lbfgs`
         return self._centred(X, reset=reset), y
 
     def _centred(self, X: np.ndarray, reset: bool) -> np.ndarray:
@@ -200,8 +231,54 @@ class LogisticRegression(FastnnClassifier):
         return X if centre is None else (X - centre).astype(np.float32)
 
     def _start(self, X: np.ndarray) -> None:
+        self._warm_ = bool(self.warm_start) and getattr(self, "trainer_", None) is not None  # from the fitted weights
         super()._start(X)
         self._checked_objective = None  # the objective at this fit's last plateau
+
+    def _fit_new(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
+        """`fit`'s training: minibatch epochs, or with solver="lbfgs" scikit-learn's solve (`_fit_lbfgs`)."""
+        if self.solver == "lbfgs":
+            self._fit_lbfgs(X, y, guard)
+        else:
+            super()._fit_new(X, y, guard)
+
+    def _fit_lbfgs(self, X: np.ndarray, y: np.ndarray, guard: Guard) -> None:
+        """scikit-learn's lbfgs fit, on the CPU (`_lbfgs.lbfgs_solve`): on the rows as given (in float64, so that
+        the iterates and the stopping test are scikit-learn's), from zeros or with warm_start the fitted coef_ and
+        intercept_; the solution goes into `trainer_` as the centred network's weights. A ConvergenceWarning, as
+        scikit-learn's, when it stops short (max_iter iterations reached, or the line search failed)."""
+        from ._lbfgs import lbfgs_solve
+
+        w, total = self._fit_weight, self._fit_weight_sum
+        self._fit_weight = self._fit_weight_sum = None  # this call's: the estimator keeps no weights
+        rows, self._rows_ = self._rows_.astype(np.float64), None  # not X + centre: X - centre rounded in float32
+        centre = getattr(self, "_centre_", None)
+        k = len(self.classes_)
+        if self._warm_:  # `_start` loaded the fitted weights
+            coef, intercept = self._linear()
+            start = np.concatenate([coef, intercept[:, None]], axis=1)
+        else:
+            start = np.zeros((1 if k == 2 else k, X.shape[1] + 1))
+        none = self.penalty is None or math.isinf(self.C)
+        l2 = 0.0 if none else 1.0 / (float(self.C) * (total or X.shape[0]))  # scikit-learn's: C times the weights' sum
+        solution, result, curve = lbfgs_solve(rows, y, w, l2, k, start, int(self.max_iter), float(self.tol))
+        coef, intercept = solution[:, :-1], solution[:, -1]
+        if k == 2:  # one row of log-odds as the softmax's two: [-coef / 2, coef / 2] differ by coef
+            coef, intercept = np.stack([-coef[0] / 2, coef[0] / 2]), np.array([-intercept[0] / 2, intercept[0] / 2])
+        bias = intercept if centre is None else intercept + coef @ centre  # W (x - c) + (b + W c) = W x + b
+        self.trainer_.load_state_dict({"0.weight": coef.astype(np.float32), "0.bias": bias.astype(np.float32)})
+        guard.trained = True
+        self.n_iter_ = min(int(result.nit), int(self.max_iter))
+        self.t_ += X.shape[0] * self.n_iter_
+        self.loss_curve_ += curve
+        self.loss_ = self.best_loss_ = float(result.fun)
+        self.validation_scores_ = self.best_validation_score_ = None
+        if result.status != 0:
+            warn_at_caller(
+                f"LogisticRegression: lbfgs failed to converge after {self.n_iter_} iteration(s) "
+                f"(status={result.status}): {result.message} (tol={self.tol}); raise max_iter, or scale the data",
+                ConvergenceWarning,
+            )
 
     def _at_plateau(self, X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> bool:
         """Converged when scikit-learn's objective, computed exactly over the training rows, changed by at most
@@ -221,13 +298,17 @@ class LogisticRegression(FastnnClassifier):
 
     def _class_weighted(self, sample_weight: Any, y: np.ndarray) -> Any:
         """`sample_weight` (None: ones) times each row's weight from `class_weight` (scikit-learn's: a dict of
-        label -> weight, or "balanced": n_samples / (n_classes * the class's count)); None without either."""
+        label -> weight, or "balanced": n_samples / (n_classes * the class's count), the counts and n_samples
+        weighted by `sample_weight` as scikit-learn's own fits count them); None without either."""
         if self.class_weight is None:
             return sample_weight
         from sklearn.utils.class_weight import compute_class_weight
 
         classes = np.unique(y)
-        per_class = compute_class_weight(self.class_weight, classes=classes, y=y)
+        counted = {}  # "balanced" counts the classes by their weights where scikit-learn does (its fits do, >= 1.6)
+        if sample_weight is not None and "sample_weight" in inspect.signature(compute_class_weight).parameters:
+            counted = {"sample_weight": np.broadcast_to(np.asarray(sample_weight, np.float64), y.shape).copy()}
+        per_class = compute_class_weight(self.class_weight, classes=classes, y=y, **counted)
         bad = ~np.isfinite(per_class) | (per_class < 0)
         if bad.any():  # said here, by its name: as a row weight it would be reported as sample_weight's
             raise ValueError(f"class_weight must map each class to a finite weight >= 0, got {self.class_weight!r} "

@@ -126,6 +126,8 @@ def not_batchable(est: Any) -> str | None:
     """Why this estimator's fits take scikit-learn's per-fit path, or None when they batch."""
     if type(est) not in BATCHABLE:
         return f"{type(est).__name__} is not one of fastnn's estimators {[c.__name__ for c in BATCHABLE]}"
+    if getattr(est, "solver", None) == "lbfgs":
+        return "solver='lbfgs' is scikit-learn's full-batch solve on the CPU, one fit at a time"
     if est.early_stopping:
         return "early_stopping=True holds out rows and keeps each model's best epoch"
     if est.verbose:
