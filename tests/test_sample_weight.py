@@ -100,6 +100,7 @@ def test_the_graph_engine_takes_unequal_weights_and_the_kernel_engines_refuse_th
     """Issue 43: the graph engine's step trains a weighted fit (its weighted loss kernels); engine="fused" and
     "grid" refuse one by name, and so does an engine whose weighted mean would need every rank's weights or whose
     history divides by other rows (drop_last); an engine="auto" fused or grid engine takes it, for the graph step."""
+    pytest.importorskip("fastnn.engine.graph.engine", reason="needs the CUDA wheels")  # no GPU needed
     from fastnn.engine.fused import FusedEngine
     from fastnn.engine.graph import GraphEngine
     from fastnn.engine.grid import GridEngine
@@ -130,6 +131,7 @@ def test_the_graph_engine_takes_unequal_weights_and_the_kernel_engines_refuse_th
 def test_an_auto_grid_engine_trains_a_weighted_set_with_the_graph_step_and_goes_back_after():
     """GridEngine.step_for: "graph" while the fit is weighted (engine="auto" only), and the held context is
     replaced when the next fit changes that (context_serves)."""
+    pytest.importorskip("fastnn.engine.graph.engine", reason="needs the CUDA wheels")  # no GPU needed
     from fastnn.engine.grid import GridEngine
     from fastnn.engine.grid.engine import GridTrainContext
     from fastnn.engine.grid.plan import GridPlan
