@@ -24,6 +24,10 @@ from fastnn.engine import select, warmup
 class _FakeFused(FakeGraph):
     name = "fused"
 
+    def __init__(self, *args, graph_fallback: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.graph_fallback = graph_fallback  # FusedEngine's: engine="auto" lets the graph step take a weighted fit
+
     @classmethod
     def unsupported_reason(cls, config, device) -> str | None:
         return None
